@@ -1,0 +1,17 @@
+//! The matching core of dissem: predicates, subscription syntaxes, Bloom encoding, test blocks,
+//! match blocks and their data images.
+//!
+//! Pure computation: no I/O, no async, no clocks. Everything here is deterministic so that the
+//! coordinator, workers and GPU kernel can rely on identical answers from identical inputs.
+
+pub mod eventbridge;
+pub mod formula;
+pub mod num;
+pub mod predicate;
+pub mod reference;
+pub mod text;
+
+pub use formula::{Conjunction, Dnf, Formula};
+pub use num::Num;
+pub use predicate::{Bound, Event, Predicate, Test, Value};
+pub use reference::ReferenceMatcher;

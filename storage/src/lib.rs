@@ -1,0 +1,1 @@
+//! The sled-backed object store, outbox and registries. Not built yet: the storage-node issue fills it.
