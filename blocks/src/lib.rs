@@ -4,11 +4,15 @@
 //! Pure computation: no I/O, no async, no clocks. Everything here is deterministic so that the
 //! coordinator, workers and GPU kernel can rely on identical answers from identical inputs.
 
+pub mod bloom;
 pub mod eventbridge;
 pub mod formula;
+pub mod interval;
 pub mod num;
+pub mod numeric;
 pub mod predicate;
 pub mod reference;
+pub mod strings;
 pub mod text;
 
 pub use formula::{Conjunction, Dnf, Formula};

@@ -56,6 +56,11 @@ impl Num {
         }
     }
 
+    /// The largest integer not above the number.
+    pub fn floor_int(self) -> i128 {
+        self.0.div_euclid(SCALE)
+    }
+
     /// Converts an `f64` exactly via its shortest decimal representation.
     pub fn from_f64(v: f64) -> Result<Num, NumError> {
         if !v.is_finite() {

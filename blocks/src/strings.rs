@@ -1,0 +1,334 @@
+//! The string test block: which string predicates of one attribute does a value satisfy?
+//!
+//! A ternary search tree holds every `=`/`in` and `prefix` constant. Walking it along the value
+//! visits, in O(length + tree height), exactly the nodes whose path is a prefix of the value:
+//! each carries the `prefix` predicates of that path, and the node where the value ends carries
+//! the `=`/`in` predicates of the whole string (the end marker of the paper). Suffixes use a
+//! second tree over reversed strings; `contains` uses an Aho-Corasick automaton over all the
+//! substrings (one pass over the value finds every one that occurs); `ieq` is a hash lookup of
+//! the lowercased value. Results are "flags": dense ids of positive string tests, which the
+//! match block and the Bloom encoding turn into predicates.
+
+use std::collections::HashMap;
+
+use aho_corasick::{AhoCorasick, MatchKind};
+
+const NONE: u32 = u32::MAX;
+
+#[derive(Debug, Clone)]
+struct Node {
+    ch: char,
+    lo: u32,
+    eq: u32,
+    hi: u32,
+    /// Range in `Tst::lists` of flags for "value starts with this path".
+    prefix: (u32, u32),
+    /// Range in `Tst::lists` of flags for "value equals this path".
+    term: (u32, u32),
+}
+
+/// A ternary search tree whose nodes carry flag lists.
+#[derive(Debug, Clone, Default)]
+pub struct Tst {
+    nodes: Vec<Node>,
+    lists: Vec<u32>,
+    /// Flags of the empty prefix (every string) and of the empty string itself.
+    empty_prefix: Vec<u32>,
+    empty_term: Vec<u32>,
+}
+
+#[derive(Default)]
+struct TstBuilder {
+    nodes: Vec<Node>,
+    prefix: Vec<Vec<u32>>,
+    term: Vec<Vec<u32>>,
+    empty_prefix: Vec<u32>,
+    empty_term: Vec<u32>,
+}
+
+impl TstBuilder {
+    fn new_node(&mut self, ch: char) -> u32 {
+        self.nodes.push(Node {
+            ch,
+            lo: NONE,
+            eq: NONE,
+            hi: NONE,
+            prefix: (0, 0),
+            term: (0, 0),
+        });
+        self.prefix.push(Vec::new());
+        self.term.push(Vec::new());
+        (self.nodes.len() - 1) as u32
+    }
+
+    /// Returns the node of the last character (creating the path), or NONE for "".
+    fn insert(&mut self, s: impl Iterator<Item = char>) -> u32 {
+        let chars: Vec<char> = s.collect();
+        if chars.is_empty() {
+            return NONE;
+        }
+        if self.nodes.is_empty() {
+            self.new_node(chars[0]);
+        }
+        let mut node = 0u32;
+        let mut i = 0;
+        loop {
+            let c = chars[i];
+            let (ch, lo, eq, hi) = {
+                let n = &self.nodes[node as usize];
+                (n.ch, n.lo, n.eq, n.hi)
+            };
+            if c < ch {
+                if lo == NONE {
+                    let nn = self.new_node(c);
+                    self.nodes[node as usize].lo = nn;
+                }
+                node = self.nodes[node as usize].lo;
+            } else if c > ch {
+                if hi == NONE {
+                    let nn = self.new_node(c);
+                    self.nodes[node as usize].hi = nn;
+                }
+                node = self.nodes[node as usize].hi;
+            } else {
+                i += 1;
+                if i == chars.len() {
+                    return node;
+                }
+                if eq == NONE {
+                    let nn = self.new_node(chars[i]);
+                    self.nodes[node as usize].eq = nn;
+                }
+                node = self.nodes[node as usize].eq;
+            }
+        }
+    }
+
+    fn add_prefix(&mut self, s: impl Iterator<Item = char>, flag: u32) {
+        match self.insert(s) {
+            NONE => self.empty_prefix.push(flag),
+            n => self.prefix[n as usize].push(flag),
+        }
+    }
+
+    fn add_term(&mut self, s: impl Iterator<Item = char>, flag: u32) {
+        match self.insert(s) {
+            NONE => self.empty_term.push(flag),
+            n => self.term[n as usize].push(flag),
+        }
+    }
+
+    fn finish(mut self) -> Tst {
+        let mut lists = Vec::new();
+        for i in 0..self.nodes.len() {
+            let p0 = lists.len() as u32;
+            lists.extend_from_slice(&self.prefix[i]);
+            let p1 = lists.len() as u32;
+            lists.extend_from_slice(&self.term[i]);
+            let t1 = lists.len() as u32;
+            self.nodes[i].prefix = (p0, p1);
+            self.nodes[i].term = (p1, t1);
+        }
+        Tst {
+            nodes: self.nodes,
+            lists,
+            empty_prefix: self.empty_prefix,
+            empty_term: self.empty_term,
+        }
+    }
+}
+
+impl Tst {
+    /// Walks the tree along `s`, reporting prefix flags on the way and term flags at the end.
+    #[inline]
+    pub fn walk(&self, s: impl Iterator<Item = char>, f: &mut impl FnMut(u32)) {
+        self.empty_prefix.iter().for_each(|&x| f(x));
+        let mut node = if self.nodes.is_empty() { NONE } else { 0 };
+        let mut last = NONE;
+        let mut any = false;
+        for c in s {
+            any = true;
+            // find c among the siblings starting at `node`
+            while node != NONE {
+                let n = &self.nodes[node as usize];
+                if c < n.ch {
+                    node = n.lo;
+                } else if c > n.ch {
+                    node = n.hi;
+                } else {
+                    break;
+                }
+            }
+            if node == NONE {
+                return;
+            }
+            let n = &self.nodes[node as usize];
+            for &x in &self.lists[n.prefix.0 as usize..n.prefix.1 as usize] {
+                f(x);
+            }
+            last = node;
+            node = n.eq;
+        }
+        if !any {
+            self.empty_term.iter().for_each(|&x| f(x));
+        } else if last != NONE {
+            let n = &self.nodes[last as usize];
+            for &x in &self.lists[n.term.0 as usize..n.term.1 as usize] {
+                f(x);
+            }
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.nodes.len() * std::mem::size_of::<Node>() + 4 * self.lists.len()
+    }
+}
+
+/// A positive string test registered in a block, with its flag id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StrTest {
+    /// Equal to one of these strings (`=` and `in`).
+    In(Vec<String>),
+    Prefix(String),
+    Suffix(String),
+    Contains(String),
+    /// Equal ignoring case; the constant is lowercase.
+    Ieq(String),
+}
+
+/// The string test block of one attribute.
+#[derive(Debug, Clone, Default)]
+pub struct StringBlock {
+    fwd: Tst,
+    rev: Tst,
+    contains: Option<(AhoCorasick, Vec<Vec<u32>>)>,
+    contains_empty: Vec<u32>,
+    ieq: HashMap<String, Vec<u32>>,
+}
+
+impl StringBlock {
+    /// Builds the block from (test, flag) pairs.
+    pub fn build(tests: &[(StrTest, u32)]) -> StringBlock {
+        let mut fwd = TstBuilder::default();
+        let mut rev = TstBuilder::default();
+        let mut patterns: Vec<String> = Vec::new();
+        let mut pattern_ids: HashMap<String, usize> = HashMap::new();
+        let mut pattern_flags: Vec<Vec<u32>> = Vec::new();
+        let mut contains_empty = Vec::new();
+        let mut ieq: HashMap<String, Vec<u32>> = HashMap::new();
+        for (t, flag) in tests {
+            let flag = *flag;
+            match t {
+                StrTest::In(set) => {
+                    for s in set {
+                        fwd.add_term(s.chars(), flag);
+                    }
+                }
+                StrTest::Prefix(p) => fwd.add_prefix(p.chars(), flag),
+                StrTest::Suffix(p) => rev.add_prefix(p.chars().rev(), flag),
+                StrTest::Contains(p) if p.is_empty() => contains_empty.push(flag),
+                StrTest::Contains(p) => {
+                    let id = *pattern_ids.entry(p.clone()).or_insert_with(|| {
+                        patterns.push(p.clone());
+                        pattern_flags.push(Vec::new());
+                        patterns.len() - 1
+                    });
+                    pattern_flags[id].push(flag);
+                }
+                StrTest::Ieq(p) => ieq.entry(p.clone()).or_default().push(flag),
+            }
+        }
+        let contains = if patterns.is_empty() {
+            None
+        } else {
+            AhoCorasick::builder()
+                .match_kind(MatchKind::Standard)
+                .build(&patterns)
+                .ok()
+                .map(|ac| (ac, pattern_flags))
+        };
+        StringBlock {
+            fwd: fwd.finish(),
+            rev: rev.finish(),
+            contains,
+            contains_empty,
+            ieq,
+        }
+    }
+
+    /// Reports the flag of every test the value satisfies (a flag may repeat).
+    #[inline]
+    pub fn test(&self, s: &str, mut f: impl FnMut(u32)) {
+        self.fwd.walk(s.chars(), &mut f);
+        self.rev.walk(s.chars().rev(), &mut f);
+        self.contains_empty.iter().for_each(|&x| f(x));
+        if let Some((ac, flags)) = &self.contains {
+            for m in ac.find_overlapping_iter(s) {
+                flags[m.pattern().as_usize()].iter().for_each(|&x| f(x));
+            }
+        }
+        if !self.ieq.is_empty()
+            && let Some(flags) = self.ieq.get(&s.to_lowercase())
+        {
+            flags.iter().for_each(|&x| f(x));
+        }
+    }
+
+    /// Heap bytes used (approximate for the automaton).
+    pub fn heap_bytes(&self) -> usize {
+        self.fwd.heap_bytes()
+            + self.rev.heap_bytes()
+            + self.contains.as_ref().map_or(0, |(ac, _)| ac.memory_usage())
+            + self.ieq.iter().map(|(k, v)| k.len() + 4 * v.len() + 48).sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(t: &StrTest, s: &str) -> bool {
+        match t {
+            StrTest::In(set) => set.iter().any(|x| x == s),
+            StrTest::Prefix(p) => s.starts_with(p.as_str()),
+            StrTest::Suffix(p) => s.ends_with(p.as_str()),
+            StrTest::Contains(p) => s.contains(p.as_str()),
+            StrTest::Ieq(p) => s.to_lowercase() == *p,
+        }
+    }
+
+    #[test]
+    fn agrees_with_direct_evaluation() {
+        let words = ["", "a", "ab", "abc", "b", "ba", "kr/seoul/", "kr/", "é", "éa", "ＡＢ", "xyz"];
+        let mut tests = Vec::new();
+        for (i, w) in words.iter().enumerate() {
+            let w = w.to_string();
+            tests.push(StrTest::In(vec![w.clone(), format!("{w}z")]));
+            tests.push(StrTest::Prefix(w.clone()));
+            tests.push(StrTest::Suffix(w.clone()));
+            tests.push(StrTest::Contains(w.clone()));
+            tests.push(StrTest::Ieq(w.to_lowercase()));
+            let _ = i;
+        }
+        let pairs: Vec<(StrTest, u32)> = tests
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, t)| (t, i as u32))
+            .collect();
+        let block = StringBlock::build(&pairs);
+        let probes = ["", "a", "ab", "abc", "abcd", "zab", "kr/seoul/b12", "kr", "é", "éa", "AB", "ＡＢ", "q"];
+        for p in probes {
+            let mut got = Vec::new();
+            block.test(p, |f| got.push(f));
+            got.sort_unstable();
+            got.dedup();
+            let want: Vec<u32> = pairs
+                .iter()
+                .filter(|(t, _)| eval(t, p))
+                .map(|(_, f)| *f)
+                .collect();
+            assert_eq!(got, want, "probe {p:?}");
+        }
+    }
+}
