@@ -10,6 +10,7 @@
 /// Intervals `[a, b]` over rows `0..=max_row`, each with a `u32` payload.
 #[derive(Debug, Clone, Default)]
 pub struct IntervalIndex {
+    max_row: u32,
     low_b: Vec<u32>,
     low_p: Vec<u32>,
     high_a: Vec<u32>,
@@ -29,7 +30,10 @@ impl IntervalIndex {
     /// Builds the index; empty intervals (`a > b`) are dropped.
     pub fn build(max_row: u32, mut items: Vec<(u32, u32, u32)>) -> IntervalIndex {
         items.retain(|&(a, b, _)| a <= b);
-        let mut idx = IntervalIndex::default();
+        let mut idx = IntervalIndex {
+            max_row,
+            ..IntervalIndex::default()
+        };
         let mut low: Vec<(u32, u32)> = Vec::new();
         let mut high: Vec<(u32, u32)> = Vec::new();
         let mut by_class: Vec<Vec<(u32, u32, u32)>> = Vec::new();
@@ -97,6 +101,17 @@ impl IntervalIndex {
                 i += 1;
             }
         }
+    }
+
+    /// Every interval as `(a, b, payload)`.
+    pub fn entries(&self) -> Vec<(u32, u32, u32)> {
+        let mut out = Vec::with_capacity(self.len());
+        out.extend(self.low_b.iter().zip(&self.low_p).map(|(&b, &p)| (0, b, p)));
+        out.extend(self.high_a.iter().zip(&self.high_p).map(|(&a, &p)| (a, self.max_row, p)));
+        for c in &self.classes {
+            out.extend(c.a.iter().zip(&c.b).zip(&c.p).map(|((&a, &b), &p)| (a, b, p)));
+        }
+        out
     }
 
     /// Every payload, in storage order (the order queries visit them).

@@ -7,11 +7,14 @@
 pub mod bloom;
 pub mod eventbridge;
 pub mod formula;
+pub mod image;
+pub mod index;
 pub mod interval;
 pub mod num;
 pub mod numeric;
 pub mod predicate;
 pub mod reference;
+pub mod shard;
 pub mod strings;
 pub mod text;
 
@@ -19,3 +22,5 @@ pub use formula::{Conjunction, Dnf, Formula};
 pub use num::Num;
 pub use predicate::{Bound, Event, Predicate, Test, Value};
 pub use reference::ReferenceMatcher;
+pub use index::MatchIndex;
+pub use shard::{ShardConfig, Strategy, StrategyChoice};
