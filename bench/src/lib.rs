@@ -1,1 +1,19 @@
-//! x
+//! Benchmark programs: deterministic workload generators and runners that print figures and
+//! write JSON, each comparing engines against a reference measured in the same run.
+//!
+//! Unlike `blocks`, this crate does I/O (progress output, `/proc` memory figures); the CLI's
+//! `bench` subcommands are thin wrappers over it.
+
+pub mod matchbench;
+pub mod mem;
+pub mod progress;
+pub mod workload;
+
+pub use blocks::bloom::BloomConfig;
+
+/// Writes a serialisable report as pretty JSON.
+pub fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}

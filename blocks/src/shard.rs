@@ -34,6 +34,8 @@ use crate::strings::{StrTest, StringBlock};
 /// Row of an attribute that is present with a non-numeric value.
 pub const STR_ROW: u32 = u32::MAX - 1;
 const NONE: u32 = u32::MAX;
+/// Bloom position of a predicate that has no Bloom bits.
+const NO_POS: u16 = u16::MAX;
 
 /// How a shard matches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +55,7 @@ pub enum StrategyChoice {
 }
 
 /// Settings for compiling a shard.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ShardConfig {
     pub bloom: BloomConfig,
     pub strategy: StrategyChoice,
@@ -63,6 +65,10 @@ pub struct ShardConfig {
     /// Largest total size of the numeric per-row filter tables; above it the Bloom tables are
     /// not built (the access strategy does not need them).
     pub row_filter_budget_bytes: usize,
+    /// Predicates estimated to hold for more than this share of objects (negations, wide
+    /// ranges) get no Bloom bits: they would saturate object filters. Exact verification
+    /// checks them instead.
+    pub bloom_max_selectivity: f32,
 }
 
 impl Default for ShardConfig {
@@ -72,6 +78,7 @@ impl Default for ShardConfig {
             strategy: StrategyChoice::Auto,
             bloom_tables: true,
             row_filter_budget_bytes: 256 << 20,
+            bloom_max_selectivity: 0.05,
         }
     }
 }
@@ -381,10 +388,17 @@ impl Base {
         let mut num_hits: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_attrs];
         let mut pred_codes: Vec<Code> = Vec::with_capacity(n_preds);
         let mut pred_sel: Vec<f32> = Vec::with_capacity(n_preds);
+        // distinct `=`/`in` string constants per attribute: the estimate of its cardinality
         let mut eq_counts: Vec<u32> = vec![0; n_attrs];
-        for (attr, test, _) in &preds {
-            if let Test::StrIn(v) = test {
-                eq_counts[*attr as usize] += v.len() as u32;
+        {
+            let mut distinct: Vec<std::collections::HashSet<&str>> = vec![Default::default(); n_attrs];
+            for (attr, test, _) in &preds {
+                if let Test::StrIn(v) = test {
+                    distinct[*attr as usize].extend(v.iter().map(String::as_str));
+                }
+            }
+            for (c, d) in eq_counts.iter_mut().zip(&distinct) {
+                *c = d.len() as u32;
             }
         }
         let mut id_items: Vec<Vec<(u32, u32, u32)>> = vec![Vec::new(); n_attrs];
@@ -441,14 +455,14 @@ impl Base {
                     });
                     let base_sel = match other {
                         Test::StrIn(v) => {
-                            (v.len() as f32 / (eq_counts[a as usize] as f32 + 1.0)).min(0.5)
+                            (v.len() as f32 / eq_counts[a as usize].max(1) as f32).min(0.5)
                         }
                         Test::NumIn(v) => {
                             let rows = blk.consts.as_ref().map_or(1, |t| t.max_row() + 1);
                             (v.len() as f32 / rows as f32 * 2.0).min(0.5)
                         }
                         Test::EqIgnoreCase(_) => {
-                            (1.0 / (eq_counts[a as usize] as f32 + 1.0)).min(0.05)
+                            (1.0 / eq_counts[a as usize].max(1) as f32).min(0.05)
                         }
                         t => crate::predicate::Predicate::new("", t.clone(), false).shape_selectivity() as f32,
                     };
@@ -494,7 +508,13 @@ impl Base {
         if bloom_ready {
             let mut alloc = PositionAllocator::new(bloom);
             pred_pos.reserve(n_preds * k);
-            for (attr, test, negated) in &preds {
+            for (pid, (attr, test, negated)) in preds.iter().enumerate() {
+                if pred_sel[pid] > cfg.bloom_max_selectivity {
+                    // likely satisfied: Bloom bits would only saturate object filters; such
+                    // predicates are left to exact verification
+                    pred_pos.extend(std::iter::repeat_n(NO_POS, k));
+                    continue;
+                }
                 let canonical = crate::predicate::Predicate {
                     attr: attr_names[*attr as usize].clone(),
                     test: test.clone(),
@@ -658,6 +678,9 @@ impl Base {
                 new_preds.push(p);
                 if bloom_ready {
                     for &pos in &pred_pos[p as usize * k..p as usize * k + k] {
+                        if pos == NO_POS {
+                            continue;
+                        }
                         let pos = pos as usize;
                         filters[(pos / 64) * n_conj + rec] |= 1u64 << (pos % 64);
                     }
@@ -892,6 +915,9 @@ impl Base {
     fn pred_filter_into(&self, pid: u32, out: &mut [u64]) {
         let k = self.cfg.bloom.k as usize;
         for &p in &self.pred_pos[pid as usize * k..pid as usize * k + k] {
+            if p == NO_POS {
+                continue;
+            }
             out[(p / 64) as usize] |= 1u64 << (p % 64);
         }
     }
@@ -1123,7 +1149,10 @@ impl Base {
 
 /// Fills one attribute's per-row filters and its non-numeric-value filter.
 fn build_row_filters(blk: &mut AttrBlock, words: usize, k: usize, pred_pos: &[u16]) {
-    let pos = |p: u32| &pred_pos[p as usize * k..p as usize * k + k];
+    let pos = |p: u32| {
+        let s = &pred_pos[p as usize * k..p as usize * k + k];
+        if s.first() == Some(&NO_POS) { &s[..0] } else { s }
+    };
     if !blk.neg_rows.is_empty() {
         let mut f = vec![0u64; words];
         for &(_, _, p) in &blk.neg_rows {

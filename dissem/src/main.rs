@@ -1,1 +1,171 @@
-fn main(){}
+//! The `dissem` command line. Thin by design: it parses arguments and calls into the library
+//! crates; all behaviour lives there.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use bench::matchbench::{self, EngineChoice, MatchBenchOptions};
+use bench::workload::{UniformSpec, Workload};
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// A storage-integrated content dissemination cluster.
+#[derive(Parser, Debug)]
+#[command(name = "dissem", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Benchmarks that print figures and optionally write JSON.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum Bench {
+    /// Matching throughput of each engine on a synthetic workload.
+    Match(MatchArgs),
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum WorkloadArg {
+    Iot,
+    Uniform,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum EngineArg {
+    /// The match block with its per-shard strategy.
+    Cpu,
+    /// The match block forced onto the Bloom subset path (the GPU's path, run on the CPU).
+    Bloom,
+    /// The naive reference matcher.
+    Naive,
+    /// Every engine above.
+    All,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum KindArg {
+    Range,
+    Eq,
+}
+
+#[derive(clap::Args, Debug)]
+struct MatchArgs {
+    /// Workload to generate.
+    #[arg(long, value_enum, default_value_t = WorkloadArg::Iot)]
+    workload: WorkloadArg,
+    /// Number of subscriptions.
+    #[arg(long, default_value_t = 100_000)]
+    subs: usize,
+    /// Number of events to match.
+    #[arg(long, default_value_t = 2_000)]
+    events: usize,
+    /// Random seed (the same seed gives the same workload).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Engines to run; every engine's matches are compared.
+    #[arg(long, value_enum, default_value_t = EngineArg::All)]
+    engine: EngineArg,
+    /// Events the naive reference runs; all engines are compared on these.
+    #[arg(long, default_value_t = 200)]
+    check_events: usize,
+    /// Events per match batch.
+    #[arg(long, default_value_t = 256)]
+    batch: usize,
+    /// Bloom filter bits (m): a multiple of 64, 64..=1024.
+    #[arg(long, default_value_t = 256)]
+    bloom_bits: u32,
+    /// Bloom bits per predicate (k), 1..=8.
+    #[arg(long, default_value_t = 3)]
+    bloom_k: u32,
+    /// uniform: number of attributes.
+    #[arg(long, default_value_t = 20)]
+    attrs: usize,
+    /// uniform: predicates per subscription (on distinct attributes).
+    #[arg(long, default_value_t = 10)]
+    preds: usize,
+    /// uniform: predicate kind.
+    #[arg(long, value_enum, default_value_t = KindArg::Range)]
+    kind: KindArg,
+    /// uniform, range: fraction of the domain each range covers.
+    #[arg(long, default_value_t = 0.5)]
+    width: f64,
+    /// uniform, eq: distinct values per attribute.
+    #[arg(long, default_value_t = 100)]
+    cardinality: u64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn bench_match(a: MatchArgs) -> anyhow::Result<bool> {
+    let mut opts = MatchBenchOptions::new(match a.workload {
+        WorkloadArg::Iot => "iot",
+        WorkloadArg::Uniform => "uniform",
+    })?;
+    if a.workload == WorkloadArg::Uniform {
+        if a.attrs == 0 || a.preds == 0 || a.preds > a.attrs {
+            bail!("--preds must be between 1 and --attrs ({}), got {}", a.attrs, a.preds);
+        }
+        if !(a.width > 0.0 && a.width <= 1.0) {
+            bail!("--width must be in (0, 1], got {}", a.width);
+        }
+        if a.cardinality == 0 || a.cardinality > bench::workload::DOMAIN {
+            bail!("--cardinality must be between 1 and {}, got {}", bench::workload::DOMAIN, a.cardinality);
+        }
+        opts.workload = Workload::Uniform(UniformSpec {
+            attrs: a.attrs,
+            preds: a.preds,
+            eq: a.kind == KindArg::Eq,
+            width: a.width,
+            cardinality: a.cardinality,
+        });
+    }
+    opts.bloom = blocks_bloom(a.bloom_bits, a.bloom_k)?;
+    opts.subs = a.subs;
+    opts.events = a.events;
+    opts.seed = a.seed;
+    opts.check_events = a.check_events;
+    opts.batch = a.batch;
+    opts.engine = match a.engine {
+        EngineArg::Cpu => EngineChoice::Cpu,
+        EngineArg::Bloom => EngineChoice::Bloom,
+        EngineArg::Naive => EngineChoice::Naive,
+        EngineArg::All => EngineChoice::All,
+    };
+    let report = matchbench::run(&opts)?;
+    matchbench::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    Ok(report.identical_matches)
+}
+
+fn blocks_bloom(bits: u32, k: u32) -> anyhow::Result<bench::BloomConfig> {
+    Ok(bench::BloomConfig { bits, k }.validate()?)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench { which: Bench::Match(a) } => bench_match(a),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("error: engines disagree on the matches");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

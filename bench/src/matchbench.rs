@@ -1,0 +1,271 @@
+//! `dissem bench match`: matching throughput of each engine on a synthetic workload.
+//!
+//! Engines: `cpu` (the match block with its per-shard strategy), `bloom` (the match block forced
+//! onto the Bloom subset path, the one the GPU runs), `naive` (the reference matcher, also the
+//! correctness oracle). Every engine's matches are compared on the events they all ran; any
+//! difference makes the run fail. Figures are printed and optionally written as JSON.
+
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use blocks::{Event, MatchIndex, ReferenceMatcher, ShardConfig, Strategy, StrategyChoice};
+use serde::Serialize;
+
+use crate::mem;
+use crate::progress::Progress;
+use crate::workload::{IotSpec, UniformSpec, Workload};
+
+/// Which engines to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineChoice {
+    Cpu,
+    Bloom,
+    Naive,
+    All,
+}
+
+/// Benchmark options (the CLI maps its flags onto these).
+#[derive(Debug, Clone)]
+pub struct MatchBenchOptions {
+    pub workload: Workload,
+    pub workload_name: String,
+    pub subs: usize,
+    pub events: usize,
+    pub seed: u64,
+    pub engine: EngineChoice,
+    /// Events the naive engine runs (it is slow); all engines are compared on these.
+    pub check_events: usize,
+    pub batch: usize,
+    pub bloom: blocks::bloom::BloomConfig,
+}
+
+impl MatchBenchOptions {
+    /// Defaults for a workload: small enough for a laptop run in seconds.
+    pub fn new(workload: &str) -> anyhow::Result<MatchBenchOptions> {
+        let w = match workload {
+            "iot" => Workload::Iot(IotSpec),
+            "uniform" => Workload::Uniform(UniformSpec {
+                attrs: 20,
+                preds: 10,
+                eq: false,
+                width: 0.5,
+                cardinality: 100,
+            }),
+            other => bail!("unknown workload {other:?}: expected `iot` or `uniform`"),
+        };
+        Ok(MatchBenchOptions {
+            workload: w,
+            workload_name: workload.to_string(),
+            subs: 100_000,
+            events: 2_000,
+            seed: 1,
+            engine: EngineChoice::All,
+            check_events: 200,
+            batch: 256,
+            bloom: blocks::bloom::BloomConfig::default(),
+        })
+    }
+}
+
+/// Figures for one engine.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineReport {
+    pub engine: String,
+    pub strategy: Option<String>,
+    pub subscriptions: usize,
+    pub events: usize,
+    pub build_seconds: f64,
+    pub match_seconds: f64,
+    pub events_per_second: f64,
+    pub matches_total: u64,
+    pub matches_per_event: f64,
+    pub bloom_candidates_rejected: u64,
+    /// The structure's own accounting of its heap, and per subscription.
+    pub index_bytes: Option<u64>,
+    pub index_bytes_per_subscription: Option<f64>,
+    /// Resident memory growth while building, and the process peak so far.
+    pub rss_growth_bytes: Option<u64>,
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct MatchBenchReport {
+    pub workload: String,
+    pub subscriptions: usize,
+    pub events: usize,
+    pub checked_events: usize,
+    pub seed: u64,
+    pub bloom_bits: u32,
+    pub bloom_k: u32,
+    pub engines: Vec<EngineReport>,
+    /// Events per second of each engine relative to the naive reference (same run).
+    pub speedup_vs_naive: Vec<(String, f64)>,
+    pub identical_matches: bool,
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
+    if opts.subs == 0 || opts.events == 0 {
+        bail!("--subs and --events must be at least 1");
+    }
+    if opts.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let progress = Progress::new();
+    let bar = progress.bar(opts.subs as u64, "generating subscriptions");
+    let subs = opts.workload.subscriptions(opts.seed, opts.subs, |i| bar.set_position(i as u64));
+    bar.finish();
+    let events = opts.workload.events(opts.seed, opts.events);
+    let checked = opts.check_events.min(opts.events);
+    let mut engines = Vec::new();
+    let mut results: Vec<(String, Vec<Vec<u64>>)> = Vec::new();
+
+    let want = |e: EngineChoice| opts.engine == e || opts.engine == EngineChoice::All;
+    for (name, strategy) in [("cpu", StrategyChoice::Auto), ("bloom", StrategyChoice::Fixed(Strategy::Bloom))] {
+        let choice = if name == "cpu" { EngineChoice::Cpu } else { EngineChoice::Bloom };
+        if !want(choice) {
+            continue;
+        }
+        let cfg = ShardConfig {
+            bloom: opts.bloom,
+            strategy,
+            bloom_tables: true,
+            ..ShardConfig::default()
+        };
+        progress.line(&format!("{name}: building the index over {} subscriptions", subs.len()));
+        let rss0 = mem::rss_bytes();
+        let t = Instant::now();
+        let index = MatchIndex::build(cfg, subs.clone()).with_context(|| format!("building the {name} index"))?;
+        let build = t.elapsed().as_secs_f64();
+        let rss1 = mem::rss_bytes();
+        let stats = index.base().stats();
+        let mut ctx = index.base().new_ctx();
+        let bar = progress.bar(events.len() as u64, &format!("{name}: matching"));
+        let mut all: Vec<Vec<u64>> = Vec::with_capacity(events.len());
+        let mut out = Vec::new();
+        let mut rejected = 0;
+        let t = Instant::now();
+        for chunk in events.chunks(opts.batch) {
+            let c = index.match_batch(chunk, &mut ctx, &mut out);
+            rejected += c.rejected_candidates;
+            all.extend(out.drain(..));
+            bar.inc(chunk.len() as u64);
+        }
+        let secs = t.elapsed().as_secs_f64();
+        bar.finish();
+        engines.push(report(name, Some(format!("{:?}", stats.strategy).to_lowercase()), &subs, &all, build, secs, rejected, Some(stats.heap_bytes as u64), rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a))));
+        results.push((name.to_string(), all));
+        drop(index);
+    }
+    if want(EngineChoice::Naive) {
+        let rss0 = mem::rss_bytes();
+        let t = Instant::now();
+        let mut r = ReferenceMatcher::new();
+        for (id, d) in &subs {
+            r.insert(*id, d.clone());
+        }
+        let build = t.elapsed().as_secs_f64();
+        let rss1 = mem::rss_bytes();
+        let bar = progress.bar(checked as u64, "naive: matching");
+        let t = Instant::now();
+        let all: Vec<Vec<u64>> = events[..checked]
+            .iter()
+            .map(|e: &Event| {
+                bar.inc(1);
+                r.match_event(e)
+            })
+            .collect();
+        let secs = t.elapsed().as_secs_f64();
+        bar.finish();
+        engines.push(report("naive", None, &subs, &all, build, secs, 0, None, rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a))));
+        results.push(("naive".to_string(), all));
+    }
+    let common = results.iter().map(|r| r.1.len()).min().unwrap_or(0);
+    let identical = results.windows(2).all(|w| w[0].1[..common] == w[1].1[..common]);
+    let naive_rate = engines.iter().find(|e| e.engine == "naive").map(|e| e.events_per_second);
+    let speedup_vs_naive = match naive_rate {
+        Some(n) if n > 0.0 => engines
+            .iter()
+            .filter(|e| e.engine != "naive")
+            .map(|e| (e.engine.clone(), e.events_per_second / n))
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(MatchBenchReport {
+        workload: opts.workload_name.clone(),
+        subscriptions: subs.len(),
+        events: events.len(),
+        checked_events: common,
+        seed: opts.seed,
+        bloom_bits: opts.bloom.bits,
+        bloom_k: opts.bloom.k,
+        engines,
+        speedup_vs_naive,
+        identical_matches: identical,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    name: &str,
+    strategy: Option<String>,
+    subs: &[(u64, blocks::Dnf)],
+    all: &[Vec<u64>],
+    build: f64,
+    secs: f64,
+    rejected: u64,
+    index_bytes: Option<u64>,
+    rss_growth: Option<u64>,
+) -> EngineReport {
+    let total: u64 = all.iter().map(|m| m.len() as u64).sum();
+    EngineReport {
+        engine: name.to_string(),
+        strategy,
+        subscriptions: subs.len(),
+        events: all.len(),
+        build_seconds: build,
+        match_seconds: secs,
+        events_per_second: all.len() as f64 / secs.max(1e-9),
+        matches_total: total,
+        matches_per_event: total as f64 / all.len().max(1) as f64,
+        bloom_candidates_rejected: rejected,
+        index_bytes,
+        index_bytes_per_subscription: index_bytes.map(|b| b as f64 / subs.len().max(1) as f64),
+        rss_growth_bytes: rss_growth,
+        peak_rss_bytes: mem::peak_rss_bytes(),
+    }
+}
+
+/// Prints the report as a table.
+pub fn print(r: &MatchBenchReport) {
+    println!(
+        "workload {}: {} subscriptions, {} events (all engines compared on the first {}), seed {}, bloom {} bits k={}",
+        r.workload, r.subscriptions, r.events, r.checked_events, r.seed, r.bloom_bits, r.bloom_k
+    );
+    println!(
+        "{:<7} {:<8} {:>9} {:>12} {:>11} {:>12} {:>10} {:>11} {:>10}",
+        "engine", "strategy", "build s", "events/s", "matches", "per event", "rejected", "B/sub", "peak MiB"
+    );
+    for e in &r.engines {
+        println!(
+            "{:<7} {:<8} {:>9.2} {:>12.0} {:>11} {:>12.2} {:>10} {:>11} {:>10}",
+            e.engine,
+            e.strategy.as_deref().unwrap_or("-"),
+            e.build_seconds,
+            e.events_per_second,
+            e.matches_total,
+            e.matches_per_event,
+            e.bloom_candidates_rejected,
+            e.index_bytes_per_subscription.map_or("-".to_string(), |b| format!("{b:.0}")),
+            e.peak_rss_bytes.map_or("-".to_string(), |b| format!("{}", b >> 20)),
+        );
+    }
+    for (name, s) in &r.speedup_vs_naive {
+        println!("{name}: {s:.1}x the naive reference");
+    }
+    println!(
+        "matches identical across engines: {}",
+        if r.identical_matches { "yes" } else { "NO" }
+    );
+}
