@@ -114,7 +114,9 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
     }
     let progress = Progress::new();
     let bar = progress.bar(opts.subs as u64, "generating subscriptions");
-    let subs = opts.workload.subscriptions(opts.seed, opts.subs, |i| bar.set_position(i as u64));
+    let subs = opts
+        .workload
+        .subscriptions(opts.seed, opts.subs, |i| bar.set_position(i as u64));
     bar.finish();
     let events = opts.workload.events(opts.seed, opts.events);
     let checked = opts.check_events.min(opts.events);
@@ -122,8 +124,15 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
     let mut results: Vec<(String, Vec<Vec<u64>>)> = Vec::new();
 
     let want = |e: EngineChoice| opts.engine == e || opts.engine == EngineChoice::All;
-    for (name, strategy) in [("cpu", StrategyChoice::Auto), ("bloom", StrategyChoice::Fixed(Strategy::Bloom))] {
-        let choice = if name == "cpu" { EngineChoice::Cpu } else { EngineChoice::Bloom };
+    for (name, strategy) in [
+        ("cpu", StrategyChoice::Auto),
+        ("bloom", StrategyChoice::Fixed(Strategy::Bloom)),
+    ] {
+        let choice = if name == "cpu" {
+            EngineChoice::Cpu
+        } else {
+            EngineChoice::Bloom
+        };
         if !want(choice) {
             continue;
         }
@@ -133,10 +142,14 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             bloom_tables: true,
             ..ShardConfig::default()
         };
-        progress.line(&format!("{name}: building the index over {} subscriptions", subs.len()));
+        progress.line(&format!(
+            "{name}: building the index over {} subscriptions",
+            subs.len()
+        ));
         let rss0 = mem::rss_bytes();
         let t = Instant::now();
-        let index = MatchIndex::build(cfg, subs.clone()).with_context(|| format!("building the {name} index"))?;
+        let index = MatchIndex::build(cfg, subs.clone())
+            .with_context(|| format!("building the {name} index"))?;
         let build = t.elapsed().as_secs_f64();
         let rss1 = mem::rss_bytes();
         let stats = index.base().stats();
@@ -149,12 +162,22 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         for chunk in events.chunks(opts.batch) {
             let c = index.match_batch(chunk, &mut ctx, &mut out);
             rejected += c.rejected_candidates;
-            all.extend(out.drain(..));
+            all.append(&mut out);
             bar.inc(chunk.len() as u64);
         }
         let secs = t.elapsed().as_secs_f64();
         bar.finish();
-        engines.push(report(name, Some(format!("{:?}", stats.strategy).to_lowercase()), &subs, &all, build, secs, rejected, Some(stats.heap_bytes as u64), rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a))));
+        engines.push(report(
+            name,
+            Some(format!("{:?}", stats.strategy).to_lowercase()),
+            &subs,
+            &all,
+            build,
+            secs,
+            rejected,
+            Some(stats.heap_bytes as u64),
+            rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a)),
+        ));
         results.push((name.to_string(), all));
         drop(index);
     }
@@ -178,12 +201,27 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             .collect();
         let secs = t.elapsed().as_secs_f64();
         bar.finish();
-        engines.push(report("naive", None, &subs, &all, build, secs, 0, None, rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a))));
+        engines.push(report(
+            "naive",
+            None,
+            &subs,
+            &all,
+            build,
+            secs,
+            0,
+            None,
+            rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a)),
+        ));
         results.push(("naive".to_string(), all));
     }
     let common = results.iter().map(|r| r.1.len()).min().unwrap_or(0);
-    let identical = results.windows(2).all(|w| w[0].1[..common] == w[1].1[..common]);
-    let naive_rate = engines.iter().find(|e| e.engine == "naive").map(|e| e.events_per_second);
+    let identical = results
+        .windows(2)
+        .all(|w| w[0].1[..common] == w[1].1[..common]);
+    let naive_rate = engines
+        .iter()
+        .find(|e| e.engine == "naive")
+        .map(|e| e.events_per_second);
     let speedup_vs_naive = match naive_rate {
         Some(n) if n > 0.0 => engines
             .iter()
@@ -245,7 +283,15 @@ pub fn print(r: &MatchBenchReport) {
     );
     println!(
         "{:<7} {:<8} {:>9} {:>12} {:>11} {:>12} {:>10} {:>11} {:>10}",
-        "engine", "strategy", "build s", "events/s", "matches", "per event", "rejected", "B/sub", "peak MiB"
+        "engine",
+        "strategy",
+        "build s",
+        "events/s",
+        "matches",
+        "per event",
+        "rejected",
+        "B/sub",
+        "peak MiB"
     );
     for e in &r.engines {
         println!(
@@ -257,8 +303,10 @@ pub fn print(r: &MatchBenchReport) {
             e.matches_total,
             e.matches_per_event,
             e.bloom_candidates_rejected,
-            e.index_bytes_per_subscription.map_or("-".to_string(), |b| format!("{b:.0}")),
-            e.peak_rss_bytes.map_or("-".to_string(), |b| format!("{}", b >> 20)),
+            e.index_bytes_per_subscription
+                .map_or("-".to_string(), |b| format!("{b:.0}")),
+            e.peak_rss_bytes
+                .map_or("-".to_string(), |b| format!("{}", b >> 20)),
         );
     }
     for (name, s) in &r.speedup_vs_naive {

@@ -15,7 +15,8 @@ impl Progress {
     /// A bar of `len` steps with a message; hidden when stderr is not a terminal.
     pub fn bar(&self, len: u64, msg: &str) -> ProgressBar {
         let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template("{msg:32} [{bar:30}] {pos}/{len} {elapsed}") {
+        if let Ok(style) = ProgressStyle::with_template("{msg:32} [{bar:30}] {pos}/{len} {elapsed}")
+        {
             bar.set_style(style.progress_chars("=> "));
         }
         bar.set_message(msg.to_string());

@@ -106,12 +106,18 @@ impl UniformSpec {
             .into_iter()
             .map(|a| {
                 if self.eq {
-                    pred(attr_name(a), eq_num(self.eq_value(rng.below(self.cardinality))))
+                    pred(
+                        attr_name(a),
+                        eq_num(self.eq_value(rng.below(self.cardinality))),
+                    )
                 } else {
                     let lo = rng.below(DOMAIN - w + 1) as i64;
                     pred(
                         attr_name(a),
-                        interval(Bound::Incl(Num::from(lo)), Bound::Excl(Num::from(lo + w as i64))),
+                        interval(
+                            Bound::Incl(Num::from(lo)),
+                            Bound::Excl(Num::from(lo + w as i64)),
+                        ),
                     )
                 }
             })
@@ -137,8 +143,26 @@ impl UniformSpec {
 }
 
 const TYPES: [&str; 20] = [
-    "temp", "humidity", "camera", "lidar", "radar", "gps", "accel", "gyro", "pressure", "light",
-    "sound", "co2", "pm25", "voc", "door", "motion", "water", "power", "vibration", "smoke",
+    "temp",
+    "humidity",
+    "camera",
+    "lidar",
+    "radar",
+    "gps",
+    "accel",
+    "gyro",
+    "pressure",
+    "light",
+    "sound",
+    "co2",
+    "pm25",
+    "voc",
+    "door",
+    "motion",
+    "water",
+    "power",
+    "vibration",
+    "smoke",
 ];
 const REGIONS: [&str; 5] = ["kr", "us", "jp", "de", "fr"];
 const CITIES: [[&str; 4]; 5] = [
@@ -164,7 +188,12 @@ impl IotSpec {
 
     fn site(rng: &mut Rng) -> (usize, usize, u64, u64) {
         let r = rng.below(5) as usize;
-        (r, rng.below(4) as usize, 1 + rng.below(40), 1 + rng.below(20))
+        (
+            r,
+            rng.below(4) as usize,
+            1 + rng.below(40),
+            1 + rng.below(20),
+        )
     }
 
     /// One subscription.
@@ -195,7 +224,10 @@ impl IotSpec {
             let p = match rng.below(10) {
                 0 => pred(
                     "temp",
-                    interval(Bound::Excl(Num::from(20 + rng.below(26) as i64)), Bound::Unbounded),
+                    interval(
+                        Bound::Excl(Num::from(20 + rng.below(26) as i64)),
+                        Bound::Unbounded,
+                    ),
                 ),
                 1 => {
                     let lo = -20 + rng.below(50) as i64;
@@ -209,15 +241,24 @@ impl IotSpec {
                 }
                 2 => pred(
                     "humidity",
-                    interval(Bound::Unbounded, Bound::Excl(Num::from(10 + rng.below(30) as i64))),
+                    interval(
+                        Bound::Unbounded,
+                        Bound::Excl(Num::from(10 + rng.below(30) as i64)),
+                    ),
                 ),
                 3 => pred(
                     "battery",
-                    interval(Bound::Unbounded, Bound::Incl(Num::from(5 + rng.below(20) as i64))),
+                    interval(
+                        Bound::Unbounded,
+                        Bound::Incl(Num::from(5 + rng.below(20) as i64)),
+                    ),
                 ),
                 4 => pred(
                     "rssi",
-                    interval(Bound::Unbounded, Bound::Excl(Num::from(-100 + rng.below(20) as i64))),
+                    interval(
+                        Bound::Unbounded,
+                        Bound::Excl(Num::from(-100 + rng.below(20) as i64)),
+                    ),
                 ),
                 5 => Predicate::new(
                     "fw",
@@ -227,9 +268,15 @@ impl IotSpec {
                 6 => pred("fw", Test::Prefix(format!("1.{}.", rng.below(10)))),
                 7 => {
                     if rng.chance(0.5) {
-                        pred("key", Test::Contains(TYPES[rng.below(20) as usize].to_string()))
+                        pred(
+                            "key",
+                            Test::Contains(TYPES[rng.below(20) as usize].to_string()),
+                        )
                     } else {
-                        pred("key", Test::Suffix(format!(".{}", EXTS[rng.below(5) as usize])))
+                        pred(
+                            "key",
+                            Test::Suffix(format!(".{}", EXTS[rng.below(5) as usize])),
+                        )
                     }
                 }
                 8 => {
@@ -245,7 +292,10 @@ impl IotSpec {
                     if rng.chance(0.5) {
                         Predicate::new("alarm", Test::Exists, true)
                     } else {
-                        pred("ts", interval(Bound::Incl(Num::from(1_800_000_000i64)), Bound::Unbounded))
+                        pred(
+                            "ts",
+                            interval(Bound::Incl(Num::from(1_800_000_000i64)), Bound::Unbounded),
+                        )
                     }
                 }
             };
@@ -263,17 +313,32 @@ impl IotSpec {
         let temp_tenths = -200 + rng.below(701) as i64;
         // one decimal, exactly: tenths are 10^17 units of 10^-18
         let temp = Num::from_raw(temp_tenths as i128 * 100_000_000_000_000_000);
-        let key = format!("{site}/{ty}/dev-{dev:06}-{seq}.{}", EXTS[rng.below(5) as usize]);
+        let key = format!(
+            "{site}/{ty}/dev-{dev:06}-{seq}.{}",
+            EXTS[rng.below(5) as usize]
+        );
         Event {
             attrs: vec![
                 ("device".into(), Value::Str(format!("dev-{dev:06}"))),
                 ("type".into(), Value::Str(ty.into())),
                 ("site".into(), Value::Str(site)),
-                ("fw".into(), Value::Str(format!("1.{}.{}", rng.below(10), rng.below(20)))),
+                (
+                    "fw".into(),
+                    Value::Str(format!("1.{}.{}", rng.below(10), rng.below(20))),
+                ),
                 ("temp".into(), Value::Num(temp)),
-                ("humidity".into(), Value::Num(Num::from(rng.below(101) as i64))),
-                ("battery".into(), Value::Num(Num::from(rng.below(101) as i64))),
-                ("rssi".into(), Value::Num(Num::from(-120 + rng.below(91) as i64))),
+                (
+                    "humidity".into(),
+                    Value::Num(Num::from(rng.below(101) as i64)),
+                ),
+                (
+                    "battery".into(),
+                    Value::Num(Num::from(rng.below(101) as i64)),
+                ),
+                (
+                    "rssi".into(),
+                    Value::Num(Num::from(-120 + rng.below(91) as i64)),
+                ),
                 (
                     "ts".into(),
                     Value::Num(Num::from(1_799_990_000 + seq as i64)),
@@ -293,7 +358,12 @@ pub enum Workload {
 
 impl Workload {
     /// `n` subscriptions with ids `0..n`.
-    pub fn subscriptions(&self, seed: u64, n: usize, mut progress: impl FnMut(usize)) -> Vec<(u64, Dnf)> {
+    pub fn subscriptions(
+        &self,
+        seed: u64,
+        n: usize,
+        mut progress: impl FnMut(usize),
+    ) -> Vec<(u64, Dnf)> {
         let mut rng = Rng::new(seed);
         (0..n)
             .map(|i| {
@@ -336,7 +406,10 @@ mod tests {
         });
         let a = w.subscriptions(1, 50, |_| {});
         assert_eq!(a, w.subscriptions(1, 50, |_| {}));
-        assert!(a.iter().all(|(_, d)| d.0.len() == 1 && d.0[0].0.len() == 10));
+        assert!(
+            a.iter()
+                .all(|(_, d)| d.0.len() == 1 && d.0[0].0.len() == 10)
+        );
         let e = w.events(1, 10);
         assert!(e.iter().all(|e| e.attrs.len() == 20));
         let iot = Workload::Iot(IotSpec);
@@ -344,6 +417,9 @@ mod tests {
         assert!(s.iter().all(|(_, d)| (1..=6).contains(&d.0[0].0.len())));
         let ev = iot.events(3, 100);
         assert!(ev.iter().all(|e| e.attrs.len() == 10));
-        assert!(ev.iter().any(|e| matches!(e.get("temp"), Some(Value::Num(n)) if n.as_i64().is_none())));
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e.get("temp"), Some(Value::Num(n)) if n.as_i64().is_none()))
+        );
     }
 }

@@ -120,11 +120,9 @@ impl PositionAllocator {
     }
 
     fn signature(positions: &[u32]) -> u64 {
-        positions
-            .iter()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, &p| {
-                (h ^ p as u64).wrapping_mul(0x100_0000_01b3)
-            })
+        positions.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &p| {
+            (h ^ p as u64).wrapping_mul(0x100_0000_01b3)
+        })
     }
 
     /// Picks a salt for a new predicate and records its bits; returns (salt, positions).

@@ -110,7 +110,11 @@ fn object(json: &Json, prefix: &str, path: &str) -> Result<Formula, PatternError
             continue;
         }
         if key.is_empty() {
-            return unexpected(path, "a non-empty attribute name", &Json::String(key.clone()));
+            return unexpected(
+                path,
+                "a non-empty attribute name",
+                &Json::String(key.clone()),
+            );
         }
         let attr = if prefix.is_empty() {
             key.clone()
@@ -163,10 +167,18 @@ fn leaf(attr: &str, list: &[Json], path: &str) -> Result<Formula, PatternError> 
     }
     let mut alts: Vec<Formula> = Vec::new();
     if !strs.is_empty() {
-        alts.push(Formula::Pred(Predicate::new(attr, Test::StrIn(strs), false)));
+        alts.push(Formula::Pred(Predicate::new(
+            attr,
+            Test::StrIn(strs),
+            false,
+        )));
     }
     if !nums.is_empty() {
-        alts.push(Formula::Pred(Predicate::new(attr, Test::NumIn(nums), false)));
+        alts.push(Formula::Pred(Predicate::new(
+            attr,
+            Test::NumIn(nums),
+            false,
+        )));
     }
     alts.extend(others.into_iter().map(Formula::Pred));
     Ok(if alts.len() == 1 {
@@ -253,7 +265,11 @@ fn anything_but(attr: &str, arg: &Json, path: &str) -> Result<Predicate, Pattern
             }
         }
         Json::Object(obj) if obj.len() == 1 => {
-            let (k, v) = obj.iter().next().map(|(k, v)| (k.as_str(), v)).unwrap_or(("", arg));
+            let (k, v) = obj
+                .iter()
+                .next()
+                .map(|(k, v)| (k.as_str(), v))
+                .unwrap_or(("", arg));
             let p = format!("{path}.{k}");
             match k {
                 "prefix" => neg(Test::Prefix(str_of(&p, v)?.to_string())),
@@ -262,7 +278,11 @@ fn anything_but(attr: &str, arg: &Json, path: &str) -> Result<Predicate, Pattern
                 _ => unexpected(path, "prefix, suffix or equals-ignore-case", arg),
             }
         }
-        other => unexpected(path, "a value, a non-empty list or a prefix/suffix object", other),
+        other => unexpected(
+            path,
+            "a value, a non-empty list or a prefix/suffix object",
+            other,
+        ),
     }
 }
 
@@ -329,7 +349,10 @@ mod tests {
 
     #[test]
     fn maps_eventbridge_patterns() {
-        ok(r#"{"type": ["cam", "lidar"]}"#, r#"type in ["cam", "lidar"]"#);
+        ok(
+            r#"{"type": ["cam", "lidar"]}"#,
+            r#"type in ["cam", "lidar"]"#,
+        );
         ok(
             r#"{"detail": {"temp": [{"numeric": [">", 30, "<=", 40.5]}]}}"#,
             "detail.temp range (30, 40.5]",
@@ -337,11 +360,20 @@ mod tests {
         ok(r#"{"t": [{"numeric": ["=", 3]}]}"#, "t = 3");
         ok(r#"{"s": [{"prefix": "kr/"}]}"#, r#"s prefix "kr/""#);
         ok(r#"{"s": [{"suffix": ".jpg"}]}"#, r#"s suffix ".jpg""#);
-        ok(r#"{"s": [{"anything-but": ["a", "b"]}]}"#, r#"s not in ["a", "b"]"#);
+        ok(
+            r#"{"s": [{"anything-but": ["a", "b"]}]}"#,
+            r#"s not in ["a", "b"]"#,
+        );
         ok(r#"{"s": [{"anything-but": 5}]}"#, "s != 5");
-        ok(r#"{"s": [{"anything-but": {"prefix": "x"}}]}"#, r#"s not prefix "x""#);
+        ok(
+            r#"{"s": [{"anything-but": {"prefix": "x"}}]}"#,
+            r#"s not prefix "x""#,
+        );
         ok(r#"{"s": [{"exists": false}]}"#, "s not exists");
-        ok(r#"{"s": [{"equals-ignore-case": "AbC"}]}"#, r#"s ieq "abc""#);
+        ok(
+            r#"{"s": [{"equals-ignore-case": "AbC"}]}"#,
+            r#"s ieq "abc""#,
+        );
         ok(r#"{"n": [1, 2, 2]}"#, "n in [1, 2]");
         ok(r#"{"n": [1, "x"]}"#, r#"n = 1 || n = "x""#);
         ok(
@@ -357,11 +389,20 @@ mod tests {
     #[test]
     fn rejects_with_paths() {
         bad(r#"{"a": "x"}"#, "at $.a: expected an array of matchers");
-        bad(r#"{"a": [null]}"#, "at $.a[0]: matching null is not supported");
-        bad(r#"{"a": [{"numeric": [">", "x"]}]}"#, "at $.a[0].numeric[1]: expected a number");
+        bad(
+            r#"{"a": [null]}"#,
+            "at $.a[0]: matching null is not supported",
+        );
+        bad(
+            r#"{"a": [{"numeric": [">", "x"]}]}"#,
+            "at $.a[0].numeric[1]: expected a number",
+        );
         bad(r#"{"a": [{"numeric": ["~", 1]}]}"#, "at $.a[0].numeric[0]");
         bad(r#"{"a": [{"numeric": [">", 5, "<", 1]}]}"#, "lower bound");
-        bad(r#"{"a": [{"wildcard": "x*"}]}"#, "`wildcard` matcher is not supported");
+        bad(
+            r#"{"a": [{"wildcard": "x*"}]}"#,
+            "`wildcard` matcher is not supported",
+        );
         bad(r#"{"a": [{"bogus": 1}]}"#, "expected one of prefix");
         bad(r#"{"a": [1.5e400]}"#, "exactly representable");
         bad(r#"{}"#, "at least one attribute");

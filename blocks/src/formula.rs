@@ -60,7 +60,10 @@ impl Formula {
             return Err(DnfError::Empty);
         }
         let mut out: Vec<Conjunction> = conjs.drain(..).map(Conjunction::new).collect();
-        if out.iter().any(|c| c.0.len() > MAX_PREDICATES_PER_CONJUNCTION) {
+        if out
+            .iter()
+            .any(|c| c.0.len() > MAX_PREDICATES_PER_CONJUNCTION)
+        {
             return Err(DnfError::TooManyPredicates);
         }
         out.sort();

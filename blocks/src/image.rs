@@ -590,7 +590,10 @@ mod tests {
         let mut long = bytes.clone();
         long.push(0);
         assert!(decode_shard(&long).is_err());
-        assert_eq!(decode_shard(b"nope-nope-nope-nope-nope-nope-nope-nope"), Err(ImageError::BadMagic));
+        assert_eq!(
+            decode_shard(b"nope-nope-nope-nope-nope-nope-nope-nope"),
+            Err(ImageError::BadMagic)
+        );
     }
 
     #[test]
@@ -600,7 +603,9 @@ mod tests {
         for len in 0..2000usize {
             let mut buf = Vec::with_capacity(len % 200);
             for _ in 0..len % 200 {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 buf.push((seed >> 56) as u8);
             }
             let _ = decode_shard_payload_unchecked(&buf);
@@ -609,7 +614,10 @@ mod tests {
         let bytes = encode_shard(&sample());
         let payload = &bytes[HEADER..bytes.len() - 8];
         for cut in 0..payload.len() {
-            assert!(decode_shard_payload_unchecked(&payload[..cut]).is_err(), "cut {cut}");
+            assert!(
+                decode_shard_payload_unchecked(&payload[..cut]).is_err(),
+                "cut {cut}"
+            );
         }
     }
 }

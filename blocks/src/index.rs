@@ -63,7 +63,11 @@ impl MatchIndex {
         MatchIndex::build_version(cfg, 1, subs)
     }
 
-    fn build_version(cfg: ShardConfig, version: u64, mut subs: Vec<(u64, Dnf)>) -> Result<MatchIndex, IndexError> {
+    fn build_version(
+        cfg: ShardConfig,
+        version: u64,
+        mut subs: Vec<(u64, Dnf)>,
+    ) -> Result<MatchIndex, IndexError> {
         subs.sort_by_key(|s| s.0);
         if let Some(w) = subs.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(BuildError::DuplicateSubscription(w[0].0).into());
@@ -131,7 +135,8 @@ impl MatchIndex {
 
     /// Whether a subscription exists in this version.
     pub fn contains(&self, id: u64) -> bool {
-        self.delta.upserts.contains_key(&id) || (self.in_base(id) && !self.delta.hidden.contains(&id))
+        self.delta.upserts.contains_key(&id)
+            || (self.in_base(id) && !self.delta.hidden.contains(&id))
     }
 
     /// A new version with the subscription added or replaced.
@@ -215,7 +220,12 @@ impl MatchIndex {
 
     /// Matches a batch of events with the shard's own strategy: `out[i]` gets the sorted,
     /// deduplicated subscription ids event `i` matches.
-    pub fn match_batch(&self, events: &[Event], ctx: &mut EvalCtx, out: &mut Vec<Vec<u64>>) -> MatchCounters {
+    pub fn match_batch(
+        &self,
+        events: &[Event],
+        ctx: &mut EvalCtx,
+        out: &mut Vec<Vec<u64>>,
+    ) -> MatchCounters {
         self.match_batch_with(self.base.strategy(), events, ctx, out)
     }
 
@@ -228,7 +238,9 @@ impl MatchIndex {
         out: &mut Vec<Vec<u64>>,
     ) -> MatchCounters {
         let mut recs: Vec<Vec<u32>> = vec![Vec::new(); events.len()];
-        let rejected = self.base.match_records_with(strategy, events, ctx, &mut recs);
+        let rejected = self
+            .base
+            .match_records_with(strategy, events, ctx, &mut recs);
         self.finish(events, &recs, out);
         MatchCounters {
             rejected_candidates: rejected,

@@ -107,9 +107,19 @@ impl IntervalIndex {
     pub fn entries(&self) -> Vec<(u32, u32, u32)> {
         let mut out = Vec::with_capacity(self.len());
         out.extend(self.low_b.iter().zip(&self.low_p).map(|(&b, &p)| (0, b, p)));
-        out.extend(self.high_a.iter().zip(&self.high_p).map(|(&a, &p)| (a, self.max_row, p)));
+        out.extend(
+            self.high_a
+                .iter()
+                .zip(&self.high_p)
+                .map(|(&a, &p)| (a, self.max_row, p)),
+        );
         for c in &self.classes {
-            out.extend(c.a.iter().zip(&c.b).zip(&c.p).map(|((&a, &b), &p)| (a, b, p)));
+            out.extend(
+                c.a.iter()
+                    .zip(&c.b)
+                    .zip(&c.p)
+                    .map(|((&a, &b), &p)| (a, b, p)),
+            );
         }
         out
     }
@@ -139,7 +149,9 @@ mod tests {
         let mut items = Vec::new();
         let mut seed = 7u64;
         for p in 0..500 {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let a = ((seed >> 33) % 101) as u32;
             let b = ((seed >> 17) % 101) as u32;
             let (a, b) = match p % 4 {

@@ -19,8 +19,8 @@ pub mod strings;
 pub mod text;
 
 pub use formula::{Conjunction, Dnf, Formula};
+pub use index::MatchIndex;
 pub use num::Num;
 pub use predicate::{Bound, Event, Predicate, Test, Value};
 pub use reference::ReferenceMatcher;
-pub use index::MatchIndex;
 pub use shard::{ShardConfig, Strategy, StrategyChoice};

@@ -236,7 +236,13 @@ impl fmt::Display for Predicate {
         match &self.test {
             Test::Exists => f.write_str(if neg { " not exists" } else { " exists" }),
             Test::Interval { lo, hi } => {
-                let op = |pos: &str, negop: &str| if neg { negop.to_string() } else { pos.to_string() };
+                let op = |pos: &str, negop: &str| {
+                    if neg {
+                        negop.to_string()
+                    } else {
+                        pos.to_string()
+                    }
+                };
                 match (lo, hi) {
                     (Bound::Incl(a), Bound::Incl(b)) if a == b => {
                         write!(f, " {} {a}", op("=", "!="))

@@ -361,7 +361,9 @@ impl Base {
             match test {
                 Test::Interval { lo, hi } => {
                     for b in [lo, hi] {
-                        if let crate::predicate::Bound::Incl(c) | crate::predicate::Bound::Excl(c) = b {
+                        if let crate::predicate::Bound::Incl(c) | crate::predicate::Bound::Excl(c) =
+                            b
+                        {
                             consts[*attr as usize].push(*c);
                         }
                     }
@@ -391,7 +393,8 @@ impl Base {
         // distinct `=`/`in` string constants per attribute: the estimate of its cardinality
         let mut eq_counts: Vec<u32> = vec![0; n_attrs];
         {
-            let mut distinct: Vec<std::collections::HashSet<&str>> = vec![Default::default(); n_attrs];
+            let mut distinct: Vec<std::collections::HashSet<&str>> =
+                vec![Default::default(); n_attrs];
             for (attr, test, _) in &preds {
                 if let Test::StrIn(v) = test {
                     distinct[*attr as usize].extend(v.iter().map(String::as_str));
@@ -444,11 +447,21 @@ impl Base {
                                     num_hits[a as usize].push((table.row(*c), next));
                                 }
                             }
-                            Test::StrIn(set) => str_tests[a as usize].push((StrTest::In(set.clone()), next)),
-                            Test::Prefix(s) => str_tests[a as usize].push((StrTest::Prefix(s.clone()), next)),
-                            Test::Suffix(s) => str_tests[a as usize].push((StrTest::Suffix(s.clone()), next)),
-                            Test::Contains(s) => str_tests[a as usize].push((StrTest::Contains(s.clone()), next)),
-                            Test::EqIgnoreCase(s) => str_tests[a as usize].push((StrTest::Ieq(s.clone()), next)),
+                            Test::StrIn(set) => {
+                                str_tests[a as usize].push((StrTest::In(set.clone()), next))
+                            }
+                            Test::Prefix(s) => {
+                                str_tests[a as usize].push((StrTest::Prefix(s.clone()), next))
+                            }
+                            Test::Suffix(s) => {
+                                str_tests[a as usize].push((StrTest::Suffix(s.clone()), next))
+                            }
+                            Test::Contains(s) => {
+                                str_tests[a as usize].push((StrTest::Contains(s.clone()), next))
+                            }
+                            Test::EqIgnoreCase(s) => {
+                                str_tests[a as usize].push((StrTest::Ieq(s.clone()), next))
+                            }
                             Test::Exists | Test::Interval { .. } => {}
                         }
                         next
@@ -464,7 +477,8 @@ impl Base {
                         Test::EqIgnoreCase(_) => {
                             (1.0 / eq_counts[a as usize].max(1) as f32).min(0.05)
                         }
-                        t => crate::predicate::Predicate::new("", t.clone(), false).shape_selectivity() as f32,
+                        t => crate::predicate::Predicate::new("", t.clone(), false)
+                            .shape_selectivity() as f32,
                     };
                     if *negated {
                         blk.neg_flags.push((flag, pid));
@@ -500,7 +514,11 @@ impl Base {
         // 3. Bloom tables
         let row_table_bytes: usize = attrs
             .iter()
-            .map(|b| b.consts.as_ref().map_or(0, |t| (t.max_row() as usize + 1) * words * 8))
+            .map(|b| {
+                b.consts
+                    .as_ref()
+                    .map_or(0, |t| (t.max_row() as usize + 1) * words * 8)
+            })
             .sum();
         let bloom_ready = cfg.bloom_tables && row_table_bytes <= cfg.row_filter_budget_bytes;
         let k = bloom.k as usize;
@@ -667,7 +685,8 @@ impl Base {
             let c = c as usize;
             let (_, ap) = access[c];
             ps_sorted.clear();
-            ps_sorted.extend_from_slice(&conj_preds[conj_start[c] as usize..conj_start[c + 1] as usize]);
+            ps_sorted
+                .extend_from_slice(&conj_preds[conj_start[c] as usize..conj_start[c + 1] as usize]);
             ps_sorted.sort_by(|&x, &y| {
                 let kx = (x != ap, pred_sel[x as usize]);
                 let ky = (y != ap, pred_sel[y as usize]);
@@ -820,7 +839,12 @@ impl Base {
             + 12 * self.codes.len()
             + 4 * self.conj_preds.len()
             + 8 * self.filters.len()
-            + self.num_index.iter().flatten().map(|i| i.heap_bytes()).sum::<usize>()
+            + self
+                .num_index
+                .iter()
+                .flatten()
+                .map(|i| i.heap_bytes())
+                .sum::<usize>()
             + 4 * (self.flag_post.len() + self.exists_post.len())
     }
 
@@ -874,7 +898,8 @@ impl Base {
 
     #[inline]
     fn rec_codes(&self, rec: u32) -> &[Code] {
-        &self.codes[self.code_start[rec as usize] as usize..self.code_start[rec as usize + 1] as usize]
+        &self.codes
+            [self.code_start[rec as usize] as usize..self.code_start[rec as usize + 1] as usize]
     }
 
     /// Access strategy for a loaded context: pushes matching conjunction records.
@@ -1151,12 +1176,19 @@ impl Base {
 fn build_row_filters(blk: &mut AttrBlock, words: usize, k: usize, pred_pos: &[u16]) {
     let pos = |p: u32| {
         let s = &pred_pos[p as usize * k..p as usize * k + k];
-        if s.first() == Some(&NO_POS) { &s[..0] } else { s }
+        if s.first() == Some(&NO_POS) {
+            &s[..0]
+        } else {
+            s
+        }
     };
     if !blk.neg_rows.is_empty() {
         let mut f = vec![0u64; words];
         for &(_, _, p) in &blk.neg_rows {
-            set_positions(&mut f, &pos(p).iter().map(|&x| x as u32).collect::<Vec<_>>());
+            set_positions(
+                &mut f,
+                &pos(p).iter().map(|&x| x as u32).collect::<Vec<_>>(),
+            );
         }
         blk.str_value_filter = f;
     }

@@ -278,8 +278,15 @@ impl StringBlock {
     pub fn heap_bytes(&self) -> usize {
         self.fwd.heap_bytes()
             + self.rev.heap_bytes()
-            + self.contains.as_ref().map_or(0, |(ac, _)| ac.memory_usage())
-            + self.ieq.iter().map(|(k, v)| k.len() + 4 * v.len() + 48).sum::<usize>()
+            + self
+                .contains
+                .as_ref()
+                .map_or(0, |(ac, _)| ac.memory_usage())
+            + self
+                .ieq
+                .iter()
+                .map(|(k, v)| k.len() + 4 * v.len() + 48)
+                .sum::<usize>()
     }
 }
 
@@ -299,7 +306,20 @@ mod tests {
 
     #[test]
     fn agrees_with_direct_evaluation() {
-        let words = ["", "a", "ab", "abc", "b", "ba", "kr/seoul/", "kr/", "é", "éa", "ＡＢ", "xyz"];
+        let words = [
+            "",
+            "a",
+            "ab",
+            "abc",
+            "b",
+            "ba",
+            "kr/seoul/",
+            "kr/",
+            "é",
+            "éa",
+            "ＡＢ",
+            "xyz",
+        ];
         let mut tests = Vec::new();
         for (i, w) in words.iter().enumerate() {
             let w = w.to_string();
@@ -317,7 +337,21 @@ mod tests {
             .map(|(i, t)| (t, i as u32))
             .collect();
         let block = StringBlock::build(&pairs);
-        let probes = ["", "a", "ab", "abc", "abcd", "zab", "kr/seoul/b12", "kr", "é", "éa", "AB", "ＡＢ", "q"];
+        let probes = [
+            "",
+            "a",
+            "ab",
+            "abc",
+            "abcd",
+            "zab",
+            "kr/seoul/b12",
+            "kr",
+            "é",
+            "éa",
+            "AB",
+            "ＡＢ",
+            "q",
+        ];
         for p in probes {
             let mut got = Vec::new();
             block.test(p, |f| got.push(f));

@@ -34,16 +34,7 @@ pub struct ParseError {
 pub fn is_keyword(s: &str) -> bool {
     matches!(
         s,
-        "and"
-            | "or"
-            | "not"
-            | "in"
-            | "exists"
-            | "prefix"
-            | "suffix"
-            | "contains"
-            | "ieq"
-            | "range"
+        "and" | "or" | "not" | "in" | "exists" | "prefix" | "suffix" | "contains" | "ieq" | "range"
     )
 }
 
@@ -155,7 +146,9 @@ fn lex(input: &str) -> Result<Lexer, ParseError> {
         }
         if c.is_ascii_digit()
             || ((c == '-' || c == '+' || c == '.')
-                && chars.get(i + 1).is_some_and(|x| x.1.is_ascii_digit() || x.1 == '.'))
+                && chars
+                    .get(i + 1)
+                    .is_some_and(|x| x.1.is_ascii_digit() || x.1 == '.'))
         {
             let mut j = i + 1;
             while j < chars.len() {
@@ -427,7 +420,11 @@ impl Parser {
             Bound::Unbounded
         } else {
             let n = self.number()?;
-            if lo_incl { Bound::Incl(n) } else { Bound::Excl(n) }
+            if lo_incl {
+                Bound::Incl(n)
+            } else {
+                Bound::Excl(n)
+            }
         };
         self.expect_sym(",")?;
         let hi_col = self.column();
@@ -541,8 +538,14 @@ mod tests {
         ok("a exists and b not exists", "a exists && b not exists");
         ok(r#""odd name" = "v""#, r#""odd name" = "v""#);
         ok(r#"s ieq "HeLLo""#, r#"s ieq "hello""#);
-        ok(r#"s not prefix "x" or s contains "€""#, r#"s not prefix "x" || s contains "€""#);
-        ok("(a = 1 || b = 2) && c = 3", "a = 1 && c = 3 || b = 2 && c = 3");
+        ok(
+            r#"s not prefix "x" or s contains "€""#,
+            r#"s not prefix "x" || s contains "€""#,
+        );
+        ok(
+            "(a = 1 || b = 2) && c = 3",
+            "a = 1 && c = 3 || b = 2 && c = 3",
+        );
         ok("a = 1 || a = 1", "a = 1");
     }
 

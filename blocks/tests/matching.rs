@@ -33,10 +33,23 @@ fn num_pool() -> Vec<Num> {
 }
 
 fn str_pool() -> Vec<String> {
-    let mut v: Vec<String> = ["", "a", "ab", "abc", "b", "kr/", "kr/seoul/", "kr/seoul/b12", "é", "日本", "AbC", "bca"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut v: Vec<String> = [
+        "",
+        "a",
+        "ab",
+        "abc",
+        "b",
+        "kr/",
+        "kr/seoul/",
+        "kr/seoul/b12",
+        "é",
+        "日本",
+        "AbC",
+        "bca",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     v.push("x".repeat(300));
     v
 }
@@ -95,16 +108,21 @@ fn arb_dnf() -> impl Strategy<Value = Dnf> {
 }
 
 fn arb_value() -> impl Strategy<Value = Value> {
-    prop_oneof![arb_num().prop_map(Value::Num), arb_str().prop_map(Value::Str)]
+    prop_oneof![
+        arb_num().prop_map(Value::Num),
+        arb_str().prop_map(Value::Str)
+    ]
 }
 
 fn arb_event() -> impl Strategy<Value = Event> {
-    prop::collection::vec(prop::option::weighted(0.8, arb_value()), ATTRS.len()).prop_map(|vals| Event {
-        attrs: ATTRS
-            .iter()
-            .zip(vals)
-            .filter_map(|(a, v)| v.map(|v| (a.to_string(), v)))
-            .collect(),
+    prop::collection::vec(prop::option::weighted(0.8, arb_value()), ATTRS.len()).prop_map(|vals| {
+        Event {
+            attrs: ATTRS
+                .iter()
+                .zip(vals)
+                .filter_map(|(a, v)| v.map(|v| (a.to_string(), v)))
+                .collect(),
+        }
     })
 }
 
@@ -116,14 +134,19 @@ fn reference(subs: &[(u64, Dnf)]) -> ReferenceMatcher {
     r
 }
 
-fn check_engines(subs: &[(u64, Dnf)], events: &[Event], bloom: BloomConfig) -> Result<(), TestCaseError> {
+fn check_engines(
+    subs: &[(u64, Dnf)],
+    events: &[Event],
+    bloom: BloomConfig,
+) -> Result<(), TestCaseError> {
     let reference = reference(subs);
     let want: Vec<Vec<u64>> = events.iter().map(|e| reference.match_event(e)).collect();
     let cfg = ShardConfig {
         bloom,
         ..ShardConfig::default()
     };
-    let index = MatchIndex::build(cfg, subs.to_vec()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let index =
+        MatchIndex::build(cfg, subs.to_vec()).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut ctx = index.base().new_ctx();
     for strategy in [MatchStrategy::Access, MatchStrategy::Bloom] {
         let mut got = Vec::new();
@@ -152,7 +175,10 @@ fn check_engines(subs: &[(u64, Dnf)], events: &[Event], bloom: BloomConfig) -> R
         base.bloom_candidates(&filter, |_, rec| cands.push(rec));
         let mut recs = Vec::new();
         base.verify_by_ids(&cands, &ids, &mut recs);
-        let mut got: Vec<u64> = recs.iter().map(|&r| base.conjunction_subscription(r)).collect();
+        let mut got: Vec<u64> = recs
+            .iter()
+            .map(|&r| base.conjunction_subscription(r))
+            .collect();
         got.sort_unstable();
         got.dedup();
         prop_assert_eq!(&got, w);

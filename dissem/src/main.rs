@@ -112,13 +112,21 @@ fn bench_match(a: MatchArgs) -> anyhow::Result<bool> {
     })?;
     if a.workload == WorkloadArg::Uniform {
         if a.attrs == 0 || a.preds == 0 || a.preds > a.attrs {
-            bail!("--preds must be between 1 and --attrs ({}), got {}", a.attrs, a.preds);
+            bail!(
+                "--preds must be between 1 and --attrs ({}), got {}",
+                a.attrs,
+                a.preds
+            );
         }
         if !(a.width > 0.0 && a.width <= 1.0) {
             bail!("--width must be in (0, 1], got {}", a.width);
         }
         if a.cardinality == 0 || a.cardinality > bench::workload::DOMAIN {
-            bail!("--cardinality must be between 1 and {}, got {}", bench::workload::DOMAIN, a.cardinality);
+            bail!(
+                "--cardinality must be between 1 and {}, got {}",
+                bench::workload::DOMAIN,
+                a.cardinality
+            );
         }
         opts.workload = Workload::Uniform(UniformSpec {
             attrs: a.attrs,
@@ -155,7 +163,9 @@ fn blocks_bloom(bits: u32, k: u32) -> anyhow::Result<bench::BloomConfig> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench { which: Bench::Match(a) } => bench_match(a),
+        Command::Bench {
+            which: Bench::Match(a),
+        } => bench_match(a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
