@@ -80,6 +80,8 @@ pub struct EngineReport {
     pub matches_total: u64,
     pub matches_per_event: f64,
     pub bloom_candidates_rejected: u64,
+    /// Subscriptions (conjunctions) checked exactly per event.
+    pub verified_per_event: f64,
     /// The structure's own accounting of its heap, and per subscription.
     pub index_bytes: Option<u64>,
     pub index_bytes_per_subscription: Option<f64>,
@@ -158,10 +160,12 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         let mut all: Vec<Vec<u64>> = Vec::with_capacity(events.len());
         let mut out = Vec::new();
         let mut rejected = 0;
+        let mut verified = 0;
         let t = Instant::now();
         for chunk in events.chunks(opts.batch) {
             let c = index.match_batch(chunk, &mut ctx, &mut out);
-            rejected += c.rejected_candidates;
+            rejected += c.bloom_rejected;
+            verified += c.verified;
             all.append(&mut out);
             bar.inc(chunk.len() as u64);
         }
@@ -175,6 +179,7 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             build,
             secs,
             rejected,
+            verified,
             Some(stats.heap_bytes as u64),
             rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a)),
         ));
@@ -209,6 +214,7 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             build,
             secs,
             0,
+            (subs.len() * all.len()) as u64,
             None,
             rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a)),
         ));
@@ -253,6 +259,7 @@ fn report(
     build: f64,
     secs: f64,
     rejected: u64,
+    verified: u64,
     index_bytes: Option<u64>,
     rss_growth: Option<u64>,
 ) -> EngineReport {
@@ -268,6 +275,7 @@ fn report(
         matches_total: total,
         matches_per_event: total as f64 / all.len().max(1) as f64,
         bloom_candidates_rejected: rejected,
+        verified_per_event: verified as f64 / all.len().max(1) as f64,
         index_bytes,
         index_bytes_per_subscription: index_bytes.map(|b| b as f64 / subs.len().max(1) as f64),
         rss_growth_bytes: rss_growth,
@@ -295,13 +303,14 @@ pub fn print(r: &MatchBenchReport) {
     );
     for e in &r.engines {
         println!(
-            "{:<7} {:<8} {:>9.2} {:>12.0} {:>11} {:>12.2} {:>10} {:>11} {:>10}",
+            "{:<7} {:<8} {:>9.2} {:>12.0} {:>11} {:>10.2} {:>11.0} {:>10} {:>7} {:>9}",
             e.engine,
             e.strategy.as_deref().unwrap_or("-"),
             e.build_seconds,
             e.events_per_second,
             e.matches_total,
             e.matches_per_event,
+            e.verified_per_event,
             e.bloom_candidates_rejected,
             e.index_bytes_per_subscription
                 .map_or("-".to_string(), |b| format!("{b:.0}")),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::formula::Dnf;
 use crate::image::{self, DeltaImage, ImageError, ShardImage};
 use crate::predicate::Event;
-use crate::shard::{Base, BuildError, EvalCtx, ShardConfig, Strategy};
+use crate::shard::{Base, BuildError, EvalCtx, ShardConfig, Strategy, VerifyStats};
 
 /// Delta size above which compaction is advised.
 pub const DEFAULT_MAX_DELTA: usize = 4096;
@@ -48,13 +48,6 @@ pub struct MatchIndex {
     base_image: Arc<Vec<u8>>,
     base_ids: Arc<Vec<u64>>,
     delta: Arc<Delta>,
-}
-
-/// Figures from matching a batch.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MatchCounters {
-    /// Bloom candidates that exact verification rejected.
-    pub rejected_candidates: u64,
 }
 
 impl MatchIndex {
@@ -225,7 +218,7 @@ impl MatchIndex {
         events: &[Event],
         ctx: &mut EvalCtx,
         out: &mut Vec<Vec<u64>>,
-    ) -> MatchCounters {
+    ) -> VerifyStats {
         self.match_batch_with(self.base.strategy(), events, ctx, out)
     }
 
@@ -236,15 +229,13 @@ impl MatchIndex {
         events: &[Event],
         ctx: &mut EvalCtx,
         out: &mut Vec<Vec<u64>>,
-    ) -> MatchCounters {
+    ) -> VerifyStats {
         let mut recs: Vec<Vec<u32>> = vec![Vec::new(); events.len()];
-        let rejected = self
+        let stats = self
             .base
             .match_records_with(strategy, events, ctx, &mut recs);
         self.finish(events, &recs, out);
-        MatchCounters {
-            rejected_candidates: rejected,
-        }
+        stats
     }
 
     /// Turns matched conjunction records into subscription ids, applying the delta.

@@ -24,6 +24,54 @@ struct WidthClass {
     a: Vec<u32>,
     b: Vec<u32>,
     p: Vec<u32>,
+    dir: Directory,
+}
+
+/// A coarse lookup table over a sorted array: bucket `x >> shift` gives the slice where the
+/// lower bound of `x` lies, so a query binary-searches a few dozen entries instead of all.
+#[derive(Debug, Clone, Default)]
+struct Directory {
+    shift: u32,
+    starts: Vec<u32>,
+}
+
+impl Directory {
+    fn build(sorted: &[u32]) -> Directory {
+        let Some(&max) = sorted.last() else {
+            return Directory::default();
+        };
+        let target_buckets = (sorted.len() / 16).max(1) as u64;
+        let mut shift = 0;
+        while ((max as u64) >> shift) + 1 > target_buckets {
+            shift += 1;
+        }
+        let buckets = ((max >> shift) + 1) as usize;
+        let mut starts = Vec::with_capacity(buckets + 1);
+        let mut i = 0;
+        for j in 0..=buckets as u64 {
+            let bound = j << shift;
+            while i < sorted.len() && (sorted[i] as u64) < bound {
+                i += 1;
+            }
+            starts.push(i as u32);
+        }
+        Directory { shift, starts }
+    }
+
+    /// First index with `sorted[i] >= x`.
+    #[inline]
+    fn lower_bound(&self, sorted: &[u32], x: u32) -> usize {
+        let j = (x >> self.shift) as usize;
+        if j + 1 >= self.starts.len() {
+            return sorted.len();
+        }
+        let (s, e) = (self.starts[j] as usize, self.starts[j + 1] as usize);
+        s + sorted[s..e].partition_point(|&v| v < x)
+    }
+
+    fn heap_bytes(&self) -> usize {
+        4 * self.starts.len()
+    }
 }
 
 impl IntervalIndex {
@@ -60,9 +108,11 @@ impl IntervalIndex {
         for mut items in by_class.into_iter().filter(|c| !c.is_empty()) {
             items.sort_unstable();
             let max_width = items.iter().map(|&(a, b, _)| b - a).max().unwrap_or(0);
+            let a: Vec<u32> = items.iter().map(|x| x.0).collect();
             idx.classes.push(WidthClass {
                 max_width,
-                a: items.iter().map(|x| x.0).collect(),
+                dir: Directory::build(&a),
+                a,
                 b: items.iter().map(|x| x.1).collect(),
                 p: items.iter().map(|x| x.2).collect(),
             });
@@ -93,7 +143,7 @@ impl IntervalIndex {
         }
         for c in &self.classes {
             let lo = row.saturating_sub(c.max_width);
-            let mut i = c.a.partition_point(|&a| a < lo);
+            let mut i = c.dir.lower_bound(&c.a, lo);
             while i < c.a.len() && c.a[i] <= row {
                 if c.b[i] >= row {
                     f(c.p[i]);
@@ -135,7 +185,11 @@ impl IntervalIndex {
     /// Heap bytes used.
     pub fn heap_bytes(&self) -> usize {
         4 * (2 * self.low_p.len() + 2 * self.high_p.len())
-            + self.classes.iter().map(|c| 12 * c.p.len()).sum::<usize>()
+            + self
+                .classes
+                .iter()
+                .map(|c| 12 * c.p.len() + c.dir.heap_bytes())
+                .sum::<usize>()
     }
 }
 

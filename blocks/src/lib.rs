@@ -7,6 +7,7 @@
 pub mod bloom;
 pub mod eventbridge;
 pub mod formula;
+pub mod hash;
 pub mod image;
 pub mod index;
 pub mod interval;

@@ -68,25 +68,12 @@ impl Constants {
                 let i = v.partition_point(|c| *c < x);
                 (i, i < v.len() && v[i] == x)
             }
-            Constants::Int(v) => match x.as_i64() {
-                Some(xi) => {
-                    let i = v.partition_point(|c| *c < xi);
-                    (i, i < v.len() && v[i] == xi)
-                }
-                None => {
-                    // not an integer or beyond i64: constants below x are those <= floor(x)
-                    let fl = x.floor_int();
-                    let i = if fl > i64::MAX as i128 {
-                        v.len()
-                    } else if fl < i64::MIN as i128 {
-                        0
-                    } else {
-                        let f = fl as i64;
-                        v.partition_point(|c| *c <= f)
-                    };
-                    (i, false)
-                }
-            },
+            Constants::Int(v) => {
+                // compare in fixed point: a multiplication per step, no i128 division
+                let raw = x.to_raw();
+                let i = v.partition_point(|c| Num::from(*c).to_raw() < raw);
+                (i, i < v.len() && Num::from(v[i]).to_raw() == raw)
+            }
         }
     }
 

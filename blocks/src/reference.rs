@@ -2,13 +2,15 @@
 //!
 //! Slow by design and obviously right; tests and benchmarks compare every engine against it.
 
+use std::collections::BTreeMap;
+
 use crate::formula::Dnf;
 use crate::predicate::Event;
 
 /// Subscriptions kept as plain DNF, matched by direct evaluation.
 #[derive(Debug, Default, Clone)]
 pub struct ReferenceMatcher {
-    subs: Vec<(u64, Dnf)>,
+    subs: BTreeMap<u64, Dnf>,
 }
 
 impl ReferenceMatcher {
@@ -19,15 +21,12 @@ impl ReferenceMatcher {
 
     /// Adds (or replaces) a subscription.
     pub fn insert(&mut self, id: u64, dnf: Dnf) {
-        self.remove(id);
-        self.subs.push((id, dnf));
+        self.subs.insert(id, dnf);
     }
 
     /// Removes a subscription; returns whether it existed.
     pub fn remove(&mut self, id: u64) -> bool {
-        let before = self.subs.len();
-        self.subs.retain(|(i, _)| *i != id);
-        before != self.subs.len()
+        self.subs.remove(&id).is_some()
     }
 
     /// Number of subscriptions.
@@ -42,14 +41,10 @@ impl ReferenceMatcher {
 
     /// The ids of every subscription the event matches, sorted, each once.
     pub fn match_event(&self, event: &Event) -> Vec<u64> {
-        let mut out: Vec<u64> = self
-            .subs
+        self.subs
             .iter()
             .filter(|(_, d)| d.eval(event))
             .map(|(id, _)| *id)
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        out
+            .collect()
     }
 }

@@ -25,6 +25,7 @@ use roaring::RoaringBitmap;
 
 use crate::bloom::{BloomConfig, BloomConfigError, PositionAllocator, or_into, set_positions};
 use crate::formula::Dnf;
+use crate::hash::FastMap;
 use crate::interval::IntervalIndex;
 use crate::num::Num;
 use crate::numeric::{Constants, NO_ROW};
@@ -104,6 +105,7 @@ const OP_FLAG: u32 = 2;
 const OP_NOT_FLAG: u32 = 3;
 const OP_EXISTS: u32 = 4;
 const OP_NOT_EXISTS: u32 = 5;
+const OP_TRUE: u32 = 6;
 const MAX_ATTRS: u32 = 1 << 28;
 
 /// A compiled predicate: attribute, operation and two operands, checked against an
@@ -194,7 +196,8 @@ impl EvalCtx {
             OP_FLAG => self.flag(c.a),
             OP_NOT_FLAG => r != NO_ROW && !self.flag(c.a),
             OP_EXISTS => r != NO_ROW,
-            _ => r == NO_ROW,
+            OP_NOT_EXISTS => r == NO_ROW,
+            _ => true,
         }
     }
 
@@ -237,12 +240,38 @@ pub struct TestOutput {
 
 // --- the compiled shard ----------------------------------------------------------------------
 
+/// One conjunction's hot data for the access path.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
+struct Rec {
+    sub: u64,
+    probe: [Code; 2],
+}
+
+/// The access index of one numeric attribute: posting lists for point predicates (`=`)
+/// by row, and an interval index for the others.
+#[derive(Debug, Clone, Default)]
+struct NumAccess {
+    point_rows: Vec<u32>,
+    point_start: Vec<u32>,
+    spans: IntervalIndex,
+}
+
+/// Work done by exact verification in one batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VerifyStats {
+    /// Conjunctions checked exactly (access-index visits or Bloom candidates).
+    pub verified: u64,
+    /// Bloom candidates that verification rejected (Bloom false positives).
+    pub bloom_rejected: u64,
+}
+
 /// A compiled shard (immutable; see `index` for versions and incremental changes).
 #[derive(Debug, Clone)]
 pub struct Base {
     cfg: ShardConfig,
     words: usize,
-    attr_ids: HashMap<String, u32>,
+    attr_ids: FastMap<String, u32>,
     attr_names: Vec<String>,
     attrs: Vec<AttrBlock>,
     n_flags: u32,
@@ -255,7 +284,9 @@ pub struct Base {
     /// Attributes with `not exists` predicates.
     not_exists_attrs: Vec<u32>,
     // conjunctions, in record order
-    conj_sub: Vec<u64>,
+    /// Per record: its subscription and the first two codes after the access predicate,
+    /// so the access path reads one 32-byte slot per visited conjunction, sequentially.
+    recs: Vec<Rec>,
     code_start: Vec<u32>,
     codes: Vec<Code>,
     conj_preds: Vec<u32>,
@@ -263,7 +294,9 @@ pub struct Base {
     filters: Vec<u64>,
     bloom_ready: bool,
     // access index
-    num_index: Vec<Option<IntervalIndex>>,
+    num_index: Vec<Option<NumAccess>>,
+    /// Flags that are some conjunction's access predicate (one bit each).
+    flag_access: Vec<u64>,
     flag_post: Vec<u32>,
     exists_post: Vec<u32>,
     always: (u32, u32),
@@ -302,7 +335,7 @@ impl Base {
         let bloom = cfg.bloom.validate()?;
         let words = bloom.words();
         // 1. intern attributes and predicates, collect conjunctions
-        let mut attr_ids: HashMap<String, u32> = HashMap::new();
+        let mut attr_ids: FastMap<String, u32> = FastMap::default();
         let mut attr_names: Vec<String> = Vec::new();
         let mut pred_ids: HashMap<PredKey, u32> = HashMap::new();
         let mut preds: Vec<(u32, Test, bool)> = Vec::new();
@@ -592,21 +625,38 @@ impl Base {
                 num_items[*a as usize].push((code.a, code.b, c as u32));
             }
         }
-        let mut num_index: Vec<Option<IntervalIndex>> = Vec::with_capacity(n_attrs);
+        let mut num_index: Vec<Option<NumAccess>> = Vec::with_capacity(n_attrs);
         let mut order: Vec<u32> = Vec::with_capacity(n_conj);
         for (a, items) in num_items.into_iter().enumerate() {
             if items.is_empty() {
                 num_index.push(None);
                 continue;
             }
+            // point intervals (`=`) get posting lists by row: no interval scan at all
+            let (mut points, spans): (Vec<_>, Vec<_>) = items.into_iter().partition(|x| x.0 == x.1);
+            points.sort_unstable();
+            let mut point_rows: Vec<u32> = Vec::new();
+            let mut point_start: Vec<u32> = Vec::new();
+            for (row, _, c) in points {
+                if point_rows.last() != Some(&row) {
+                    point_rows.push(row);
+                    point_start.push(order.len() as u32);
+                }
+                order.push(c);
+            }
+            point_start.push(order.len() as u32);
             let max_row = attrs[a].consts.as_ref().map_or(0, |t| t.max_row());
-            let mut ix = IntervalIndex::build(max_row, items);
-            for p in ix.payloads_mut() {
+            let mut spans = IntervalIndex::build(max_row, spans);
+            for p in spans.payloads_mut() {
                 let rec = order.len() as u32;
                 order.push(*p);
                 *p = rec;
             }
-            num_index.push(Some(ix));
+            num_index.push(Some(NumAccess {
+                point_rows,
+                point_start,
+                spans,
+            }));
         }
         // the rest sorted by group
         let mut rest: Vec<(Group, u32)> = access
@@ -649,6 +699,12 @@ impl Base {
             acc += flag_counts[f];
         }
         flag_post[n_flags as usize] = acc;
+        let mut flag_access = vec![0u64; (n_flags as usize).div_ceil(64)];
+        for (f, &n) in flag_counts.iter().enumerate() {
+            if n > 0 {
+                flag_access[f / 64] |= 1 << (f % 64);
+            }
+        }
         for &(g, c) in &rest {
             if let Group::Exists(a) = g {
                 exists_counts[a as usize] += 1;
@@ -670,7 +726,6 @@ impl Base {
         debug_assert_eq!(order.len(), n_conj);
 
         // 5. lay out conjunctions in record order: codes (access first, rest by selectivity)
-        let mut new_sub = Vec::with_capacity(n_conj);
         let mut code_start = Vec::with_capacity(n_conj + 1);
         let mut codes: Vec<Code> = Vec::with_capacity(conj_preds.len());
         let mut new_preds: Vec<u32> = Vec::with_capacity(conj_preds.len());
@@ -681,6 +736,7 @@ impl Base {
         };
         code_start.push(0u32);
         let mut ps_sorted: Vec<u32> = Vec::new();
+        let mut recs: Vec<Rec> = Vec::with_capacity(n_conj);
         for (rec, &c) in order.iter().enumerate() {
             let c = c as usize;
             let (_, ap) = access[c];
@@ -706,7 +762,14 @@ impl Base {
                 }
             }
             code_start.push(codes.len() as u32);
-            new_sub.push(conj_sub[c]);
+            let slot = |i: usize| match ps_sorted.get(i) {
+                Some(&p) => pred_codes[p as usize],
+                None => Code::new(0, OP_TRUE, 0, 0),
+            };
+            recs.push(Rec {
+                sub: conj_sub[c],
+                probe: [slot(1), slot(2)],
+            });
         }
 
         let est_bloom_cost = if bloom_ready {
@@ -741,13 +804,14 @@ impl Base {
             pred_codes,
             pred_pos,
             not_exists_attrs,
-            conj_sub: new_sub,
+            recs,
             code_start,
             codes,
             conj_preds: new_preds,
             filters,
             bloom_ready,
             num_index,
+            flag_access,
             flag_post,
             exists_post,
             always,
@@ -779,7 +843,7 @@ impl Base {
 
     /// Number of conjunctions.
     pub fn conjunctions(&self) -> usize {
-        self.conj_sub.len()
+        self.recs.len()
     }
 
     /// The word-major conjunction filters (`word * conjunctions() + index`), for the GPU.
@@ -789,7 +853,7 @@ impl Base {
 
     /// The subscription a conjunction belongs to.
     pub fn conjunction_subscription(&self, conj: u32) -> u64 {
-        self.conj_sub[conj as usize]
+        self.recs[conj as usize].sub
     }
 
     /// Attribute names known to the shard (objects' other attributes are dropped at once).
@@ -800,7 +864,7 @@ impl Base {
     /// Figures about the shard.
     pub fn stats(&self) -> ShardStats {
         ShardStats {
-            conjunctions: self.conj_sub.len(),
+            conjunctions: self.recs.len(),
             predicates: self.n_preds as usize,
             attributes: self.attr_names.len(),
             flags: self.n_flags as usize,
@@ -834,7 +898,7 @@ impl Base {
             + 4 * self.flag_pred.len()
             + 12 * self.pred_codes.len()
             + 2 * self.pred_pos.len()
-            + 8 * self.conj_sub.len()
+            + std::mem::size_of::<Rec>() * self.recs.len()
             + 4 * self.code_start.len()
             + 12 * self.codes.len()
             + 4 * self.conj_preds.len()
@@ -843,8 +907,9 @@ impl Base {
                 .num_index
                 .iter()
                 .flatten()
-                .map(|i| i.heap_bytes())
+                .map(|i| i.spans.heap_bytes() + 4 * (i.point_rows.len() + i.point_start.len()))
                 .sum::<usize>()
+            + 8 * self.flag_access.len()
             + 4 * (self.flag_post.len() + self.exists_post.len())
     }
 
@@ -903,9 +968,16 @@ impl Base {
     }
 
     /// Access strategy for a loaded context: pushes matching conjunction records.
-    fn match_access(&self, ctx: &EvalCtx, out: &mut Vec<u32>) {
-        let verify_rest = |rec: u32, out: &mut Vec<u32>| {
-            if ctx.check_all(&self.rec_codes(rec)[1..]) {
+    fn match_access(&self, ctx: &EvalCtx, out: &mut Vec<u32>) -> u64 {
+        let mut visited = 0u64;
+        let mut verify_rest = |rec: u32, out: &mut Vec<u32>| {
+            visited += 1;
+            let slot = &self.recs[rec as usize];
+            if !ctx.check(slot.probe[0]) || !ctx.check(slot.probe[1]) {
+                return;
+            }
+            let codes = self.rec_codes(rec);
+            if codes.len() <= 3 || ctx.check_all(&codes[3..]) {
                 out.push(rec);
             }
         };
@@ -914,14 +986,20 @@ impl Base {
             if r < STR_ROW
                 && let Some(ix) = &self.num_index[a as usize]
             {
-                ix.query(r, |rec| verify_rest(rec, out));
+                if let Ok(i) = ix.point_rows.binary_search(&r) {
+                    for rec in ix.point_start[i]..ix.point_start[i + 1] {
+                        verify_rest(rec, out);
+                    }
+                }
+                ix.spans.query(r, |rec| verify_rest(rec, out));
             }
             for rec in self.exists_post[a as usize]..self.exists_post[a as usize + 1] {
                 verify_rest(rec, out);
             }
         }
         for &w in &ctx.flag_words {
-            let mut bits = ctx.flags[w as usize];
+            // only flags that are some conjunction's access predicate have postings
+            let mut bits = ctx.flags[w as usize] & self.flag_access[w as usize];
             while bits != 0 {
                 let f = w * 64 + bits.trailing_zeros();
                 bits &= bits - 1;
@@ -935,6 +1013,7 @@ impl Base {
                 out.push(rec);
             }
         }
+        visited + (self.always.1 - self.always.0) as u64
     }
 
     fn pred_filter_into(&self, pid: u32, out: &mut [u64]) {
@@ -1064,7 +1143,7 @@ impl Base {
     /// stay in cache while the whole batch passes over them.
     pub fn bloom_candidates(&self, objs: &[u64], mut f: impl FnMut(usize, u32)) {
         const BLOCK: usize = 2048;
-        let n = self.conj_sub.len();
+        let n = self.recs.len();
         let w = self.words;
         let n_obj = objs.len() / w.max(1);
         let mut acc = vec![0u64; BLOCK];
@@ -1099,8 +1178,12 @@ impl Base {
 
     /// Matches a batch of events with the shard's strategy. `out[i]` receives the matching
     /// conjunction records of event `i` (unsorted; several per subscription possible).
-    /// Returns the number of Bloom candidates rejected by exact verification.
-    pub fn match_records(&self, events: &[Event], ctx: &mut EvalCtx, out: &mut [Vec<u32>]) -> u64 {
+    pub fn match_records(
+        &self,
+        events: &[Event],
+        ctx: &mut EvalCtx,
+        out: &mut [Vec<u32>],
+    ) -> VerifyStats {
         self.match_records_with(self.strategy, events, ctx, out)
     }
 
@@ -1112,14 +1195,15 @@ impl Base {
         events: &[Event],
         ctx: &mut EvalCtx,
         out: &mut [Vec<u32>],
-    ) -> u64 {
+    ) -> VerifyStats {
         if strategy == Strategy::Access || !self.bloom_ready {
+            let mut stats = VerifyStats::default();
             for (ev, o) in events.iter().zip(out.iter_mut()) {
                 self.load(ev, ctx);
-                self.match_access(ctx, o);
+                stats.verified += self.match_access(ctx, o);
                 ctx.reset();
             }
-            return 0;
+            return stats;
         }
         let w = self.words;
         let mut objs = vec![0u64; w * events.len()];
@@ -1134,30 +1218,31 @@ impl Base {
     }
 
     /// Exact verification of Bloom candidates (from the CPU scan or the GPU) by predicate
-    /// codes. Returns how many candidates were rejected.
+    /// codes.
     pub fn verify_candidates(
         &self,
         events: &[Event],
         cands: &[Vec<u32>],
         ctx: &mut EvalCtx,
         out: &mut [Vec<u32>],
-    ) -> u64 {
-        let mut rejected = 0;
+    ) -> VerifyStats {
+        let mut stats = VerifyStats::default();
         for ((ev, cs), o) in events.iter().zip(cands).zip(out.iter_mut()) {
             if cs.is_empty() {
                 continue;
             }
+            stats.verified += cs.len() as u64;
             self.load(ev, ctx);
             for &rec in cs {
                 if ctx.check_all(self.rec_codes(rec)) {
                     o.push(rec);
                 } else {
-                    rejected += 1;
+                    stats.bloom_rejected += 1;
                 }
             }
             ctx.reset();
         }
-        rejected
+        stats
     }
 
     /// The Bloom filter of an object (zero words if the tables are not built).

@@ -1,10 +1,11 @@
 //! The string test block: which string predicates of one attribute does a value satisfy?
 //!
-//! A ternary search tree holds every `=`/`in` and `prefix` constant. Walking it along the value
-//! visits, in O(length + tree height), exactly the nodes whose path is a prefix of the value:
-//! each carries the `prefix` predicates of that path, and the node where the value ends carries
-//! the `=`/`in` predicates of the whole string (the end marker of the paper). Suffixes use a
-//! second tree over reversed strings; `contains` uses an Aho-Corasick automaton over all the
+//! A ternary search tree holds every `prefix` constant. Walking it along the value visits, in
+//! O(length + tree height), exactly the nodes whose path is a prefix of the value, each
+//! carrying the `prefix` predicates of that path. Suffixes use a second tree over reversed
+//! strings. The `=`/`in` constants (the paper's end-marker nodes) are kept in a hash table
+//! instead: with 100,000 device ids a tree walk costs dozens of cache misses, a hash lookup one
+//! or two, and the answer is the same. `contains` uses an Aho-Corasick automaton over all the
 //! substrings (one pass over the value finds every one that occurs); `ieq` is a hash lookup of
 //! the lowercased value. Results are "flags": dense ids of positive string tests, which the
 //! match block and the Bloom encoding turn into predicates.
@@ -12,6 +13,8 @@
 use std::collections::HashMap;
 
 use aho_corasick::{AhoCorasick, MatchKind};
+
+use crate::hash::FastMap;
 
 const NONE: u32 = u32::MAX;
 
@@ -23,8 +26,6 @@ struct Node {
     hi: u32,
     /// Range in `Tst::lists` of flags for "value starts with this path".
     prefix: (u32, u32),
-    /// Range in `Tst::lists` of flags for "value equals this path".
-    term: (u32, u32),
 }
 
 /// A ternary search tree whose nodes carry flag lists.
@@ -32,18 +33,15 @@ struct Node {
 pub struct Tst {
     nodes: Vec<Node>,
     lists: Vec<u32>,
-    /// Flags of the empty prefix (every string) and of the empty string itself.
+    /// Flags of the empty prefix (every string).
     empty_prefix: Vec<u32>,
-    empty_term: Vec<u32>,
 }
 
 #[derive(Default)]
 struct TstBuilder {
     nodes: Vec<Node>,
     prefix: Vec<Vec<u32>>,
-    term: Vec<Vec<u32>>,
     empty_prefix: Vec<u32>,
-    empty_term: Vec<u32>,
 }
 
 impl TstBuilder {
@@ -54,10 +52,8 @@ impl TstBuilder {
             eq: NONE,
             hi: NONE,
             prefix: (0, 0),
-            term: (0, 0),
         });
         self.prefix.push(Vec::new());
-        self.term.push(Vec::new());
         (self.nodes.len() - 1) as u32
     }
 
@@ -111,43 +107,28 @@ impl TstBuilder {
         }
     }
 
-    fn add_term(&mut self, s: impl Iterator<Item = char>, flag: u32) {
-        match self.insert(s) {
-            NONE => self.empty_term.push(flag),
-            n => self.term[n as usize].push(flag),
-        }
-    }
-
     fn finish(mut self) -> Tst {
         let mut lists = Vec::new();
         for i in 0..self.nodes.len() {
             let p0 = lists.len() as u32;
             lists.extend_from_slice(&self.prefix[i]);
-            let p1 = lists.len() as u32;
-            lists.extend_from_slice(&self.term[i]);
-            let t1 = lists.len() as u32;
-            self.nodes[i].prefix = (p0, p1);
-            self.nodes[i].term = (p1, t1);
+            self.nodes[i].prefix = (p0, lists.len() as u32);
         }
         Tst {
             nodes: self.nodes,
             lists,
             empty_prefix: self.empty_prefix,
-            empty_term: self.empty_term,
         }
     }
 }
 
 impl Tst {
-    /// Walks the tree along `s`, reporting prefix flags on the way and term flags at the end.
+    /// Walks the tree along `s`, reporting the flags of every prefix of `s` in the tree.
     #[inline]
     pub fn walk(&self, s: impl Iterator<Item = char>, f: &mut impl FnMut(u32)) {
         self.empty_prefix.iter().for_each(|&x| f(x));
         let mut node = if self.nodes.is_empty() { NONE } else { 0 };
-        let mut last = NONE;
-        let mut any = false;
         for c in s {
-            any = true;
             // find c among the siblings starting at `node`
             while node != NONE {
                 let n = &self.nodes[node as usize];
@@ -166,16 +147,7 @@ impl Tst {
             for &x in &self.lists[n.prefix.0 as usize..n.prefix.1 as usize] {
                 f(x);
             }
-            last = node;
             node = n.eq;
-        }
-        if !any {
-            self.empty_term.iter().for_each(|&x| f(x));
-        } else if last != NONE {
-            let n = &self.nodes[last as usize];
-            for &x in &self.lists[n.term.0 as usize..n.term.1 as usize] {
-                f(x);
-            }
         }
     }
 
@@ -199,11 +171,12 @@ pub enum StrTest {
 /// The string test block of one attribute.
 #[derive(Debug, Clone, Default)]
 pub struct StringBlock {
+    eq: FastMap<String, Vec<u32>>,
     fwd: Tst,
     rev: Tst,
     contains: Option<(AhoCorasick, Vec<Vec<u32>>)>,
     contains_empty: Vec<u32>,
-    ieq: HashMap<String, Vec<u32>>,
+    ieq: FastMap<String, Vec<u32>>,
 }
 
 impl StringBlock {
@@ -215,13 +188,14 @@ impl StringBlock {
         let mut pattern_ids: HashMap<String, usize> = HashMap::new();
         let mut pattern_flags: Vec<Vec<u32>> = Vec::new();
         let mut contains_empty = Vec::new();
-        let mut ieq: HashMap<String, Vec<u32>> = HashMap::new();
+        let mut ieq: FastMap<String, Vec<u32>> = FastMap::default();
+        let mut eq: FastMap<String, Vec<u32>> = FastMap::default();
         for (t, flag) in tests {
             let flag = *flag;
             match t {
                 StrTest::In(set) => {
                     for s in set {
-                        fwd.add_term(s.chars(), flag);
+                        eq.entry(s.clone()).or_default().push(flag);
                     }
                 }
                 StrTest::Prefix(p) => fwd.add_prefix(p.chars(), flag),
@@ -248,6 +222,7 @@ impl StringBlock {
                 .map(|ac| (ac, pattern_flags))
         };
         StringBlock {
+            eq,
             fwd: fwd.finish(),
             rev: rev.finish(),
             contains,
@@ -259,6 +234,9 @@ impl StringBlock {
     /// Reports the flag of every test the value satisfies (a flag may repeat).
     #[inline]
     pub fn test(&self, s: &str, mut f: impl FnMut(u32)) {
+        if let Some(flags) = self.eq.get(s) {
+            flags.iter().for_each(|&x| f(x));
+        }
         self.fwd.walk(s.chars(), &mut f);
         self.rev.walk(s.chars().rev(), &mut f);
         self.contains_empty.iter().for_each(|&x| f(x));
