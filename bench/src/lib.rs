@@ -10,6 +10,7 @@ pub mod progress;
 pub mod workload;
 
 pub use blocks::bloom::BloomConfig;
+pub use blocks::{Strategy, StrategyChoice};
 
 /// Writes a serialisable report as pretty JSON.
 pub fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {

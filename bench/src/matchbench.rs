@@ -37,6 +37,10 @@ pub struct MatchBenchOptions {
     pub check_events: usize,
     pub batch: usize,
     pub bloom: blocks::bloom::BloomConfig,
+    /// Strategy of the `cpu` engine (`Auto`: chosen per shard).
+    pub strategy: StrategyChoice,
+    /// Cells per numeric attribute for the cell strategy.
+    pub cells: usize,
 }
 
 impl MatchBenchOptions {
@@ -63,6 +67,8 @@ impl MatchBenchOptions {
             check_events: 200,
             batch: 256,
             bloom: blocks::bloom::BloomConfig::default(),
+            strategy: StrategyChoice::Auto,
+            cells: ShardConfig::default().cells,
         })
     }
 }
@@ -142,6 +148,7 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             bloom: opts.bloom,
             strategy,
             bloom_tables: true,
+            cells: opts.cells,
             ..ShardConfig::default()
         };
         progress.line(&format!(

@@ -89,9 +89,23 @@ impl Writer {
         // raw = m * 10^e with m not divisible by 10: short for round numbers
         let mut m = n.to_raw();
         let mut e = 0u8;
-        while m != 0 && m % 10 == 0 {
-            m /= 10;
-            e += 1;
+        // integers first, in one i128 division; the rest in i64 arithmetic when it fits
+        const SCALE: i128 = 1_000_000_000_000_000_000;
+        if m != 0 && m % SCALE == 0 {
+            m /= SCALE;
+            e = 18;
+        }
+        if let Ok(mut small) = i64::try_from(m) {
+            while small != 0 && small % 10 == 0 {
+                small /= 10;
+                e += 1;
+            }
+            m = small as i128;
+        } else {
+            while m != 0 && m % 10 == 0 {
+                m /= 10;
+                e += 1;
+            }
         }
         self.buf.push(e);
         let zig = ((m << 1) ^ (m >> 127)) as u128;

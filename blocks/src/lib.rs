@@ -5,6 +5,7 @@
 //! coordinator, workers and GPU kernel can rely on identical answers from identical inputs.
 
 pub mod bloom;
+pub mod cells;
 pub mod eventbridge;
 pub mod formula;
 pub mod hash;

@@ -19,17 +19,16 @@
 //! The strategy is chosen per shard from a cost estimate over the shard's own predicate
 //! statistics (see [`Base::strategy`]); both give identical, exact results.
 
-use std::collections::HashMap;
-
 use roaring::RoaringBitmap;
 
 use crate::bloom::{BloomConfig, BloomConfigError, PositionAllocator, or_into, set_positions};
+use crate::cells::{CellIndex, RowPred};
 use crate::formula::Dnf;
 use crate::hash::FastMap;
 use crate::interval::IntervalIndex;
 use crate::num::Num;
 use crate::numeric::{Constants, NO_ROW};
-use crate::predicate::{Event, Test, Value};
+use crate::predicate::{Bound, Event, Test, Value};
 use crate::strings::{StrTest, StringBlock};
 
 /// Row of an attribute that is present with a non-numeric value.
@@ -45,6 +44,9 @@ pub enum Strategy {
     Bloom,
     /// Access-predicate index, then exact verification.
     Access,
+    /// Negative cell bitsets over numeric attributes (see `cells`), then exact verification
+    /// of the undecided.
+    Cells,
 }
 
 /// Which strategy to use: a fixed one, or chosen per shard from its statistics.
@@ -70,6 +72,10 @@ pub struct ShardConfig {
     /// ranges) get no Bloom bits: they would saturate object filters. Exact verification
     /// checks them instead.
     pub bloom_max_selectivity: f32,
+    /// Cells per numeric attribute for the cell strategy.
+    pub cells: usize,
+    /// Largest size of the cell bitsets; above it the cell strategy is not built.
+    pub cells_budget_bytes: usize,
 }
 
 impl Default for ShardConfig {
@@ -80,6 +86,8 @@ impl Default for ShardConfig {
             bloom_tables: true,
             row_filter_budget_bytes: 256 << 20,
             bloom_max_selectivity: 0.05,
+            cells: 32,
+            cells_budget_bytes: 1 << 30,
         }
     }
 }
@@ -95,6 +103,8 @@ pub enum BuildError {
     TooLarge(&'static str, u64),
     #[error("the bloom strategy was requested but the bloom tables are disabled or over budget")]
     BloomUnavailable,
+    #[error("the cell strategy was requested but its bitsets would exceed the budget")]
+    CellsUnavailable,
 }
 
 // --- predicate codes -------------------------------------------------------------------------
@@ -205,6 +215,37 @@ impl EvalCtx {
     fn check_all(&self, codes: &[Code]) -> bool {
         codes.iter().all(|&c| self.check(c))
     }
+
+    /// Checks many scattered conjunctions: all their code ranges are fetched first and every
+    /// code is evaluated without early exit, so the loads of different conjunctions overlap
+    /// instead of waiting on each other behind a mispredicted branch.
+    fn verify_scattered(&self, base: &Base, recs: &[u32], mut pass: impl FnMut(u32, bool)) {
+        const LANES: usize = 16;
+        for chunk in recs.chunks(LANES) {
+            let mut span = [(0u32, 0u32); LANES];
+            for (s, &r) in span.iter_mut().zip(chunk) {
+                *s = (base.code_start[r as usize], base.code_start[r as usize + 1]);
+            }
+            // touch each conjunction's first and last code: independent loads the CPU
+            // issues together, so the evaluation below finds them in cache
+            let mut touch = 0u32;
+            for &(s, e) in &span[..chunk.len()] {
+                if s < e {
+                    touch ^= base.codes[s as usize].head ^ base.codes[e as usize - 1].head;
+                }
+            }
+            std::hint::black_box(touch);
+            let mut ok = [true; LANES];
+            for (o, &(s, e)) in ok.iter_mut().zip(&span[..chunk.len()]) {
+                *o = base.codes[s as usize..e as usize]
+                    .iter()
+                    .fold(true, |acc, &c| acc & self.check(c));
+            }
+            for (&r, &o) in chunk.iter().zip(&ok) {
+                pass(r, o);
+            }
+        }
+    }
 }
 
 // --- per-attribute test blocks ---------------------------------------------------------------
@@ -278,7 +319,6 @@ pub struct Base {
     n_preds: u32,
     /// Predicate id of the positive predicate behind each flag (NONE if only used negated).
     flag_pred: Vec<u32>,
-    pred_codes: Vec<Code>,
     /// Bloom positions of every predicate (`k` per predicate), when the tables are built.
     pred_pos: Vec<u16>,
     /// Attributes with `not exists` predicates.
@@ -300,9 +340,11 @@ pub struct Base {
     flag_post: Vec<u32>,
     exists_post: Vec<u32>,
     always: (u32, u32),
+    cells: Option<CellIndex>,
     strategy: Strategy,
     est_access_cost: f64,
     est_bloom_cost: f64,
+    est_cells_cost: f64,
 }
 
 /// Figures describing a compiled shard.
@@ -317,6 +359,7 @@ pub struct ShardStats {
     pub heap_bytes: usize,
     pub est_access_cost: f64,
     pub est_bloom_cost: f64,
+    pub est_cells_cost: f64,
 }
 
 #[derive(Hash, PartialEq, Eq)]
@@ -337,7 +380,7 @@ impl Base {
         // 1. intern attributes and predicates, collect conjunctions
         let mut attr_ids: FastMap<String, u32> = FastMap::default();
         let mut attr_names: Vec<String> = Vec::new();
-        let mut pred_ids: HashMap<PredKey, u32> = HashMap::new();
+        let mut pred_ids: FastMap<PredKey, u32> = FastMap::default();
         let mut preds: Vec<(u32, Test, bool)> = Vec::new();
         let mut conj_sub: Vec<u64> = Vec::new();
         let mut conj_start: Vec<u32> = vec![0];
@@ -417,7 +460,18 @@ impl Base {
                 attrs[a].consts = Some(Constants::new(c));
             }
         }
-        let mut flag_ids: HashMap<(u32, Test), u32> = HashMap::new();
+        // constant -> index, so compiling millions of intervals costs a hash lookup each
+        // instead of binary searches over tables that do not fit in cache
+        let const_index: Vec<FastMap<i128, u32>> = attrs
+            .iter()
+            .map(|b| match &b.consts {
+                Some(t) => (0..t.len())
+                    .map(|i| (t.get(i).to_raw(), i as u32))
+                    .collect(),
+                None => FastMap::default(),
+            })
+            .collect();
+        let mut flag_ids: FastMap<(u32, Test), u32> = FastMap::default();
         let mut flag_pred: Vec<u32> = Vec::new();
         let mut str_tests: Vec<Vec<(StrTest, u32)>> = vec![Vec::new(); n_attrs];
         let mut num_hits: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_attrs];
@@ -454,7 +508,7 @@ impl Base {
                 }
                 Test::Interval { lo, hi } => {
                     let table = blk.consts.as_ref().expect("interval bounds are constants");
-                    let (ra, rb) = table.rows(*lo, *hi);
+                    let (ra, rb) = rows_of(&const_index[a as usize], table, *lo, *hi);
                     let (ra, rb) = if ra > rb { (1, 0) } else { (ra, rb) };
                     let sel = if ra > rb {
                         0.0
@@ -772,10 +826,39 @@ impl Base {
             });
         }
 
+        // cost estimates, in rough nanoseconds per object: an access visit streams a 32-byte
+        // slot and checks a code or two; a Bloom scan touches every filter word (vectorised);
+        // the cell scan ORs two bitset slices per covered attribute per 64 conjunctions, and
+        // verifies conjunctions without row predicates always
+        let est_access_cost = est_access_cost * 3.0;
         let est_bloom_cost = if bloom_ready {
-            // a word-op per conjunction word, vectorised ~4 wide, plus verification of
-            // roughly the true matches
-            n_conj as f64 * words as f64 * 0.25 + est_access_cost * 0.05
+            n_conj as f64 * words as f64 * 0.1 + est_access_cost * 0.05
+        } else {
+            f64::INFINITY
+        };
+        let row_attrs: std::collections::HashSet<u32> = codes
+            .iter()
+            .filter(|c| c.op() == OP_ROWS)
+            .map(|c| c.attr())
+            .collect();
+        let impure: Vec<bool> = (0..n_conj)
+            .map(|r| {
+                codes[code_start[r] as usize..code_start[r + 1] as usize]
+                    .iter()
+                    .any(|c| c.op() != OP_ROWS)
+            })
+            .collect();
+        let no_rows = (0..n_conj)
+            .filter(|&r| {
+                !codes[code_start[r] as usize..code_start[r + 1] as usize]
+                    .iter()
+                    .any(|c| c.op() == OP_ROWS)
+            })
+            .count();
+        let cells_bytes = n_conj.div_ceil(64) * 8 * (row_attrs.len() * (2 * cfg.cells + 1) + 1);
+        let cells_fit = cfg.cells_budget_bytes >= cells_bytes && !row_attrs.is_empty();
+        let est_cells_cost = if cells_fit {
+            n_conj as f64 / 64.0 * 2.0 * row_attrs.len() as f64 * 0.3 + no_rows as f64 * 10.0
         } else {
             f64::INFINITY
         };
@@ -783,15 +866,46 @@ impl Base {
             StrategyChoice::Fixed(Strategy::Bloom) if !bloom_ready => {
                 return Err(BuildError::BloomUnavailable);
             }
+            StrategyChoice::Fixed(Strategy::Cells)
+                if !cells_fit && n_conj > 0 && !row_attrs.is_empty() =>
+            {
+                return Err(BuildError::CellsUnavailable);
+            }
             StrategyChoice::Fixed(s) => s,
             StrategyChoice::Auto => {
-                if est_bloom_cost < est_access_cost {
+                let best = est_access_cost.min(est_bloom_cost).min(est_cells_cost);
+                if best == est_access_cost {
+                    Strategy::Access
+                } else if best == est_bloom_cost {
                     Strategy::Bloom
                 } else {
-                    Strategy::Access
+                    Strategy::Cells
                 }
             }
         };
+        let cells = (strategy == Strategy::Cells).then(|| {
+            let max_rows: Vec<u32> = attrs
+                .iter()
+                .map(|b| b.consts.as_ref().map_or(0, |t| t.max_row()))
+                .collect();
+            CellIndex::build(
+                n_conj,
+                cfg.cells,
+                &max_rows,
+                |r| {
+                    codes[code_start[r] as usize..code_start[r + 1] as usize]
+                        .iter()
+                        .filter(|c| c.op() == OP_ROWS)
+                        .map(|c| RowPred {
+                            attr: c.attr(),
+                            lo: c.a,
+                            hi: c.b,
+                        })
+                        .collect()
+                },
+                &impure,
+            )
+        });
         Ok(Base {
             cfg,
             words,
@@ -801,7 +915,6 @@ impl Base {
             n_flags,
             n_preds: n_preds as u32,
             flag_pred,
-            pred_codes,
             pred_pos,
             not_exists_attrs,
             recs,
@@ -815,9 +928,11 @@ impl Base {
             flag_post,
             exists_post,
             always,
+            cells,
             strategy,
             est_access_cost,
             est_bloom_cost,
+            est_cells_cost,
         })
     }
 
@@ -873,6 +988,7 @@ impl Base {
             heap_bytes: self.heap_bytes(),
             est_access_cost: self.est_access_cost,
             est_bloom_cost: self.est_bloom_cost,
+            est_cells_cost: self.est_cells_cost,
         }
     }
 
@@ -896,7 +1012,6 @@ impl Base {
         attrs
             + names
             + 4 * self.flag_pred.len()
-            + 12 * self.pred_codes.len()
             + 2 * self.pred_pos.len()
             + std::mem::size_of::<Rec>() * self.recs.len()
             + 4 * self.code_start.len()
@@ -911,6 +1026,7 @@ impl Base {
                 .sum::<usize>()
             + 8 * self.flag_access.len()
             + 4 * (self.flag_post.len() + self.exists_post.len())
+            + self.cells.as_ref().map_or(0, |c| c.heap_bytes())
     }
 
     /// A scratch context sized for this shard.
@@ -1196,7 +1312,12 @@ impl Base {
         ctx: &mut EvalCtx,
         out: &mut [Vec<u32>],
     ) -> VerifyStats {
-        if strategy == Strategy::Access || !self.bloom_ready {
+        if strategy == Strategy::Cells
+            && let Some(cells) = &self.cells
+        {
+            return self.match_cells(cells, events, ctx, out);
+        }
+        if strategy != Strategy::Bloom || !self.bloom_ready {
             let mut stats = VerifyStats::default();
             for (ev, o) in events.iter().zip(out.iter_mut()) {
                 self.load(ev, ctx);
@@ -1217,6 +1338,46 @@ impl Base {
         self.verify_candidates(events, &cands, ctx, out)
     }
 
+    fn match_cells(
+        &self,
+        cells: &CellIndex,
+        events: &[Event],
+        ctx: &mut EvalCtx,
+        out: &mut [Vec<u32>],
+    ) -> VerifyStats {
+        let mut per_event: Vec<Vec<u16>> = Vec::with_capacity(events.len());
+        for ev in events {
+            self.load(ev, ctx);
+            let mut c = Vec::with_capacity(cells.attributes());
+            cells.cells_of(|a| ctx.rows[a as usize], &mut c);
+            per_event.push(c);
+            ctx.reset();
+        }
+        let mut undecided: Vec<Vec<u32>> = vec![Vec::new(); events.len()];
+        cells.scan(&per_event, |o, rec, certain| {
+            if certain {
+                out[o].push(rec);
+            } else {
+                undecided[o].push(rec);
+            }
+        });
+        let mut stats = VerifyStats::default();
+        for ((ev, cs), o) in events.iter().zip(&undecided).zip(out.iter_mut()) {
+            if cs.is_empty() {
+                continue;
+            }
+            stats.verified += cs.len() as u64;
+            self.load(ev, ctx);
+            ctx.verify_scattered(self, cs, |rec, ok| {
+                if ok {
+                    o.push(rec);
+                }
+            });
+            ctx.reset();
+        }
+        stats
+    }
+
     /// Exact verification of Bloom candidates (from the CPU scan or the GPU) by predicate
     /// codes.
     pub fn verify_candidates(
@@ -1233,13 +1394,13 @@ impl Base {
             }
             stats.verified += cs.len() as u64;
             self.load(ev, ctx);
-            for &rec in cs {
-                if ctx.check_all(self.rec_codes(rec)) {
+            ctx.verify_scattered(self, cs, |rec, ok| {
+                if ok {
                     o.push(rec);
                 } else {
                     stats.bloom_rejected += 1;
                 }
-            }
+            });
             ctx.reset();
         }
         stats
@@ -1255,6 +1416,28 @@ impl Base {
         }
         out
     }
+}
+
+/// The row interval of `lo..hi` whose finite bounds are constants of `table`.
+fn rows_of(index: &FastMap<i128, u32>, table: &Constants, lo: Bound, hi: Bound) -> (u32, u32) {
+    let row = |c: Num| match index.get(&c.to_raw()) {
+        Some(&i) => 2 * i + 1,
+        None => table.row(c),
+    };
+    let a = match lo {
+        Bound::Unbounded => 0,
+        Bound::Incl(c) => row(c),
+        Bound::Excl(c) => row(c) + 1,
+    };
+    let b = match hi {
+        Bound::Unbounded => table.max_row(),
+        Bound::Incl(c) => row(c),
+        Bound::Excl(c) => match row(c) {
+            0 => return (1, 0),
+            r => r - 1,
+        },
+    };
+    (a, b)
 }
 
 /// Fills one attribute's per-row filters and its non-numeric-value filter.

@@ -282,7 +282,11 @@ fn a_subscription_matching_by_two_conjunctions_is_reported_once() {
 #[test]
 fn fixed_strategies_are_honoured() {
     let d = blocks::text::parse_text("a = 1").expect("valid");
-    for s in [MatchStrategy::Access, MatchStrategy::Bloom] {
+    for s in [
+        MatchStrategy::Access,
+        MatchStrategy::Bloom,
+        MatchStrategy::Cells,
+    ] {
         let cfg = ShardConfig {
             strategy: StrategyChoice::Fixed(s),
             ..ShardConfig::default()

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use bench::matchbench::{self, EngineChoice, MatchBenchOptions};
 use bench::workload::{UniformSpec, Workload};
+use bench::{Strategy, StrategyChoice};
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// A storage-integrated content dissemination cluster.
@@ -51,6 +52,18 @@ enum EngineArg {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum StrategyArg {
+    /// Chosen per shard from its statistics.
+    Auto,
+    /// Access-predicate index.
+    Access,
+    /// Bloom subset scan.
+    Bloom,
+    /// Negative cell bitsets.
+    Cells,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum KindArg {
     Range,
     Eq,
@@ -82,6 +95,12 @@ struct MatchArgs {
     /// Bloom filter bits (m): a multiple of 64, 64..=1024.
     #[arg(long, default_value_t = 256)]
     bloom_bits: u32,
+    /// Match strategy of the `cpu` engine.
+    #[arg(long, value_enum, default_value_t = StrategyArg::Auto)]
+    strategy: StrategyArg,
+    /// Cells per numeric attribute for the cell strategy.
+    #[arg(long, default_value_t = 32)]
+    cells: usize,
     /// Bloom bits per predicate (k), 1..=8.
     #[arg(long, default_value_t = 3)]
     bloom_k: u32,
@@ -142,6 +161,16 @@ fn bench_match(a: MatchArgs) -> anyhow::Result<bool> {
     opts.seed = a.seed;
     opts.check_events = a.check_events;
     opts.batch = a.batch;
+    if a.cells == 0 || a.cells > 1024 {
+        bail!("--cells must be between 1 and 1024, got {}", a.cells);
+    }
+    opts.cells = a.cells;
+    opts.strategy = match a.strategy {
+        StrategyArg::Auto => StrategyChoice::Auto,
+        StrategyArg::Access => StrategyChoice::Fixed(Strategy::Access),
+        StrategyArg::Bloom => StrategyChoice::Fixed(Strategy::Bloom),
+        StrategyArg::Cells => StrategyChoice::Fixed(Strategy::Cells),
+    };
     opts.engine = match a.engine {
         EngineArg::Cpu => EngineChoice::Cpu,
         EngineArg::Bloom => EngineChoice::Bloom,
