@@ -92,10 +92,10 @@ impl CellIndex {
         let block_words = (attrs.len() * per_attr + 1) * WORDS;
         let blocks = n.div_ceil(BLOCK);
         let mut data = vec![0u64; blocks * block_words];
-        for i in 0..n {
+        for (i, &imp) in impure.iter().enumerate().take(n) {
             let base = (i / BLOCK) * block_words;
             let (w, bit) = ((i % BLOCK) / 64, 1u64 << (i % 64));
-            if impure[i] {
+            if imp {
                 data[base + attrs.len() * per_attr * WORDS + w] |= bit;
             }
             for p in preds(i) {
@@ -177,7 +177,7 @@ impl CellIndex {
                 // few conjunctions survive: fetch the edge words only where some did
                 for w in 0..len.div_ceil(64) {
                     let mut live = !fail[w];
-                    if w == len / 64 && len % 64 != 0 {
+                    if w == len / 64 && !len.is_multiple_of(64) {
                         live &= (1u64 << (len % 64)) - 1;
                     }
                     if live == 0 {
