@@ -148,6 +148,8 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             bloom: opts.bloom,
             strategy,
             bloom_tables: true,
+            // a match block only: exact-id indexes belong to the test workers
+            test_ids: false,
             cells: opts.cells,
             ..ShardConfig::default()
         };

@@ -72,6 +72,10 @@ pub struct ShardConfig {
     /// ranges) get no Bloom bits: they would saturate object filters. Exact verification
     /// checks them instead.
     pub bloom_max_selectivity: f32,
+    /// Keep what test workers need to report exact predicate ids (`Base::test_attribute`,
+    /// `Base::verify_by_ids`). A shard used only as a match block can drop it: in the
+    /// cluster, test blocks and match blocks live in different workers.
+    pub test_ids: bool,
     /// Cells per numeric attribute for the cell strategy.
     pub cells: usize,
     /// Largest size of the cell bitsets; above it the cell strategy is not built.
@@ -86,6 +90,7 @@ impl Default for ShardConfig {
             bloom_tables: true,
             row_filter_budget_bytes: 256 << 20,
             bloom_max_selectivity: 0.05,
+            test_ids: true,
             cells: 32,
             cells_budget_bytes: 1 << 30,
         }
@@ -873,6 +878,9 @@ impl Base {
             }
             StrategyChoice::Fixed(s) => s,
             StrategyChoice::Auto => {
+                // the cell bitsets cost memory (two bits per conjunction per cell per covered
+                // attribute): only worth it when they are estimated far cheaper
+                let est_cells_cost = est_cells_cost * 3.0;
                 let best = est_access_cost.min(est_bloom_cost).min(est_cells_cost);
                 if best == est_access_cost {
                     Strategy::Access
@@ -906,6 +914,12 @@ impl Base {
                 &impure,
             )
         });
+        if !cfg.test_ids {
+            for blk in attrs.iter_mut() {
+                blk.id_index = IntervalIndex::default();
+            }
+            new_preds = Vec::new();
+        }
         Ok(Base {
             cfg,
             words,
@@ -1186,13 +1200,17 @@ impl Base {
     /// The exact test result of one attribute for a value (`None`: absent): its Bloom filter
     /// (zero when the Bloom tables are not built) and the ids of the predicates it satisfies.
     /// This is what a test worker returns to the match worker.
-    pub fn test_attribute(&self, attr: &str, value: Option<&Value>) -> TestOutput {
+    /// `None` when the shard was built without test ids (`ShardConfig::test_ids`).
+    pub fn test_attribute(&self, attr: &str, value: Option<&Value>) -> Option<TestOutput> {
+        if !self.cfg.test_ids {
+            return None;
+        }
         let mut out = TestOutput {
             filter: vec![0; self.words],
             ids: RoaringBitmap::new(),
         };
         let Some(&a) = self.attr_ids.get(attr) else {
-            return out;
+            return Some(out);
         };
         let blk = &self.attrs[a as usize];
         let mut ctx = self.new_ctx();
@@ -1239,12 +1257,16 @@ impl Base {
                 self.pred_filter_into(p, &mut out.filter);
             }
         }
-        out
+        Some(out)
     }
 
     /// Conjunction records whose predicate ids are all in `ids` among the given candidates
     /// (the match worker's exact verification of Bloom candidates from test outputs).
-    pub fn verify_by_ids(&self, candidates: &[u32], ids: &RoaringBitmap, out: &mut Vec<u32>) {
+    /// Returns false (and verifies nothing) when the shard was built without test ids.
+    pub fn verify_by_ids(&self, candidates: &[u32], ids: &RoaringBitmap, out: &mut Vec<u32>) -> bool {
+        if !self.cfg.test_ids {
+            return false;
+        }
         for &rec in candidates {
             let s = self.code_start[rec as usize] as usize;
             let e = self.code_start[rec as usize + 1] as usize;
@@ -1252,6 +1274,7 @@ impl Base {
                 out.push(rec);
             }
         }
+        true
     }
 
     /// Bloom subset scan of every conjunction for a batch of object filters (`words` each,

@@ -164,7 +164,7 @@ fn check_engines(
         let mut filter = vec![0u64; base.filter_words()];
         let mut ids = roaring::RoaringBitmap::new();
         for name in base.attribute_names() {
-            let out = base.test_attribute(name, e.get(name));
+            let out = base.test_attribute(name, e.get(name)).ok_or_else(|| TestCaseError::fail("test ids enabled by default"))?;
             for (f, o) in filter.iter_mut().zip(&out.filter) {
                 *f |= o;
             }
@@ -174,7 +174,7 @@ fn check_engines(
         let mut cands = Vec::new();
         base.bloom_candidates(&filter, |_, rec| cands.push(rec));
         let mut recs = Vec::new();
-        base.verify_by_ids(&cands, &ids, &mut recs);
+        prop_assert!(base.verify_by_ids(&cands, &ids, &mut recs));
         let mut got: Vec<u64> = recs
             .iter()
             .map(|&r| base.conjunction_subscription(r))
