@@ -42,6 +42,14 @@ pub struct RowPred {
 
 const NO_SLOT: u32 = u32::MAX;
 
+/// `dst |= src` over one slice; fixed length so it compiles to wide vector ORs.
+#[inline(always)]
+fn or_words(dst: &mut [u64; WORDS], src: &[u64; WORDS]) {
+    for i in 0..WORDS {
+        dst[i] |= src[i];
+    }
+}
+
 impl CellIndex {
     /// Builds the index for `n` conjunctions. `preds(i)` lists conjunction `i`'s row
     /// intervals; `impure[i]` says it has other predicates too. `max_rows[a]` is attribute
@@ -170,8 +178,8 @@ impl CellIndex {
                 fail.iter_mut().for_each(|x| *x = 0);
                 for (s, &c) in oc.iter().enumerate() {
                     let base = s * per_attr * WORDS + c as usize * WORDS;
-                    for (x, y) in fail.iter_mut().zip(&block[base..base + WORDS]) {
-                        *x |= *y;
+                    if let Ok(slice) = <&[u64; WORDS]>::try_from(&block[base..base + WORDS]) {
+                        or_words(&mut fail, slice);
                     }
                 }
                 // few conjunctions survive: fetch the edge words only where some did

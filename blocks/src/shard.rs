@@ -1263,7 +1263,12 @@ impl Base {
     /// Conjunction records whose predicate ids are all in `ids` among the given candidates
     /// (the match worker's exact verification of Bloom candidates from test outputs).
     /// Returns false (and verifies nothing) when the shard was built without test ids.
-    pub fn verify_by_ids(&self, candidates: &[u32], ids: &RoaringBitmap, out: &mut Vec<u32>) -> bool {
+    pub fn verify_by_ids(
+        &self,
+        candidates: &[u32],
+        ids: &RoaringBitmap,
+        out: &mut Vec<u32>,
+    ) -> bool {
         if !self.cfg.test_ids {
             return false;
         }

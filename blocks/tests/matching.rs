@@ -164,7 +164,9 @@ fn check_engines(
         let mut filter = vec![0u64; base.filter_words()];
         let mut ids = roaring::RoaringBitmap::new();
         for name in base.attribute_names() {
-            let out = base.test_attribute(name, e.get(name)).ok_or_else(|| TestCaseError::fail("test ids enabled by default"))?;
+            let out = base
+                .test_attribute(name, e.get(name))
+                .ok_or_else(|| TestCaseError::fail("test ids enabled by default"))?;
             for (f, o) in filter.iter_mut().zip(&out.filter) {
                 *f |= o;
             }
