@@ -21,6 +21,7 @@ pub enum EngineChoice {
     Cpu,
     Bloom,
     Naive,
+    Gpu,
     All,
 }
 
@@ -94,6 +95,28 @@ pub struct EngineReport {
     /// Resident memory growth while building, and the process peak so far.
     pub rss_growth_bytes: Option<u64>,
     pub peak_rss_bytes: Option<u64>,
+    /// The GPU engine's adapter and per-batch phase times.
+    pub gpu: Option<GpuReport>,
+}
+
+/// What the GPU engine ran on and where its time went (per batch of events).
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuReport {
+    pub adapter: String,
+    pub backend: String,
+    pub device_type: String,
+    pub on_gpu: bool,
+    pub chunks: usize,
+    pub batches: u64,
+    pub object_filter_ms_per_batch: f64,
+    pub upload_ms_per_batch: f64,
+    pub dispatch_ms_per_batch: f64,
+    pub readback_ms_per_batch: f64,
+    pub overflow_reruns: u64,
+    /// Events per second of the kernel alone (batch size / dispatch time), and the filter
+    /// bytes it streamed per second: compare with the device's memory bandwidth.
+    pub kernel_events_per_second: f64,
+    pub kernel_filter_gb_per_second: f64,
 }
 
 /// The whole run.
@@ -135,15 +158,19 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
     let mut results: Vec<(String, Vec<Vec<u64>>)> = Vec::new();
 
     let want = |e: EngineChoice| opts.engine == e || opts.engine == EngineChoice::All;
-    for (name, strategy) in [
-        ("cpu", StrategyChoice::Auto),
-        ("bloom", StrategyChoice::Fixed(Strategy::Bloom)),
+    for (name, strategy, choice) in [
+        ("cpu", opts.strategy, EngineChoice::Cpu),
+        (
+            "bloom",
+            StrategyChoice::Fixed(Strategy::Bloom),
+            EngineChoice::Bloom,
+        ),
+        (
+            "gpu",
+            StrategyChoice::Fixed(Strategy::Bloom),
+            EngineChoice::Gpu,
+        ),
     ] {
-        let choice = if name == "cpu" {
-            EngineChoice::Cpu
-        } else {
-            EngineChoice::Bloom
-        };
         if !want(choice) {
             continue;
         }
@@ -177,14 +204,63 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         let rss1 = mem::rss_bytes();
         let stats = index.base().stats();
         let mut ctx = index.base().new_ctx();
+        let mut subset = if choice == EngineChoice::Gpu {
+            let base = index.base();
+            let m = gpu::SubsetMatcher::new(
+                base.filters(),
+                base.conjunctions(),
+                base.filter_words(),
+                gpu::GpuOptions {
+                    max_batch_objects: opts.batch.max(1),
+                    ..gpu::GpuOptions::default()
+                },
+            )
+            .context("preparing the GPU engine")?;
+            match &m {
+                gpu::SubsetMatcher::Gpu(g) => progress.line(&format!(
+                    "gpu: adapter {} ({}, {}), {} resident chunk(s)",
+                    g.info().name,
+                    g.info().backend,
+                    g.info().device_type,
+                    g.chunks()
+                )),
+                gpu::SubsetMatcher::Cpu(_) => {
+                    progress.line("gpu: no usable adapter, the CPU twin runs instead")
+                }
+            }
+            Some(m)
+        } else {
+            None
+        };
         let bar = progress.bar(events.len() as u64, &format!("{name}: matching"));
         let mut all: Vec<Vec<u64>> = Vec::with_capacity(events.len());
         let mut out = Vec::new();
         let mut rejected = 0;
         let mut verified = 0;
+        let mut filter_seconds = 0.0;
         let t = Instant::now();
         for chunk in events.chunks(opts.batch) {
-            let c = index.match_batch(chunk, &mut ctx, &mut out);
+            let c = match subset.as_mut() {
+                Some(m) => {
+                    let tf = Instant::now();
+                    let base = index.base();
+                    let objs: Vec<u64> = chunk
+                        .iter()
+                        .flat_map(|e| base.event_filter(e, &mut ctx))
+                        .collect();
+                    filter_seconds += tf.elapsed().as_secs_f64();
+                    let pairs = m.candidates(&[&objs]).pop().unwrap_or_default();
+                    let mut cands: Vec<Vec<u32>> = vec![Vec::new(); chunk.len()];
+                    for (o, rec) in pairs {
+                        cands[o as usize].push(rec);
+                    }
+                    let mut recs: Vec<Vec<u32>> = vec![Vec::new(); chunk.len()];
+                    let c = base.verify_candidates(chunk, &cands, &mut ctx, &mut recs);
+                    index.finish(chunk, &recs, &mut out);
+                    c
+                }
+                None => index.match_batch(chunk, &mut ctx, &mut out),
+            };
             rejected += c.bloom_rejected;
             verified += c.verified;
             all.append(&mut out);
@@ -192,6 +268,45 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         }
         let secs = t.elapsed().as_secs_f64();
         bar.finish();
+        let gpu_report = subset.as_ref().map(|m| match m {
+            gpu::SubsetMatcher::Gpu(g) => {
+                let tm = g.timings();
+                let per = |x: f64| 1000.0 * x / tm.batches.max(1) as f64;
+                GpuReport {
+                    adapter: g.info().name.clone(),
+                    backend: g.info().backend.clone(),
+                    device_type: g.info().device_type.clone(),
+                    on_gpu: true,
+                    chunks: g.chunks(),
+                    batches: tm.batches,
+                    object_filter_ms_per_batch: 1000.0 * filter_seconds / tm.batches.max(1) as f64,
+                    upload_ms_per_batch: per(tm.upload_seconds),
+                    dispatch_ms_per_batch: per(tm.dispatch_seconds),
+                    readback_ms_per_batch: per(tm.readback_seconds),
+                    overflow_reruns: tm.overflow_reruns,
+                    kernel_events_per_second: events.len() as f64 / tm.dispatch_seconds.max(1e-9),
+                    kernel_filter_gb_per_second: (tm.batches as f64
+                        * (index.base().conjunctions() * index.base().filter_words() * 8) as f64)
+                        / tm.dispatch_seconds.max(1e-9)
+                        / 1e9,
+                }
+            }
+            gpu::SubsetMatcher::Cpu(_) => GpuReport {
+                adapter: "none (CPU fallback)".into(),
+                backend: "-".into(),
+                device_type: "-".into(),
+                on_gpu: false,
+                chunks: 0,
+                batches: 0,
+                object_filter_ms_per_batch: 0.0,
+                upload_ms_per_batch: 0.0,
+                dispatch_ms_per_batch: 0.0,
+                readback_ms_per_batch: 0.0,
+                overflow_reruns: 0,
+                kernel_events_per_second: 0.0,
+                kernel_filter_gb_per_second: 0.0,
+            },
+        });
         engines.push(report(
             name,
             Some(format!("{:?}", stats.strategy).to_lowercase()),
@@ -204,6 +319,9 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             Some(stats.heap_bytes as u64),
             rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a)),
         ));
+        if let Some(last) = engines.last_mut() {
+            last.gpu = gpu_report;
+        }
         results.push((name.to_string(), all));
         drop(index);
     }
@@ -302,6 +420,7 @@ fn report(
         index_bytes_per_subscription: index_bytes.map(|b| b as f64 / subs.len().max(1) as f64),
         rss_growth_bytes: rss_growth,
         peak_rss_bytes: mem::peak_rss_bytes(),
+        gpu: None,
     }
 }
 
@@ -339,6 +458,25 @@ pub fn print(r: &MatchBenchReport) {
             e.peak_rss_bytes
                 .map_or("-".to_string(), |b| format!("{}", b >> 20)),
         );
+    }
+    for e in &r.engines {
+        if let Some(g) = &e.gpu {
+            println!(
+                "{}: adapter {} (backend {}, device type {}), {} chunk(s), per batch: object filters {:.2} ms, upload {:.2} ms, dispatch {:.2} ms, readback {:.2} ms, {} overflow reruns; kernel alone {:.0} events/s streaming {:.1} GB/s of filters",
+                e.engine,
+                g.adapter,
+                g.backend,
+                g.device_type,
+                g.chunks,
+                g.object_filter_ms_per_batch,
+                g.upload_ms_per_batch,
+                g.dispatch_ms_per_batch,
+                g.readback_ms_per_batch,
+                g.overflow_reruns,
+                g.kernel_events_per_second,
+                g.kernel_filter_gb_per_second
+            );
+        }
     }
     for s in &r.skipped {
         println!("skipped {s}");

@@ -45,6 +45,8 @@ enum EngineArg {
     Cpu,
     /// The match block forced onto the Bloom subset path (the GPU's path, run on the CPU).
     Bloom,
+    /// The Bloom subset path with the scan on the GPU (wgpu; falls back to the CPU twin).
+    Gpu,
     /// The naive reference matcher.
     Naive,
     /// Every engine above.
@@ -175,6 +177,7 @@ fn bench_match(a: MatchArgs) -> anyhow::Result<bool> {
         EngineArg::Cpu => EngineChoice::Cpu,
         EngineArg::Bloom => EngineChoice::Bloom,
         EngineArg::Naive => EngineChoice::Naive,
+        EngineArg::Gpu => EngineChoice::Gpu,
         EngineArg::All => EngineChoice::All,
     };
     let report = matchbench::run(&opts)?;

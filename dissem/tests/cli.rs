@@ -61,7 +61,7 @@ fn bench_match_runs_every_engine_and_writes_json() {
             .iter()
             .filter_map(|e| e["engine"].as_str())
             .collect();
-        assert_eq!(names, ["cpu", "bloom", "naive"]);
+        assert_eq!(names, ["cpu", "bloom", "gpu", "naive"]);
         for e in engines {
             assert_eq!(e["events"].as_u64(), Some(300), "{e}");
             assert!(
@@ -71,7 +71,9 @@ fn bench_match_runs_every_engine_and_writes_json() {
         }
         // the same seed gives the same matches
         let total = engines[0]["matches_total"].clone();
+        assert_eq!(engines[1]["matches_total"], total);
         assert_eq!(engines[2]["matches_total"], total);
+        assert!(engines[2]["gpu"]["adapter"].is_string(), "{}", engines[2]);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
