@@ -20,11 +20,67 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Runs a storage node: durable ingestion, objects, subscriptions and admin over gRPC
+    /// (with server reflection). The cluster issue grows this into the embedded cluster.
+    Up(UpArgs),
     /// Benchmarks that print figures and optionally write JSON.
     Bench {
         #[command(subcommand)]
         which: Bench,
     },
+}
+
+#[derive(clap::Args, Debug)]
+struct UpArgs {
+    /// Address to serve the gRPC API on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    listen: std::net::SocketAddr,
+    /// Directory of the node's data (created if missing).
+    #[arg(long, default_value = "./dissem-data")]
+    data: PathBuf,
+    /// This node's id (part of every object id it assigns).
+    #[arg(long, default_value_t = 1)]
+    node: u32,
+    /// Largest object payload in bytes.
+    #[arg(long, default_value_t = worker::Limits::default().max_object_bytes)]
+    max_object_bytes: usize,
+    /// Most metadata attributes per object.
+    #[arg(long, default_value_t = worker::Limits::default().max_attributes)]
+    max_attributes: usize,
+}
+
+fn up(a: UpArgs) -> anyhow::Result<bool> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        std::fs::create_dir_all(&a.data).map_err(|e| {
+            anyhow::anyhow!("creating the data directory {}: {e}", a.data.display())
+        })?;
+        let store = storage::Store::open(&a.data, a.node)
+            .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", a.data.display()))?;
+        let pending = store
+            .outbox_pending()
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .len();
+        let (listener, addr) = worker::bind(a.listen).await?;
+        let limits = worker::Limits {
+            max_object_bytes: a.max_object_bytes,
+            max_attributes: a.max_attributes,
+            ..worker::Limits::default()
+        };
+        // the first line on stdout is the address, for scripts and tests
+        println!(
+            "dissem node {} listening on {addr} (data in {}, {pending} outbox records to replay)",
+            a.node,
+            a.data.display()
+        );
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        worker::run(listener, store, limits, shutdown).await?;
+        Ok(true)
+    })
 }
 
 #[derive(Subcommand, Debug)]
@@ -194,7 +250,15 @@ fn blocks_bloom(bits: u32, k: u32) -> anyhow::Result<bench::BloomConfig> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     let result = match cli.command {
+        Command::Up(a) => up(a),
         Command::Bench {
             which: Bench::Match(a),
         } => bench_match(a),

@@ -1,1 +1,62 @@
-//! The node daemon: hosts elastic workers, loads function blocks, delivers matches. Not built yet: the cluster and delivery issues fill it.
+//! The node daemon. Today it serves a storage node's public gRPC API (ingestion, objects,
+//! subscriptions, admin, server reflection) over the durable store; the elastic workers,
+//! function blocks and delivery of the cluster and delivery issues come next.
+//!
+//! Layout follows mini-redis: `config` (limits, validated), `validate` (proto -> domain, every
+//! error naming its field), `error` (the one mapping to `tonic::Status`), `services` (thin
+//! adapters), and [`run`] which serves a bound listener until shutdown.
+
+pub mod config;
+pub mod error;
+pub mod services;
+pub mod validate;
+
+use std::net::SocketAddr;
+
+use proto::v1::admin_server::AdminServer;
+use proto::v1::ingest_server::IngestServer;
+use proto::v1::objects_server::ObjectsServer;
+use proto::v1::subscriptions_server::SubscriptionsServer;
+use storage::Store;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+pub use config::Limits;
+pub use error::NodeError;
+
+/// Serves the node API on `listener` until `shutdown` resolves.
+pub async fn run(
+    listener: TcpListener,
+    store: Store,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), NodeError> {
+    let node = services::Node::new(store, limits);
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| NodeError::Startup(e.to_string()))?;
+    let max = limits.max_object_bytes
+        + 64 * 1024
+        + limits.max_attributes * (limits.max_string_bytes + 256);
+    tonic::transport::Server::builder()
+        .add_service(reflection)
+        .add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
+        .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
+        .add_service(SubscriptionsServer::new(node.clone()))
+        .add_service(AdminServer::new(node))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| NodeError::Startup(e.to_string()))
+}
+
+/// Binds `addr` (port 0 picks a free one) and returns the listener and its address.
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), NodeError> {
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|e| NodeError::Startup(format!("binding {addr}: {e}")))?;
+    let a = l
+        .local_addr()
+        .map_err(|e| NodeError::Startup(e.to_string()))?;
+    Ok((l, a))
+}

@@ -1,0 +1,34 @@
+//! Limits on what one request may carry, with defaults; every one is a setting.
+
+/// Per-request limits enforced before anything is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest object payload, bytes.
+    pub max_object_bytes: usize,
+    /// Most metadata attributes per object.
+    pub max_attributes: usize,
+    /// Longest attribute name, bytes.
+    pub max_name_bytes: usize,
+    /// Longest string value, bytes.
+    pub max_string_bytes: usize,
+    /// Longest message id, bytes.
+    pub max_message_id_bytes: usize,
+    /// Longest external id, bytes.
+    pub max_external_id_bytes: usize,
+    /// Longest subscription filter, bytes.
+    pub max_filter_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_object_bytes: 16 << 20,
+            max_attributes: 64,
+            max_name_bytes: 128,
+            max_string_bytes: 4096,
+            max_message_id_bytes: 256,
+            max_external_id_bytes: 1024,
+            max_filter_bytes: 64 << 10,
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Thin gRPC adapters: validate, call the store, convert back. All state lives in the store.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use blocks::Value;
+use prost::Message;
+use proto::v1;
+use storage::{ObjectId, Store};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::config::Limits;
+use crate::error::NodeError;
+use crate::validate;
+
+/// The node's services, sharing one store.
+#[derive(Debug, Clone)]
+pub struct Node {
+    store: Store,
+    limits: Limits,
+    accepted: Arc<AtomicU64>,
+    rejected: Arc<AtomicU64>,
+}
+
+impl Node {
+    /// Services over a store.
+    pub fn new(store: Store, limits: Limits) -> Node {
+        Node {
+            store,
+            limits,
+            accepted: Arc::new(AtomicU64::new(0)),
+            rejected: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    async fn put_object(
+        &self,
+        obj: Result<storage::NewObject, NodeError>,
+    ) -> Result<v1::PutResponse, NodeError> {
+        let obj = obj.inspect_err(|_| {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+        })?;
+        let out = self.store.put(obj).await?;
+        self.accepted.fetch_add(1, Ordering::Relaxed);
+        Ok(v1::PutResponse {
+            id: Some(id_to_proto(out.id)),
+            duplicate: out.duplicate,
+        })
+    }
+}
+
+fn id_to_proto(id: ObjectId) -> v1::ObjectId {
+    v1::ObjectId {
+        node: id.node,
+        seq: id.seq,
+    }
+}
+
+fn value_to_proto(v: &Value) -> v1::Value {
+    v1::Value {
+        kind: Some(match v {
+            Value::Num(n) => v1::value::Kind::Decimal(n.to_string()),
+            Value::Str(s) => v1::value::Kind::Text(s.clone()),
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl v1::ingest_server::Ingest for Node {
+    async fn put(
+        &self,
+        request: Request<v1::PutRequest>,
+    ) -> Result<Response<v1::PutResponse>, Status> {
+        let obj = validate::put(request.into_inner(), &self.limits);
+        Ok(Response::new(self.put_object(obj).await?))
+    }
+
+    type PutStreamStream =
+        Pin<Box<dyn Stream<Item = Result<v1::PutStreamResponse, Status>> + Send + 'static>>;
+
+    async fn put_stream(
+        &self,
+        request: Request<Streaming<v1::PutRequest>>,
+    ) -> Result<Response<Self::PutStreamStream>, Status> {
+        let mut input = request.into_inner();
+        let node = self.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(async move {
+            while let Some(msg) = input.next().await {
+                let reply = match msg {
+                    Ok(req) => {
+                        let obj = validate::put(req, &node.limits);
+                        match node.put_object(obj).await {
+                            Ok(r) => v1::PutStreamResponse {
+                                result: Some(v1::put_stream_response::Result::Ok(r)),
+                            },
+                            Err(e) => {
+                                let s = Status::from(e);
+                                v1::PutStreamResponse {
+                                    result: Some(v1::put_stream_response::Result::Rejected(
+                                        v1::Rejection {
+                                            code: s.code() as i32,
+                                            message: s.message().to_string(),
+                                        },
+                                    )),
+                                }
+                            }
+                        }
+                    }
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                if tx.send(Ok(reply)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn announce(
+        &self,
+        request: Request<v1::AnnounceRequest>,
+    ) -> Result<Response<v1::PutResponse>, Status> {
+        let obj = validate::announce(request.into_inner(), &self.limits);
+        Ok(Response::new(self.put_object(obj).await?))
+    }
+}
+
+#[tonic::async_trait]
+impl v1::objects_server::Objects for Node {
+    async fn get(
+        &self,
+        request: Request<v1::GetObjectRequest>,
+    ) -> Result<Response<v1::StoredObject>, Status> {
+        let id = request
+            .into_inner()
+            .id
+            .ok_or_else(|| NodeError::invalid("id", "an object id is required"))?;
+        let id = ObjectId {
+            node: id.node,
+            seq: id.seq,
+        };
+        let o = self
+            .store
+            .get(id)
+            .map_err(NodeError::from)?
+            .ok_or_else(|| NodeError::NotFound(format!("object {}:{}", id.node, id.seq)))?;
+        Ok(Response::new(v1::StoredObject {
+            id: Some(id_to_proto(o.id)),
+            data: o.data,
+            external_id: o.external_id,
+            metadata: o
+                .metadata
+                .iter()
+                .map(|(k, v)| v1::Attribute {
+                    name: k.clone(),
+                    value: Some(value_to_proto(v)),
+                })
+                .collect(),
+            priority: o.priority as u32,
+            message_id: o.message_id,
+            received_unix_ms: o.received_unix_ms,
+        }))
+    }
+}
+
+fn decode_sub(id: u64, bytes: &[u8]) -> Result<v1::Subscription, NodeError> {
+    let mut s = v1::Subscription::decode(bytes).map_err(|e| {
+        NodeError::Storage(storage::StorageError::Corrupt {
+            tree: "subscriptions",
+            source: storage::CodecError::Truncated,
+        })
+        .context_note(format!("subscription {id}: {e}"))
+    })?;
+    s.webhook_secret.clear(); // write-only
+    Ok(s)
+}
+
+trait ContextNote {
+    fn context_note(self, note: String) -> Self;
+}
+
+impl ContextNote for NodeError {
+    fn context_note(self, note: String) -> Self {
+        tracing::error!("{note}");
+        self
+    }
+}
+
+#[tonic::async_trait]
+impl v1::subscriptions_server::Subscriptions for Node {
+    async fn create(
+        &self,
+        request: Request<v1::CreateSubscriptionRequest>,
+    ) -> Result<Response<v1::Subscription>, Status> {
+        let mut s = request
+            .into_inner()
+            .subscription
+            .ok_or_else(|| NodeError::invalid("subscription", "required"))?;
+        validate::subscription(&s, &self.limits)?;
+        s.id = self.store.next_subscription_id().map_err(NodeError::from)?;
+        self.store
+            .put_subscription(s.id, s.encode_to_vec())
+            .await
+            .map_err(NodeError::from)?;
+        s.webhook_secret.clear();
+        Ok(Response::new(s))
+    }
+
+    async fn get(
+        &self,
+        request: Request<v1::GetSubscriptionRequest>,
+    ) -> Result<Response<v1::Subscription>, Status> {
+        let id = request.into_inner().id;
+        let bytes = self
+            .store
+            .get_subscription(id)
+            .map_err(NodeError::from)?
+            .ok_or_else(|| NodeError::NotFound(format!("subscription {id}")))?;
+        Ok(Response::new(decode_sub(id, &bytes)?))
+    }
+
+    async fn list(
+        &self,
+        request: Request<v1::ListSubscriptionsRequest>,
+    ) -> Result<Response<v1::ListSubscriptionsResponse>, Status> {
+        let r = request.into_inner();
+        let limit = match r.limit {
+            0 => 100,
+            l if l > 1000 => {
+                return Err(NodeError::invalid("limit", format!("{l} exceeds 1000")).into());
+            }
+            l => l as usize,
+        };
+        let page = self
+            .store
+            .list_subscriptions(r.after_id, limit)
+            .map_err(NodeError::from)?;
+        let next = if page.len() == limit {
+            page.last().map_or(0, |p| p.0)
+        } else {
+            0
+        };
+        let mut subs = Vec::with_capacity(page.len());
+        for (id, b) in page {
+            subs.push(decode_sub(id, &b)?);
+        }
+        Ok(Response::new(v1::ListSubscriptionsResponse {
+            subscriptions: subs,
+            next_after_id: next,
+        }))
+    }
+
+    async fn update(
+        &self,
+        request: Request<v1::Subscription>,
+    ) -> Result<Response<v1::Subscription>, Status> {
+        let mut s = request.into_inner();
+        if s.id == 0 {
+            return Err(NodeError::invalid("subscription.id", "required for an update").into());
+        }
+        validate::subscription(&s, &self.limits)?;
+        if self
+            .store
+            .get_subscription(s.id)
+            .map_err(NodeError::from)?
+            .is_none()
+        {
+            return Err(NodeError::NotFound(format!("subscription {}", s.id)).into());
+        }
+        self.store
+            .put_subscription(s.id, s.encode_to_vec())
+            .await
+            .map_err(NodeError::from)?;
+        s.webhook_secret.clear();
+        Ok(Response::new(s))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<v1::DeleteSubscriptionRequest>,
+    ) -> Result<Response<v1::DeleteSubscriptionResponse>, Status> {
+        let id = request.into_inner().id;
+        if !self
+            .store
+            .delete_subscription(id)
+            .await
+            .map_err(NodeError::from)?
+        {
+            return Err(NodeError::NotFound(format!("subscription {id}")).into());
+        }
+        Ok(Response::new(v1::DeleteSubscriptionResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl v1::admin_server::Admin for Node {
+    async fn stats(
+        &self,
+        _request: Request<v1::StatsRequest>,
+    ) -> Result<Response<v1::StatsResponse>, Status> {
+        Ok(Response::new(v1::StatsResponse {
+            node: self.store.node(),
+            objects_stored: self.store.object_count() as u64,
+            puts_accepted: self.accepted.load(Ordering::Relaxed),
+            puts_rejected: self.rejected.load(Ordering::Relaxed),
+            outbox_pending: self.store.outbox_pending().map_err(NodeError::from)?.len() as u64,
+            subscriptions: self.store.subscription_count() as u64,
+        }))
+    }
+
+    async fn workers(
+        &self,
+        _request: Request<v1::WorkersRequest>,
+    ) -> Result<Response<v1::WorkersResponse>, Status> {
+        // no workers run on a storage-only node yet (the cluster issue adds them)
+        Ok(Response::new(v1::WorkersResponse {
+            workers: Vec::new(),
+        }))
+    }
+}

@@ -1,0 +1,243 @@
+//! Turns API messages into domain values, checking every limit; errors name the field
+//! (`metadata[2].name`, `subscription.filter`, ...) and the rule broken. Nothing is stored
+//! for a request that fails here.
+
+use blocks::{Dnf, Num, Value};
+use proto::v1;
+use storage::NewObject;
+
+use crate::config::Limits;
+use crate::error::NodeError;
+
+/// Whether an attribute name is allowed: 1.. bytes of letters, digits, `_ . - / :`,
+/// starting with a letter or `_`.
+pub fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/' | ':'))
+}
+
+fn value(v: Option<&v1::Value>, field: &str, limits: &Limits) -> Result<Value, NodeError> {
+    use v1::value::Kind;
+    let kind = v
+        .and_then(|v| v.kind.as_ref())
+        .ok_or_else(|| NodeError::invalid(field, "a value is required"))?;
+    Ok(match kind {
+        Kind::Decimal(s) => {
+            Value::Num(Num::parse(s).map_err(|e| NodeError::invalid(field, e.to_string()))?)
+        }
+        Kind::Number(f) => {
+            Value::Num(Num::from_f64(*f).map_err(|e| NodeError::invalid(field, e.to_string()))?)
+        }
+        Kind::Integer(i) => Value::Num(Num::from(*i)),
+        Kind::Text(s) => {
+            if s.len() > limits.max_string_bytes {
+                return Err(NodeError::invalid(
+                    field,
+                    format!(
+                        "string of {} bytes exceeds the limit of {}",
+                        s.len(),
+                        limits.max_string_bytes
+                    ),
+                ));
+            }
+            Value::Str(s.clone())
+        }
+    })
+}
+
+/// Validates metadata: count, names (charset, length, uniqueness), values.
+pub fn metadata(
+    attrs: &[v1::Attribute],
+    limits: &Limits,
+) -> Result<Vec<(String, Value)>, NodeError> {
+    if attrs.len() > limits.max_attributes {
+        return Err(NodeError::invalid(
+            "metadata",
+            format!(
+                "{} attributes exceed the limit of {}",
+                attrs.len(),
+                limits.max_attributes
+            ),
+        ));
+    }
+    let mut out: Vec<(String, Value)> = Vec::with_capacity(attrs.len());
+    for (i, a) in attrs.iter().enumerate() {
+        let field = format!("metadata[{i}].name");
+        if a.name.is_empty() {
+            return Err(NodeError::invalid(field, "attribute names cannot be empty"));
+        }
+        if a.name.len() > limits.max_name_bytes {
+            return Err(NodeError::invalid(
+                field,
+                format!(
+                    "name of {} bytes exceeds the limit of {}",
+                    a.name.len(),
+                    limits.max_name_bytes
+                ),
+            ));
+        }
+        if !valid_name(&a.name) {
+            return Err(NodeError::invalid(
+                field,
+                format!(
+                    "{:?}: names start with a letter or `_` and use letters, digits and `_ . - / :`",
+                    a.name
+                ),
+            ));
+        }
+        if out.iter().any(|(n, _)| *n == a.name) {
+            return Err(NodeError::invalid(
+                field,
+                format!("duplicate attribute name {:?}", a.name),
+            ));
+        }
+        let v = value(a.value.as_ref(), &format!("metadata[{i}].value"), limits)?;
+        out.push((a.name.clone(), v));
+    }
+    Ok(out)
+}
+
+fn priority(p: u32) -> Result<u8, NodeError> {
+    u8::try_from(p)
+        .ok()
+        .filter(|p| *p <= 7)
+        .ok_or_else(|| NodeError::invalid("priority", format!("{p} is not in 0..=7")))
+}
+
+fn message_id(m: &str, limits: &Limits) -> Result<String, NodeError> {
+    if m.len() > limits.max_message_id_bytes {
+        return Err(NodeError::invalid(
+            "message_id",
+            format!(
+                "{} bytes exceed the limit of {}",
+                m.len(),
+                limits.max_message_id_bytes
+            ),
+        ));
+    }
+    Ok(m.to_string())
+}
+
+/// A put request.
+pub fn put(r: v1::PutRequest, limits: &Limits) -> Result<NewObject, NodeError> {
+    if r.data.len() > limits.max_object_bytes {
+        return Err(NodeError::invalid(
+            "data",
+            format!(
+                "object of {} bytes exceeds the limit of {}",
+                r.data.len(),
+                limits.max_object_bytes
+            ),
+        ));
+    }
+    Ok(NewObject {
+        metadata: metadata(&r.metadata, limits)?,
+        priority: priority(r.priority)?,
+        message_id: message_id(&r.message_id, limits)?,
+        data: r.data,
+        external_id: String::new(),
+    })
+}
+
+/// An announce request.
+pub fn announce(r: v1::AnnounceRequest, limits: &Limits) -> Result<NewObject, NodeError> {
+    if r.external_id.is_empty() {
+        return Err(NodeError::invalid(
+            "external_id",
+            "required for an announced object",
+        ));
+    }
+    if r.external_id.len() > limits.max_external_id_bytes {
+        return Err(NodeError::invalid(
+            "external_id",
+            format!(
+                "{} bytes exceed the limit of {}",
+                r.external_id.len(),
+                limits.max_external_id_bytes
+            ),
+        ));
+    }
+    Ok(NewObject {
+        metadata: metadata(&r.metadata, limits)?,
+        priority: priority(r.priority)?,
+        message_id: message_id(&r.message_id, limits)?,
+        data: Vec::new(),
+        external_id: r.external_id,
+    })
+}
+
+/// A subscription's filter, parsed into conjunctions.
+pub fn filter(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeError> {
+    use v1::subscription::Filter;
+    let f = s.filter.as_ref().ok_or_else(|| {
+        NodeError::invalid(
+            "subscription.filter",
+            "a text or eventbridge filter is required",
+        )
+    })?;
+    let text = match f {
+        Filter::Text(t) | Filter::Eventbridge(t) => t,
+    };
+    if text.len() > limits.max_filter_bytes {
+        return Err(NodeError::invalid(
+            "subscription.filter",
+            format!(
+                "{} bytes exceed the limit of {}",
+                text.len(),
+                limits.max_filter_bytes
+            ),
+        ));
+    }
+    match f {
+        Filter::Text(t) => blocks::text::parse_text(t)
+            .map_err(|e| NodeError::invalid("subscription.filter.text", e.to_string())),
+        Filter::Eventbridge(j) => blocks::eventbridge::parse_pattern(j)
+            .map_err(|e| NodeError::invalid("subscription.filter.eventbridge", e.to_string())),
+    }
+}
+
+/// The rest of a subscription: target, priority, retry policy.
+pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeError> {
+    let dnf = filter(s, limits)?;
+    use v1::target::Kind;
+    match s.target.as_ref().and_then(|t| t.kind.as_ref()) {
+        None => {
+            return Err(NodeError::invalid(
+                "subscription.target",
+                "a grpc, webhook or stream target is required",
+            ));
+        }
+        Some(Kind::Grpc(u)) | Some(Kind::Webhook(u))
+            if !(u.starts_with("http://") || u.starts_with("https://")) =>
+        {
+            return Err(NodeError::invalid(
+                "subscription.target",
+                format!("{u:?} is not an http(s) URL"),
+            ));
+        }
+        Some(Kind::Stream(n)) if n.is_empty() || n.len() > 256 => {
+            return Err(NodeError::invalid(
+                "subscription.target.stream",
+                "a stream name of 1..=256 bytes is required",
+            ));
+        }
+        Some(_) => {}
+    }
+    if s.priority > 7 {
+        return Err(NodeError::invalid(
+            "subscription.priority",
+            format!("{} is not in 0..=7", s.priority),
+        ));
+    }
+    if let Some(r) = &s.retry
+        && r.max_backoff_ms > 0
+        && r.initial_backoff_ms > r.max_backoff_ms
+    {
+        return Err(NodeError::invalid(
+            "subscription.retry.initial_backoff_ms",
+            "must not exceed max_backoff_ms",
+        ));
+    }
+    Ok(dnf)
+}

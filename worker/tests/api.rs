@@ -1,0 +1,567 @@
+//! The node API end to end: a real tonic server on 127.0.0.1:0 over a real sled store, and a
+//! real tonic client: put, get, announce, thousands of streamed puts, subscription CRUD,
+//! every validation error, and reflection.
+
+use std::net::SocketAddr;
+
+use proto::v1;
+use proto::v1::ingest_client::IngestClient;
+use proto::v1::objects_client::ObjectsClient;
+use proto::v1::subscriptions_client::SubscriptionsClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+struct Node {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn start(name: &str) -> Node {
+    let dir = std::env::temp_dir().join(format!("dissem-api-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = storage::Store::open(&dir, 7).expect("open store");
+    let (listener, addr) = worker::bind("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(worker::run(
+        listener,
+        store,
+        worker::Limits::default(),
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    Node {
+        addr,
+        stop: Some(tx),
+        dir,
+    }
+}
+
+async fn channel(addr: SocketAddr) -> Channel {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match Channel::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+        {
+            Ok(c) => return c,
+            Err(e) if tokio::time::Instant::now() > deadline => {
+                panic!("server did not come up: {e}")
+            }
+            Err(_) => tokio::task::yield_now().await,
+        }
+    }
+}
+
+fn attr(name: &str, v: v1::value::Kind) -> v1::Attribute {
+    v1::Attribute {
+        name: name.into(),
+        value: Some(v1::Value { kind: Some(v) }),
+    }
+}
+
+fn text(s: &str) -> v1::value::Kind {
+    v1::value::Kind::Text(s.into())
+}
+
+fn put(data: &[u8], meta: Vec<v1::Attribute>) -> v1::PutRequest {
+    v1::PutRequest {
+        data: data.to_vec(),
+        metadata: meta,
+        priority: 3,
+        message_id: String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_get_announce_and_stream() {
+    let node = start("objects").await;
+    let ch = channel(node.addr).await;
+    let mut ingest = IngestClient::new(ch.clone());
+    let mut objects = ObjectsClient::new(ch.clone());
+    let r = ingest
+        .put(put(
+            b"frame",
+            vec![
+                attr("temp", v1::value::Kind::Decimal("31.5".into())),
+                attr("site", text("kr/seoul/b12")),
+                attr("n", v1::value::Kind::Integer(-3)),
+                attr("f", v1::value::Kind::Number(0.1)),
+            ],
+        ))
+        .await
+        .expect("put")
+        .into_inner();
+    let id = r.id.expect("id");
+    assert_eq!(id.node, 7);
+    let got = objects
+        .get(v1::GetObjectRequest { id: Some(id) })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(got.data, b"frame");
+    assert_eq!(got.priority, 3);
+    let vals: Vec<String> = got
+        .metadata
+        .iter()
+        .map(|a| {
+            format!(
+                "{}={:?}",
+                a.name,
+                a.value.as_ref().and_then(|v| v.kind.clone())
+            )
+        })
+        .collect();
+    assert_eq!(
+        vals,
+        [
+            "temp=Some(Decimal(\"31.5\"))",
+            "site=Some(Text(\"kr/seoul/b12\"))",
+            "n=Some(Decimal(\"-3\"))",
+            "f=Some(Decimal(\"0.1\"))"
+        ]
+    );
+    // dedup by message id
+    let mut m = put(b"x", vec![]);
+    m.message_id = "msg-1".into();
+    let first = ingest.put(m.clone()).await.expect("put").into_inner();
+    let again = ingest.put(m).await.expect("put").into_inner();
+    assert!(!first.duplicate && again.duplicate);
+    assert_eq!(first.id, again.id);
+    // announce
+    let a = ingest
+        .announce(v1::AnnounceRequest {
+            external_id: "s3://bucket/key".into(),
+            metadata: vec![attr("type", text("cam"))],
+            priority: 7,
+            message_id: String::new(),
+        })
+        .await
+        .expect("announce")
+        .into_inner();
+    let got = objects
+        .get(v1::GetObjectRequest { id: a.id })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(got.external_id, "s3://bucket/key");
+    assert!(got.data.is_empty());
+    // missing object
+    let e = objects
+        .get(v1::GetObjectRequest {
+            id: Some(v1::ObjectId {
+                node: 7,
+                seq: 999_999,
+            }),
+        })
+        .await
+        .expect_err("missing");
+    assert_eq!(e.code(), Code::NotFound);
+    // thousands of puts on one stream, one bad one in the middle
+    let n = 3000usize;
+    let reqs: Vec<v1::PutRequest> = (0..n)
+        .map(|i| {
+            if i == 1234 {
+                put(b"", vec![attr("", text("x"))])
+            } else {
+                put(
+                    &i.to_le_bytes(),
+                    vec![attr("i", v1::value::Kind::Integer(i as i64))],
+                )
+            }
+        })
+        .collect();
+    let mut stream = ingest
+        .put_stream(tokio_stream::iter(reqs))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut ids = Vec::new();
+    let mut rejected = Vec::new();
+    while let Some(r) = stream.message().await.expect("stream message") {
+        match r.result.expect("result") {
+            v1::put_stream_response::Result::Ok(p) => ids.push(p.id.expect("id")),
+            v1::put_stream_response::Result::Rejected(rej) => {
+                rejected.push((ids.len() + rejected.len(), rej))
+            }
+        }
+    }
+    assert_eq!(ids.len(), n - 1);
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].0, 1234);
+    assert_eq!(rejected[0].1.code, Code::InvalidArgument as i32);
+    assert!(
+        rejected[0].1.message.contains("metadata[0].name"),
+        "{}",
+        rejected[0].1.message
+    );
+    let mut seqs: Vec<u64> = ids.iter().map(|i| i.seq).collect();
+    seqs.dedup();
+    assert_eq!(seqs.len(), n - 1, "ids are distinct and in order");
+    let last = objects
+        .get(v1::GetObjectRequest {
+            id: ids.last().cloned(),
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(last.data, (n - 1).to_le_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_validation_error_names_its_field() {
+    let node = start("validation").await;
+    let ch = channel(node.addr).await;
+    let mut ingest = IngestClient::new(ch.clone());
+    let big = "x".repeat(5000);
+    let cases: Vec<(v1::PutRequest, &str)> = vec![
+        (
+            put(b"", vec![attr("", text("a"))]),
+            "metadata[0].name: attribute names cannot be empty",
+        ),
+        (put(b"", vec![attr("1abc", text("a"))]), "metadata[0].name"),
+        (put(b"", vec![attr("a b", text("a"))]), "metadata[0].name"),
+        (
+            put(b"", vec![attr(&"n".repeat(129), text("a"))]),
+            "exceeds the limit of 128",
+        ),
+        (
+            put(b"", vec![attr("a", text("x")), attr("a", text("y"))]),
+            "metadata[1].name: duplicate attribute name",
+        ),
+        (
+            put(b"", vec![attr("a", v1::value::Kind::Number(f64::NAN))]),
+            "metadata[0].value: NaN",
+        ),
+        (
+            put(b"", vec![attr("a", v1::value::Kind::Number(f64::INFINITY))]),
+            "metadata[0].value",
+        ),
+        (
+            put(
+                b"",
+                vec![attr("a", v1::value::Kind::Decimal("0.1.2".into()))],
+            ),
+            "metadata[0].value: not a number",
+        ),
+        (
+            put(
+                b"",
+                vec![attr("a", v1::value::Kind::Decimal("1e400".into()))],
+            ),
+            "out of range",
+        ),
+        (
+            put(b"", vec![attr("a", text(&big))]),
+            "metadata[0].value: string of 5000 bytes exceeds the limit of 4096",
+        ),
+        (
+            put(
+                b"",
+                vec![v1::Attribute {
+                    name: "a".into(),
+                    value: None,
+                }],
+            ),
+            "metadata[0].value: a value is required",
+        ),
+        (
+            put(
+                b"",
+                (0..65).map(|i| attr(&format!("a{i}"), text("v"))).collect(),
+            ),
+            "metadata: 65 attributes exceed the limit of 64",
+        ),
+        (
+            v1::PutRequest {
+                priority: 8,
+                ..put(b"", vec![])
+            },
+            "priority: 8 is not in 0..=7",
+        ),
+        (
+            v1::PutRequest {
+                message_id: "m".repeat(300),
+                ..put(b"", vec![])
+            },
+            "message_id",
+        ),
+    ];
+    let before = node_objects(ch.clone()).await;
+    for (req, needle) in cases {
+        let e = ingest.put(req).await.expect_err(needle);
+        assert_eq!(e.code(), Code::InvalidArgument, "{needle}: {e}");
+        assert!(
+            e.message().contains(needle),
+            "expected {needle:?} in {:?}",
+            e.message()
+        );
+    }
+    // an over-size object
+    let huge = vec![0u8; (16 << 20) + 1];
+    let e = ingest.put(put(&huge, vec![])).await.expect_err("too big");
+    assert!(
+        matches!(
+            e.code(),
+            Code::InvalidArgument | Code::OutOfRange | Code::ResourceExhausted
+        ),
+        "{e}"
+    );
+    let e = ingest
+        .announce(v1::AnnounceRequest::default())
+        .await
+        .expect_err("announce without id");
+    assert!(e.message().contains("external_id"), "{e}");
+    // nothing partial was stored
+    assert_eq!(node_objects(ch).await, before);
+}
+
+async fn node_objects(ch: Channel) -> u64 {
+    proto::v1::admin_client::AdminClient::new(ch)
+        .stats(v1::StatsRequest {})
+        .await
+        .expect("stats")
+        .into_inner()
+        .objects_stored
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_crud_and_errors() {
+    let node = start("subs").await;
+    let ch = channel(node.addr).await;
+    let mut subs = SubscriptionsClient::new(ch.clone());
+    let sub = |filter: v1::subscription::Filter| v1::Subscription {
+        id: 0,
+        filter: Some(filter),
+        target: Some(v1::Target {
+            kind: Some(v1::target::Kind::Webhook("http://127.0.0.1:9/hook".into())),
+        }),
+        qos: v1::Qos::AtLeastOnce as i32,
+        retry: None,
+        priority: 5,
+        webhook_secret: "s3cret".into(),
+    };
+    let mut created = Vec::new();
+    for i in 0..5 {
+        let f = if i % 2 == 0 {
+            v1::subscription::Filter::Text(format!("temp > {i} && site prefix \"kr/\""))
+        } else {
+            v1::subscription::Filter::Eventbridge(format!(
+                r#"{{"temp": [{{"numeric": [">", {i}]}}]}}"#
+            ))
+        };
+        let s = subs
+            .create(v1::CreateSubscriptionRequest {
+                subscription: Some(sub(f)),
+            })
+            .await
+            .expect("create")
+            .into_inner();
+        assert!(s.id > 0);
+        assert!(s.webhook_secret.is_empty(), "the secret is write-only");
+        created.push(s);
+    }
+    let got = subs
+        .get(v1::GetSubscriptionRequest { id: created[2].id })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(got, created[2]);
+    // paging
+    let p1 = subs
+        .list(v1::ListSubscriptionsRequest {
+            after_id: 0,
+            limit: 3,
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(p1.subscriptions.len(), 3);
+    let p2 = subs
+        .list(v1::ListSubscriptionsRequest {
+            after_id: p1.next_after_id,
+            limit: 3,
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(p2.subscriptions.len(), 2);
+    assert_eq!(p2.next_after_id, 0);
+    // update
+    let mut u = created[0].clone();
+    u.filter = Some(v1::subscription::Filter::Text("humidity < 10".into()));
+    let u2 = subs.update(u.clone()).await.expect("update").into_inner();
+    assert_eq!(u2.filter, u.filter);
+    // delete
+    subs.delete(v1::DeleteSubscriptionRequest { id: created[1].id })
+        .await
+        .expect("delete");
+    let e = subs
+        .get(v1::GetSubscriptionRequest { id: created[1].id })
+        .await
+        .expect_err("deleted");
+    assert_eq!(e.code(), Code::NotFound);
+    let e = subs
+        .delete(v1::DeleteSubscriptionRequest { id: created[1].id })
+        .await
+        .expect_err("deleted twice");
+    assert_eq!(e.code(), Code::NotFound);
+    // bad filters and targets name their field and position
+    for (s, needle) in [
+        (
+            sub(v1::subscription::Filter::Text("temp >".into())),
+            "subscription.filter.text: at column 7",
+        ),
+        (
+            sub(v1::subscription::Filter::Eventbridge(
+                r#"{"a": [null]}"#.into(),
+            )),
+            "subscription.filter.eventbridge: at $.a[0]",
+        ),
+        (
+            v1::Subscription {
+                target: None,
+                ..sub(v1::subscription::Filter::Text("a = 1".into()))
+            },
+            "subscription.target",
+        ),
+        (
+            v1::Subscription {
+                priority: 9,
+                ..sub(v1::subscription::Filter::Text("a = 1".into()))
+            },
+            "subscription.priority",
+        ),
+        (
+            v1::Subscription {
+                filter: None,
+                ..sub(v1::subscription::Filter::Text("a = 1".into()))
+            },
+            "subscription.filter",
+        ),
+    ] {
+        let e = subs
+            .create(v1::CreateSubscriptionRequest {
+                subscription: Some(s),
+            })
+            .await
+            .expect_err(needle);
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().contains(needle),
+            "expected {needle:?} in {:?}",
+            e.message()
+        );
+    }
+    let e = subs
+        .update(v1::Subscription {
+            id: 999_999,
+            ..sub(v1::subscription::Filter::Text("a = 1".into()))
+        })
+        .await
+        .expect_err("update missing");
+    assert_eq!(e.code(), Code::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_bytes_get_errors_not_panics() {
+    // raw, hand-made gRPC frames with garbage protobuf: the server answers with an error
+    // status and keeps serving
+    let node = start("garbage").await;
+    let ch = channel(node.addr).await;
+    let mut ingest = IngestClient::new(ch.clone());
+    let mut grpc = tonic::client::Grpc::new(ch.clone());
+    grpc.ready().await.expect("ready");
+    for bytes in [
+        vec![0xffu8; 10],
+        vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f],
+        vec![0x12, 0x05, 0x0a],
+    ] {
+        let mut g = grpc.clone();
+        g.ready().await.expect("ready");
+        let r = g
+            .unary::<_, RawResponse, _>(
+                tonic::Request::new(RawBytes(bytes)),
+                "/dissem.v1.Ingest/Put".parse().expect("path"),
+                RawCodec,
+            )
+            .await;
+        assert!(r.is_err(), "garbage must be rejected");
+    }
+    // still serving
+    ingest
+        .put(put(b"ok", vec![]))
+        .await
+        .expect("put after garbage");
+}
+
+#[derive(Debug, Clone)]
+struct RawBytes(Vec<u8>);
+#[derive(Debug, Clone, Default)]
+struct RawResponse;
+
+#[derive(Debug, Clone, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = RawBytes;
+    type Decode = RawResponse;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = RawBytes;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: RawBytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes_put::BufMutExt;
+        dst.put_all(&item.0);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = RawResponse;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        _src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<RawResponse>, tonic::Status> {
+        Ok(Some(RawResponse))
+    }
+}
+
+mod bytes_put {
+    pub trait BufMutExt {
+        fn put_all(&mut self, b: &[u8]);
+    }
+    impl BufMutExt for tonic::codec::EncodeBuf<'_> {
+        fn put_all(&mut self, b: &[u8]) {
+            use prost::bytes::BufMut;
+            self.put_slice(b);
+        }
+    }
+}
