@@ -241,3 +241,51 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeEr
     }
     Ok(dnf)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use prost::Message;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Garbage and truncated protobuf never panics the decode + validation path.
+        #[test]
+        fn decode_and_validate_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            if let Ok(req) = v1::PutRequest::decode(bytes.as_slice()) {
+                let _ = put(req, &Limits::default());
+            }
+            if let Ok(req) = v1::AnnounceRequest::decode(bytes.as_slice()) {
+                let _ = announce(req, &Limits::default());
+            }
+            if let Ok(s) = v1::Subscription::decode(bytes.as_slice()) {
+                let _ = subscription(&s, &Limits::default());
+            }
+        }
+
+        /// Truncations of a valid request are rejected by the decoder or validated, never panic.
+        #[test]
+        fn truncated_valid_requests(cut in 0usize..200, name in "[a-z_][a-z0-9_./:-]{0,10}", text in ".{0,20}", dec in "-?[0-9]{1,25}(\\.[0-9]{0,20})?") {
+            let req = v1::PutRequest {
+                data: b"payload".to_vec(),
+                metadata: vec![
+                    v1::Attribute { name: name.clone(), value: Some(v1::Value { kind: Some(v1::value::Kind::Text(text)) }) },
+                    v1::Attribute { name: format!("{name}2"), value: Some(v1::Value { kind: Some(v1::value::Kind::Decimal(dec)) }) },
+                ],
+                priority: 1,
+                message_id: "m".into(),
+            };
+            let bytes = req.encode_to_vec();
+            let cut = cut.min(bytes.len());
+            if let Ok(r) = v1::PutRequest::decode(&bytes[..cut]) {
+                match put(r, &Limits::default()) {
+                    Ok(_) => {}
+                    Err(NodeError::InvalidArgument { .. }) => {}
+                    Err(e) => prop_assert!(false, "unexpected error {e}"),
+                }
+            }
+        }
+    }
+}
