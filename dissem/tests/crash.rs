@@ -11,6 +11,9 @@ use proto::v1;
 use proto::v1::ingest_client::IngestClient;
 use proto::v1::objects_client::ObjectsClient;
 
+/// Acknowledged puts: id and the bytes sent.
+type Acked = Vec<(v1::ObjectId, Vec<u8>)>;
+
 fn spawn(dir: &std::path::Path) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dissem"))
         .args(["up", "--listen", "127.0.0.1:0", "--node", "5", "--data"])
@@ -58,7 +61,7 @@ async fn sigkill_mid_burst_loses_no_acknowledged_object() {
     let _ = std::fs::remove_dir_all(&dir);
     let (mut child, url) = spawn(&dir);
     let ch = connect(&url).await;
-    let acked: Arc<Mutex<Vec<(v1::ObjectId, Vec<u8>)>>> = Arc::new(Mutex::new(Vec::new()));
+    let acked: Arc<Mutex<Acked>> = Arc::new(Mutex::new(Vec::new()));
     let mut writers = Vec::new();
     for w in 0..16 {
         let mut client = IngestClient::new(ch.clone());
