@@ -1,9 +1,12 @@
 //! Benchmark programs: deterministic workload generators and runners that print figures and
 //! write JSON, each comparing engines against a reference measured in the same run.
 //!
-//! Unlike `blocks`, this crate does I/O (progress output, `/proc` memory figures); the CLI's
-//! `bench` subcommands are thin wrappers over it.
+//! Unlike `blocks`, this crate does I/O (progress output, `/proc` memory figures, in-process
+//! nodes on loopback, a sled baseline; it is the one place besides `storage` that opens sled,
+//! for the baseline the ingest figures are compared with); the CLI's `bench` subcommands are
+//! thin wrappers over it.
 
+pub mod ingestbench;
 pub mod matchbench;
 pub mod mem;
 pub mod progress;

@@ -87,6 +87,52 @@ fn up(a: UpArgs) -> anyhow::Result<bool> {
 enum Bench {
     /// Matching throughput of each engine on a synthetic workload.
     Match(MatchArgs),
+    /// Durable puts per second through the gRPC API vs sled with a flush per write.
+    Ingest(IngestArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct IngestArgs {
+    /// Object sizes in bytes (comma separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 65536])]
+    sizes: Vec<usize>,
+    /// Concurrent writers (comma separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
+    writers: Vec<usize>,
+    /// Seconds per configuration and path.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn bench_ingest(a: IngestArgs) -> anyhow::Result<bool> {
+    if a.sizes
+        .iter()
+        .any(|&s| s == 0 || s > worker::Limits::default().max_object_bytes)
+    {
+        bail!(
+            "--sizes must be between 1 and {} bytes",
+            worker::Limits::default().max_object_bytes
+        );
+    }
+    if a.writers.iter().any(|&w| w == 0 || w > 1024) {
+        bail!("--writers must be between 1 and 1024");
+    }
+    if !(a.seconds > 0.0 && a.seconds <= 600.0) {
+        bail!("--seconds must be in (0, 600], got {}", a.seconds);
+    }
+    let report = bench::ingestbench::run(&bench::ingestbench::IngestOptions {
+        sizes: a.sizes,
+        writers: a.writers,
+        seconds: a.seconds,
+    })?;
+    bench::ingestbench::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    Ok(true)
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,6 +308,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Bench::Match(a),
         } => bench_match(a),
+        Command::Bench {
+            which: Bench::Ingest(a),
+        } => bench_ingest(a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

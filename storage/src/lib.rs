@@ -1,9 +1,10 @@
 //! The durable state of a storage node, on sled: objects, their dissemination outbox, message
 //! id deduplication, and the subscription registry. This is the only crate that imports sled.
 //!
-//! A put writes the object, its outbox record and its message id in one sled transaction, so
-//! after a crash either all three exist or none does; it is acknowledged only after a flush
-//! covering it. Flushes are shared ([`Store::commit`]): writers that arrive while a flush runs
+//! A put writes the object and its outbox record in one atomic sled batch (both live in one
+//! tree under different key prefixes), so after a crash either both exist or neither does; it
+//! is acknowledged only after a flush covering it. A message id is claimed first with a
+//! compare-and-swap; a claim whose object never made it to disk is ignored and taken over. Flushes are shared ([`Store::commit`]): writers that arrive while a flush runs
 //! wait for the next one together, so 64 concurrent writers cost a handful of fsyncs, not 64.
 //! Object ids are `(node, seq)`; sequence numbers are reserved durably in blocks before use,
 //! so an id is never handed out twice, even across crashes.
@@ -15,8 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use blocks::Value;
-use sled::Transactional;
-use sled::transaction::{ConflictableTransactionError, TransactionError};
 use tokio::sync::{Mutex, Notify};
 
 pub use codec::CodecError;
@@ -89,9 +88,8 @@ struct Commit {
 #[derive(Debug, Clone)]
 pub struct Store {
     db: sled::Db,
-    objects: sled::Tree,
-    outbox: sled::Tree,
-    msgids: sled::Tree,
+    /// Objects (`d` + seq), outbox records (`x` + seq) and message ids (`m` + id).
+    data: sled::Tree,
     subs: sled::Tree,
     meta: sled::Tree,
     node: u32,
@@ -106,8 +104,23 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn seq_key(seq: u64) -> [u8; 8] {
-    seq.to_be_bytes()
+fn key(prefix: u8, seq: u64) -> [u8; 9] {
+    let mut k = [prefix; 9];
+    k[1..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn msg_key(msgid: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(msgid.len() + 1);
+    k.push(b'm');
+    k.extend_from_slice(msgid.as_bytes());
+    k
+}
+
+fn seq_of(k: &[u8]) -> Option<u64> {
+    <[u8; 8]>::try_from(k.get(1..)?)
+        .ok()
+        .map(u64::from_be_bytes)
 }
 
 impl Store {
@@ -125,9 +138,7 @@ impl Store {
             .map(u64::from_be_bytes)
             .unwrap_or(1);
         Ok(Store {
-            objects: db.open_tree("objects")?,
-            outbox: db.open_tree("outbox")?,
-            msgids: db.open_tree("msgids")?,
+            data: db.open_tree("data")?,
             subs: db.open_tree("subscriptions")?,
             meta,
             db,
@@ -164,6 +175,42 @@ impl Store {
             node: self.node,
             seq,
         };
+        if !obj.message_id.is_empty() {
+            let mk = msg_key(&obj.message_id);
+            let mut expected: Option<sled::IVec> = None;
+            loop {
+                match self.data.compare_and_swap(
+                    &mk,
+                    expected.as_ref(),
+                    Some(&seq.to_be_bytes()[..]),
+                )? {
+                    Ok(()) => break,
+                    Err(cas) => {
+                        let Some(cur) = cas.current else {
+                            expected = None;
+                            continue;
+                        };
+                        let prev = <[u8; 8]>::try_from(cur.as_ref())
+                            .map(u64::from_be_bytes)
+                            .map_err(|_| StorageError::Corrupt {
+                                tree: "message ids",
+                                source: CodecError::Truncated,
+                            })?;
+                        if self.data.contains_key(key(b'd', prev))? {
+                            return Ok(PutOutcome {
+                                id: ObjectId {
+                                    node: self.node,
+                                    seq: prev,
+                                },
+                                duplicate: true,
+                            });
+                        }
+                        // claimed by a write that never reached the disk: take it over
+                        expected = Some(cur);
+                    }
+                }
+            }
+        }
         let stored = StoredObject {
             id,
             data: obj.data,
@@ -173,51 +220,21 @@ impl Store {
             message_id: obj.message_id,
             received_unix_ms: now_ms(),
         };
-        let record = codec::encode_object(&stored);
-        let key = seq_key(seq);
-        let outbox_rec = [stored.priority];
-        let msgid = stored.message_id.clone();
-        let res: Result<PutOutcome, TransactionError<()>> =
-            (&self.objects, &self.outbox, &self.msgids).transaction(|(o, ob, m)| {
-                if !msgid.is_empty() {
-                    if let Some(prev) = m.get(msgid.as_bytes())? {
-                        let prev = <[u8; 8]>::try_from(prev.as_ref())
-                            .map(u64::from_be_bytes)
-                            .map_err(|_| ConflictableTransactionError::Abort(()))?;
-                        return Ok(PutOutcome {
-                            id: ObjectId {
-                                node: self.node,
-                                seq: prev,
-                            },
-                            duplicate: true,
-                        });
-                    }
-                    m.insert(msgid.as_bytes(), &key)?;
-                }
-                o.insert(&key, record.as_slice())?;
-                ob.insert(&key, &outbox_rec)?;
-                Ok(PutOutcome {
-                    id,
-                    duplicate: false,
-                })
-            });
-        match res {
-            Ok(o) => Ok(o),
-            Err(TransactionError::Storage(e)) => Err(e.into()),
-            Err(TransactionError::Abort(())) => Err(StorageError::Corrupt {
-                tree: "msgids",
-                source: CodecError::Truncated,
-            }),
-        }
+        let mut batch = sled::Batch::default();
+        batch.insert(&key(b'd', seq), codec::encode_object(&stored));
+        batch.insert(&key(b'x', seq), &[stored.priority]);
+        self.data.apply_batch(batch)?;
+        Ok(PutOutcome {
+            id,
+            duplicate: false,
+        })
     }
 
     /// Stores an object durably: returns once the object, its outbox record and its message
     /// id are on disk. Concurrent puts share flushes.
     pub async fn put(&self, obj: NewObject) -> Result<PutOutcome, StorageError> {
-        let store = self.clone();
-        let out = tokio::task::spawn_blocking(move || store.write(obj))
-            .await
-            .map_err(|_| StorageError::Flusher)??;
+        // in-memory work (sled buffers writes); only the flush below touches the disk
+        let out = self.write(obj)?;
         self.commit().await?;
         Ok(out)
     }
@@ -251,12 +268,17 @@ impl Store {
         }
     }
 
+    /// Flushes (fsyncs) started so far: with group commit, far fewer than puts.
+    pub fn flushes(&self) -> u64 {
+        self.commit.started.load(Ordering::SeqCst)
+    }
+
     /// An object by id.
     pub fn get(&self, id: ObjectId) -> Result<Option<StoredObject>, StorageError> {
         if id.node != self.node {
             return Ok(None);
         }
-        match self.objects.get(seq_key(id.seq))? {
+        match self.data.get(key(b'd', id.seq))? {
             None => Ok(None),
             Some(v) => codec::decode_object(&v, id)
                 .map(Some)
@@ -269,20 +291,18 @@ impl Store {
 
     /// Number of objects stored.
     pub fn object_count(&self) -> usize {
-        self.objects.len()
+        self.data.scan_prefix(b"d").count()
     }
 
     /// Outbox records not yet retired, oldest first: (object id, priority). Replayed at start.
     pub fn outbox_pending(&self) -> Result<Vec<(ObjectId, u8)>, StorageError> {
         let mut out = Vec::new();
-        for kv in self.outbox.iter() {
+        for kv in self.data.scan_prefix(b"x") {
             let (k, v) = kv?;
-            let seq = <[u8; 8]>::try_from(k.as_ref())
-                .map(u64::from_be_bytes)
-                .map_err(|_| StorageError::Corrupt {
-                    tree: "outbox",
-                    source: CodecError::Truncated,
-                })?;
+            let seq = seq_of(&k).ok_or_else(|| StorageError::Corrupt {
+                tree: "outbox",
+                source: CodecError::Truncated,
+            })?;
             out.push((
                 ObjectId {
                     node: self.node,
@@ -296,21 +316,19 @@ impl Store {
 
     /// Retires an outbox record once every push it owes is done.
     pub fn retire(&self, id: ObjectId) -> Result<bool, StorageError> {
-        Ok(self.outbox.remove(seq_key(id.seq))?.is_some())
+        Ok(self.data.remove(key(b'x', id.seq))?.is_some())
     }
 
     /// Deletes objects received before `cutoff_unix_ms` whose outbox record is retired;
     /// returns how many were removed (retention by age).
     pub fn expire_before(&self, cutoff_unix_ms: u64) -> Result<usize, StorageError> {
         let mut removed = 0;
-        for kv in self.objects.iter() {
+        for kv in self.data.scan_prefix(b"d") {
             let (k, v) = kv?;
-            if self.outbox.contains_key(&k)? {
+            let seq = seq_of(&k).unwrap_or(0);
+            if self.data.contains_key(key(b'x', seq))? {
                 continue;
             }
-            let seq = <[u8; 8]>::try_from(k.as_ref())
-                .map(u64::from_be_bytes)
-                .unwrap_or(0);
             let obj = codec::decode_object(
                 &v,
                 ObjectId {
@@ -323,9 +341,9 @@ impl Store {
                 source: e,
             })?;
             if obj.received_unix_ms < cutoff_unix_ms {
-                self.objects.remove(&k)?;
+                self.data.remove(&k)?;
                 if !obj.message_id.is_empty() {
-                    self.msgids.remove(obj.message_id.as_bytes())?;
+                    self.data.remove(msg_key(&obj.message_id))?;
                 }
                 removed += 1;
             }
@@ -432,10 +450,16 @@ mod tests {
                 let s = s.clone();
                 tasks.push(tokio::spawn(async move { s.put(obj(100 + i, "")).await }));
             }
+            let flushes_before = s.flushes();
             let mut seen = std::collections::HashSet::new();
             for t in tasks {
                 assert!(seen.insert(t.await.expect("join").expect("put").id));
             }
+            let flushes = s.flushes() - flushes_before;
+            assert!(
+                flushes < 64,
+                "64 concurrent puts took {flushes} flushes: no group commit"
+            );
             ids = (a.id, b.id);
         }
         let s = Store::open(&dir, 3).expect("reopen");

@@ -19,6 +19,7 @@ use proto::v1::objects_server::ObjectsServer;
 use proto::v1::subscriptions_server::SubscriptionsServer;
 use storage::Store;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
 pub use config::Limits;
@@ -39,13 +40,22 @@ pub async fn run(
     let max = limits.max_object_bytes
         + 64 * 1024
         + limits.max_attributes * (limits.max_string_bytes + 256);
+    // small request/response exchanges: no Nagle delay on accepted connections
+    let incoming = TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    });
     tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(16 << 20))
         .add_service(reflection)
         .add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
         .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
         .add_service(SubscriptionsServer::new(node.clone()))
         .add_service(AdminServer::new(node))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| NodeError::Startup(e.to_string()))
 }

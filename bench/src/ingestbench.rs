@@ -1,0 +1,270 @@
+//! `dissem bench ingest`: durable puts per second through the real gRPC API, against a
+//! baseline in the same run: the same writes straight into sled with a flush per write.
+//!
+//! For each object size and writer count, a fresh node is started in-process on
+//! 127.0.0.1:0 over a fresh sled directory; `writers` concurrent clients put objects until
+//! the time is up; every put counts only once acknowledged (durable). Latency is measured per
+//! put, from send to acknowledgement.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use proto::v1;
+use serde::Serialize;
+
+/// Options of the ingest benchmark.
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    pub sizes: Vec<usize>,
+    pub writers: Vec<usize>,
+    pub seconds: f64,
+}
+
+impl Default for IngestOptions {
+    fn default() -> IngestOptions {
+        IngestOptions {
+            sizes: vec![1024, 64 * 1024],
+            writers: vec![1, 64],
+            seconds: 3.0,
+        }
+    }
+}
+
+/// Figures of one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestRow {
+    pub object_bytes: usize,
+    pub writers: usize,
+    pub path: String,
+    pub objects: u64,
+    pub objects_per_second: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Flushes (fsyncs) per acknowledged object: group commit keeps it well under 1.
+    pub flushes_per_object: Option<f64>,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestReport {
+    pub rows: Vec<IngestRow>,
+    /// (object bytes, writers, dissem objects/s divided by the sled flush-per-write baseline)
+    pub ratios: Vec<(usize, usize, f64)>,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+fn row(size: usize, writers: usize, path: &str, mut lat: Vec<Duration>, secs: f64) -> IngestRow {
+    lat.sort_unstable();
+    IngestRow {
+        object_bytes: size,
+        writers,
+        path: path.to_string(),
+        objects: lat.len() as u64,
+        objects_per_second: lat.len() as f64 / secs,
+        p50_ms: percentile(&lat, 0.5),
+        p99_ms: percentile(&lat, 0.99),
+        flushes_per_object: None,
+    }
+}
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "dissem-bench-ingest-{tag}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+async fn run_dissem(size: usize, writers: usize, seconds: f64) -> anyhow::Result<IngestRow> {
+    let dir = temp_dir(&format!("node-{size}-{writers}"));
+    let store = storage::Store::open(&dir, 1).context("opening the store")?;
+    let flush_counter = store.clone();
+    let (listener, addr) = worker::bind("127.0.0.1:0".parse()?).await?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(worker::run(
+        listener,
+        store,
+        worker::Limits::default(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let url = format!("http://{addr}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut channels = Vec::new();
+    for _ in 0..writers.clamp(1, 8) {
+        let ch = loop {
+            match tonic::transport::Channel::from_shared(url.clone())?
+                .tcp_nodelay(true)
+                .initial_stream_window_size(Some(4 << 20))
+                .initial_connection_window_size(Some(16 << 20))
+                .connect()
+                .await
+            {
+                Ok(c) => break c,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e).context("connecting to the node");
+                }
+                Err(_) => tokio::task::yield_now().await,
+            }
+        };
+        channels.push(ch);
+    }
+    let data = vec![0x5au8; size];
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let mut client = v1::ingest_client::IngestClient::new(channels[w % channels.len()].clone())
+            .max_encoding_message_size(usize::MAX);
+        let data = data.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0u64;
+            while Instant::now() < end {
+                let req = v1::PutRequest {
+                    data: data.clone(),
+                    metadata: vec![
+                        v1::Attribute {
+                            name: "writer".into(),
+                            value: Some(v1::Value {
+                                kind: Some(v1::value::Kind::Integer(w as i64)),
+                            }),
+                        },
+                        v1::Attribute {
+                            name: "seq".into(),
+                            value: Some(v1::Value {
+                                kind: Some(v1::value::Kind::Integer(i as i64)),
+                            }),
+                        },
+                    ],
+                    priority: 0,
+                    message_id: String::new(),
+                };
+                let t = Instant::now();
+                client.put(req).await?;
+                lat.push(t.elapsed());
+                i += 1;
+            }
+            Ok::<_, tonic::Status>(lat)
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await?.context("a put failed")?);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    let _ = server.await;
+    let flushes = flush_counter.flushes();
+    let mut r = row(size, writers, "dissem gRPC put (durable)", lat, secs);
+    r.flushes_per_object = Some(flushes as f64 / r.objects.max(1) as f64);
+    drop(flush_counter);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(r)
+}
+
+fn run_baseline(size: usize, writers: usize, seconds: f64) -> anyhow::Result<IngestRow> {
+    let dir = temp_dir(&format!("sled-{size}-{writers}"));
+    let db = sled::open(&dir).context("opening sled")?;
+    let data = vec![0x5au8; size];
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    let start = Instant::now();
+    let counter = std::sync::atomic::AtomicU64::new(0);
+    let lat: Vec<Duration> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..writers)
+            .map(|_| {
+                let db = &db;
+                let data = &data;
+                let counter = &counter;
+                s.spawn(move || {
+                    let mut lat = Vec::new();
+                    while Instant::now() < end {
+                        let k = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let t = Instant::now();
+                        if db.insert(k.to_be_bytes(), data.as_slice()).is_err()
+                            || db.flush().is_err()
+                        {
+                            break;
+                        }
+                        lat.push(t.elapsed());
+                    }
+                    lat
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    drop(db);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(row(
+        size,
+        writers,
+        "sled insert + flush per write (baseline)",
+        lat,
+        secs,
+    ))
+}
+
+/// Runs every configuration.
+pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let mut rows = Vec::new();
+    let mut ratios = Vec::new();
+    for &size in &opts.sizes {
+        for &writers in &opts.writers {
+            eprintln!(
+                "ingest: {size} B objects, {writers} writers, {:.0} s each path",
+                opts.seconds
+            );
+            let ours = rt.block_on(run_dissem(size, writers, opts.seconds))?;
+            let base = run_baseline(size, writers, opts.seconds)?;
+            ratios.push((
+                size,
+                writers,
+                ours.objects_per_second / base.objects_per_second.max(1e-9),
+            ));
+            rows.push(ours);
+            rows.push(base);
+        }
+    }
+    Ok(IngestReport { rows, ratios })
+}
+
+/// Prints the report.
+pub fn print(r: &IngestReport) {
+    println!(
+        "{:>8} {:>8} {:<42} {:>9} {:>12} {:>9} {:>9} {:>12}",
+        "bytes", "writers", "path", "objects", "objects/s", "p50 ms", "p99 ms", "flushes/obj"
+    );
+    for x in &r.rows {
+        println!(
+            "{:>8} {:>8} {:<42} {:>9} {:>12.0} {:>9.2} {:>9.2} {:>12}",
+            x.object_bytes,
+            x.writers,
+            x.path,
+            x.objects,
+            x.objects_per_second,
+            x.p50_ms,
+            x.p99_ms,
+            x.flushes_per_object
+                .map_or("1".to_string(), |f| format!("{f:.3}"))
+        );
+    }
+    for (size, writers, ratio) in &r.ratios {
+        println!("{size} B, {writers} writers: dissem {ratio:.1}x the flush-per-write baseline");
+    }
+}
