@@ -47,6 +47,13 @@ struct UpArgs {
     /// Most metadata attributes per object.
     #[arg(long, default_value_t = worker::Limits::default().max_attributes)]
     max_attributes: usize,
+    /// Requests per second one client connection may make.
+    #[arg(long, default_value_t = worker::Limits::default().max_requests_per_second_per_connection)]
+    max_requests_per_second: u32,
+    /// Delete objects whose dissemination is finished once older than this many seconds
+    /// (0 keeps them forever). Checked every minute.
+    #[arg(long, default_value_t = 0)]
+    retain_seconds: u64,
 }
 
 fn up(a: UpArgs) -> anyhow::Result<bool> {
@@ -65,8 +72,16 @@ fn up(a: UpArgs) -> anyhow::Result<bool> {
         let limits = worker::Limits {
             max_object_bytes: a.max_object_bytes,
             max_attributes: a.max_attributes,
+            max_requests_per_second_per_connection: a.max_requests_per_second.max(1),
             ..worker::Limits::default()
         };
+        if a.retain_seconds > 0 {
+            tokio::spawn(worker::retain(
+                store.clone(),
+                std::time::Duration::from_secs(a.retain_seconds),
+                std::time::Duration::from_secs(60),
+            ));
+        }
         // the first line on stdout is the address, for scripts and tests
         println!(
             "dissem node {} listening on {addr} (data in {}, {pending} outbox records to replay)",

@@ -17,6 +17,9 @@ pub struct Limits {
     pub max_external_id_bytes: usize,
     /// Longest subscription filter, bytes.
     pub max_filter_bytes: usize,
+    /// Requests per second one client connection may make (puts, announces, stream
+    /// messages); above it requests get `ResourceExhausted`.
+    pub max_requests_per_second_per_connection: u32,
 }
 
 impl Default for Limits {
@@ -29,6 +32,7 @@ impl Default for Limits {
             max_message_id_bytes: 256,
             max_external_id_bytes: 1024,
             max_filter_bytes: 64 << 10,
+            max_requests_per_second_per_connection: 50_000,
         }
     }
 }

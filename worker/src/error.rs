@@ -10,6 +10,10 @@ pub enum NodeError {
     InvalidArgument { field: String, reason: String },
     #[error("{0} not found")]
     NotFound(String),
+    #[error(
+        "this connection exceeds {0} requests per second; slow down or open another connection"
+    )]
+    RateLimited(u32),
     #[error(transparent)]
     Storage(#[from] StorageError),
     #[error("startup: {0}")]
@@ -31,6 +35,7 @@ impl From<NodeError> for tonic::Status {
         match &e {
             NodeError::InvalidArgument { .. } => tonic::Status::invalid_argument(e.to_string()),
             NodeError::NotFound(_) => tonic::Status::not_found(e.to_string()),
+            NodeError::RateLimited(_) => tonic::Status::resource_exhausted(e.to_string()),
             NodeError::Storage(_) => {
                 tracing::error!("storage failure: {e}");
                 tonic::Status::unavailable(e.to_string())

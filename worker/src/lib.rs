@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod error;
+pub mod rate;
 pub mod services;
 pub mod validate;
 
@@ -69,4 +70,24 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), NodeErr
         .local_addr()
         .map_err(|e| NodeError::Startup(e.to_string()))?;
     Ok((l, a))
+}
+
+/// Retention: every `every`, deletes objects whose dissemination is finished (outbox record
+/// retired) and that are older than `keep`. Runs until the task is dropped.
+pub async fn retain(store: Store, keep: std::time::Duration, every: std::time::Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let cutoff = now.saturating_sub(keep.as_millis() as u64);
+        let s = store.clone();
+        match tokio::task::spawn_blocking(move || s.expire_before(cutoff)).await {
+            Ok(Ok(n)) if n > 0 => tracing::info!("retention: expired {n} objects"),
+            Ok(Err(e)) => tracing::warn!("retention: {e}"),
+            _ => {}
+        }
+    }
 }

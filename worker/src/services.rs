@@ -22,6 +22,7 @@ pub struct Node {
     limits: Limits,
     accepted: Arc<AtomicU64>,
     rejected: Arc<AtomicU64>,
+    rate: Arc<crate::rate::RateLimiter>,
 }
 
 impl Node {
@@ -32,6 +33,19 @@ impl Node {
             limits,
             accepted: Arc::new(AtomicU64::new(0)),
             rejected: Arc::new(AtomicU64::new(0)),
+            rate: Arc::new(crate::rate::RateLimiter::new(
+                limits.max_requests_per_second_per_connection,
+            )),
+        }
+    }
+
+    fn admit(&self, peer: Option<std::net::SocketAddr>) -> Result<(), NodeError> {
+        if self.rate.allow(peer, std::time::Instant::now()) {
+            Ok(())
+        } else {
+            Err(NodeError::RateLimited(
+                self.limits.max_requests_per_second_per_connection,
+            ))
         }
     }
 
@@ -73,7 +87,8 @@ impl v1::ingest_server::Ingest for Node {
         &self,
         request: Request<v1::PutRequest>,
     ) -> Result<Response<v1::PutResponse>, Status> {
-        let obj = validate::put(request.into_inner(), &self.limits);
+        let admitted = self.admit(request.remote_addr());
+        let obj = admitted.and_then(|()| validate::put(request.into_inner(), &self.limits));
         Ok(Response::new(self.put_object(obj).await?))
     }
 
@@ -84,6 +99,7 @@ impl v1::ingest_server::Ingest for Node {
         &self,
         request: Request<Streaming<v1::PutRequest>>,
     ) -> Result<Response<Self::PutStreamStream>, Status> {
+        let peer = request.remote_addr();
         let mut input = request.into_inner();
         let node = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(256);
@@ -91,7 +107,9 @@ impl v1::ingest_server::Ingest for Node {
             while let Some(msg) = input.next().await {
                 let reply = match msg {
                     Ok(req) => {
-                        let obj = validate::put(req, &node.limits);
+                        let obj = node
+                            .admit(peer)
+                            .and_then(|()| validate::put(req, &node.limits));
                         match node.put_object(obj).await {
                             Ok(r) => v1::PutStreamResponse {
                                 result: Some(v1::put_stream_response::Result::Ok(r)),
@@ -128,7 +146,8 @@ impl v1::ingest_server::Ingest for Node {
         &self,
         request: Request<v1::AnnounceRequest>,
     ) -> Result<Response<v1::PutResponse>, Status> {
-        let obj = validate::announce(request.into_inner(), &self.limits);
+        let admitted = self.admit(request.remote_addr());
+        let obj = admitted.and_then(|()| validate::announce(request.into_inner(), &self.limits));
         Ok(Response::new(self.put_object(obj).await?))
     }
 }

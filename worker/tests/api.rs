@@ -27,6 +27,10 @@ impl Drop for Node {
 }
 
 async fn start(name: &str) -> Node {
+    start_with(name, worker::Limits::default()).await
+}
+
+async fn start_with(name: &str, limits: worker::Limits) -> Node {
     let dir = std::env::temp_dir().join(format!("dissem-api-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let store = storage::Store::open(&dir, 7).expect("open store");
@@ -34,14 +38,9 @@ async fn start(name: &str) -> Node {
         .await
         .expect("bind");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(worker::run(
-        listener,
-        store,
-        worker::Limits::default(),
-        async move {
-            let _ = rx.await;
-        },
-    ));
+    tokio::spawn(worker::run(listener, store, limits, async move {
+        let _ = rx.await;
+    }));
     Node {
         addr,
         stop: Some(tx),
@@ -600,4 +599,39 @@ async fn reflection_lists_every_service() {
             "{want} missing from {names:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_rate_is_limited_per_connection() {
+    let limits = worker::Limits {
+        max_requests_per_second_per_connection: 5,
+        ..worker::Limits::default()
+    };
+    let node = start_with("rate", limits).await;
+    let ch = channel(node.addr).await;
+    let mut ingest = IngestClient::new(ch.clone());
+    let mut ok = 0;
+    let mut limited = 0;
+    for _ in 0..20 {
+        match ingest.put(put(b"x", vec![])).await {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+                assert!(e.message().contains("5 requests per second"), "{e}");
+                limited += 1;
+            }
+        }
+    }
+    assert!(ok >= 5 && limited > 0, "ok {ok}, limited {limited}");
+    assert_eq!(
+        node_objects(ch.clone()).await,
+        ok,
+        "nothing stored for limited requests"
+    );
+    // another connection has its own budget
+    let other = channel(node.addr).await;
+    IngestClient::new(other)
+        .put(put(b"y", vec![]))
+        .await
+        .expect("a fresh connection is not limited");
 }
