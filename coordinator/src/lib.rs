@@ -1,1 +1,575 @@
-//! The coordinator: assigns attribute-test and match tasks to workers. Not built yet: the cluster issue fills it.
+//! The coordinator's scheduling, as a sans-I/O state machine: events in, actions out.
+//!
+//! It keeps the queues of DESIGN §5: one idle queue per attribute (test workers holding that
+//! attribute's block), an idle queue of match workers, an idle queue of empty workers, and the
+//! tasks waiting for a worker. A task for block `B` goes to
+//! 1. an idle worker holding `B`; else
+//! 2. an empty worker, told to load `B`; else
+//! 3. a worker from the longest other idle queue, told to switch to `B`; else
+//! 4. nobody: it waits (more work would hurt the storage system's own I/O).
+//!
+//! Waiting tasks are served highest priority first (0..=7), first come first served within a
+//! priority, with bounded aging so no level starves. Values of one attribute from many objects
+//! form one test task and many objects one match task; a batch closes on size or deadline.
+//! Faults: workers hold leases (renewed by heartbeats, checked before a task is handed out);
+//! a task that overruns a multiple of its kind's mean completion time is reassigned and its
+//! worker is considered dead and never gets another task. The coordinator's random nonce goes
+//! out in periodic hellos so nodes notice a new coordinator and re-register.
+//!
+//! Time is passed in (milliseconds), so every rule and fault is a deterministic unit test.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+/// A worker's id (unique in the cluster).
+pub type WorkerId = u64;
+/// A task's id.
+pub type TaskId = u64;
+/// An object's id, as the coordinator tracks it.
+pub type ObjectKey = u64;
+
+/// The function block a worker holds.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Block {
+    Empty,
+    /// The test block of one attribute.
+    Test(String),
+    /// The match block.
+    Match,
+}
+
+/// Settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Config {
+    /// Objects per test task (values of one attribute) and per match task.
+    pub test_batch: usize,
+    pub match_batch: usize,
+    /// A batch closes this long after its first object at the latest.
+    pub batch_deadline_ms: u64,
+    /// A task is overdue after this multiple of its kind's mean completion time...
+    pub timeout_multiple: f64,
+    /// ...but never before this.
+    pub min_timeout_ms: u64,
+    /// A worker whose lease was not renewed for this long is not handed tasks.
+    pub lease_ms: u64,
+    /// A waiting task gains one priority level per this much waiting (up to 7).
+    pub aging_ms: u64,
+    /// Hellos go out this often.
+    pub hello_every_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            test_batch: 256,
+            match_batch: 256,
+            batch_deadline_ms: 2,
+            timeout_multiple: 8.0,
+            min_timeout_ms: 200,
+            lease_ms: 3_000,
+            aging_ms: 100,
+            hello_every_ms: 1_000,
+        }
+    }
+}
+
+/// What happens to the coordinator.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A node daemon started (or re-registered) a worker.
+    WorkerJoined {
+        worker: WorkerId,
+        node: u32,
+        block: Block,
+    },
+    /// A worker renewed its lease.
+    Heartbeat { worker: WorkerId },
+    /// A node daemon terminated a worker (load regulation or shutdown).
+    WorkerLeft { worker: WorkerId },
+    /// An object arrived; `attrs` are its attributes that some predicate mentions.
+    ObjectArrived {
+        object: ObjectKey,
+        priority: u8,
+        attrs: Vec<String>,
+    },
+    /// A worker finished a task and now holds `block`.
+    TaskDone {
+        worker: WorkerId,
+        task: TaskId,
+        block: Block,
+    },
+    /// Time passes: batches close on deadline, overdue tasks are reassigned, hellos go out.
+    Tick,
+}
+
+/// What the coordinator asks its I/O layer to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Hand a task to a worker; `load` is set when it must first load or switch blocks.
+    Assign {
+        worker: WorkerId,
+        task: TaskId,
+        block: Block,
+        objects: Vec<ObjectKey>,
+        load: Option<Block>,
+    },
+    /// Broadcast a hello with this coordinator's nonce.
+    Hello { nonce: u64 },
+    /// A task was taken back from a worker (overdue, or the worker left) and queued again.
+    Reassigned { task: TaskId, from: WorkerId },
+    /// A worker was judged dead (lease expired or task overdue); it gets no more tasks.
+    WorkerDead { worker: WorkerId },
+}
+
+#[derive(Clone, Debug)]
+struct Task {
+    id: TaskId,
+    block: Block,
+    objects: Vec<ObjectKey>,
+    priority: u8,
+    enqueued: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Running {
+    task: Task,
+    worker: WorkerId,
+    started: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Worker {
+    node: u32,
+    block: Block,
+    lease_until: u64,
+    busy: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Batch {
+    objects: Vec<ObjectKey>,
+    priority: u8,
+    opened: u64,
+}
+
+/// Counts and means, for the admin API.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    /// Live workers per block, split into idle and busy.
+    pub idle: BTreeMap<Block, usize>,
+    pub busy: BTreeMap<Block, usize>,
+    pub waiting_tasks: usize,
+    pub open_batches: usize,
+    pub mean_test_ms: f64,
+    pub mean_match_ms: f64,
+    pub reassignments: u64,
+    pub dead_workers: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Mean {
+    sum: f64,
+    n: u64,
+}
+
+impl Mean {
+    fn add(&mut self, x: f64) {
+        self.sum += x;
+        self.n += 1;
+    }
+
+    fn get(&self) -> Option<f64> {
+        (self.n > 0).then(|| self.sum / self.n as f64)
+    }
+}
+
+/// The scheduler.
+#[derive(Debug)]
+pub struct Coordinator {
+    cfg: Config,
+    nonce: u64,
+    now: u64,
+    last_hello: Option<u64>,
+    next_task: TaskId,
+    workers: HashMap<WorkerId, Worker>,
+    dead: HashSet<WorkerId>,
+    idle: BTreeMap<Block, VecDeque<WorkerId>>,
+    waiting: Vec<Task>,
+    running: HashMap<TaskId, Running>,
+    test_batches: BTreeMap<String, Batch>,
+    match_batch: Batch,
+    /// Objects waiting for their tests: attributes still to test, priority.
+    pending: HashMap<ObjectKey, (usize, u8)>,
+    mean_test: Mean,
+    mean_match: Mean,
+    reassignments: u64,
+}
+
+impl Coordinator {
+    /// A coordinator with a random `nonce` (chosen by the caller) starting at `now` ms.
+    pub fn new(cfg: Config, nonce: u64, now: u64) -> Coordinator {
+        Coordinator {
+            cfg,
+            nonce,
+            now,
+            last_hello: None,
+            next_task: 1,
+            workers: HashMap::new(),
+            dead: HashSet::new(),
+            idle: BTreeMap::new(),
+            waiting: Vec::new(),
+            running: HashMap::new(),
+            test_batches: BTreeMap::new(),
+            match_batch: Batch::default(),
+            pending: HashMap::new(),
+            mean_test: Mean::default(),
+            mean_match: Mean::default(),
+            reassignments: 0,
+        }
+    }
+
+    /// The nonce this coordinator announces.
+    pub fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// Applies an event at time `now` (ms; never goes backwards) and returns the actions.
+    pub fn step(&mut self, now: u64, event: Event) -> Vec<Action> {
+        self.now = self.now.max(now);
+        let mut out = Vec::new();
+        match event {
+            Event::WorkerJoined {
+                worker,
+                node,
+                block,
+            } => {
+                if self.dead.contains(&worker) {
+                    return out; // a dead worker never comes back under the same id
+                }
+                self.remove_idle(worker);
+                self.workers.insert(
+                    worker,
+                    Worker {
+                        node,
+                        block: block.clone(),
+                        lease_until: self.now + self.cfg.lease_ms,
+                        busy: false,
+                    },
+                );
+                self.idle.entry(block).or_default().push_back(worker);
+            }
+            Event::Heartbeat { worker } => {
+                if let Some(w) = self.workers.get_mut(&worker) {
+                    w.lease_until = self.now + self.cfg.lease_ms;
+                }
+            }
+            Event::WorkerLeft { worker } => {
+                self.remove_idle(worker);
+                self.workers.remove(&worker);
+                // its running task, if any, goes back to the queue
+                let tasks: Vec<TaskId> = self
+                    .running
+                    .iter()
+                    .filter(|(_, r)| r.worker == worker)
+                    .map(|(t, _)| *t)
+                    .collect();
+                for t in tasks {
+                    if let Some(r) = self.running.remove(&t) {
+                        self.reassignments += 1;
+                        out.push(Action::Reassigned {
+                            task: t,
+                            from: worker,
+                        });
+                        self.waiting.push(r.task);
+                    }
+                }
+            }
+            Event::ObjectArrived {
+                object,
+                priority,
+                attrs,
+            } => {
+                let priority = priority.min(7);
+                if attrs.is_empty() {
+                    self.add_to_match(object, priority);
+                } else {
+                    self.pending.insert(object, (attrs.len(), priority));
+                    for a in attrs {
+                        let full = {
+                            let b = self.test_batches.entry(a.clone()).or_default();
+                            if b.objects.is_empty() {
+                                b.opened = self.now;
+                            }
+                            b.objects.push(object);
+                            b.priority = b.priority.max(priority);
+                            b.objects.len() >= self.cfg.test_batch
+                        };
+                        if full {
+                            self.close_test_batch(&a);
+                        }
+                    }
+                }
+            }
+            Event::TaskDone {
+                worker,
+                task,
+                block,
+            } => {
+                let valid = self.running.get(&task).is_some_and(|r| r.worker == worker);
+                if valid && let Some(r) = self.running.remove(&task) {
+                    let took = (self.now - r.started) as f64;
+                    match &r.task.block {
+                        Block::Match => self.mean_match.add(took),
+                        _ => {
+                            self.mean_test.add(took);
+                            for o in &r.task.objects {
+                                let done = match self.pending.get_mut(o) {
+                                    Some(p) => {
+                                        p.0 -= 1;
+                                        (p.0 == 0).then_some(p.1)
+                                    }
+                                    None => None,
+                                };
+                                if let Some(prio) = done {
+                                    self.pending.remove(o);
+                                    self.add_to_match(*o, prio);
+                                }
+                            }
+                        }
+                    }
+                }
+                // a late report from a worker judged dead is ignored: its task was reassigned
+                if let Some(w) = self.workers.get_mut(&worker) {
+                    w.busy = false;
+                    w.block = block.clone();
+                    w.lease_until = self.now + self.cfg.lease_ms;
+                    self.idle.entry(block).or_default().push_back(worker);
+                }
+            }
+            Event::Tick => {
+                let closing: Vec<String> = self
+                    .test_batches
+                    .iter()
+                    .filter(|(_, b)| {
+                        !b.objects.is_empty() && self.now >= b.opened + self.cfg.batch_deadline_ms
+                    })
+                    .map(|(a, _)| a.clone())
+                    .collect();
+                for a in closing {
+                    self.close_test_batch(&a);
+                }
+                if !self.match_batch.objects.is_empty()
+                    && self.now >= self.match_batch.opened + self.cfg.batch_deadline_ms
+                {
+                    self.close_match_batch();
+                }
+                self.reassign_overdue(&mut out);
+                if self
+                    .last_hello
+                    .is_none_or(|t| self.now >= t + self.cfg.hello_every_ms)
+                {
+                    self.last_hello = Some(self.now);
+                    out.push(Action::Hello { nonce: self.nonce });
+                }
+            }
+        }
+        self.schedule(&mut out);
+        out
+    }
+
+    fn add_to_match(&mut self, object: ObjectKey, priority: u8) {
+        if self.match_batch.objects.is_empty() {
+            self.match_batch.opened = self.now;
+        }
+        self.match_batch.objects.push(object);
+        self.match_batch.priority = self.match_batch.priority.max(priority);
+        if self.match_batch.objects.len() >= self.cfg.match_batch {
+            self.close_match_batch();
+        }
+    }
+
+    fn new_task(&mut self, block: Block, b: Batch) -> Task {
+        let id = self.next_task;
+        self.next_task += 1;
+        Task {
+            id,
+            block,
+            objects: b.objects,
+            priority: b.priority,
+            enqueued: self.now,
+        }
+    }
+
+    fn close_test_batch(&mut self, attr: &str) {
+        if let Some(b) = self.test_batches.remove(attr) {
+            let t = self.new_task(Block::Test(attr.to_string()), b);
+            self.waiting.push(t);
+        }
+    }
+
+    fn close_match_batch(&mut self) {
+        let b = std::mem::take(&mut self.match_batch);
+        let t = self.new_task(Block::Match, b);
+        self.waiting.push(t);
+    }
+
+    fn timeout_of(&self, block: &Block) -> u64 {
+        let mean = match block {
+            Block::Match => self.mean_match.get(),
+            _ => self.mean_test.get(),
+        };
+        match mean {
+            Some(m) => ((m * self.cfg.timeout_multiple) as u64).max(self.cfg.min_timeout_ms),
+            None => self.cfg.min_timeout_ms.max(self.cfg.lease_ms),
+        }
+    }
+
+    fn reassign_overdue(&mut self, out: &mut Vec<Action>) {
+        let overdue: Vec<TaskId> = self
+            .running
+            .iter()
+            .filter(|(_, r)| self.now > r.started + self.timeout_of(&r.task.block))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in overdue {
+            if let Some(r) = self.running.remove(&t) {
+                self.kill(r.worker, out);
+                self.reassignments += 1;
+                out.push(Action::Reassigned {
+                    task: t,
+                    from: r.worker,
+                });
+                self.waiting.push(r.task);
+            }
+        }
+    }
+
+    fn kill(&mut self, worker: WorkerId, out: &mut Vec<Action>) {
+        self.remove_idle(worker);
+        self.workers.remove(&worker);
+        if self.dead.insert(worker) {
+            out.push(Action::WorkerDead { worker });
+        }
+    }
+
+    fn remove_idle(&mut self, worker: WorkerId) {
+        for q in self.idle.values_mut() {
+            q.retain(|w| *w != worker);
+        }
+        self.idle.retain(|_, q| !q.is_empty());
+    }
+
+    /// Pops a live idle worker from the queue of `block` (lease checked; expired ones die).
+    fn pop_live(&mut self, block: &Block, out: &mut Vec<Action>) -> Option<WorkerId> {
+        loop {
+            let w = self.idle.get_mut(block)?.pop_front()?;
+            if self.idle.get(block).is_some_and(|q| q.is_empty()) {
+                self.idle.remove(block);
+            }
+            match self.workers.get(&w) {
+                Some(info) if info.lease_until >= self.now => return Some(w),
+                Some(_) => self.kill(w, out),
+                None => {}
+            }
+        }
+    }
+
+    fn effective_priority(&self, t: &Task) -> u64 {
+        let aged = (self.now - t.enqueued) / self.cfg.aging_ms.max(1);
+        (t.priority as u64 + aged).min(7)
+    }
+
+    fn schedule(&mut self, out: &mut Vec<Action>) {
+        loop {
+            if self.waiting.is_empty() {
+                return;
+            }
+            // highest effective priority, then oldest
+            let best = (0..self.waiting.len())
+                .max_by(|&a, &b| {
+                    let (ta, tb) = (&self.waiting[a], &self.waiting[b]);
+                    self.effective_priority(ta)
+                        .cmp(&self.effective_priority(tb))
+                        .then(tb.enqueued.cmp(&ta.enqueued))
+                        .then(tb.id.cmp(&ta.id))
+                })
+                .unwrap_or(0);
+            let block = self.waiting[best].block.clone();
+            let (worker, load) = if let Some(w) = self.pop_live(&block, out) {
+                (w, None)
+            } else if let Some(w) = self.pop_live(&Block::Empty, out) {
+                (w, Some(block.clone()))
+            } else {
+                // the longest other idle queue gives up a worker to switch
+                let longest = self
+                    .idle
+                    .iter()
+                    .filter(|(b, q)| **b != block && !q.is_empty())
+                    .max_by_key(|(_, q)| q.len())
+                    .map(|(b, _)| b.clone());
+                match longest.and_then(|b| self.pop_live(&b, out)) {
+                    Some(w) => (w, Some(block.clone())),
+                    None => {
+                        if self.idle.values().all(|q| q.is_empty()) {
+                            return; // at capacity: the task waits
+                        }
+                        continue; // dead workers were dropped; try again
+                    }
+                }
+            };
+            let task = self.waiting.swap_remove(best);
+            if let Some(w) = self.workers.get_mut(&worker) {
+                w.busy = true;
+                w.block = block.clone();
+            }
+            out.push(Action::Assign {
+                worker,
+                task: task.id,
+                block: block.clone(),
+                objects: task.objects.clone(),
+                load,
+            });
+            self.running.insert(
+                task.id,
+                Running {
+                    task,
+                    worker,
+                    started: self.now,
+                },
+            );
+        }
+    }
+
+    /// Counts for the admin API.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot {
+            waiting_tasks: self.waiting.len(),
+            open_batches: self.test_batches.len()
+                + usize::from(!self.match_batch.objects.is_empty()),
+            mean_test_ms: self.mean_test.get().unwrap_or(0.0),
+            mean_match_ms: self.mean_match.get().unwrap_or(0.0),
+            reassignments: self.reassignments,
+            dead_workers: self.dead.len() as u64,
+            ..Snapshot::default()
+        };
+        for w in self.workers.values() {
+            let m = if w.busy { &mut s.busy } else { &mut s.idle };
+            *m.entry(w.block.clone()).or_default() += 1;
+        }
+        s
+    }
+
+    /// Workers of a node (for re-registration after a coordinator change).
+    pub fn workers_of(&self, node: u32) -> Vec<WorkerId> {
+        let mut v: Vec<WorkerId> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.node == node)
+            .map(|(id, _)| *id)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,343 @@
+//! Every scheduling rule and fault case, deterministically: no sockets, no clocks, no sleeps.
+
+use super::*;
+
+fn cfg() -> Config {
+    Config {
+        test_batch: 2,
+        match_batch: 2,
+        batch_deadline_ms: 5,
+        timeout_multiple: 4.0,
+        min_timeout_ms: 50,
+        lease_ms: 1_000,
+        aging_ms: 100,
+        hello_every_ms: 1_000,
+    }
+}
+
+fn t(a: &str) -> Block {
+    Block::Test(a.to_string())
+}
+
+fn join(c: &mut Coordinator, now: u64, worker: WorkerId, block: Block) -> Vec<Action> {
+    c.step(
+        now,
+        Event::WorkerJoined {
+            worker,
+            node: 1,
+            block,
+        },
+    )
+}
+
+fn arrive(
+    c: &mut Coordinator,
+    now: u64,
+    object: ObjectKey,
+    priority: u8,
+    attrs: &[&str],
+) -> Vec<Action> {
+    c.step(
+        now,
+        Event::ObjectArrived {
+            object,
+            priority,
+            attrs: attrs.iter().map(|s| s.to_string()).collect(),
+        },
+    )
+}
+
+fn assigns(actions: &[Action]) -> Vec<(WorkerId, Block, Vec<ObjectKey>, Option<Block>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Assign {
+                worker,
+                block,
+                objects,
+                load,
+                ..
+            } => Some((*worker, block.clone(), objects.clone(), load.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn task_of(actions: &[Action]) -> TaskId {
+    actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Assign { task, .. } => Some(*task),
+            _ => None,
+        })
+        .expect("an assignment")
+}
+
+#[test]
+fn rule1_idle_worker_with_the_block() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("temp"));
+    join(&mut c, 0, 2, Block::Empty);
+    let a = arrive(&mut c, 1, 100, 0, &["temp"]);
+    assert!(assigns(&a).is_empty(), "batch of 2 not full yet");
+    let a = arrive(&mut c, 1, 101, 0, &["temp"]);
+    assert_eq!(assigns(&a), vec![(1, t("temp"), vec![100, 101], None)]);
+}
+
+#[test]
+fn rule2_empty_worker_is_told_to_load() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("site"));
+    join(&mut c, 0, 2, Block::Empty);
+    arrive(&mut c, 1, 100, 0, &["temp"]);
+    let a = arrive(&mut c, 1, 101, 0, &["temp"]);
+    assert_eq!(
+        assigns(&a),
+        vec![(2, t("temp"), vec![100, 101], Some(t("temp")))]
+    );
+}
+
+#[test]
+fn rule3_longest_idle_queue_gives_up_a_worker() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("site"));
+    join(&mut c, 0, 2, t("type"));
+    join(&mut c, 0, 3, t("type"));
+    arrive(&mut c, 1, 100, 0, &["temp"]);
+    let a = arrive(&mut c, 1, 101, 0, &["temp"]);
+    let got = assigns(&a);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].0, 2,
+        "taken from the longest queue (type: 2 workers)"
+    );
+    assert_eq!(got[0].3, Some(t("temp")), "told to switch");
+}
+
+#[test]
+fn rule4_at_capacity_the_task_waits_then_runs() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("temp"));
+    arrive(&mut c, 1, 100, 0, &["temp"]);
+    let a = arrive(&mut c, 1, 101, 0, &["temp"]);
+    let first = task_of(&a);
+    arrive(&mut c, 2, 102, 0, &["temp"]);
+    let a = arrive(&mut c, 2, 103, 0, &["temp"]);
+    assert!(assigns(&a).is_empty(), "no idle worker: buffered");
+    assert_eq!(c.snapshot().waiting_tasks, 1);
+    let a = c.step(
+        10,
+        Event::TaskDone {
+            worker: 1,
+            task: first,
+            block: t("temp"),
+        },
+    );
+    assert_eq!(assigns(&a), vec![(1, t("temp"), vec![102, 103], None)]);
+}
+
+#[test]
+fn batches_close_on_deadline_and_matches_follow_all_tests() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("temp"));
+    join(&mut c, 0, 2, t("site"));
+    join(&mut c, 0, 3, Block::Match);
+    assert!(assigns(&arrive(&mut c, 0, 100, 0, &["temp", "site"])).is_empty());
+    assert!(
+        assigns(&c.step(4, Event::Tick)).is_empty(),
+        "deadline not reached"
+    );
+    let a = c.step(5, Event::Tick);
+    let got = assigns(&a);
+    assert_eq!(
+        got.len(),
+        2,
+        "both attribute batches closed on the deadline"
+    );
+    let tasks: Vec<(WorkerId, TaskId)> = a
+        .iter()
+        .filter_map(|x| match x {
+            Action::Assign { worker, task, .. } => Some((*worker, *task)),
+            _ => None,
+        })
+        .collect();
+    // the match task comes only after both tests are done
+    let (w0, t0) = tasks[0];
+    let b0 = if w0 == 1 { t("temp") } else { t("site") };
+    let a = c.step(
+        6,
+        Event::TaskDone {
+            worker: w0,
+            task: t0,
+            block: b0,
+        },
+    );
+    assert!(assigns(&a).is_empty());
+    let (w1, t1) = tasks[1];
+    let b1 = if w1 == 1 { t("temp") } else { t("site") };
+    c.step(
+        7,
+        Event::TaskDone {
+            worker: w1,
+            task: t1,
+            block: b1,
+        },
+    );
+    let a = c.step(12, Event::Tick);
+    assert_eq!(assigns(&a), vec![(3, Block::Match, vec![100], None)]);
+    // an object no predicate cares about goes straight to matching
+    arrive(&mut c, 20, 200, 0, &[]);
+    let a = arrive(&mut c, 20, 201, 0, &[]);
+    assert!(
+        assigns(&a)
+            .iter()
+            .any(|x| x.1 == Block::Match && x.2 == vec![200, 201])
+    );
+}
+
+#[test]
+fn priority_first_with_bounded_aging() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("a"));
+    // occupy the only worker
+    arrive(&mut c, 0, 1, 0, &["a"]);
+    let busy = task_of(&arrive(&mut c, 0, 2, 0, &["a"]));
+    // a low-priority batch, then a high-priority one
+    arrive(&mut c, 1, 10, 0, &["a"]);
+    arrive(&mut c, 1, 11, 0, &["a"]);
+    arrive(&mut c, 2, 20, 7, &["a"]);
+    arrive(&mut c, 2, 21, 7, &["a"]);
+    let a = c.step(
+        3,
+        Event::TaskDone {
+            worker: 1,
+            task: busy,
+            block: t("a"),
+        },
+    );
+    assert_eq!(assigns(&a)[0].2, vec![20, 21], "priority 7 first");
+    let hi = task_of(&a);
+    // the low-priority task has now waited long: aging lifts it over a fresh priority-5 task
+    arrive(&mut c, 800, 30, 5, &["a"]);
+    arrive(&mut c, 800, 31, 5, &["a"]);
+    let a = c.step(
+        801,
+        Event::TaskDone {
+            worker: 1,
+            task: hi,
+            block: t("a"),
+        },
+    );
+    assert_eq!(
+        assigns(&a)[0].2,
+        vec![10, 11],
+        "aged priority-0 task is not starved"
+    );
+}
+
+#[test]
+fn expired_lease_is_checked_before_handing_out_a_task() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("a"));
+    join(&mut c, 500, 2, t("a"));
+    c.step(900, Event::Heartbeat { worker: 2 });
+    arrive(&mut c, 1_200, 10, 0, &["a"]);
+    let a = arrive(&mut c, 1_200, 11, 0, &["a"]);
+    assert!(a.contains(&Action::WorkerDead { worker: 1 }), "{a:?}");
+    assert_eq!(assigns(&a), vec![(2, t("a"), vec![10, 11], None)]);
+}
+
+#[test]
+fn overdue_task_is_reassigned_and_its_worker_never_used_again() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("a"));
+    join(&mut c, 0, 2, t("a"));
+    // the match task that follows the first tests goes here, not to a test worker
+    join(&mut c, 0, 3, Block::Match);
+    // learn the mean: one task taking 10 ms
+    arrive(&mut c, 0, 1, 0, &["a"]);
+    let first = task_of(&arrive(&mut c, 0, 2, 0, &["a"]));
+    c.step(
+        10,
+        Event::TaskDone {
+            worker: 1,
+            task: first,
+            block: t("a"),
+        },
+    );
+    c.step(10, Event::Heartbeat { worker: 2 });
+    arrive(&mut c, 20, 3, 0, &["a"]);
+    let a = arrive(&mut c, 20, 4, 0, &["a"]);
+    let (w, ..) = assigns(&a)[0].clone();
+    let task = task_of(&a);
+    let other = if w == 1 { 2 } else { 1 };
+    c.step(60, Event::Heartbeat { worker: other });
+    // timeout = max(4 x 10 ms, 50 ms) = 50 ms
+    let a = c.step(69, Event::Tick);
+    assert!(assigns(&a).is_empty());
+    let a = c.step(71, Event::Tick);
+    assert!(a.contains(&Action::Reassigned { task, from: w }), "{a:?}");
+    assert!(a.contains(&Action::WorkerDead { worker: w }));
+    assert_eq!(assigns(&a), vec![(other, t("a"), vec![3, 4], None)]);
+    // the dead worker's late report changes nothing; it cannot rejoin under its id
+    let a = c.step(
+        72,
+        Event::TaskDone {
+            worker: w,
+            task,
+            block: t("a"),
+        },
+    );
+    assert!(assigns(&a).is_empty());
+    join(&mut c, 73, w, t("a"));
+    assert_eq!(c.snapshot().reassignments, 1);
+    assert_eq!(c.snapshot().dead_workers, 1);
+    assert!(!c.workers_of(1).contains(&w));
+}
+
+#[test]
+fn a_leaving_worker_gives_its_task_back() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("a"));
+    arrive(&mut c, 0, 1, 0, &["a"]);
+    let task = task_of(&arrive(&mut c, 0, 2, 0, &["a"]));
+    let a = c.step(5, Event::WorkerLeft { worker: 1 });
+    assert!(a.contains(&Action::Reassigned { task, from: 1 }));
+    assert_eq!(c.snapshot().waiting_tasks, 1);
+    let a = join(&mut c, 6, 2, Block::Empty);
+    assert_eq!(assigns(&a), vec![(2, t("a"), vec![1, 2], Some(t("a")))]);
+}
+
+#[test]
+fn hellos_carry_the_nonce_periodically() {
+    let mut c = Coordinator::new(cfg(), 0xabcd, 0);
+    assert!(
+        c.step(0, Event::Tick)
+            .contains(&Action::Hello { nonce: 0xabcd })
+    );
+    assert!(
+        !c.step(500, Event::Tick)
+            .iter()
+            .any(|a| matches!(a, Action::Hello { .. }))
+    );
+    assert!(
+        c.step(1_000, Event::Tick)
+            .contains(&Action::Hello { nonce: 0xabcd })
+    );
+    assert_eq!(c.nonce(), 0xabcd);
+}
+
+#[test]
+fn snapshot_counts_workers_by_state_and_block() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("a"));
+    join(&mut c, 0, 2, Block::Empty);
+    join(&mut c, 0, 3, Block::Match);
+    arrive(&mut c, 0, 1, 0, &["a"]);
+    arrive(&mut c, 0, 2, 0, &["a"]);
+    let s = c.snapshot();
+    assert_eq!(s.busy.get(&t("a")), Some(&1));
+    assert_eq!(s.idle.get(&Block::Empty), Some(&1));
+    assert_eq!(s.idle.get(&Block::Match), Some(&1));
+    assert_eq!(s.waiting_tasks, 0);
+}
