@@ -50,10 +50,13 @@ struct UpArgs {
     /// Requests per second one client connection may make.
     #[arg(long, default_value_t = worker::Limits::default().max_requests_per_second_per_connection)]
     max_requests_per_second: u32,
-    /// Delete objects whose dissemination is finished once older than this many seconds
-    /// (0 keeps them forever). Checked every minute.
+    /// Delete objects whose dissemination is finished, acknowledged deliveries and dead
+    /// letters once older than this many seconds (0 keeps them forever). Checked every minute.
     #[arg(long, default_value_t = 0)]
     retain_seconds: u64,
+    /// Keep at most this many objects: the oldest finished ones go first (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    max_objects: usize,
 }
 
 fn up(a: UpArgs) -> anyhow::Result<bool> {
@@ -75,10 +78,11 @@ fn up(a: UpArgs) -> anyhow::Result<bool> {
             max_requests_per_second_per_connection: a.max_requests_per_second.max(1),
             ..worker::Limits::default()
         };
-        if a.retain_seconds > 0 {
+        if a.retain_seconds > 0 || a.max_objects > 0 {
             tokio::spawn(worker::retain(
                 store.clone(),
                 std::time::Duration::from_secs(a.retain_seconds),
+                (a.max_objects > 0).then_some(a.max_objects),
                 std::time::Duration::from_secs(60),
             ));
         }

@@ -3,7 +3,7 @@
 
 use blocks::{Num, Value};
 
-use crate::{ObjectId, StoredObject};
+use crate::{DeliveryState, ObjectId, StoredObject};
 
 const VERSION: u8 = 1;
 
@@ -117,6 +117,59 @@ pub fn decode_object(b: &[u8], id: ObjectId) -> Result<StoredObject, CodecError>
         message_id,
         received_unix_ms,
     })
+}
+
+/// Encodes a delivery record.
+pub fn encode_delivery(d: &DeliveryState) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    match d {
+        DeliveryState::Pending {
+            attempts,
+            next_attempt_unix_ms,
+        } => {
+            out.push(0);
+            out.extend_from_slice(&attempts.to_le_bytes());
+            out.extend_from_slice(&next_attempt_unix_ms.to_le_bytes());
+        }
+        DeliveryState::Acked { at_unix_ms } => {
+            out.push(1);
+            out.extend_from_slice(&at_unix_ms.to_le_bytes());
+        }
+        DeliveryState::DeadLetter { reason, at_unix_ms } => {
+            out.push(2);
+            out.extend_from_slice(&at_unix_ms.to_le_bytes());
+            put_bytes(&mut out, reason.as_bytes());
+        }
+    }
+    out
+}
+
+/// Decodes a delivery record.
+pub fn decode_delivery(b: &[u8]) -> Result<DeliveryState, CodecError> {
+    let mut r = Reader { b };
+    let [version] = r.arr()?;
+    if version != VERSION {
+        return Err(CodecError::Version(version));
+    }
+    let [tag] = r.arr()?;
+    let d = match tag {
+        0 => DeliveryState::Pending {
+            attempts: u32::from_le_bytes(r.arr()?),
+            next_attempt_unix_ms: u64::from_le_bytes(r.arr()?),
+        },
+        1 => DeliveryState::Acked {
+            at_unix_ms: u64::from_le_bytes(r.arr()?),
+        },
+        2 => DeliveryState::DeadLetter {
+            at_unix_ms: u64::from_le_bytes(r.arr()?),
+            reason: r.string()?,
+        },
+        t => return Err(CodecError::Tag(t)),
+    };
+    if !r.b.is_empty() {
+        return Err(CodecError::Truncated);
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

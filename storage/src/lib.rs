@@ -1,5 +1,7 @@
 //! The durable state of a storage node, on sled: objects, their dissemination outbox, message
-//! id deduplication, and the subscription registry. This is the only crate that imports sled.
+//! id deduplication, the subscription registry, block data images by version, and delivery
+//! state (pending, acknowledged, dead letters). This is the only crate of the system that
+//! imports sled.
 //!
 //! A put writes the object and its outbox record in one atomic sled batch (both live in one
 //! tree under different key prefixes), so after a crash either both exist or neither does; it
@@ -94,6 +96,10 @@ pub struct Store {
     data: sled::Tree,
     subs: sled::Tree,
     meta: sled::Tree,
+    /// Block data images: name, 0, version (big endian) -> bytes.
+    images: sled::Tree,
+    /// Delivery state: subscription, object -> record.
+    deliveries: sled::Tree,
     node: u32,
     seq: Arc<std::sync::Mutex<(u64, u64)>>, // (next, reserved end)
     commit: Arc<Commit>,
@@ -142,6 +148,8 @@ impl Store {
         Ok(Store {
             data: db.open_tree("data")?,
             subs: db.open_tree("subscriptions")?,
+            images: db.open_tree("images")?,
+            deliveries: db.open_tree("deliveries")?,
             meta,
             db,
             node,
@@ -409,9 +417,336 @@ impl Store {
     }
 }
 
+/// Where one delivery (an object owed to a subscription) stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeliveryState {
+    /// Still to be delivered: attempts so far and when the next may start (unix ms).
+    Pending {
+        attempts: u32,
+        next_attempt_unix_ms: u64,
+    },
+    /// Acknowledged by the subscriber.
+    Acked { at_unix_ms: u64 },
+    /// Given up on, with the reason; kept until redriven or expired.
+    DeadLetter { reason: String, at_unix_ms: u64 },
+}
+
+fn delivery_key(sub: u64, obj: ObjectId) -> [u8; 20] {
+    let mut k = [0u8; 20];
+    k[..8].copy_from_slice(&sub.to_be_bytes());
+    k[8..12].copy_from_slice(&obj.node.to_be_bytes());
+    k[12..].copy_from_slice(&obj.seq.to_be_bytes());
+    k
+}
+
+fn delivery_of_key(k: &[u8]) -> Option<(u64, ObjectId)> {
+    let sub = u64::from_be_bytes(k.get(..8)?.try_into().ok()?);
+    let node = u32::from_be_bytes(k.get(8..12)?.try_into().ok()?);
+    let seq = u64::from_be_bytes(k.get(12..20)?.try_into().ok()?);
+    Some((sub, ObjectId { node, seq }))
+}
+
+fn image_key(name: &str, version: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(name.len() + 9);
+    k.extend_from_slice(name.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&version.to_be_bytes());
+    k
+}
+
+impl Store {
+    // --- block data images by version ---------------------------------------------------------
+
+    /// Stores a data image version durably.
+    pub async fn put_image(
+        &self,
+        name: &str,
+        version: u64,
+        bytes: &[u8],
+    ) -> Result<(), StorageError> {
+        self.images.insert(image_key(name, version), bytes)?;
+        self.commit().await
+    }
+
+    /// One version of an image.
+    pub fn get_image(&self, name: &str, version: u64) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self
+            .images
+            .get(image_key(name, version))?
+            .map(|v| v.to_vec()))
+    }
+
+    /// The newest version of an image.
+    pub fn latest_image(&self, name: &str) -> Result<Option<(u64, Vec<u8>)>, StorageError> {
+        let mut prefix = name.as_bytes().to_vec();
+        prefix.push(0);
+        match self.images.scan_prefix(&prefix).next_back() {
+            None => Ok(None),
+            Some(kv) => {
+                let (k, v) = kv?;
+                let version = k
+                    .get(prefix.len()..)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_be_bytes)
+                    .ok_or(StorageError::Corrupt {
+                        tree: "images",
+                        source: CodecError::Truncated,
+                    })?;
+                Ok(Some((version, v.to_vec())))
+            }
+        }
+    }
+
+    /// Drops versions of an image older than `keep_from`; returns how many.
+    pub fn prune_images(&self, name: &str, keep_from: u64) -> Result<usize, StorageError> {
+        let mut n = 0;
+        for kv in self
+            .images
+            .range(image_key(name, 0)..image_key(name, keep_from))
+        {
+            let (k, _) = kv?;
+            self.images.remove(k)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    // --- delivery state -------------------------------------------------------------------------
+
+    /// Records where a delivery stands (durably).
+    pub async fn set_delivery(
+        &self,
+        sub: u64,
+        obj: ObjectId,
+        state: &DeliveryState,
+    ) -> Result<(), StorageError> {
+        self.deliveries
+            .insert(delivery_key(sub, obj), codec::encode_delivery(state))?;
+        self.commit().await
+    }
+
+    /// Where a delivery stands.
+    pub fn delivery(&self, sub: u64, obj: ObjectId) -> Result<Option<DeliveryState>, StorageError> {
+        match self.deliveries.get(delivery_key(sub, obj))? {
+            None => Ok(None),
+            Some(v) => codec::decode_delivery(&v)
+                .map(Some)
+                .map_err(|e| StorageError::Corrupt {
+                    tree: "deliveries",
+                    source: e,
+                }),
+        }
+    }
+
+    fn deliveries_where(
+        &self,
+        keep: impl Fn(&DeliveryState) -> bool,
+        limit: usize,
+    ) -> Result<Vec<(u64, ObjectId, DeliveryState)>, StorageError> {
+        let mut out = Vec::new();
+        for kv in self.deliveries.iter() {
+            let (k, v) = kv?;
+            let state = codec::decode_delivery(&v).map_err(|e| StorageError::Corrupt {
+                tree: "deliveries",
+                source: e,
+            })?;
+            if keep(&state) {
+                let (sub, obj) = delivery_of_key(&k).ok_or(StorageError::Corrupt {
+                    tree: "deliveries",
+                    source: CodecError::Truncated,
+                })?;
+                out.push((sub, obj, state));
+                if out.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Pending deliveries (they survive restarts), up to `limit`.
+    pub fn pending_deliveries(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(u64, ObjectId, DeliveryState)>, StorageError> {
+        self.deliveries_where(|s| matches!(s, DeliveryState::Pending { .. }), limit)
+    }
+
+    /// Dead letters, up to `limit`.
+    pub fn dead_letters(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(u64, ObjectId, DeliveryState)>, StorageError> {
+        self.deliveries_where(|s| matches!(s, DeliveryState::DeadLetter { .. }), limit)
+    }
+
+    /// Puts a dead letter back to pending (attempts reset); false if it is not a dead letter.
+    pub async fn redrive(
+        &self,
+        sub: u64,
+        obj: ObjectId,
+        now_unix_ms: u64,
+    ) -> Result<bool, StorageError> {
+        match self.delivery(sub, obj)? {
+            Some(DeliveryState::DeadLetter { .. }) => {
+                self.set_delivery(
+                    sub,
+                    obj,
+                    &DeliveryState::Pending {
+                        attempts: 0,
+                        next_attempt_unix_ms: now_unix_ms,
+                    },
+                )
+                .await?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Deletes acknowledged deliveries and dead letters older than the cutoff (retention).
+    pub fn expire_deliveries_before(&self, cutoff_unix_ms: u64) -> Result<usize, StorageError> {
+        let mut n = 0;
+        for kv in self.deliveries.iter() {
+            let (k, v) = kv?;
+            let old = match codec::decode_delivery(&v) {
+                Ok(DeliveryState::Acked { at_unix_ms })
+                | Ok(DeliveryState::DeadLetter { at_unix_ms, .. }) => at_unix_ms < cutoff_unix_ms,
+                Ok(DeliveryState::Pending { .. }) => false,
+                Err(e) => {
+                    return Err(StorageError::Corrupt {
+                        tree: "deliveries",
+                        source: e,
+                    });
+                }
+            };
+            if old {
+                self.deliveries.remove(k)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Retention by size: deletes the oldest objects whose dissemination is finished until
+    /// at most `max_objects` remain (pending ones are never deleted); returns how many.
+    pub fn expire_to_count(&self, max_objects: usize) -> Result<usize, StorageError> {
+        let total = self.object_count();
+        let mut excess = total.saturating_sub(max_objects);
+        let mut n = 0;
+        for kv in self.data.scan_prefix(b"d") {
+            if excess == 0 {
+                break;
+            }
+            let (k, v) = kv?;
+            let seq = seq_of(&k).unwrap_or(0);
+            if self.data.contains_key(key(b'x', seq))? {
+                continue;
+            }
+            let obj = codec::decode_object(
+                &v,
+                ObjectId {
+                    node: self.node,
+                    seq,
+                },
+            )
+            .map_err(|e| StorageError::Corrupt {
+                tree: "objects",
+                source: e,
+            })?;
+            self.data.remove(&k)?;
+            if !obj.message_id.is_empty() {
+                self.data.remove(msg_key(&obj.message_id))?;
+            }
+            excess -= 1;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn images_and_delivery_state_survive_reopen() {
+        let dir = std::env::temp_dir().join(format!("dissem-store-img-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let o1 = ObjectId { node: 1, seq: 10 };
+        let o2 = ObjectId { node: 1, seq: 11 };
+        {
+            let s = Store::open(&dir, 1).expect("open");
+            for v in [1u64, 2, 300] {
+                s.put_image("match/0", v, &v.to_le_bytes())
+                    .await
+                    .expect("image");
+            }
+            s.put_image("test/temp", 7, b"t").await.expect("image");
+            s.set_delivery(
+                5,
+                o1,
+                &DeliveryState::Pending {
+                    attempts: 2,
+                    next_attempt_unix_ms: 99,
+                },
+            )
+            .await
+            .expect("set");
+            s.set_delivery(
+                5,
+                o2,
+                &DeliveryState::DeadLetter {
+                    reason: "max attempts (10)".into(),
+                    at_unix_ms: 50,
+                },
+            )
+            .await
+            .expect("set");
+            s.set_delivery(6, o1, &DeliveryState::Acked { at_unix_ms: 40 })
+                .await
+                .expect("set");
+        }
+        let s = Store::open(&dir, 1).expect("reopen");
+        assert_eq!(
+            s.latest_image("match/0").expect("latest"),
+            Some((300, 300u64.to_le_bytes().to_vec()))
+        );
+        assert_eq!(
+            s.get_image("match/0", 2).expect("get"),
+            Some(2u64.to_le_bytes().to_vec())
+        );
+        assert_eq!(s.latest_image("match/1").expect("latest"), None);
+        assert_eq!(s.prune_images("match/0", 300).expect("prune"), 2);
+        assert_eq!(s.get_image("match/0", 2).expect("get"), None);
+        assert_eq!(
+            s.latest_image("test/temp").expect("latest").map(|x| x.0),
+            Some(7)
+        );
+        assert_eq!(s.pending_deliveries(10).expect("pending").len(), 1);
+        let dead = s.dead_letters(10).expect("dead");
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].0, 5);
+        assert_eq!(dead[0].1, o2);
+        assert!(s.redrive(5, o2, 123).await.expect("redrive"));
+        assert!(
+            !s.redrive(5, o2, 124).await.expect("redrive twice"),
+            "no longer a dead letter"
+        );
+        assert_eq!(
+            s.delivery(5, o2).expect("get"),
+            Some(DeliveryState::Pending {
+                attempts: 0,
+                next_attempt_unix_ms: 123
+            })
+        );
+        // retention removes old acknowledged deliveries and dead letters, never pending ones
+        assert_eq!(s.expire_deliveries_before(45).expect("expire"), 1);
+        assert_eq!(s.delivery(6, o1).expect("get"), None);
+        assert_eq!(s.pending_deliveries(10).expect("pending").len(), 2);
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn obj(i: u64, msg: &str) -> NewObject {
         NewObject {

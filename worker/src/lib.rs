@@ -73,8 +73,15 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), NodeErr
 }
 
 /// Retention: every `every`, deletes objects whose dissemination is finished (outbox record
-/// retired) and that are older than `keep`. Runs until the task is dropped.
-pub async fn retain(store: Store, keep: std::time::Duration, every: std::time::Duration) {
+/// retired) and that are older than `keep`, acknowledged deliveries and dead letters older than
+/// `keep`, and (with `max_objects`) the oldest finished objects beyond that count. Pending
+/// objects and deliveries are never deleted. Runs until the task is dropped.
+pub async fn retain(
+    store: Store,
+    keep: std::time::Duration,
+    max_objects: Option<usize>,
+    every: std::time::Duration,
+) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
@@ -84,8 +91,26 @@ pub async fn retain(store: Store, keep: std::time::Duration, every: std::time::D
             .unwrap_or(0);
         let cutoff = now.saturating_sub(keep.as_millis() as u64);
         let s = store.clone();
-        match tokio::task::spawn_blocking(move || s.expire_before(cutoff)).await {
-            Ok(Ok(n)) if n > 0 => tracing::info!("retention: expired {n} objects"),
+        let run = move || -> Result<(usize, usize), storage::StorageError> {
+            let mut objects = if keep.is_zero() {
+                0
+            } else {
+                s.expire_before(cutoff)?
+            };
+            let deliveries = if keep.is_zero() {
+                0
+            } else {
+                s.expire_deliveries_before(cutoff)?
+            };
+            if let Some(max) = max_objects {
+                objects += s.expire_to_count(max)?;
+            }
+            Ok((objects, deliveries))
+        };
+        match tokio::task::spawn_blocking(run).await {
+            Ok(Ok((o, d))) if o + d > 0 => {
+                tracing::info!("retention: expired {o} objects, {d} delivery records")
+            }
             Ok(Err(e)) => tracing::warn!("retention: {e}"),
             _ => {}
         }
