@@ -25,6 +25,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("dissem_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    tonic_prost_build::configure()
+        .codec_path("crate::codec::DissemCodec")
+        .compile_fds(fds)?;
     Ok(())
 }

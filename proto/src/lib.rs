@@ -2,6 +2,8 @@
 //! generated from them at build time (no protoc install needed). Only this crate and the
 //! service adapters touch these types.
 
+pub mod codec;
+
 /// Generated messages, clients and servers of package `dissem.v1`.
 #[allow(
     missing_debug_implementations,
