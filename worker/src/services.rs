@@ -192,25 +192,14 @@ impl v1::objects_server::Objects for Node {
 
 fn decode_sub(id: u64, bytes: &[u8]) -> Result<v1::Subscription, NodeError> {
     let mut s = v1::Subscription::decode(bytes).map_err(|e| {
+        tracing::error!("stored subscription {id} does not decode: {e}");
         NodeError::Storage(storage::StorageError::Corrupt {
             tree: "subscriptions",
             source: storage::CodecError::Truncated,
         })
-        .context_note(format!("subscription {id}: {e}"))
     })?;
     s.webhook_secret.clear(); // write-only
     Ok(s)
-}
-
-trait ContextNote {
-    fn context_note(self, note: String) -> Self;
-}
-
-impl ContextNote for NodeError {
-    fn context_note(self, note: String) -> Self {
-        tracing::error!("{note}");
-        self
-    }
 }
 
 #[tonic::async_trait]
