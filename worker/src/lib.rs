@@ -9,6 +9,7 @@
 pub mod config;
 pub mod error;
 pub mod rate;
+pub mod regulate;
 pub mod services;
 pub mod validate;
 
