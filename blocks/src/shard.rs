@@ -300,7 +300,55 @@ struct Rec {
 struct NumAccess {
     point_rows: Vec<u32>,
     point_start: Vec<u32>,
+    /// Per point list, its range in `Base::runs`.
+    point_runs: Vec<u32>,
     spans: IntervalIndex,
+}
+
+/// A run of records in one posting list whose probes test the same attribute the same way.
+/// In a `point` run every probe is `attribute = constant`, sorted by row, so a query visits
+/// only the records whose probe holds.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    attr: u32,
+    start: u32,
+    end: u32,
+    point: bool,
+}
+
+/// Posting lists shorter than this are scanned whole (runs would not pay for themselves).
+const MIN_RUN_LIST: u32 = 32;
+
+fn build_runs(recs: &[Rec], start: u32, end: u32, runs: &mut Vec<Run>) {
+    if end - start < MIN_RUN_LIST {
+        if start < end {
+            runs.push(Run {
+                attr: 0,
+                start,
+                end,
+                point: false,
+            });
+        }
+        return;
+    }
+    let mut i = start;
+    while i < end {
+        let head = recs[i as usize].probe[0].head;
+        let mut j = i;
+        let mut point = head & 15 == OP_ROWS;
+        while j < end && recs[j as usize].probe[0].head == head {
+            let p = recs[j as usize].probe[0];
+            point &= p.a == p.b;
+            j += 1;
+        }
+        runs.push(Run {
+            attr: head >> 4,
+            start: i,
+            end: j,
+            point,
+        });
+        i = j;
+    }
 }
 
 /// Work done by exact verification in one batch.
@@ -340,6 +388,11 @@ pub struct Base {
     bloom_ready: bool,
     // access index
     num_index: Vec<Option<NumAccess>>,
+    /// Runs of equal probes within posting lists, and per flag list its runs.
+    runs: Vec<Run>,
+    flag_runs: Vec<u32>,
+    /// Per record: the row its probe tests (for point probes), searched within a run.
+    probe_rows: Vec<u32>,
     /// Flags that are some conjunction's access predicate (one bit each).
     flag_access: Vec<u64>,
     flag_post: Vec<u32>,
@@ -714,6 +767,7 @@ impl Base {
             num_index.push(Some(NumAccess {
                 point_rows,
                 point_start,
+                point_runs: Vec::new(),
                 spans,
             }));
         }
@@ -784,6 +838,43 @@ impl Base {
         order.extend(always_list);
         debug_assert_eq!(order.len(), n_conj);
 
+        // each conjunction's codes: access predicate first, the rest by increasing selectivity
+        let sorted_preds = |c: usize, buf: &mut Vec<u32>| {
+            let (_, ap) = access[c];
+            buf.clear();
+            buf.extend_from_slice(&conj_preds[conj_start[c] as usize..conj_start[c + 1] as usize]);
+            buf.sort_by(|&x, &y| {
+                let kx = (x != ap, pred_sel[x as usize]);
+                let ky = (y != ap, pred_sel[y as usize]);
+                kx.partial_cmp(&ky).unwrap_or(std::cmp::Ordering::Equal)
+            });
+        };
+        // within each posting list, order conjunctions by their probe (first code after the
+        // access predicate), so point probes form runs that a query can binary-search
+        let mut probe_of: Vec<Code> = Vec::with_capacity(n_conj);
+        {
+            let mut buf = Vec::new();
+            for c in 0..n_conj {
+                sorted_preds(c, &mut buf);
+                probe_of.push(match buf.get(1) {
+                    Some(&p) => pred_codes[p as usize],
+                    None => Code::new(0, OP_TRUE, 0, 0),
+                });
+            }
+        }
+        let key_of = |c: &u32| {
+            let p = probe_of[*c as usize];
+            (p.head, p.a, p.b)
+        };
+        for ix in num_index.iter().flatten() {
+            for w in ix.point_start.windows(2) {
+                order[w[0] as usize..w[1] as usize].sort_by_key(key_of);
+            }
+        }
+        for w in flag_post.windows(2) {
+            order[w[0] as usize..w[1] as usize].sort_by_key(key_of);
+        }
+
         // 5. lay out conjunctions in record order: codes (access first, rest by selectivity)
         let mut code_start = Vec::with_capacity(n_conj + 1);
         let mut codes: Vec<Code> = Vec::with_capacity(conj_preds.len());
@@ -798,15 +889,7 @@ impl Base {
         let mut recs: Vec<Rec> = Vec::with_capacity(n_conj);
         for (rec, &c) in order.iter().enumerate() {
             let c = c as usize;
-            let (_, ap) = access[c];
-            ps_sorted.clear();
-            ps_sorted
-                .extend_from_slice(&conj_preds[conj_start[c] as usize..conj_start[c + 1] as usize]);
-            ps_sorted.sort_by(|&x, &y| {
-                let kx = (x != ap, pred_sel[x as usize]);
-                let ky = (y != ap, pred_sel[y as usize]);
-                kx.partial_cmp(&ky).unwrap_or(std::cmp::Ordering::Equal)
-            });
+            sorted_preds(c, &mut ps_sorted);
             for &p in &ps_sorted {
                 codes.push(pred_codes[p as usize]);
                 new_preds.push(p);
@@ -829,6 +912,26 @@ impl Base {
                 sub: conj_sub[c],
                 probe: [slot(1), slot(2)],
             });
+        }
+
+        // probe runs of the posting lists
+        let probe_rows: Vec<u32> = recs.iter().map(|r| r.probe[0].a).collect();
+        let mut runs: Vec<Run> = Vec::new();
+        let segment_runs = |start: u32, end: u32, runs: &mut Vec<Run>| -> u32 {
+            build_runs(&recs, start, end, runs);
+            runs.len() as u32
+        };
+        let mut num_index = num_index;
+        for ix in num_index.iter_mut().flatten() {
+            let mut starts = vec![runs.len() as u32];
+            for w in ix.point_start.windows(2) {
+                starts.push(segment_runs(w[0], w[1], &mut runs));
+            }
+            ix.point_runs = starts;
+        }
+        let mut flag_runs = vec![runs.len() as u32];
+        for w in flag_post.windows(2) {
+            flag_runs.push(segment_runs(w[0], w[1], &mut runs));
         }
 
         // cost estimates, in rough nanoseconds per object: an access visit streams a 32-byte
@@ -938,6 +1041,9 @@ impl Base {
             filters,
             bloom_ready,
             num_index,
+            runs,
+            flag_runs,
+            probe_rows,
             flag_access,
             flag_post,
             exists_post,
@@ -1036,9 +1142,14 @@ impl Base {
                 .num_index
                 .iter()
                 .flatten()
-                .map(|i| i.spans.heap_bytes() + 4 * (i.point_rows.len() + i.point_start.len()))
+                .map(|i| {
+                    i.spans.heap_bytes()
+                        + 4 * (i.point_rows.len() + i.point_start.len() + i.point_runs.len())
+                })
                 .sum::<usize>()
             + 8 * self.flag_access.len()
+            + std::mem::size_of::<Run>() * self.runs.len()
+            + 4 * (self.flag_runs.len() + self.probe_rows.len())
             + 4 * (self.flag_post.len() + self.exists_post.len())
             + self.cells.as_ref().map_or(0, |c| c.heap_bytes())
     }
@@ -1117,9 +1228,8 @@ impl Base {
                 && let Some(ix) = &self.num_index[a as usize]
             {
                 if let Ok(i) = ix.point_rows.binary_search(&r) {
-                    for rec in ix.point_start[i]..ix.point_start[i + 1] {
-                        verify_rest(rec, out);
-                    }
+                    let runs = &self.runs[ix.point_runs[i] as usize..ix.point_runs[i + 1] as usize];
+                    self.visit_runs(ctx, runs, &mut |rec| verify_rest(rec, out));
                 }
                 ix.spans.query(r, |rec| verify_rest(rec, out));
             }
@@ -1133,9 +1243,9 @@ impl Base {
             while bits != 0 {
                 let f = w * 64 + bits.trailing_zeros();
                 bits &= bits - 1;
-                for rec in self.flag_post[f as usize]..self.flag_post[f as usize + 1] {
-                    verify_rest(rec, out);
-                }
+                let runs = &self.runs
+                    [self.flag_runs[f as usize] as usize..self.flag_runs[f as usize + 1] as usize];
+                self.visit_runs(ctx, runs, &mut |rec| verify_rest(rec, out));
             }
         }
         for rec in self.always.0..self.always.1 {
@@ -1144,6 +1254,30 @@ impl Base {
             }
         }
         visited + (self.always.1 - self.always.0) as u64
+    }
+
+    /// Visits the records of a posting list's runs; in a point run only those whose probe
+    /// row equals the object's row on the run's attribute.
+    #[inline]
+    fn visit_runs(&self, ctx: &EvalCtx, runs: &[Run], f: &mut impl FnMut(u32)) {
+        for run in runs {
+            if run.point {
+                let r = ctx.rows[run.attr as usize];
+                if r >= STR_ROW {
+                    continue; // absent or not a number: no point probe holds
+                }
+                let keys = &self.probe_rows[run.start as usize..run.end as usize];
+                let lo = keys.partition_point(|&k| k < r) as u32;
+                let hi = keys.partition_point(|&k| k <= r) as u32;
+                for rec in run.start + lo..run.start + hi {
+                    f(rec);
+                }
+            } else {
+                for rec in run.start..run.end {
+                    f(rec);
+                }
+            }
+        }
     }
 
     fn pred_filter_into(&self, pid: u32, out: &mut [u64]) {

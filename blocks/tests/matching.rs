@@ -303,3 +303,70 @@ fn fixed_strategies_are_honoured() {
     };
     assert!(MatchIndex::build(cfg, vec![(1, d)]).is_err());
 }
+
+/// Long posting lists (runs of point probes are binary-searched only past 32 records): many
+/// subscriptions over few values, equality, ranges, sets and strings mixed, against the
+/// reference.
+#[test]
+fn long_posting_lists_equal_reference() {
+    let mut seed = 12345u64;
+    let mut next = |n: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    let mut subs = Vec::new();
+    for id in 0..3000u64 {
+        let mut parts = Vec::new();
+        for a in 0..4 {
+            match next(6) {
+                0 | 1 => parts.push(format!("x{a} = {}", next(5))),
+                2 => parts.push(format!("x{a} range [{}, {}]", next(3), 2 + next(3))),
+                3 => parts.push(format!("s{a} = \"v{}\"", next(4))),
+                4 => parts.push(format!("s{a} in [\"v{}\", \"v{}\"]", next(4), next(4))),
+                _ => {}
+            }
+        }
+        if parts.is_empty() {
+            parts.push(format!("x0 = {}", next(5)));
+        }
+        let text = parts.join(" && ");
+        subs.push((id, blocks::text::parse_text(&text).expect("valid")));
+    }
+    let events: Vec<Event> = (0..400)
+        .map(|_| {
+            let mut attrs = Vec::new();
+            for a in 0..4 {
+                if next(10) > 0 {
+                    attrs.push((format!("x{a}"), Value::from(next(6) as i64)));
+                }
+                if next(10) > 0 {
+                    attrs.push((format!("s{a}"), Value::from(format!("v{}", next(5)))));
+                }
+            }
+            Event { attrs }
+        })
+        .collect();
+    let reference = reference(&subs);
+    let want: Vec<Vec<u64>> = events.iter().map(|e| reference.match_event(e)).collect();
+    assert!(
+        want.iter().map(Vec::len).sum::<usize>() > 1000,
+        "the workload should match"
+    );
+    for strategy in [
+        MatchStrategy::Access,
+        MatchStrategy::Bloom,
+        MatchStrategy::Cells,
+    ] {
+        let cfg = ShardConfig {
+            strategy: StrategyChoice::Fixed(strategy),
+            ..ShardConfig::default()
+        };
+        let index = MatchIndex::build(cfg, subs.clone()).expect("build");
+        let mut ctx = index.base().new_ctx();
+        let mut got = Vec::new();
+        index.match_batch(&events, &mut ctx, &mut got);
+        assert_eq!(got, want, "{strategy:?}");
+    }
+}
