@@ -921,7 +921,6 @@ impl Base {
             build_runs(&recs, start, end, runs);
             runs.len() as u32
         };
-        let mut num_index = num_index;
         for ix in num_index.iter_mut().flatten() {
             let mut starts = vec![runs.len() as u32];
             for w in ix.point_start.windows(2) {
