@@ -154,6 +154,13 @@ impl Code {
 
 // --- evaluation context ----------------------------------------------------------------------
 
+/// One object's test results, saved between the phases of a batch.
+#[derive(Debug, Clone, Default)]
+struct Loaded {
+    rows: Vec<(u32, u32)>,
+    flags: Vec<(u32, u64)>,
+}
+
 /// Per-thread scratch holding one object's test results: its row per attribute (or absent /
 /// non-numeric) and the set of string and set tests it satisfies. Reused across objects.
 #[derive(Debug, Clone, Default)]
@@ -200,6 +207,34 @@ impl EvalCtx {
             self.flags[w as usize] = 0;
         }
         self.flag_words.clear();
+    }
+
+    /// The loaded test results, compact, to restore later without running the tests again.
+    fn snapshot(&self) -> Loaded {
+        Loaded {
+            rows: self
+                .touched
+                .iter()
+                .map(|&a| (a, self.rows[a as usize]))
+                .collect(),
+            flags: self
+                .flag_words
+                .iter()
+                .map(|&w| (w, self.flags[w as usize]))
+                .collect(),
+        }
+    }
+
+    /// Restores a snapshot into a reset context.
+    fn restore(&mut self, l: &Loaded) {
+        for &(a, r) in &l.rows {
+            self.rows[a as usize] = r;
+            self.touched.push(a);
+        }
+        for &(w, v) in &l.flags {
+            self.flags[w as usize] = v;
+            self.flag_words.push(w);
+        }
     }
 
     #[inline]
@@ -1507,11 +1542,13 @@ impl Base {
         out: &mut [Vec<u32>],
     ) -> VerifyStats {
         let mut per_event: Vec<Vec<u16>> = Vec::with_capacity(events.len());
+        let mut loaded: Vec<Loaded> = Vec::with_capacity(events.len());
         for ev in events {
             self.load(ev, ctx);
             let mut c = Vec::with_capacity(cells.attributes());
             cells.cells_of(|a| ctx.rows[a as usize], &mut c);
             per_event.push(c);
+            loaded.push(ctx.snapshot());
             ctx.reset();
         }
         let mut undecided: Vec<Vec<u32>> = vec![Vec::new(); events.len()];
@@ -1523,12 +1560,12 @@ impl Base {
             }
         });
         let mut stats = VerifyStats::default();
-        for ((ev, cs), o) in events.iter().zip(&undecided).zip(out.iter_mut()) {
+        for ((l, cs), o) in loaded.iter().zip(&undecided).zip(out.iter_mut()) {
             if cs.is_empty() {
                 continue;
             }
             stats.verified += cs.len() as u64;
-            self.load(ev, ctx);
+            ctx.restore(l);
             ctx.verify_scattered(self, cs, |rec, ok| {
                 if ok {
                     o.push(rec);
