@@ -129,8 +129,8 @@ async fn sigkill_mid_burst_loses_no_acknowledged_object() {
 
     // no outbox record without its object
     let store = storage::Store::open(&dir, 5).expect("open store");
+    // (the restarted node replays and retires what it had; whatever is left must have its object)
     let pending = store.outbox_pending().expect("outbox");
-    assert!(pending.len() > acked.len());
     for (id, _) in pending {
         assert!(
             store.get(id).expect("get").is_some(),

@@ -525,6 +525,22 @@ impl Store {
         self.commit().await
     }
 
+    /// Records many deliveries with one shared flush.
+    pub async fn set_deliveries(
+        &self,
+        records: &[(u64, ObjectId, DeliveryState)],
+    ) -> Result<(), StorageError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for (sub, obj, state) in records {
+            batch.insert(&delivery_key(*sub, *obj), codec::encode_delivery(state));
+        }
+        self.deliveries.apply_batch(batch)?;
+        self.commit().await
+    }
+
     /// Where a delivery stands.
     pub fn delivery(&self, sub: u64, obj: ObjectId) -> Result<Option<DeliveryState>, StorageError> {
         match self.deliveries.get(delivery_key(sub, obj))? {

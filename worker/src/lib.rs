@@ -7,6 +7,7 @@
 //! adapters), and [`run`] which serves a bound listener until shutdown.
 
 pub mod config;
+pub mod disseminate;
 pub mod error;
 pub mod rate;
 pub mod regulate;
@@ -34,7 +35,13 @@ pub async fn run(
     limits: Limits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
-    let node = services::Node::new(store, limits);
+    let dissem = disseminate::Disseminator::load(store.clone(), &limits)?;
+    // objects acknowledged before a restart but not yet matched
+    let replayed = dissem.replay().await?;
+    if replayed > 0 {
+        tracing::info!("replayed {replayed} outbox records");
+    }
+    let node = services::Node::new(store, limits, dissem);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .build_v1()

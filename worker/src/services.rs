@@ -23,12 +23,14 @@ pub struct Node {
     accepted: Arc<AtomicU64>,
     rejected: Arc<AtomicU64>,
     rate: Arc<crate::rate::RateLimiter>,
+    dissem: crate::disseminate::Disseminator,
 }
 
 impl Node {
     /// Services over a store.
-    pub fn new(store: Store, limits: Limits) -> Node {
+    pub fn new(store: Store, limits: Limits, dissem: crate::disseminate::Disseminator) -> Node {
         Node {
+            dissem,
             store,
             limits,
             accepted: Arc::new(AtomicU64::new(0)),
@@ -58,6 +60,20 @@ impl Node {
         })?;
         let out = self.store.put(obj).await?;
         self.accepted.fetch_add(1, Ordering::Relaxed);
+        if !out.duplicate {
+            // matched after the acknowledgement; the durable outbox covers a crash meanwhile
+            let d = self.dissem.clone();
+            let id = out.id;
+            tokio::spawn(async move {
+                if let Err(e) = d.disseminate(id).await {
+                    tracing::warn!(
+                        "matching object {}:{} failed (left in the outbox): {e}",
+                        id.node,
+                        id.seq
+                    );
+                }
+            });
+        }
         Ok(v1::PutResponse {
             id: Some(id_to_proto(out.id)),
             duplicate: out.duplicate,
@@ -212,12 +228,13 @@ impl v1::subscriptions_server::Subscriptions for Node {
             .into_inner()
             .subscription
             .ok_or_else(|| NodeError::invalid("subscription", "required"))?;
-        validate::subscription(&s, &self.limits)?;
+        let dnf = validate::subscription(&s, &self.limits)?;
         s.id = self.store.next_subscription_id().map_err(NodeError::from)?;
         self.store
             .put_subscription(s.id, s.encode_to_vec())
             .await
             .map_err(NodeError::from)?;
+        self.dissem.upsert(s.id, dnf);
         s.webhook_secret.clear();
         Ok(Response::new(s))
     }
@@ -274,7 +291,7 @@ impl v1::subscriptions_server::Subscriptions for Node {
         if s.id == 0 {
             return Err(NodeError::invalid("subscription.id", "required for an update").into());
         }
-        validate::subscription(&s, &self.limits)?;
+        let dnf = validate::subscription(&s, &self.limits)?;
         if self
             .store
             .get_subscription(s.id)
@@ -287,6 +304,7 @@ impl v1::subscriptions_server::Subscriptions for Node {
             .put_subscription(s.id, s.encode_to_vec())
             .await
             .map_err(NodeError::from)?;
+        self.dissem.upsert(s.id, dnf);
         s.webhook_secret.clear();
         Ok(Response::new(s))
     }
@@ -304,6 +322,7 @@ impl v1::subscriptions_server::Subscriptions for Node {
         {
             return Err(NodeError::NotFound(format!("subscription {id}")).into());
         }
+        self.dissem.remove(id);
         Ok(Response::new(v1::DeleteSubscriptionResponse {}))
     }
 }

@@ -13,6 +13,7 @@ use tonic::transport::Channel;
 
 struct Node {
     addr: SocketAddr,
+    store: storage::Store,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     dir: std::path::PathBuf,
 }
@@ -38,11 +39,13 @@ async fn start_with(name: &str, limits: worker::Limits) -> Node {
         .await
         .expect("bind");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let kept = store.clone();
     tokio::spawn(worker::run(listener, store, limits, async move {
         let _ = rx.await;
     }));
     Node {
         addr,
+        store: kept,
         stop: Some(tx),
         dir,
     }
@@ -634,4 +637,88 @@ async fn request_rate_is_limited_per_connection() {
         .put(put(b"y", vec![]))
         .await
         .expect("a fresh connection is not limited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_objects_are_matched_into_pending_deliveries() {
+    let node = start("dissem").await;
+    let ch = channel(node.addr).await;
+    let mut subs = SubscriptionsClient::new(ch.clone());
+    let mut ingest = IngestClient::new(ch.clone());
+    let filters = [
+        r#"temp > 30 && site prefix "kr/""#,
+        r#"type in ["cam", "lidar"]"#,
+        r#"temp <= 30 || type = "door""#,
+    ];
+    let mut ids = Vec::new();
+    for f in filters {
+        let s = subs
+            .create(v1::CreateSubscriptionRequest {
+                subscription: Some(v1::Subscription {
+                    filter: Some(v1::subscription::Filter::Text(f.into())),
+                    target: Some(v1::Target {
+                        kind: Some(v1::target::Kind::Stream("s".into())),
+                    }),
+                    ..v1::Subscription::default()
+                }),
+            })
+            .await
+            .expect("create")
+            .into_inner();
+        ids.push(s.id);
+    }
+    // a deleted subscription matches nothing
+    subs.delete(v1::DeleteSubscriptionRequest { id: ids[2] })
+        .await
+        .expect("delete");
+    let objects = [
+        (31, "kr/seoul", "cam", vec![ids[0], ids[1]]),
+        (31, "us/nyc", "lidar", vec![ids[1]]),
+        (10, "kr/busan", "door", vec![]),
+    ];
+    let mut put_ids = Vec::new();
+    for (temp, site, ty, _) in &objects {
+        let r = ingest
+            .put(put(
+                b"",
+                vec![
+                    attr("temp", v1::value::Kind::Integer(*temp)),
+                    attr("site", text(site)),
+                    attr("type", text(ty)),
+                ],
+            ))
+            .await
+            .expect("put")
+            .into_inner();
+        let id = r.id.expect("id");
+        put_ids.push(storage::ObjectId {
+            node: id.node,
+            seq: id.seq,
+        });
+    }
+    // wait (with a deadline) until the outbox is drained
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !node.store.outbox_pending().expect("outbox").is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "objects were not disseminated"
+        );
+        tokio::task::yield_now().await;
+    }
+    for ((_, _, _, want), oid) in objects.iter().zip(&put_ids) {
+        for &sub in &ids {
+            let d = node.store.delivery(sub, *oid).expect("delivery");
+            assert_eq!(
+                d.is_some(),
+                want.contains(&sub),
+                "object {oid:?}, subscription {sub}: {d:?}"
+            );
+            if let Some(state) = d {
+                assert!(matches!(
+                    state,
+                    storage::DeliveryState::Pending { attempts: 0, .. }
+                ));
+            }
+        }
+    }
 }

@@ -1,0 +1,121 @@
+//! Embedded dissemination on one node: every durably stored object is matched against the
+//! registered subscriptions and one pending delivery record is written per matched
+//! subscription; then the object's outbox record is retired. The outbox is durable, so an
+//! object acknowledged just before a crash is matched when the node restarts ([`replay`]).
+//!
+//! This is the single-node path (no coordinator, no remote workers): the cluster issue puts
+//! the coordinator, test workers and match workers in between. Pushing the deliveries to
+//! subscribers is the delivery issue's.
+
+use std::sync::{Arc, RwLock};
+
+use blocks::{Event, MatchIndex, ShardConfig};
+use prost::Message;
+use proto::v1;
+use storage::{DeliveryState, ObjectId, StorageError, Store};
+
+use crate::config::Limits;
+use crate::error::NodeError;
+use crate::validate;
+
+/// The node's subscription index, kept in step with the registry.
+#[derive(Debug, Clone)]
+pub struct Disseminator {
+    store: Store,
+    index: Arc<RwLock<MatchIndex>>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Disseminator {
+    /// Builds the index from every stored subscription.
+    pub fn load(store: Store, limits: &Limits) -> Result<Disseminator, NodeError> {
+        let mut subs = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = store.list_subscriptions(after, 1000)?;
+            let Some(last) = page.last().map(|p| p.0) else {
+                break;
+            };
+            for (id, bytes) in page {
+                let s = v1::Subscription::decode(bytes.as_slice()).map_err(|e| {
+                    NodeError::Startup(format!("stored subscription {id} does not decode: {e}"))
+                })?;
+                subs.push((id, validate::filter(&s, limits)?));
+            }
+            after = last;
+        }
+        let cfg = ShardConfig {
+            bloom_tables: false,
+            test_ids: false,
+            ..ShardConfig::default()
+        };
+        let index = MatchIndex::build(cfg, subs).map_err(|e| NodeError::Startup(e.to_string()))?;
+        Ok(Disseminator {
+            store,
+            index: Arc::new(RwLock::new(index)),
+        })
+    }
+
+    /// A subscription was created or replaced.
+    pub fn upsert(&self, id: u64, dnf: blocks::Dnf) {
+        let mut g = self.index.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = g.upsert(id, dnf);
+        if next.needs_compaction()
+            && let Ok(c) = next.compact()
+        {
+            next = c;
+        }
+        *g = next;
+    }
+
+    /// A subscription was deleted.
+    pub fn remove(&self, id: u64) {
+        let mut g = self.index.write().unwrap_or_else(|p| p.into_inner());
+        if let Ok(next) = g.remove(id) {
+            *g = next;
+        }
+    }
+
+    /// Matches one stored object, records a pending delivery per matched subscription and
+    /// retires the outbox record. Returns the matched subscriptions.
+    pub async fn disseminate(&self, id: ObjectId) -> Result<Vec<u64>, StorageError> {
+        let Some(obj) = self.store.get(id)? else {
+            // expired or never stored: nothing is owed
+            self.store.retire(id)?;
+            return Ok(Vec::new());
+        };
+        let event = Event {
+            attrs: obj.metadata,
+        };
+        let snapshot = self.index.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut ctx = snapshot.base().new_ctx();
+        let subs = snapshot.match_event(&event, &mut ctx);
+        let now = now_ms();
+        let pending = DeliveryState::Pending {
+            attempts: 0,
+            next_attempt_unix_ms: now,
+        };
+        let records: Vec<(u64, ObjectId, DeliveryState)> =
+            subs.iter().map(|&s| (s, id, pending.clone())).collect();
+        // deliveries first (durably), then the outbox record goes: a crash in between
+        // re-matches the object and rewrites the same records
+        self.store.set_deliveries(&records).await?;
+        self.store.retire(id)?;
+        Ok(subs)
+    }
+
+    /// Matches every object still in the outbox (after a restart).
+    pub async fn replay(&self) -> Result<usize, StorageError> {
+        let pending = self.store.outbox_pending()?;
+        for (id, _) in &pending {
+            self.disseminate(*id).await?;
+        }
+        Ok(pending.len())
+    }
+}
