@@ -23,11 +23,86 @@ enum Command {
     /// Runs a storage node: durable ingestion, objects, subscriptions and admin over gRPC
     /// (with server reflection). The cluster issue grows this into the embedded cluster.
     Up(UpArgs),
+    /// Stores one object on a node (metadata as name=value; quote strings that look numeric).
+    Put {
+        #[command(flatten)]
+        node: NodeArg,
+        /// Metadata attribute, name=value (repeatable).
+        #[arg(long = "attr")]
+        attrs: Vec<String>,
+        /// The object's bytes (UTF-8 text); empty by default.
+        #[arg(long, default_value = "")]
+        data: String,
+        /// Priority 0..=7.
+        #[arg(long, default_value_t = 0)]
+        priority: u32,
+    },
+    /// Registers a subscription (text filter, or EventBridge JSON starting with `{`).
+    Subscribe {
+        #[command(flatten)]
+        node: NodeArg,
+        /// The filter, e.g. 'temp > 30 && site prefix "kr/"'.
+        #[arg(long)]
+        filter: String,
+        /// Where to push: grpc:URL, webhook:URL or stream:NAME.
+        #[arg(long)]
+        target: String,
+        /// 0 at most once, 1 at least once, 2 exactly once.
+        #[arg(long, default_value_t = 1)]
+        qos: u32,
+        /// Priority 0..=7 of the deliveries.
+        #[arg(long, default_value_t = 0)]
+        priority: u32,
+    },
+    /// Deletes a subscription.
+    Unsubscribe {
+        #[command(flatten)]
+        node: NodeArg,
+        /// The subscription id.
+        id: u64,
+    },
+    /// Lists subscriptions.
+    Subscriptions {
+        #[command(flatten)]
+        node: NodeArg,
+    },
+    /// Prints a node's counters.
+    Stats {
+        #[command(flatten)]
+        node: NodeArg,
+    },
     /// Benchmarks that print figures and optionally write JSON.
     Bench {
         #[command(subcommand)]
         which: Bench,
     },
+}
+
+#[derive(clap::Args, Debug)]
+struct NodeArg {
+    /// The node's gRPC address.
+    #[arg(
+        long = "node-url",
+        default_value = "http://127.0.0.1:7700",
+        env = "DISSEM_NODE_URL"
+    )]
+    url: String,
+}
+
+fn client<F, Fut>(url: &str, f: F) -> anyhow::Result<bool>
+where
+    F: FnOnce(worker::client::Channel) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<String>, worker::NodeError>>,
+{
+    let rt = tokio::runtime::Runtime::new()?;
+    let lines = rt.block_on(async {
+        let ch = worker::client::connect(url).await?;
+        f(ch).await
+    })?;
+    for l in lines {
+        println!("{l}");
+    }
+    Ok(true)
 }
 
 #[derive(clap::Args, Debug)]
@@ -324,6 +399,35 @@ fn main() -> ExitCode {
         .try_init();
     let result = match cli.command {
         Command::Up(a) => up(a),
+        Command::Put {
+            node,
+            attrs,
+            data,
+            priority,
+        } => client(&node.url, |ch| async move {
+            Ok(vec![
+                worker::client::put(ch, data.into_bytes(), &attrs, priority).await?,
+            ])
+        }),
+        Command::Subscribe {
+            node,
+            filter,
+            target,
+            qos,
+            priority,
+        } => client(&node.url, |ch| async move {
+            Ok(vec![
+                worker::client::subscribe(ch, &filter, &target, qos, priority)
+                    .await?
+                    .to_string(),
+            ])
+        }),
+        Command::Unsubscribe { node, id } => client(&node.url, |ch| async move {
+            worker::client::unsubscribe(ch, id).await?;
+            Ok(vec![format!("deleted {id}")])
+        }),
+        Command::Subscriptions { node } => client(&node.url, worker::client::subscriptions),
+        Command::Stats { node } => client(&node.url, worker::client::stats),
         Command::Bench {
             which: Bench::Match(a),
         } => bench_match(a),

@@ -108,3 +108,91 @@ fn bad_flags_are_explained() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn api_commands_against_a_running_node() {
+    use std::io::{BufRead, BufReader};
+    let dir = std::env::temp_dir().join(format!("dissem-cli-up-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut up = dissem()
+        .args(["up", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn dissem up");
+    let mut line = String::new();
+    BufReader::new(up.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("address line");
+    let addr = line
+        .split_whitespace()
+        .skip_while(|w| *w != "on")
+        .nth(1)
+        .expect("address")
+        .to_string();
+    let url = format!("http://{addr}");
+    let run = |args: &[&str]| {
+        let out = dissem()
+            .args(args)
+            .env("DISSEM_NODE_URL", &url)
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, id, err) = run(&[
+        "subscribe",
+        "--filter",
+        r#"temp > 30 && site prefix "kr/""#,
+        "--target",
+        "stream:alerts",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(id.parse::<u64>().is_ok(), "{id}");
+    let (code, list, _) = run(&["subscriptions"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        list.contains("stream:alerts") && list.contains("temp > 30"),
+        "{list}"
+    );
+    let (code, obj, err) = run(&[
+        "put",
+        "--attr",
+        "temp=31.5",
+        "--attr",
+        "site=kr/seoul",
+        "--data",
+        "hello",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(obj.contains(':'), "{obj}");
+    let (code, stats, _) = run(&["stats"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        stats.contains("objects_stored 1") && stats.contains("subscriptions 1"),
+        "{stats}"
+    );
+    // errors name what to fix and exit 2
+    let (code, _, err) = run(&["subscribe", "--filter", "temp >", "--target", "stream:x"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("subscription.filter.text: at column 7"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["put", "--attr", "noequals"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--attr"), "{err}");
+    let (code, _, err) = run(&["subscribe", "--filter", "a = 1", "--target", "ftp:x"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--target"), "{err}");
+    let (code, out, _) = run(&["unsubscribe", &id]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("deleted"));
+    let _ = up.kill();
+    let _ = up.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

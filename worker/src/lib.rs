@@ -6,6 +6,7 @@
 //! error naming its field), `error` (the one mapping to `tonic::Status`), `services` (thin
 //! adapters), and [`run`] which serves a bound listener until shutdown.
 
+pub mod client;
 pub mod config;
 pub mod disseminate;
 pub mod error;

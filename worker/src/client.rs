@@ -1,0 +1,179 @@
+//! Client-side helpers behind the `dissem` CLI's API commands (`put`, `subscribe`,
+//! `unsubscribe`, `subscriptions`, `stats`): argument forms to API messages and back to text.
+
+use proto::v1;
+pub use tonic::transport::Channel;
+
+use crate::error::NodeError;
+
+/// Connects to a node (e.g. `http://127.0.0.1:7700`).
+pub async fn connect(url: &str) -> Result<Channel, NodeError> {
+    Channel::from_shared(url.to_string())
+        .map_err(|e| NodeError::invalid("--node-url", e.to_string()))?
+        .connect()
+        .await
+        .map_err(|e| NodeError::Startup(format!("connecting to {url}: {e}")))
+}
+
+fn status(e: tonic::Status) -> NodeError {
+    NodeError::Startup(format!("{}: {}", e.code(), e.message()))
+}
+
+/// Parses `name=value` metadata: numbers (exact decimals) unless quoted or not numeric.
+pub fn parse_attribute(arg: &str) -> Result<v1::Attribute, NodeError> {
+    let (name, value) = arg
+        .split_once('=')
+        .ok_or_else(|| NodeError::invalid("--attr", format!("{arg:?} is not name=value")))?;
+    let kind = if let Some(q) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+        v1::value::Kind::Text(q.to_string())
+    } else if blocks::Num::parse(value).is_ok() {
+        v1::value::Kind::Decimal(value.to_string())
+    } else {
+        v1::value::Kind::Text(value.to_string())
+    };
+    Ok(v1::Attribute {
+        name: name.to_string(),
+        value: Some(v1::Value { kind: Some(kind) }),
+    })
+}
+
+/// Puts one object; returns "node:seq".
+pub async fn put(
+    ch: Channel,
+    data: Vec<u8>,
+    attrs: &[String],
+    priority: u32,
+) -> Result<String, NodeError> {
+    let metadata = attrs
+        .iter()
+        .map(|a| parse_attribute(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let r = v1::ingest_client::IngestClient::new(ch)
+        .put(v1::PutRequest {
+            data,
+            metadata,
+            priority,
+            message_id: String::new(),
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    let id = r.id.unwrap_or_default();
+    Ok(format!("{}:{}", id.node, id.seq))
+}
+
+/// A subscription target from `grpc:URL`, `webhook:URL` or `stream:NAME`.
+pub fn parse_target(arg: &str) -> Result<v1::Target, NodeError> {
+    let (kind, rest) = arg.split_once(':').ok_or_else(|| {
+        NodeError::invalid("--target", "expected grpc:URL, webhook:URL or stream:NAME")
+    })?;
+    let kind = match kind {
+        "grpc" => v1::target::Kind::Grpc(rest.to_string()),
+        "webhook" => v1::target::Kind::Webhook(rest.to_string()),
+        "stream" => v1::target::Kind::Stream(rest.to_string()),
+        other => {
+            return Err(NodeError::invalid(
+                "--target",
+                format!("unknown target kind {other:?}: expected grpc, webhook or stream"),
+            ));
+        }
+    };
+    Ok(v1::Target { kind: Some(kind) })
+}
+
+/// Registers a subscription (text filter, or EventBridge JSON when it starts with `{`);
+/// returns its id.
+pub async fn subscribe(
+    ch: Channel,
+    filter: &str,
+    target: &str,
+    qos: u32,
+    priority: u32,
+) -> Result<u64, NodeError> {
+    let filter = if filter.trim_start().starts_with('{') {
+        v1::subscription::Filter::Eventbridge(filter.to_string())
+    } else {
+        v1::subscription::Filter::Text(filter.to_string())
+    };
+    let qos = match qos {
+        0 => v1::Qos::AtMostOnce,
+        1 => v1::Qos::AtLeastOnce,
+        2 => v1::Qos::ExactlyOnce,
+        q => return Err(NodeError::invalid("--qos", format!("{q} is not 0, 1 or 2"))),
+    };
+    let s = v1::subscriptions_client::SubscriptionsClient::new(ch)
+        .create(v1::CreateSubscriptionRequest {
+            subscription: Some(v1::Subscription {
+                filter: Some(filter),
+                target: Some(parse_target(target)?),
+                qos: qos as i32,
+                priority,
+                ..v1::Subscription::default()
+            }),
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    Ok(s.id)
+}
+
+/// Deletes a subscription.
+pub async fn unsubscribe(ch: Channel, id: u64) -> Result<(), NodeError> {
+    v1::subscriptions_client::SubscriptionsClient::new(ch)
+        .delete(v1::DeleteSubscriptionRequest { id })
+        .await
+        .map_err(status)?;
+    Ok(())
+}
+
+/// Every subscription, one line each: `id  filter  -> target`.
+pub async fn subscriptions(ch: Channel) -> Result<Vec<String>, NodeError> {
+    let mut client = v1::subscriptions_client::SubscriptionsClient::new(ch);
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = client
+            .list(v1::ListSubscriptionsRequest {
+                after_id: after,
+                limit: 1000,
+            })
+            .await
+            .map_err(status)?
+            .into_inner();
+        for s in page.subscriptions {
+            let filter = match s.filter {
+                Some(v1::subscription::Filter::Text(t)) => t,
+                Some(v1::subscription::Filter::Eventbridge(j)) => j,
+                None => String::new(),
+            };
+            let target = match s.target.and_then(|t| t.kind) {
+                Some(v1::target::Kind::Grpc(u)) => format!("grpc:{u}"),
+                Some(v1::target::Kind::Webhook(u)) => format!("webhook:{u}"),
+                Some(v1::target::Kind::Stream(n)) => format!("stream:{n}"),
+                None => "-".into(),
+            };
+            out.push(format!("{}\t{filter}\t-> {target}", s.id));
+        }
+        if page.next_after_id == 0 {
+            return Ok(out);
+        }
+        after = page.next_after_id;
+    }
+}
+
+/// The node's counters as `name value` lines.
+pub async fn stats(ch: Channel) -> Result<Vec<String>, NodeError> {
+    let s = v1::admin_client::AdminClient::new(ch)
+        .stats(v1::StatsRequest {})
+        .await
+        .map_err(status)?
+        .into_inner();
+    Ok(vec![
+        format!("node {}", s.node),
+        format!("objects_stored {}", s.objects_stored),
+        format!("puts_accepted {}", s.puts_accepted),
+        format!("puts_rejected {}", s.puts_rejected),
+        format!("outbox_pending {}", s.outbox_pending),
+        format!("subscriptions {}", s.subscriptions),
+    ])
+}
