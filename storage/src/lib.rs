@@ -333,11 +333,18 @@ impl Store {
         Ok(self.data.remove(key(b'x', id.seq))?.is_some())
     }
 
-    /// Deletes objects received before `cutoff_unix_ms` whose outbox record is retired;
-    /// returns how many were removed (retention by age).
-    pub fn expire_before(&self, cutoff_unix_ms: u64) -> Result<usize, StorageError> {
+    /// Finished objects (outbox record retired), oldest first, until `keep_going` says stop:
+    /// each is deleted with its message id when `delete(object)` says so. Returns how many.
+    fn expire_finished(
+        &self,
+        mut delete: impl FnMut(&StoredObject) -> bool,
+        mut keep_going: impl FnMut(usize) -> bool,
+    ) -> Result<usize, StorageError> {
         let mut removed = 0;
         for kv in self.data.scan_prefix(b"d") {
+            if !keep_going(removed) {
+                break;
+            }
             let (k, v) = kv?;
             let seq = seq_of(&k).unwrap_or(0);
             if self.data.contains_key(key(b'x', seq))? {
@@ -354,7 +361,7 @@ impl Store {
                 tree: "objects",
                 source: e,
             })?;
-            if obj.received_unix_ms < cutoff_unix_ms {
+            if delete(&obj) {
                 self.data.remove(&k)?;
                 if !obj.message_id.is_empty() {
                     self.data.remove(msg_key(&obj.message_id))?;
@@ -363,6 +370,12 @@ impl Store {
             }
         }
         Ok(removed)
+    }
+
+    /// Deletes objects received before `cutoff_unix_ms` whose outbox record is retired;
+    /// returns how many were removed (retention by age).
+    pub fn expire_before(&self, cutoff_unix_ms: u64) -> Result<usize, StorageError> {
+        self.expire_finished(|o| o.received_unix_ms < cutoff_unix_ms, |_| true)
     }
 
     // --- subscription registry: opaque records keyed by id ----------------------------------
@@ -647,37 +660,8 @@ impl Store {
     /// Retention by size: deletes the oldest objects whose dissemination is finished until
     /// at most `max_objects` remain (pending ones are never deleted); returns how many.
     pub fn expire_to_count(&self, max_objects: usize) -> Result<usize, StorageError> {
-        let total = self.object_count();
-        let mut excess = total.saturating_sub(max_objects);
-        let mut n = 0;
-        for kv in self.data.scan_prefix(b"d") {
-            if excess == 0 {
-                break;
-            }
-            let (k, v) = kv?;
-            let seq = seq_of(&k).unwrap_or(0);
-            if self.data.contains_key(key(b'x', seq))? {
-                continue;
-            }
-            let obj = codec::decode_object(
-                &v,
-                ObjectId {
-                    node: self.node,
-                    seq,
-                },
-            )
-            .map_err(|e| StorageError::Corrupt {
-                tree: "objects",
-                source: e,
-            })?;
-            self.data.remove(&k)?;
-            if !obj.message_id.is_empty() {
-                self.data.remove(msg_key(&obj.message_id))?;
-            }
-            excess -= 1;
-            n += 1;
-        }
-        Ok(n)
+        let excess = self.object_count().saturating_sub(max_objects);
+        self.expire_finished(|_| true, |removed| removed < excess)
     }
 }
 
