@@ -41,6 +41,19 @@ impl Node {
         }
     }
 
+    /// Stores a validated subscription durably, puts it in the match index, and returns it
+    /// without its write-only secret.
+    async fn save_subscription(
+        &self,
+        mut s: v1::Subscription,
+        dnf: blocks::Dnf,
+    ) -> Result<v1::Subscription, NodeError> {
+        self.store.put_subscription(s.id, s.encode_to_vec()).await?;
+        self.dissem.upsert(s.id, dnf);
+        s.webhook_secret.clear();
+        Ok(s)
+    }
+
     fn admit(&self, peer: Option<std::net::SocketAddr>) -> Result<(), NodeError> {
         if self.rate.allow(peer, std::time::Instant::now()) {
             Ok(())
@@ -230,13 +243,7 @@ impl v1::subscriptions_server::Subscriptions for Node {
             .ok_or_else(|| NodeError::invalid("subscription", "required"))?;
         let dnf = validate::subscription(&s, &self.limits)?;
         s.id = self.store.next_subscription_id().map_err(NodeError::from)?;
-        self.store
-            .put_subscription(s.id, s.encode_to_vec())
-            .await
-            .map_err(NodeError::from)?;
-        self.dissem.upsert(s.id, dnf);
-        s.webhook_secret.clear();
-        Ok(Response::new(s))
+        Ok(Response::new(self.save_subscription(s, dnf).await?))
     }
 
     async fn get(
@@ -287,7 +294,7 @@ impl v1::subscriptions_server::Subscriptions for Node {
         &self,
         request: Request<v1::Subscription>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        let mut s = request.into_inner();
+        let s = request.into_inner();
         if s.id == 0 {
             return Err(NodeError::invalid("subscription.id", "required for an update").into());
         }
@@ -300,13 +307,7 @@ impl v1::subscriptions_server::Subscriptions for Node {
         {
             return Err(NodeError::NotFound(format!("subscription {}", s.id)).into());
         }
-        self.store
-            .put_subscription(s.id, s.encode_to_vec())
-            .await
-            .map_err(NodeError::from)?;
-        self.dissem.upsert(s.id, dnf);
-        s.webhook_secret.clear();
-        Ok(Response::new(s))
+        Ok(Response::new(self.save_subscription(s, dnf).await?))
     }
 
     async fn delete(
