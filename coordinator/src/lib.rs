@@ -17,6 +17,10 @@
 //! out in periodic hellos so nodes notice a new coordinator and re-register.
 //!
 //! Time is passed in (milliseconds), so every rule and fault is a deterministic unit test.
+//! [`server`] is the I/O around it: the gRPC `Cluster` service, one driver task that owns the
+//! state machine, and the calls to the node daemons.
+
+pub mod server;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -64,7 +68,7 @@ impl Default for Config {
             match_batch: 256,
             batch_deadline_ms: 2,
             timeout_multiple: 8.0,
-            min_timeout_ms: 200,
+            min_timeout_ms: 2_000,
             lease_ms: 3_000,
             aging_ms: 100,
             hello_every_ms: 1_000,
@@ -338,6 +342,9 @@ impl Coordinator {
                     }
                 }
                 // a late report from a worker judged dead is ignored: its task was reassigned
+                if self.workers.contains_key(&worker) {
+                    self.remove_idle(worker); // never queued twice
+                }
                 if let Some(w) = self.workers.get_mut(&worker) {
                     w.busy = false;
                     w.block = block.clone();
@@ -556,6 +563,27 @@ impl Coordinator {
             *m.entry(w.block.clone()).or_default() += 1;
         }
         s
+    }
+
+    /// Whether `worker` is a live worker this coordinator knows.
+    pub fn has_worker(&self, worker: WorkerId) -> bool {
+        self.workers.contains_key(&worker)
+    }
+
+    /// Whether `worker` was judged dead.
+    pub fn is_dead(&self, worker: WorkerId) -> bool {
+        self.dead.contains(&worker)
+    }
+
+    /// Every live worker: (id, node, block, busy), by id.
+    pub fn worker_list(&self) -> Vec<(WorkerId, u32, Block, bool)> {
+        let mut v: Vec<_> = self
+            .workers
+            .iter()
+            .map(|(id, w)| (*id, w.node, w.block.clone(), w.busy))
+            .collect();
+        v.sort_by_key(|w| w.0);
+        v
     }
 
     /// Workers of a node (for re-registration after a coordinator change).

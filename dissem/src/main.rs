@@ -23,6 +23,12 @@ enum Command {
     /// Runs a storage node: durable ingestion, objects, subscriptions and admin over gRPC
     /// (with server reflection). The cluster issue grows this into the embedded cluster.
     Up(UpArgs),
+    /// Runs the coordinator of a multi-process cluster: the subscription registry (its data
+    /// images), task scheduling for the node daemons, the public Subscriptions API and Admin.
+    Coordinator(CoordinatorArgs),
+    /// Runs a storage node of a multi-process cluster: the public API plus a node daemon whose
+    /// elastic workers run test and match tasks on the coordinator's orders.
+    Node(NodeArgs),
     /// Stores one object on a node (metadata as name=value; quote strings that look numeric).
     Put {
         #[command(flatten)]
@@ -66,8 +72,13 @@ enum Command {
         #[command(flatten)]
         node: NodeArg,
     },
-    /// Prints a node's counters.
+    /// Prints a node's counters (or, given the coordinator's URL, the cluster's).
     Stats {
+        #[command(flatten)]
+        node: NodeArg,
+    },
+    /// Lists a node's workers (or, given the coordinator's URL, every worker of the cluster).
+    Workers {
         #[command(flatten)]
         node: NodeArg,
     },
@@ -173,6 +184,188 @@ fn up(a: UpArgs) -> anyhow::Result<bool> {
             let _ = tokio::signal::ctrl_c().await;
         };
         worker::run(listener, store, limits, shutdown).await?;
+        Ok(true)
+    })
+}
+
+#[derive(clap::Args, Debug)]
+struct CoordinatorArgs {
+    /// Address to serve gRPC on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:7600")]
+    listen: std::net::SocketAddr,
+    /// Directory of the coordinator's data: subscriptions and their images.
+    #[arg(long, default_value = "./dissem-coordinator")]
+    data: PathBuf,
+    /// Objects per test task (values of one attribute) and per match task.
+    #[arg(long, default_value_t = coordinator::Config::default().test_batch)]
+    batch: usize,
+    /// A batch closes this many ms after its first object at the latest.
+    #[arg(long, default_value_t = coordinator::Config::default().batch_deadline_ms)]
+    batch_deadline_ms: u64,
+    /// A worker whose lease (renewed by its node's heartbeats) is older is not given tasks.
+    #[arg(long, default_value_t = coordinator::Config::default().lease_ms)]
+    lease_ms: u64,
+    /// A task is reassigned after this multiple of its kind's mean completion time...
+    #[arg(long, default_value_t = coordinator::Config::default().timeout_multiple)]
+    timeout_multiple: f64,
+    /// ...but never before this many ms.
+    #[arg(long, default_value_t = coordinator::Config::default().min_timeout_ms)]
+    min_timeout_ms: u64,
+}
+
+fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    if a.timeout_multiple.is_nan() || a.timeout_multiple < 1.0 {
+        bail!(
+            "--timeout-multiple must be at least 1, got {}",
+            a.timeout_multiple
+        );
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        std::fs::create_dir_all(&a.data).map_err(|e| {
+            anyhow::anyhow!("creating the data directory {}: {e}", a.data.display())
+        })?;
+        let store = storage::Store::open(&a.data, 0)
+            .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", a.data.display()))?;
+        let (listener, addr) = worker::bind(a.listen).await?;
+        let cfg = coordinator::server::ServerConfig {
+            sched: coordinator::Config {
+                test_batch: a.batch,
+                match_batch: a.batch,
+                batch_deadline_ms: a.batch_deadline_ms,
+                lease_ms: a.lease_ms,
+                timeout_multiple: a.timeout_multiple,
+                min_timeout_ms: a.min_timeout_ms,
+                ..coordinator::Config::default()
+            },
+            ..coordinator::server::ServerConfig::default()
+        };
+        println!(
+            "dissem coordinator listening on {addr} (data in {})",
+            a.data.display()
+        );
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        coordinator::server::serve(listener, store, worker::Limits::default(), cfg, shutdown)
+            .await?;
+        Ok(true)
+    })
+}
+
+#[derive(clap::Args, Debug)]
+struct NodeArgs {
+    #[command(flatten)]
+    up: UpArgs,
+    /// The coordinator's URL.
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:7600",
+        env = "DISSEM_COORDINATOR_URL"
+    )]
+    coordinator: String,
+    /// The URL other processes reach this node at (default: http:// + the listen address).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Empty workers started at once.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Workers load regulation keeps even when the node is busy.
+    #[arg(long, default_value_t = 2)]
+    min_workers: usize,
+    /// Workers never exceeded.
+    #[arg(long, default_value_t = 16)]
+    max_workers: usize,
+    /// CPU utilisation (0..=1) above which every idle worker is terminated.
+    #[arg(long, default_value_t = 0.85)]
+    cpu_high: f64,
+    /// CPU utilisation below which one empty worker is started per sample.
+    #[arg(long, default_value_t = 0.60)]
+    cpu_low: f64,
+    /// How often the CPU is sampled, ms.
+    #[arg(long, default_value_t = 1000)]
+    regulate_ms: u64,
+    /// Workers without a task for this many seconds are cleaned up.
+    #[arg(long, default_value_t = 300)]
+    idle_cleanup_s: u64,
+    /// Outbox records older than this many ms are sent to the coordinator again.
+    #[arg(long, default_value_t = 5000)]
+    resend_ms: u64,
+}
+
+fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
+    if !(0.0..=1.0).contains(&a.cpu_low) || a.cpu_high.is_nan() || a.cpu_low > a.cpu_high {
+        bail!(
+            "--cpu-low ({}) must be in 0..=1 and at most --cpu-high ({})",
+            a.cpu_low,
+            a.cpu_high
+        );
+    }
+    if a.min_workers > a.max_workers || a.max_workers == 0 {
+        bail!(
+            "--min-workers ({}) must not exceed --max-workers ({}), which must be at least 1",
+            a.min_workers,
+            a.max_workers
+        );
+    }
+    if a.regulate_ms == 0 || a.resend_ms == 0 {
+        bail!("--regulate-ms and --resend-ms must be at least 1");
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let u = &a.up;
+        std::fs::create_dir_all(&u.data).map_err(|e| {
+            anyhow::anyhow!("creating the data directory {}: {e}", u.data.display())
+        })?;
+        let store = storage::Store::open(&u.data, u.node)
+            .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", u.data.display()))?;
+        let (listener, addr) = worker::bind(u.listen).await?;
+        let limits = worker::Limits {
+            max_object_bytes: u.max_object_bytes,
+            max_attributes: u.max_attributes,
+            max_requests_per_second_per_connection: u.max_requests_per_second.max(1),
+            ..worker::Limits::default()
+        };
+        if u.retain_seconds > 0 || u.max_objects > 0 {
+            tokio::spawn(worker::retain(
+                store.clone(),
+                std::time::Duration::from_secs(u.retain_seconds),
+                (u.max_objects > 0).then_some(u.max_objects),
+                std::time::Duration::from_secs(60),
+            ));
+        }
+        let endpoint = a
+            .advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"));
+        let mut cfg = worker::daemon::DaemonConfig::new(u.node, a.coordinator.clone(), endpoint);
+        cfg.initial_workers = a.workers;
+        cfg.regulator = worker::regulate::RegulatorConfig {
+            upper: a.cpu_high,
+            lower: a.cpu_low,
+            min_workers: a.min_workers,
+            max_workers: a.max_workers,
+            idle_cleanup_ms: a.idle_cleanup_s * 1000,
+        };
+        cfg.regulate_every = std::time::Duration::from_millis(a.regulate_ms);
+        cfg.resend_after = std::time::Duration::from_millis(a.resend_ms);
+        println!(
+            "dissem node {} listening on {addr} (data in {}, coordinator {})",
+            u.node,
+            u.data.display(),
+            a.coordinator
+        );
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        worker::run_node(listener, store, limits, cfg, shutdown).await?;
         Ok(true)
     })
 }
@@ -399,6 +592,9 @@ fn main() -> ExitCode {
         .try_init();
     let result = match cli.command {
         Command::Up(a) => up(a),
+        Command::Coordinator(a) => coordinator_cmd(a),
+        Command::Workers { node } => client(&node.url, worker::client::workers),
+        Command::Node(a) => node_cmd(a),
         Command::Put {
             node,
             attrs,

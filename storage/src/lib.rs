@@ -554,6 +554,23 @@ impl Store {
         self.commit().await
     }
 
+    /// Number of delivery records (every state).
+    pub fn delivery_count(&self) -> usize {
+        self.deliveries.len()
+    }
+
+    /// Every delivery record (sub, object), in key order: for tests and tools.
+    pub fn delivery_keys(&self) -> Result<Vec<(u64, ObjectId)>, StorageError> {
+        let mut out = Vec::with_capacity(self.deliveries.len());
+        for kv in self.deliveries.iter() {
+            let (k, _) = kv?;
+            if let Some(d) = delivery_of_key(&k) {
+                out.push(d);
+            }
+        }
+        Ok(out)
+    }
+
     /// Where a delivery stands.
     pub fn delivery(&self, sub: u64, obj: ObjectId) -> Result<Option<DeliveryState>, StorageError> {
         match self.deliveries.get(delivery_key(sub, obj))? {

@@ -168,12 +168,60 @@ pub async fn stats(ch: Channel) -> Result<Vec<String>, NodeError> {
         .await
         .map_err(status)?
         .into_inner();
-    Ok(vec![
+    let mut lines = vec![
+        format!("role {}", s.role),
         format!("node {}", s.node),
-        format!("objects_stored {}", s.objects_stored),
-        format!("puts_accepted {}", s.puts_accepted),
-        format!("puts_rejected {}", s.puts_rejected),
-        format!("outbox_pending {}", s.outbox_pending),
         format!("subscriptions {}", s.subscriptions),
-    ])
+    ];
+    if s.role != "coordinator" {
+        lines.extend([
+            format!("objects_stored {}", s.objects_stored),
+            format!("puts_accepted {}", s.puts_accepted),
+            format!("puts_rejected {}", s.puts_rejected),
+            format!("outbox_pending {}", s.outbox_pending),
+            format!("matches_handed {}", s.matches_handed),
+            format!("matches_repeated {}", s.matches_repeated),
+            format!("deliveries {}", s.deliveries),
+        ]);
+    }
+    if let Some(c) = s.cluster {
+        lines.extend([
+            format!("nonce {:016x}", c.nonce),
+            format!("image_version {}", c.image_version),
+            format!("image_subscriptions {}", c.image_subscriptions),
+            format!("nodes {}", c.nodes),
+            format!("waiting_tasks {}", c.waiting_tasks),
+            format!("open_batches {}", c.open_batches),
+            format!("mean_test_ms {:.2}", c.mean_test_ms),
+            format!("mean_match_ms {:.2}", c.mean_match_ms),
+            format!("reassignments {}", c.reassignments),
+            format!("dead_workers {}", c.dead_workers),
+            format!("objects_arrived {}", c.objects_arrived),
+            format!("objects_matched {}", c.objects_matched),
+            format!("objects_in_flight {}", c.objects_in_flight),
+            format!("messages {}", c.messages),
+            format!("loads {}", c.loads),
+            format!("match_latency_p50_ms {:.1}", c.match_latency_p50_ms),
+            format!("match_latency_p99_ms {:.1}", c.match_latency_p99_ms),
+        ]);
+        let mut w: Vec<_> = c.workers.into_iter().collect();
+        w.sort();
+        for (k, n) in w {
+            lines.push(format!("workers {k} {n}"));
+        }
+    }
+    Ok(lines)
+}
+
+/// The workers a node hosts, or (asked of the coordinator) every worker of the cluster.
+pub async fn workers(ch: Channel) -> Result<Vec<String>, NodeError> {
+    let w = v1::admin_client::AdminClient::new(ch)
+        .workers(v1::WorkersRequest {})
+        .await
+        .map_err(status)?
+        .into_inner();
+    Ok(w.workers
+        .into_iter()
+        .map(|w| format!("{} node {} {} {}", w.id, w.node, w.state, w.block))
+        .collect())
 }

@@ -10,8 +10,6 @@
 use std::sync::{Arc, RwLock};
 
 use blocks::{Event, MatchIndex, ShardConfig};
-use prost::Message;
-use proto::v1;
 use storage::{DeliveryState, ObjectId, StorageError, Store};
 
 use crate::config::Limits;
@@ -35,21 +33,7 @@ fn now_ms() -> u64 {
 impl Disseminator {
     /// Builds the index from every stored subscription.
     pub fn load(store: Store, limits: &Limits) -> Result<Disseminator, NodeError> {
-        let mut subs = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = store.list_subscriptions(after, 1000)?;
-            let Some(last) = page.last().map(|p| p.0) else {
-                break;
-            };
-            for (id, bytes) in page {
-                let s = v1::Subscription::decode(bytes.as_slice()).map_err(|e| {
-                    NodeError::Startup(format!("stored subscription {id} does not decode: {e}"))
-                })?;
-                subs.push((id, validate::filter(&s, limits)?));
-            }
-            after = last;
-        }
+        let subs = validate::stored_subscriptions(&store, limits)?;
         let cfg = ShardConfig {
             bloom_tables: false,
             test_ids: false,

@@ -18,6 +18,9 @@ pub enum NodeError {
     Storage(#[from] StorageError),
     #[error("startup: {0}")]
     Startup(String),
+    /// Another process of the cluster (coordinator, peer node) cannot be reached.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl NodeError {
@@ -41,6 +44,7 @@ impl From<NodeError> for tonic::Status {
                 tonic::Status::unavailable(e.to_string())
             }
             NodeError::Startup(_) => tonic::Status::internal(e.to_string()),
+            NodeError::Unavailable(_) => tonic::Status::unavailable(e.to_string()),
         }
     }
 }

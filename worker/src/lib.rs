@@ -1,16 +1,21 @@
-//! The node daemon. Today it serves a storage node's public gRPC API (ingestion, objects,
-//! subscriptions, admin, server reflection) over the durable store; the elastic workers,
-//! function blocks and delivery of the cluster and delivery issues come next.
+//! The storage node and its node daemon. [`run`] serves a single node's public gRPC API
+//! (ingestion, objects, subscriptions, admin, server reflection) and matches in-process;
+//! [`run_node`] serves a cluster node: the same public API plus the internal `Daemon` service,
+//! with elastic workers loading function blocks on the coordinator's orders (`daemon`).
 //!
 //! Layout follows mini-redis: `config` (limits, validated), `validate` (proto -> domain, every
 //! error naming its field), `error` (the one mapping to `tonic::Status`), `services` (thin
-//! adapters), and [`run`] which serves a bound listener until shutdown.
+//! adapters), `registry` (the coordinator's subscription registry and image publisher),
+//! `proxy` (a cluster node forwards subscription calls to the coordinator).
 
 pub mod client;
 pub mod config;
+pub mod daemon;
 pub mod disseminate;
 pub mod error;
+pub mod proxy;
 pub mod rate;
+pub mod registry;
 pub mod regulate;
 pub mod services;
 pub mod validate;
@@ -42,32 +47,86 @@ pub async fn run(
     if replayed > 0 {
         tracing::info!("replayed {replayed} outbox records");
     }
-    let node = services::Node::new(store, limits, dissem);
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| NodeError::Startup(e.to_string()))?;
-    let max = limits.max_object_bytes
-        + 64 * 1024
-        + limits.max_attributes * (limits.max_string_bytes + 256);
-    // small request/response exchanges: no Nagle delay on accepted connections
-    let incoming = TcpListenerStream::new(listener).map(|s| {
-        if let Ok(s) = &s {
-            let _ = s.set_nodelay(true);
-        }
-        s
-    });
-    tonic::transport::Server::builder()
-        .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(16 << 20))
-        .add_service(reflection)
+    let node = services::Node::new(store, limits, services::Sink::Embedded(dissem));
+    let max = max_message(&limits);
+    server()
+        .add_service(reflection()?)
         .add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
         .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
         .add_service(SubscriptionsServer::new(node.clone()))
         .add_service(AdminServer::new(node))
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await
         .map_err(|e| NodeError::Startup(e.to_string()))
+}
+
+/// Serves a cluster node on `listener` until `shutdown` resolves: the public API (objects go
+/// to the coordinator for matching, subscription calls are forwarded to it) and the internal
+/// `Daemon` service of its workers.
+pub async fn run_node(
+    listener: TcpListener,
+    store: Store,
+    limits: Limits,
+    cfg: daemon::DaemonConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), NodeError> {
+    let coordinator = daemon::channel(&cfg.coordinator)?;
+    let daemon = daemon::Daemon::start(cfg, store.clone(), limits)?;
+    let node = services::Node::new(store, limits, services::Sink::Cluster(daemon.clone()));
+    let max = max_message(&limits);
+    server()
+        .add_service(reflection()?)
+        .add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
+        .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
+        .add_service(SubscriptionsServer::new(proxy::SubscriptionsProxy::new(
+            coordinator,
+        )))
+        .add_service(AdminServer::new(node))
+        .add_service(
+            proto::v1::daemon_server::DaemonServer::new(daemon)
+                .max_decoding_message_size(1 << 30)
+                .max_encoding_message_size(1 << 30),
+        )
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .await
+        .map_err(|e| NodeError::Startup(e.to_string()))
+}
+
+/// gRPC server reflection over every `dissem.v1` file.
+pub fn reflection() -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    NodeError,
+> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| NodeError::Startup(e.to_string()))
+}
+
+/// A server builder with large flow-control windows (objects up to the size limit).
+pub fn server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+}
+
+/// The largest request the public API accepts under `limits`.
+fn max_message(limits: &Limits) -> usize {
+    limits.max_object_bytes + 64 * 1024 + limits.max_attributes * (limits.max_string_bytes + 256)
+}
+
+/// Accepted connections with Nagle off (small request/response exchanges).
+pub fn incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    })
 }
 
 /// Binds `addr` (port 0 picks a free one) and returns the listener and its address.

@@ -4,7 +4,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use blocks::Value;
 use prost::Message;
 use proto::v1;
 use storage::{ObjectId, Store};
@@ -15,6 +14,28 @@ use crate::config::Limits;
 use crate::error::NodeError;
 use crate::validate;
 
+/// Where stored objects and subscription changes go.
+#[derive(Debug, Clone)]
+pub enum Sink {
+    /// A single node: objects are matched in this process.
+    Embedded(crate::disseminate::Disseminator),
+    /// A cluster node: objects go to the coordinator through the node daemon (subscriptions
+    /// are served by [`crate::proxy`], not here).
+    Cluster(crate::daemon::Daemon),
+    /// The coordinator: keeps the subscription registry and publishes its images.
+    Registry(crate::registry::Registry),
+}
+
+impl Sink {
+    fn role(&self) -> &'static str {
+        match self {
+            Sink::Embedded(_) => "embedded",
+            Sink::Cluster(_) => "node",
+            Sink::Registry(_) => "coordinator",
+        }
+    }
+}
+
 /// The node's services, sharing one store.
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -23,14 +44,14 @@ pub struct Node {
     accepted: Arc<AtomicU64>,
     rejected: Arc<AtomicU64>,
     rate: Arc<crate::rate::RateLimiter>,
-    dissem: crate::disseminate::Disseminator,
+    sink: Sink,
 }
 
 impl Node {
     /// Services over a store.
-    pub fn new(store: Store, limits: Limits, dissem: crate::disseminate::Disseminator) -> Node {
+    pub fn new(store: Store, limits: Limits, sink: Sink) -> Node {
         Node {
-            dissem,
+            sink,
             store,
             limits,
             accepted: Arc::new(AtomicU64::new(0)),
@@ -49,7 +70,11 @@ impl Node {
         dnf: blocks::Dnf,
     ) -> Result<v1::Subscription, NodeError> {
         self.store.put_subscription(s.id, s.encode_to_vec()).await?;
-        self.dissem.upsert(s.id, dnf);
+        match &self.sink {
+            Sink::Embedded(d) => d.upsert(s.id, dnf),
+            Sink::Registry(r) => r.upsert(s.id, dnf),
+            Sink::Cluster(_) => {}
+        }
         s.webhook_secret.clear();
         Ok(s)
     }
@@ -71,21 +96,33 @@ impl Node {
         let obj = obj.inspect_err(|_| {
             self.rejected.fetch_add(1, Ordering::Relaxed);
         })?;
+        let meta = match &self.sink {
+            Sink::Cluster(_) => Some((obj.priority, obj.metadata.clone())),
+            _ => None,
+        };
         let out = self.store.put(obj).await?;
         self.accepted.fetch_add(1, Ordering::Relaxed);
         if !out.duplicate {
             // matched after the acknowledgement; the durable outbox covers a crash meanwhile
-            let d = self.dissem.clone();
             let id = out.id;
-            tokio::spawn(async move {
-                if let Err(e) = d.disseminate(id).await {
-                    tracing::warn!(
-                        "matching object {}:{} failed (left in the outbox): {e}",
-                        id.node,
-                        id.seq
-                    );
+            match (&self.sink, meta) {
+                (Sink::Embedded(d), _) => {
+                    let d = d.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = d.disseminate(id).await {
+                            tracing::warn!(
+                                "matching object {}:{} failed (left in the outbox): {e}",
+                                id.node,
+                                id.seq
+                            );
+                        }
+                    });
                 }
-            });
+                (Sink::Cluster(d), Some((priority, metadata))) => {
+                    d.arrived(id, priority, &metadata)
+                }
+                _ => {}
+            }
         }
         Ok(v1::PutResponse {
             id: Some(id_to_proto(out.id)),
@@ -98,15 +135,6 @@ fn id_to_proto(id: ObjectId) -> v1::ObjectId {
     v1::ObjectId {
         node: id.node,
         seq: id.seq,
-    }
-}
-
-fn value_to_proto(v: &Value) -> v1::Value {
-    v1::Value {
-        kind: Some(match v {
-            Value::Num(n) => v1::value::Kind::Decimal(n.to_string()),
-            Value::Str(s) => v1::value::Kind::Text(s.clone()),
-        }),
     }
 }
 
@@ -209,7 +237,7 @@ impl v1::objects_server::Objects for Node {
                 .iter()
                 .map(|(k, v)| v1::Attribute {
                     name: k.clone(),
-                    value: Some(value_to_proto(v)),
+                    value: Some(validate::value_to_proto(v)),
                 })
                 .collect(),
             priority: o.priority as u32,
@@ -323,7 +351,11 @@ impl v1::subscriptions_server::Subscriptions for Node {
         {
             return Err(NodeError::NotFound(format!("subscription {id}")).into());
         }
-        self.dissem.remove(id);
+        match &self.sink {
+            Sink::Embedded(d) => d.remove(id),
+            Sink::Registry(r) => r.remove(id),
+            Sink::Cluster(_) => {}
+        }
         Ok(Response::new(v1::DeleteSubscriptionResponse {}))
     }
 }
@@ -334,6 +366,13 @@ impl v1::admin_server::Admin for Node {
         &self,
         _request: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::StatsResponse>, Status> {
+        let (matches_handed, matches_repeated) = match &self.sink {
+            Sink::Cluster(d) => (
+                d.counters().matches_handed.load(Ordering::Relaxed),
+                d.counters().matches_repeated.load(Ordering::Relaxed),
+            ),
+            _ => (0, 0),
+        };
         Ok(Response::new(v1::StatsResponse {
             node: self.store.node(),
             objects_stored: self.store.object_count() as u64,
@@ -341,6 +380,11 @@ impl v1::admin_server::Admin for Node {
             puts_rejected: self.rejected.load(Ordering::Relaxed),
             outbox_pending: self.store.outbox_pending().map_err(NodeError::from)?.len() as u64,
             subscriptions: self.store.subscription_count() as u64,
+            role: self.sink.role().into(),
+            matches_handed,
+            matches_repeated,
+            deliveries: self.store.delivery_count() as u64,
+            cluster: None,
         }))
     }
 
@@ -348,9 +392,20 @@ impl v1::admin_server::Admin for Node {
         &self,
         _request: Request<v1::WorkersRequest>,
     ) -> Result<Response<v1::WorkersResponse>, Status> {
-        // no workers run on a storage-only node yet (the cluster issue adds them)
-        Ok(Response::new(v1::WorkersResponse {
-            workers: Vec::new(),
-        }))
+        // an embedded node matches in-process and hosts no workers
+        let workers = match &self.sink {
+            Sink::Cluster(d) => d
+                .workers()
+                .into_iter()
+                .map(|(id, block, busy)| v1::WorkerInfo {
+                    id: format!("{id:x}"),
+                    block,
+                    state: if busy { "busy" } else { "idle" }.into(),
+                    node: self.store.node(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(Response::new(v1::WorkersResponse { workers }))
     }
 }

@@ -17,7 +17,7 @@ pub fn valid_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/' | ':'))
 }
 
-fn value(v: Option<&v1::Value>, field: &str, limits: &Limits) -> Result<Value, NodeError> {
+pub fn value(v: Option<&v1::Value>, field: &str, limits: &Limits) -> Result<Value, NodeError> {
     use v1::value::Kind;
     let kind = v
         .and_then(|v| v.kind.as_ref())
@@ -240,6 +240,40 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeEr
         ));
     }
     Ok(dnf)
+}
+
+/// A metadata value as sent on the wire (numbers as exact decimal text).
+pub fn value_to_proto(v: &Value) -> v1::Value {
+    v1::Value {
+        kind: Some(match v {
+            Value::Num(n) => v1::value::Kind::Decimal(n.to_string()),
+            Value::Str(s) => v1::value::Kind::Text(s.clone()),
+        }),
+    }
+}
+
+/// Every stored subscription's filter, in id order (at start: the registry, the index).
+pub fn stored_subscriptions(
+    store: &storage::Store,
+    limits: &Limits,
+) -> Result<Vec<(u64, blocks::Dnf)>, NodeError> {
+    use prost::Message;
+    let mut subs = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.list_subscriptions(after, 1000)?;
+        let Some(last) = page.last().map(|p| p.0) else {
+            break;
+        };
+        for (id, bytes) in page {
+            let s = v1::Subscription::decode(bytes.as_slice()).map_err(|e| {
+                NodeError::Startup(format!("stored subscription {id} does not decode: {e}"))
+            })?;
+            subs.push((id, filter(&s, limits)?));
+        }
+        after = last;
+    }
+    Ok(subs)
 }
 
 #[cfg(test)]

@@ -1,0 +1,434 @@
+//! The cluster end to end with real processes on loopback: a coordinator and node daemons as
+//! separate `dissem` processes, subscriptions of the `iot` workload, objects put across the
+//! nodes, and the (object, subscription) pairs handed to delivery (read from the nodes' sled
+//! files after they stop) compared with the reference matcher's, exactly. Faults are real
+//! SIGKILLs. The tests share the machine, so they run one at a time.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bench::workload::{IotSpec, Workload};
+use blocks::{Event, ReferenceMatcher};
+use storage::ObjectId;
+use tests::{
+    Cluster, delivery_records, put_request, put_retrying, stats, subscribe_all, temp_dir, wait_for,
+    workers,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The reference matcher's (subscription, object) pairs, computed on a thread meanwhile.
+fn expected_pairs(
+    subs: Vec<(u64, blocks::Dnf)>,
+    events: Vec<Event>,
+) -> std::thread::JoinHandle<Vec<Vec<u64>>> {
+    std::thread::spawn(move || {
+        let mut r = ReferenceMatcher::new();
+        for (id, d) in subs {
+            r.insert(id, d);
+        }
+        events.iter().map(|e| r.match_event(e)).collect()
+    })
+}
+
+/// Puts every event, event `i` on node `i % nodes`, `concurrency` in flight, each retried
+/// on its node (same message id) for up to a minute. Returns the object ids in order.
+async fn put_all(
+    urls: Vec<String>,
+    events: Arc<Vec<Event>>,
+    concurrency: usize,
+    acked: Arc<AtomicUsize>,
+) -> Vec<ObjectId> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let ids = Arc::new(Mutex::new(vec![ObjectId { node: 0, seq: 0 }; events.len()]));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (urls, events, next, ids, acked) = (
+            urls.clone(),
+            events.clone(),
+            next.clone(),
+            ids.clone(),
+            acked.clone(),
+        );
+        set.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= events.len() {
+                    return;
+                }
+                let url = &urls[i % urls.len()];
+                let req = put_request(&events[i], format!("ev-{i}"));
+                let id = put_retrying(url, req, Duration::from_secs(60))
+                    .await
+                    .unwrap_or_else(|e| panic!("put {i} on {url}: {e}"));
+                ids.lock().unwrap_or_else(|p| p.into_inner())[i] = id;
+                acked.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.expect("put task");
+    }
+    ids.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Waits until every object is matched: no node has outbox records left.
+async fn wait_drained(c: &Cluster, n_objects: usize, timeout: Duration) {
+    let urls: Vec<String> = c.nodes.iter().map(|n| n.url()).collect();
+    wait_for("every outbox to drain", timeout, || {
+        let urls = urls.clone();
+        async move {
+            let mut stored = 0;
+            for u in &urls {
+                let s = stats(u).await.ok()?;
+                if s.outbox_pending > 0 {
+                    return None;
+                }
+                stored += s.objects_stored as usize;
+            }
+            (stored == n_objects).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Stops the nodes and reads every delivery record from their sled files.
+fn handed_pairs(c: &mut Cluster) -> BTreeSet<(u64, ObjectId)> {
+    let mut all = BTreeSet::new();
+    for n in c.nodes.iter_mut() {
+        n.kill();
+    }
+    for i in 0..c.nodes.len() {
+        let recs = delivery_records(&c.node_data(i + 1), i as u32 + 1);
+        let before = all.len();
+        let count = recs.len();
+        all.extend(recs);
+        assert_eq!(all.len() - before, count, "a record listed twice");
+    }
+    all
+}
+
+fn compare(got: &BTreeSet<(u64, ObjectId)>, ids: &[ObjectId], want: &[Vec<u64>]) {
+    let mut expected = BTreeSet::new();
+    for (oid, subs) in ids.iter().zip(want) {
+        for s in subs {
+            expected.insert((*s, *oid));
+        }
+    }
+    let missing: Vec<_> = expected.difference(got).take(5).collect();
+    let extra: Vec<_> = got.difference(&expected).take(5).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{} expected pairs, {} handed to delivery; missing e.g. {missing:?}, extra e.g. {extra:?}",
+        expected.len(),
+        got.len()
+    );
+    assert!(!expected.is_empty(), "the workload should match something");
+}
+
+async fn setup_subscriptions(c: &Cluster, n: usize, seed: u64) -> Vec<(u64, blocks::Dnf)> {
+    let w = Workload::Iot(IotSpec);
+    let subs = w.subscriptions(seed, n, |_| {});
+    let filters: Vec<String> = subs.iter().map(|(_, d)| d.to_text()).collect();
+    // through a node: it forwards to the coordinator's registry
+    let ids = subscribe_all(&c.nodes[0].url(), &filters, 32).await;
+    let coord = c.coordinator.url();
+    wait_for(
+        "the image with every subscription",
+        Duration::from_secs(60),
+        || {
+            let coord = coord.clone();
+            async move {
+                let s = stats(&coord).await.ok()?.cluster?;
+                (s.image_subscriptions as usize == n && s.nodes == 3).then_some(())
+            }
+        },
+    )
+    .await;
+    ids.into_iter().zip(subs.into_iter().map(|s| s.1)).collect()
+}
+
+#[test]
+fn three_nodes_hand_exactly_the_reference_matches_to_delivery() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("cluster-exact");
+    let mut c = Cluster::start(&dir, 3, &[], &[]);
+    let rt = runtime();
+    rt.block_on(async {
+        let t0 = std::time::Instant::now();
+        let subs = setup_subscriptions(&c, 10_000, 11).await;
+        eprintln!(
+            "10,000 subscriptions registered and published in {:?}",
+            t0.elapsed()
+        );
+        let events = Arc::new(Workload::Iot(IotSpec).events(11, 20_000));
+        let want = expected_pairs(subs, events.to_vec());
+        let urls = c.nodes.iter().map(|n| n.url()).collect();
+        let t1 = std::time::Instant::now();
+        let ids = put_all(urls, events.clone(), 32, Arc::new(AtomicUsize::new(0))).await;
+        eprintln!("20,000 objects put in {:?}", t1.elapsed());
+        wait_drained(&c, events.len(), Duration::from_secs(120)).await;
+        eprintln!("all matched {:?} after the first put", t1.elapsed());
+        let mut repeated = 0;
+        for n in &c.nodes {
+            repeated += stats(&n.url()).await.expect("node stats").matches_repeated;
+        }
+        // a task reassigned while its first worker was merely slow is matched twice; the
+        // delivery records are keyed by (subscription, object), so it is stored once
+        eprintln!("matches handed to delivery again after a reassignment: {repeated}");
+        let cs = stats(&c.coordinator.url())
+            .await
+            .expect("coordinator stats")
+            .cluster
+            .expect("cluster stats");
+        // at least once inside the cluster: an outbox resend racing its match repeats it
+        assert!(cs.objects_matched as usize >= events.len());
+        eprintln!("coordinator: {cs:?}");
+        assert!(
+            (cs.messages as f64) < events.len() as f64,
+            "batching keeps coordinator messages under one per object: {}",
+            cs.messages
+        );
+        let got = handed_pairs(&mut c);
+        compare(&got, &ids, &want.join().expect("reference thread"));
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn killed_node_and_coordinator_lose_no_match() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("cluster-faults");
+    let mut c = Cluster::start(
+        &dir,
+        3,
+        &["--min-timeout-ms", "300", "--lease-ms", "1000"],
+        &["--resend-ms", "1500"],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let subs = setup_subscriptions(&c, 10_000, 12).await;
+        let events = Arc::new(Workload::Iot(IotSpec).events(12, 9_000));
+        let want = expected_pairs(subs, events.to_vec());
+        let acked = Arc::new(AtomicUsize::new(0));
+        let urls: Vec<String> = c.nodes.iter().map(|n| n.url()).collect();
+        let puts = tokio::spawn(put_all(urls, events.clone(), 24, acked.clone()));
+        let coord = c.coordinator.url();
+
+        // a node daemon dies mid-run: its workers' tasks go to others
+        wait_for("3,000 acks", Duration::from_secs(60), || {
+            let n = acked.load(Ordering::Relaxed);
+            async move { (n >= 3_000).then_some(()) }
+        })
+        .await;
+        c.nodes[2].kill();
+        wait_for(
+            "the dead node's workers to be found out",
+            Duration::from_secs(30),
+            || {
+                let coord = coord.clone();
+                async move {
+                    let s = stats(&coord).await.ok()?.cluster?;
+                    (s.dead_workers + s.reassignments > 0).then_some(())
+                }
+            },
+        )
+        .await;
+        c.nodes[2].restart();
+
+        // the coordinator dies mid-run: a new one takes over with a new nonce
+        wait_for("6,000 acks", Duration::from_secs(60), || {
+            let n = acked.load(Ordering::Relaxed);
+            async move { (n >= 6_000).then_some(()) }
+        })
+        .await;
+        let old = stats(&coord)
+            .await
+            .expect("stats")
+            .cluster
+            .expect("cluster");
+        c.coordinator.kill();
+        c.coordinator.restart();
+        let coord = c.coordinator.url();
+        wait_for(
+            "every node to register again",
+            Duration::from_secs(30),
+            || {
+                let coord = coord.clone();
+                async move {
+                    let s = stats(&coord).await.ok()?.cluster?;
+                    (s.nodes == 3 && s.nonce != old.nonce).then_some(())
+                }
+            },
+        )
+        .await;
+
+        let ids = puts.await.expect("puts");
+        wait_drained(&c, events.len(), Duration::from_secs(120)).await;
+        let got = handed_pairs(&mut c);
+        compare(&got, &ids, &want.join().expect("reference thread"));
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn one_attr(name: &str, v: blocks::Value) -> Event {
+    Event::new([(name.to_string(), v)])
+}
+
+#[test]
+fn attribute_mix_shift_and_load_regulation_move_workers() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("cluster-regulation");
+    let mut c = Cluster::start(
+        &dir,
+        1,
+        &[],
+        &[
+            "--workers",
+            "2",
+            "--min-workers",
+            "0",
+            "--max-workers",
+            "3",
+            "--cpu-high",
+            "0.9",
+            "--cpu-low",
+            "0.6",
+            "--regulate-ms",
+            "250",
+        ],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let node = c.nodes[0].url();
+        let coord = c.coordinator.url();
+        let filters: Vec<String> = [
+            "temp > 10",
+            "temp < 5",
+            "site prefix \"kr/\"",
+            "site = \"us/ny\"",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        subscribe_all(&node, &filters, 4).await;
+        wait_for("the image", Duration::from_secs(30), || {
+            let coord = coord.clone();
+            async move {
+                let s = stats(&coord).await.ok()?.cluster?;
+                (s.image_subscriptions == 4 && s.nodes == 1).then_some(())
+            }
+        })
+        .await;
+        let blocks =
+            |ws: &[proto::v1::WorkerInfo], b: &str| ws.iter().filter(|w| w.block == b).count();
+
+        // only `temp` arrives: workers hold temp's test block, none site's
+        let temps: Vec<Event> = (0..200)
+            .map(|i| one_attr("temp", blocks::Value::from(i as i64 % 20)))
+            .collect();
+        let urls = vec![node.clone()];
+        put_all(
+            urls.clone(),
+            Arc::new(temps),
+            8,
+            Arc::new(AtomicUsize::new(0)),
+        )
+        .await;
+        wait_drained(&c, 200, Duration::from_secs(60)).await;
+        let ws = workers(&coord).await.expect("workers");
+        assert!(blocks(&ws, "test:temp") >= 1, "{ws:?}");
+        assert_eq!(blocks(&ws, "test:site"), 0, "{ws:?}");
+        let loads_before = stats(&coord)
+            .await
+            .expect("stats")
+            .cluster
+            .expect("c")
+            .loads;
+
+        // then only `site`: workers are switched to site's block
+        let sites: Vec<Event> = (0..200)
+            .map(|i| one_attr("site", blocks::Value::Str(format!("kr/{i}"))))
+            .collect();
+        put_all(urls, Arc::new(sites), 8, Arc::new(AtomicUsize::new(0))).await;
+        wait_drained(&c, 400, Duration::from_secs(60)).await;
+        let ws = workers(&coord).await.expect("workers");
+        assert!(blocks(&ws, "test:site") >= 1, "{ws:?}");
+        let loads_after = stats(&coord)
+            .await
+            .expect("stats")
+            .cluster
+            .expect("c")
+            .loads;
+        assert!(loads_after > loads_before, "site's block was loaded");
+
+        // synthetic CPU load: idle workers are terminated, as the admin API shows
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinners: Vec<_> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        std::hint::black_box(x);
+                    }
+                })
+            })
+            .collect();
+        wait_for(
+            "idle workers to be terminated",
+            Duration::from_secs(30),
+            || {
+                let node = node.clone();
+                async move {
+                    let ws = workers(&node).await.ok()?;
+                    ws.is_empty().then_some(())
+                }
+            },
+        )
+        .await;
+        stop.store(true, Ordering::Relaxed);
+        for s in spinners {
+            s.join().expect("spinner");
+        }
+        // load removed: empty workers start again
+        wait_for(
+            "empty workers to start again",
+            Duration::from_secs(30),
+            || {
+                let node = node.clone();
+                async move {
+                    let ws = workers(&node).await.ok()?;
+                    (!ws.is_empty()).then_some(())
+                }
+            },
+        )
+        .await;
+        wait_for(
+            "the coordinator to see them",
+            Duration::from_secs(30),
+            || {
+                let coord = coord.clone();
+                async move {
+                    let ws = workers(&coord).await.ok()?;
+                    (!ws.is_empty()).then_some(())
+                }
+            },
+        )
+        .await;
+    });
+    c.nodes[0].kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,914 @@
+//! The node daemon of a multi-process cluster (DESIGN §3, §5): it hosts elastic workers that
+//! run one task at a time, loads function blocks (test block of one attribute, or the match
+//! block) from the coordinator's versioned data images, caches test results until a match
+//! worker collects them, hands matches to delivery on the node that took the write, and
+//! regulates its own worker count from the node's CPU utilisation.
+//!
+//! Objects this node stores go to the coordinator in batches (`Cluster.Arrived`). The outbox
+//! is the safety net: an object whose outbox record is still there after `resend_after` is
+//! sent again, and all of them are sent again when a new coordinator appears (new nonce), so a
+//! lost message, a dead worker or a dead coordinator delays an object but never loses it.
+//! Delivery records are keyed by (subscription, object), so a repeated match is stored once.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use blocks::MatchIndex;
+use blocks::shard::TestOutput;
+use proto::v1;
+use proto::v1::cluster_client::ClusterClient;
+use proto::v1::daemon_client::DaemonClient;
+use roaring::RoaringBitmap;
+use storage::{DeliveryState, ObjectId, Store};
+use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use crate::config::Limits;
+use crate::error::NodeError;
+use crate::registry::cluster_shard_config;
+use crate::regulate::{CpuSampler, Regulation, RegulatorConfig, WorkerView, regulate};
+use crate::validate;
+
+/// Settings of a node daemon.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub node: u32,
+    /// The coordinator's URL, e.g. `http://127.0.0.1:7000`.
+    pub coordinator: String,
+    /// Where this daemon serves `Daemon` (told to the coordinator and other nodes).
+    pub endpoint: String,
+    /// Empty workers started at once (load regulation adds and removes later).
+    pub initial_workers: usize,
+    pub regulator: RegulatorConfig,
+    /// How often load regulation samples the CPU.
+    pub regulate_every: Duration,
+    pub heartbeat_every: Duration,
+    /// An outbox record older than this is sent to the coordinator again.
+    pub resend_after: Duration,
+    /// Cached test results are dropped after this long.
+    pub result_ttl: Duration,
+    /// Objects per `Arrived` message, and the longest an object waits to be sent.
+    pub forward_batch: usize,
+    pub forward_delay: Duration,
+}
+
+impl DaemonConfig {
+    /// Defaults for a node that serves `Daemon` at `endpoint`.
+    pub fn new(node: u32, coordinator: String, endpoint: String) -> DaemonConfig {
+        DaemonConfig {
+            node,
+            coordinator,
+            endpoint,
+            initial_workers: 4,
+            regulator: RegulatorConfig {
+                min_workers: 2,
+                max_workers: 16,
+                ..RegulatorConfig::default()
+            },
+            regulate_every: Duration::from_millis(1000),
+            heartbeat_every: Duration::from_millis(500),
+            resend_after: Duration::from_secs(5),
+            result_ttl: Duration::from_secs(60),
+            forward_batch: 512,
+            forward_delay: Duration::from_millis(2),
+        }
+    }
+}
+
+/// A compiled image version: the shard plus the test outputs of absent attributes.
+#[derive(Debug)]
+struct Loaded {
+    index: MatchIndex,
+    absent: Vec<(String, TestOutput)>,
+}
+
+/// A test task's results: when they were computed, and one per object.
+type CachedResults = (Instant, Vec<v1::TestResult>);
+
+#[derive(Debug)]
+struct Slot {
+    block: String,
+    busy: bool,
+    last_task_ms: u64,
+    tx: mpsc::Sender<v1::AssignRequest>,
+}
+
+#[derive(Debug, Default)]
+struct Changes {
+    started: Vec<v1::WorkerState>,
+    terminated: Vec<u64>,
+}
+
+/// Counters for the admin API.
+#[derive(Debug, Default)]
+pub struct DaemonCounters {
+    pub matches_handed: AtomicU64,
+    pub matches_repeated: AtomicU64,
+    pub tasks_run: AtomicU64,
+    pub loads: AtomicU64,
+    pub workers_started: AtomicU64,
+    pub workers_terminated: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: DaemonConfig,
+    store: Store,
+    limits: Limits,
+    coord: ClusterClient<Channel>,
+    /// The nonce of the coordinator this node registered with (0: not registered).
+    nonce: AtomicU64,
+    reregister: Notify,
+    workers: Mutex<BTreeMap<u64, Slot>>,
+    changes: Mutex<Changes>,
+    results: Mutex<HashMap<(u64, u64), CachedResults>>,
+    images: AsyncMutex<BTreeMap<u64, Arc<Loaded>>>,
+    peers: Mutex<HashMap<String, DaemonClient<Channel>>>,
+    /// When each outbox object was last sent to the coordinator.
+    sent: Mutex<HashMap<ObjectId, Instant>>,
+    forward: mpsc::Sender<v1::ArrivedObject>,
+    id_prefix: u64,
+    next_worker: AtomicU64,
+    counters: DaemonCounters,
+    cpu: Mutex<f64>,
+}
+
+/// A node daemon (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Daemon {
+    inner: Arc<Inner>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A random 64-bit value (std's randomly keyed hasher; no extra dependency).
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+pub fn channel(url: &str) -> Result<Channel, NodeError> {
+    Ok(Endpoint::from_shared(url.to_string())
+        .map_err(|e| NodeError::invalid("endpoint", format!("{url:?}: {e}")))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+impl Daemon {
+    /// Creates the daemon, starts its initial workers and background loops (registration and
+    /// heartbeats, forwarding, outbox resends, load regulation). Runs until the runtime stops.
+    pub fn start(cfg: DaemonConfig, store: Store, limits: Limits) -> Result<Daemon, NodeError> {
+        let coord = ClusterClient::new(channel(&cfg.coordinator)?)
+            .max_decoding_message_size(1 << 30)
+            .max_encoding_message_size(64 << 20);
+        let (tx, rx) = mpsc::channel(65_536);
+        let d = Daemon {
+            inner: Arc::new(Inner {
+                coord,
+                nonce: AtomicU64::new(0),
+                reregister: Notify::new(),
+                workers: Mutex::new(BTreeMap::new()),
+                changes: Mutex::new(Changes::default()),
+                results: Mutex::new(HashMap::new()),
+                images: AsyncMutex::new(BTreeMap::new()),
+                peers: Mutex::new(HashMap::new()),
+                sent: Mutex::new(HashMap::new()),
+                forward: tx,
+                id_prefix: ((cfg.node as u64 & 0xffff) << 48) | ((random_u64() & 0xffff) << 32),
+                next_worker: AtomicU64::new(1),
+                counters: DaemonCounters::default(),
+                cpu: Mutex::new(0.0),
+                cfg,
+                store,
+                limits,
+            }),
+        };
+        for _ in 0..d.inner.cfg.initial_workers {
+            d.start_worker();
+        }
+        tokio::spawn(d.clone().forwarder(rx));
+        tokio::spawn(d.clone().membership());
+        tokio::spawn(d.clone().resender());
+        tokio::spawn(d.clone().regulator());
+        Ok(d)
+    }
+
+    /// Counters for the admin API.
+    pub fn counters(&self) -> &DaemonCounters {
+        &self.inner.counters
+    }
+
+    /// The node's workers: (id, block, busy).
+    pub fn workers(&self) -> Vec<(u64, String, bool)> {
+        lock(&self.inner.workers)
+            .iter()
+            .map(|(id, s)| (*id, s.block.clone(), s.busy))
+            .collect()
+    }
+
+    /// The last CPU utilisation sample (0..=1).
+    pub fn cpu(&self) -> f64 {
+        *lock(&self.inner.cpu)
+    }
+
+    /// A stored object (still in the outbox) to be matched: queued for the coordinator.
+    pub fn arrived(&self, id: ObjectId, priority: u8, metadata: &[(String, blocks::Value)]) {
+        let obj = v1::ArrivedObject {
+            id: Some(v1::ObjectId {
+                node: id.node,
+                seq: id.seq,
+            }),
+            priority: priority as u32,
+            metadata: metadata
+                .iter()
+                .map(|(n, v)| v1::Attribute {
+                    name: n.clone(),
+                    value: Some(validate::value_to_proto(v)),
+                })
+                .collect(),
+            received_unix_ms: now_ms(),
+        };
+        lock(&self.inner.sent).insert(id, Instant::now());
+        // a full queue drops it here; the outbox resend picks it up
+        let _ = self.inner.forward.try_send(obj);
+    }
+
+    fn start_worker(&self) -> u64 {
+        let id = self.inner.id_prefix | self.inner.next_worker.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(8);
+        lock(&self.inner.workers).insert(
+            id,
+            Slot {
+                block: "empty".into(),
+                busy: false,
+                last_task_ms: now_ms(),
+                tx,
+            },
+        );
+        lock(&self.inner.changes).started.push(v1::WorkerState {
+            worker: id,
+            block: "empty".into(),
+        });
+        self.inner
+            .counters
+            .workers_started
+            .fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(self.clone().worker(id, rx));
+        id
+    }
+
+    /// Terminates an idle worker; false when it is busy or gone.
+    fn terminate_worker(&self, id: u64) -> bool {
+        let mut ws = lock(&self.inner.workers);
+        if ws.get(&id).is_some_and(|s| !s.busy) {
+            ws.remove(&id); // dropping the sender ends the worker's loop
+            drop(ws);
+            lock(&self.inner.changes).terminated.push(id);
+            self.inner
+                .counters
+                .workers_terminated
+                .fetch_add(1, Ordering::Relaxed);
+            true
+        } else {
+            false
+        }
+    }
+
+    // --- background loops ---------------------------------------------------------------------
+
+    async fn forwarder(self, mut rx: mpsc::Receiver<v1::ArrivedObject>) {
+        let cfg = &self.inner.cfg;
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            let deadline = tokio::time::Instant::now() + cfg.forward_delay;
+            while batch.len() < cfg.forward_batch {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(o)) => batch.push(o),
+                    _ => break,
+                }
+            }
+            self.send_arrived(batch).await;
+        }
+    }
+
+    async fn send_arrived(&self, objects: Vec<v1::ArrivedObject>) {
+        let n = objects.len();
+        let req = v1::ArrivedRequest {
+            node: self.inner.cfg.node,
+            objects,
+        };
+        if let Err(e) = self.inner.coord.clone().arrived(req).await {
+            tracing::debug!("sending {n} objects to the coordinator failed (resent later): {e}");
+        }
+    }
+
+    fn worker_states(&self) -> Vec<v1::WorkerState> {
+        lock(&self.inner.workers)
+            .iter()
+            .map(|(id, s)| v1::WorkerState {
+                worker: *id,
+                block: s.block.clone(),
+            })
+            .collect()
+    }
+
+    /// Registration and heartbeats; registers again when the coordinator's nonce changes.
+    async fn membership(self) {
+        let mut tick = tokio::time::interval(self.inner.cfg.heartbeat_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.inner.reregister.notified() => {
+                    self.inner.nonce.store(0, Ordering::Release);
+                }
+            }
+            let known = self.inner.nonce.load(Ordering::Acquire);
+            if known == 0 {
+                let req = v1::RegisterRequest {
+                    node: self.inner.cfg.node,
+                    endpoint: self.inner.cfg.endpoint.clone(),
+                    workers: self.worker_states(),
+                };
+                *lock(&self.inner.changes) = Changes::default();
+                match self.inner.coord.clone().register(req).await {
+                    Ok(r) => {
+                        let nonce = r.into_inner().nonce;
+                        tracing::info!("registered with coordinator {nonce:016x}");
+                        self.inner.nonce.store(nonce, Ordering::Release);
+                        // whatever was in flight with an earlier coordinator is sent again
+                        lock(&self.inner.sent).clear();
+                        let me = self.clone();
+                        tokio::spawn(async move { me.resend(Duration::ZERO).await });
+                    }
+                    Err(e) => tracing::debug!("registering with the coordinator: {e}"),
+                }
+                continue;
+            }
+            let changes = std::mem::take(&mut *lock(&self.inner.changes));
+            let req = v1::HeartbeatRequest {
+                node: self.inner.cfg.node,
+                nonce: known,
+                workers: self.worker_states(),
+                started: changes.started.clone(),
+                terminated: changes.terminated.clone(),
+            };
+            match self.inner.coord.clone().heartbeat(req).await {
+                Ok(r) if r.get_ref().nonce == known => {}
+                Ok(r) => {
+                    tracing::info!(
+                        "coordinator changed ({known:016x} -> {:016x}): registering again",
+                        r.get_ref().nonce
+                    );
+                    self.inner.nonce.store(0, Ordering::Release);
+                    self.inner.reregister.notify_one();
+                }
+                Err(e) => {
+                    // keep the changes for the next heartbeat
+                    let mut c = lock(&self.inner.changes);
+                    c.started.extend(changes.started);
+                    c.terminated.extend(changes.terminated);
+                    tracing::debug!("heartbeat: {e}");
+                }
+            }
+        }
+    }
+
+    /// Sends again every outbox object not sent within `after`.
+    async fn resend(&self, after: Duration) {
+        let pending = match self.inner.store.outbox_pending() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("reading the outbox: {e}");
+                return;
+            }
+        };
+        let now = Instant::now();
+        let due: Vec<ObjectId> = {
+            let sent = lock(&self.inner.sent);
+            pending
+                .iter()
+                .map(|(id, _)| *id)
+                .filter(|id| sent.get(id).is_none_or(|t| now.duration_since(*t) >= after))
+                .collect()
+        };
+        let mut batch = Vec::new();
+        for id in due {
+            match self.inner.store.get(id) {
+                Ok(Some(o)) => {
+                    lock(&self.inner.sent).insert(id, now);
+                    batch.push(v1::ArrivedObject {
+                        id: Some(v1::ObjectId {
+                            node: id.node,
+                            seq: id.seq,
+                        }),
+                        priority: o.priority as u32,
+                        metadata: o
+                            .metadata
+                            .iter()
+                            .map(|(n, v)| v1::Attribute {
+                                name: n.clone(),
+                                value: Some(validate::value_to_proto(v)),
+                            })
+                            .collect(),
+                        received_unix_ms: o.received_unix_ms,
+                    });
+                }
+                Ok(None) => {
+                    let _ = self.inner.store.retire(id);
+                }
+                Err(e) => tracing::warn!("reading object {}:{}: {e}", id.node, id.seq),
+            }
+            if batch.len() >= self.inner.cfg.forward_batch {
+                self.send_arrived(std::mem::take(&mut batch)).await;
+            }
+        }
+        if !batch.is_empty() {
+            self.send_arrived(batch).await;
+        }
+    }
+
+    async fn resender(self) {
+        let every = (self.inner.cfg.resend_after / 2).max(Duration::from_millis(50));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            if self.inner.nonce.load(Ordering::Acquire) != 0 {
+                self.resend(self.inner.cfg.resend_after).await;
+            }
+            let ttl = self.inner.cfg.result_ttl;
+            lock(&self.inner.results).retain(|_, (t, _)| t.elapsed() < ttl);
+        }
+    }
+
+    async fn regulator(self) {
+        let mut sampler = CpuSampler::default();
+        let mut tick = tokio::time::interval(self.inner.cfg.regulate_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            let Some(cpu) = sampler.sample() else {
+                continue;
+            };
+            *lock(&self.inner.cpu) = cpu;
+            let views: Vec<WorkerView> = lock(&self.inner.workers)
+                .iter()
+                .map(|(id, s)| WorkerView {
+                    id: *id,
+                    idle: !s.busy,
+                    last_task_ms: s.last_task_ms,
+                })
+                .collect();
+            for r in regulate(&self.inner.cfg.regulator, now_ms(), cpu, &views) {
+                match r {
+                    Regulation::Start => {
+                        let id = self.start_worker();
+                        tracing::debug!("cpu {cpu:.2}: started empty worker {id:x}");
+                    }
+                    Regulation::Terminate(id) => {
+                        if self.terminate_worker(id) {
+                            tracing::debug!("cpu {cpu:.2}: terminated idle worker {id:x}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // --- workers and blocks -------------------------------------------------------------------
+
+    async fn worker(self, id: u64, mut rx: mpsc::Receiver<v1::AssignRequest>) {
+        while let Some(req) = rx.recv().await {
+            let task = req.task;
+            let nonce = req.nonce;
+            let block = req.block.clone();
+            if req.load {
+                self.inner.counters.loads.fetch_add(1, Ordering::Relaxed);
+            }
+            let failed = match self.run_task(req).await {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!("worker {id:x}, task {task}: {e}");
+                    Vec::new()
+                }
+            };
+            self.inner
+                .counters
+                .tasks_run
+                .fetch_add(1, Ordering::Relaxed);
+            {
+                let mut ws = lock(&self.inner.workers);
+                if let Some(s) = ws.get_mut(&id) {
+                    s.busy = false;
+                    s.block = block.clone();
+                    s.last_task_ms = now_ms();
+                }
+            }
+            let done = v1::DoneRequest {
+                nonce,
+                worker: id,
+                task,
+                block,
+                failed,
+            };
+            if let Err(e) = self.inner.coord.clone().done(done).await {
+                tracing::debug!("reporting task {task} done: {e}");
+            }
+        }
+    }
+
+    /// The compiled image `version`, fetched from the coordinator on first use.
+    async fn image(&self, version: u64) -> Result<Arc<Loaded>, NodeError> {
+        let mut images = self.inner.images.lock().await;
+        if let Some(l) = images.get(&version) {
+            return Ok(l.clone());
+        }
+        let resp = self
+            .inner
+            .coord
+            .clone()
+            .image(v1::ImageRequest { version })
+            .await
+            .map_err(|e| NodeError::Unavailable(format!("fetching image {version}: {e}")))?
+            .into_inner();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let index = MatchIndex::from_image(cluster_shard_config(), &resp.image)?;
+            let base = index.base();
+            let absent = base
+                .attribute_names()
+                .iter()
+                .filter_map(|a| {
+                    base.test_attribute(a, None)
+                        .filter(|o| !o.ids.is_empty())
+                        .map(|o| (a.clone(), o))
+                })
+                .collect();
+            Ok::<_, blocks::index::IndexError>(Loaded { index, absent })
+        })
+        .await
+        .map_err(|e| NodeError::Unavailable(format!("image build task: {e}")))?
+        .map_err(|e| NodeError::Unavailable(format!("image {version}: {e}")))?;
+        let loaded = Arc::new(loaded);
+        images.insert(version, loaded.clone());
+        while images.len() > 3 {
+            images.pop_first();
+        }
+        Ok(loaded)
+    }
+
+    fn peer(&self, endpoint: &str) -> Result<DaemonClient<Channel>, NodeError> {
+        let mut peers = lock(&self.inner.peers);
+        if let Some(c) = peers.get(endpoint) {
+            return Ok(c.clone());
+        }
+        let c = DaemonClient::new(channel(endpoint)?)
+            .max_decoding_message_size(1 << 30)
+            .max_encoding_message_size(1 << 30);
+        peers.insert(endpoint.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// Runs one task; returns the objects of a match task whose results were missing.
+    async fn run_task(&self, req: v1::AssignRequest) -> Result<Vec<u64>, NodeError> {
+        if let Some(attr) = req.block.strip_prefix("test:") {
+            self.run_test(&req, attr).await?;
+            Ok(Vec::new())
+        } else if req.block == "match" {
+            self.run_match(req).await
+        } else {
+            Err(NodeError::invalid(
+                "block",
+                format!("{:?} is no block", req.block),
+            ))
+        }
+    }
+
+    async fn run_test(&self, req: &v1::AssignRequest, attr: &str) -> Result<(), NodeError> {
+        let mut by_version: BTreeMap<u64, Vec<(u64, blocks::Value)>> = BTreeMap::new();
+        for (i, t) in req.tests.iter().enumerate() {
+            let v = validate::value(
+                t.value.as_ref(),
+                &format!("tests[{i}].value"),
+                &self.inner.limits,
+            )?;
+            by_version.entry(t.version).or_default().push((t.key, v));
+        }
+        let mut results = Vec::with_capacity(req.tests.len());
+        for (version, items) in by_version {
+            let loaded = self.image(version).await?;
+            let attr = attr.to_string();
+            let task = req.task;
+            let out = tokio::task::spawn_blocking(move || {
+                let base = loaded.index.base();
+                items
+                    .into_iter()
+                    .filter_map(|(key, v)| {
+                        let o = base.test_attribute(&attr, Some(&v))?;
+                        let mut ids = Vec::with_capacity(o.ids.serialized_size());
+                        o.ids.serialize_into(&mut ids).ok()?;
+                        Some(v1::TestResult {
+                            task,
+                            key,
+                            attribute: attr.clone(),
+                            version,
+                            filter: o.filter,
+                            ids,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(|e| NodeError::Unavailable(format!("test task: {e}")))?;
+            results.extend(out);
+        }
+        lock(&self.inner.results).insert((req.nonce, req.task), (Instant::now(), results));
+        Ok(())
+    }
+
+    async fn run_match(&self, req: v1::AssignRequest) -> Result<Vec<u64>, NodeError> {
+        // collect the test results from the test workers' nodes, one call per node
+        let mut per_node: HashMap<String, (HashSet<u64>, Vec<u64>)> = HashMap::new();
+        for m in &req.matches {
+            for s in &m.sources {
+                let e = per_node.entry(s.endpoint.clone()).or_default();
+                e.0.insert(s.task);
+                e.1.push(m.key);
+            }
+        }
+        let mut got: HashMap<(u64, u64), v1::TestResult> = HashMap::new();
+        let mut calls = tokio::task::JoinSet::new();
+        for (endpoint, (tasks, mut keys)) in per_node {
+            keys.sort_unstable();
+            keys.dedup();
+            let fetch = v1::FetchRequest {
+                nonce: req.nonce,
+                tasks: tasks.into_iter().collect(),
+                keys,
+            };
+            let peer = self.peer(&endpoint);
+            calls.spawn(async move {
+                match peer {
+                    Ok(mut c) => c.fetch(fetch).await.map(|r| r.into_inner()).ok(),
+                    Err(_) => None,
+                }
+            });
+        }
+        while let Some(r) = calls.join_next().await {
+            if let Ok(Some(r)) = r {
+                for t in r.results {
+                    got.insert((t.task, t.key), t);
+                }
+            }
+        }
+        // assemble each object's filter and predicate ids; missing results fail the object
+        let mut failed = Vec::new();
+        let mut by_version: BTreeMap<u64, Vec<(usize, Vec<v1::TestResult>)>> = BTreeMap::new();
+        for (i, m) in req.matches.iter().enumerate() {
+            let mut rs = Vec::with_capacity(m.sources.len());
+            for s in &m.sources {
+                match got.remove(&(s.task, m.key)) {
+                    Some(r) if r.version == m.version => rs.push(r),
+                    _ => break,
+                }
+            }
+            if rs.len() == m.sources.len() {
+                by_version.entry(m.version).or_default().push((i, rs));
+            } else {
+                failed.push(m.key);
+            }
+        }
+        let mut matched: Vec<(usize, Vec<u64>)> = Vec::new();
+        for (version, objs) in by_version {
+            let loaded = match self.image(version).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!("match task {}: {e}", req.task);
+                    failed.extend(objs.iter().map(|(i, _)| req.matches[*i].key));
+                    continue;
+                }
+            };
+            let out = tokio::task::spawn_blocking(move || match_objects(&loaded, objs))
+                .await
+                .map_err(|e| NodeError::Unavailable(format!("match task: {e}")))?;
+            matched.extend(out);
+        }
+        // hand the matches to delivery on each object's origin node
+        let mut per_origin: HashMap<String, Vec<v1::ObjectMatches>> = HashMap::new();
+        for (i, subs) in matched {
+            let m = &req.matches[i];
+            per_origin
+                .entry(m.origin.clone())
+                .or_default()
+                .push(v1::ObjectMatches {
+                    id: m.id,
+                    subscriptions: subs,
+                });
+        }
+        let mut calls = tokio::task::JoinSet::new();
+        for (origin, objects) in per_origin {
+            let me = self.clone();
+            calls.spawn(async move {
+                let req = v1::MatchedRequest { objects };
+                let res = if origin == me.inner.cfg.endpoint {
+                    me.handoff(req).await
+                } else {
+                    match me.peer(&origin) {
+                        Ok(mut c) => c
+                            .matched(req)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| NodeError::Unavailable(e.to_string())),
+                        Err(e) => Err(e),
+                    }
+                };
+                if let Err(e) = res {
+                    // the origin's outbox still holds these objects: they come back
+                    tracing::debug!("handing matches to {origin}: {e}");
+                }
+            });
+        }
+        while calls.join_next().await.is_some() {}
+        Ok(failed)
+    }
+
+    /// Delivery hand-off on the origin node: one pending delivery record per (subscription,
+    /// object), then the objects' outbox records retire.
+    pub async fn handoff(&self, req: v1::MatchedRequest) -> Result<(), NodeError> {
+        let now = now_ms();
+        let pending = DeliveryState::Pending {
+            attempts: 0,
+            next_attempt_unix_ms: now,
+        };
+        let mut records = Vec::new();
+        let mut ids = Vec::new();
+        let mut repeated = 0;
+        for o in req.objects {
+            let id =
+                o.id.ok_or_else(|| NodeError::invalid("objects.id", "required"))?;
+            let id = ObjectId {
+                node: id.node,
+                seq: id.seq,
+            };
+            if id.node != self.inner.cfg.node {
+                return Err(NodeError::invalid(
+                    "objects.id.node",
+                    format!(
+                        "object of node {} sent to node {}",
+                        id.node, self.inner.cfg.node
+                    ),
+                ));
+            }
+            for s in o.subscriptions {
+                if self.inner.store.delivery(s, id)?.is_some() {
+                    repeated += 1;
+                } else {
+                    records.push((s, id, pending.clone()));
+                }
+            }
+            ids.push(id);
+        }
+        let c = &self.inner.counters;
+        c.matches_handed
+            .fetch_add(records.len() as u64 + repeated, Ordering::Relaxed);
+        c.matches_repeated.fetch_add(repeated, Ordering::Relaxed);
+        self.inner.store.set_deliveries(&records).await?;
+        let mut sent = lock(&self.inner.sent);
+        for id in ids {
+            self.inner.store.retire(id)?;
+            sent.remove(&id);
+        }
+        Ok(())
+    }
+}
+
+/// Matches objects from their test results: OR of the filters (plus the outputs of absent
+/// attributes), Bloom subset scan, exact verification by predicate ids.
+fn match_objects(
+    loaded: &Loaded,
+    objs: Vec<(usize, Vec<v1::TestResult>)>,
+) -> Vec<(usize, Vec<u64>)> {
+    let base = loaded.index.base();
+    let w = base.filter_words();
+    let mut filters = vec![0u64; w * objs.len()];
+    let mut ids: Vec<RoaringBitmap> = Vec::with_capacity(objs.len());
+    for (o, (_, rs)) in objs.iter().enumerate() {
+        let f = &mut filters[o * w..o * w + w];
+        let mut set = RoaringBitmap::new();
+        for r in rs {
+            for (x, y) in f.iter_mut().zip(&r.filter) {
+                *x |= y;
+            }
+            if let Ok(b) = RoaringBitmap::deserialize_from(r.ids.as_slice()) {
+                set |= b;
+            }
+        }
+        for (attr, out) in &loaded.absent {
+            if !rs.iter().any(|r| r.attribute == *attr) {
+                for (x, y) in f.iter_mut().zip(&out.filter) {
+                    *x |= y;
+                }
+                set |= &out.ids;
+            }
+        }
+        ids.push(set);
+    }
+    let mut cands: Vec<Vec<u32>> = vec![Vec::new(); objs.len()];
+    base.bloom_candidates(&filters, |o, rec| cands[o].push(rec));
+    let mut out = Vec::with_capacity(objs.len());
+    let mut recs = Vec::new();
+    for (o, (i, _)) in objs.iter().enumerate() {
+        recs.clear();
+        base.verify_by_ids(&cands[o], &ids[o], &mut recs);
+        let mut subs: Vec<u64> = recs
+            .iter()
+            .map(|&r| base.conjunction_subscription(r))
+            .collect();
+        subs.sort_unstable();
+        subs.dedup();
+        out.push((*i, subs));
+    }
+    out
+}
+
+#[tonic::async_trait]
+impl v1::daemon_server::Daemon for Daemon {
+    async fn hello(
+        &self,
+        request: Request<v1::HelloRequest>,
+    ) -> Result<Response<v1::HelloResponse>, Status> {
+        let theirs = request.into_inner().nonce;
+        let ours = self.inner.nonce.load(Ordering::Acquire);
+        if theirs != ours {
+            self.inner.reregister.notify_one();
+        }
+        Ok(Response::new(v1::HelloResponse { nonce: ours }))
+    }
+
+    async fn assign(
+        &self,
+        request: Request<v1::AssignRequest>,
+    ) -> Result<Response<v1::AssignResponse>, Status> {
+        let req = request.into_inner();
+        let tx = {
+            let mut ws = lock(&self.inner.workers);
+            let slot = ws
+                .get_mut(&req.worker)
+                .ok_or_else(|| NodeError::NotFound(format!("worker {:x}", req.worker)))?;
+            slot.busy = true;
+            slot.tx.clone()
+        };
+        tx.try_send(req)
+            .map_err(|e| Status::resource_exhausted(format!("worker queue: {e}")))?;
+        Ok(Response::new(v1::AssignResponse {}))
+    }
+
+    async fn fetch(
+        &self,
+        request: Request<v1::FetchRequest>,
+    ) -> Result<Response<v1::FetchResponse>, Status> {
+        let req = request.into_inner();
+        let keys: HashSet<u64> = req.keys.iter().copied().collect();
+        let cache = lock(&self.inner.results);
+        let mut out = v1::FetchResponse::default();
+        for t in req.tasks {
+            match cache.get(&(req.nonce, t)) {
+                Some((_, rs)) => out
+                    .results
+                    .extend(rs.iter().filter(|r| keys.contains(&r.key)).cloned()),
+                None => out.missing.push(t),
+            }
+        }
+        Ok(Response::new(out))
+    }
+
+    async fn matched(
+        &self,
+        request: Request<v1::MatchedRequest>,
+    ) -> Result<Response<v1::MatchedResponse>, Status> {
+        self.handoff(request.into_inner()).await?;
+        Ok(Response::new(v1::MatchedResponse {}))
+    }
+}

@@ -1,0 +1,163 @@
+//! The cluster's subscription registry, kept by the coordinator: every subscription change
+//! goes into an in-memory map at once, and a publisher turns the map into a versioned,
+//! checksummed data image in storage (debounced, so registering 10,000 subscriptions one by
+//! one does not write 10,000 images). Objects are matched against the
+//! newest *published* version; workers load that version's image and hot-swap to newer ones.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use blocks::{Dnf, ShardConfig};
+use storage::Store;
+
+use crate::config::Limits;
+use crate::error::NodeError;
+use crate::validate;
+
+/// The name images of the (single) subscription shard are stored under.
+pub const SHARD_IMAGE: &str = "shard";
+
+/// Image versions kept in storage for workers still loading older ones.
+const KEEP_VERSIONS: u64 = 8;
+
+/// The settings every worker compiles a shard image with: Bloom tables for the subset scan,
+/// exact predicate ids for the test blocks and verification.
+pub fn cluster_shard_config() -> ShardConfig {
+    ShardConfig {
+        bloom_tables: true,
+        test_ids: true,
+        ..ShardConfig::default()
+    }
+}
+
+/// What the newest published version holds.
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    pub version: u64,
+    pub subscriptions: usize,
+    /// Attributes some predicate mentions: an object's other attributes are dropped at once.
+    pub attributes: Arc<HashSet<String>>,
+}
+
+/// The registry: current index, dirty flag, newest published version.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    store: Store,
+    subs: Arc<Mutex<BTreeMap<u64, Dnf>>>,
+    dirty: Arc<AtomicBool>,
+    published: Arc<RwLock<Published>>,
+}
+
+impl Registry {
+    /// Loads every stored subscription and publishes a new version of the image.
+    pub async fn load(store: Store, limits: &Limits) -> Result<Registry, NodeError> {
+        let subs: BTreeMap<u64, Dnf> = validate::stored_subscriptions(&store, limits)?
+            .into_iter()
+            .collect();
+        let reg = Registry {
+            store,
+            subs: Arc::new(Mutex::new(subs)),
+            dirty: Arc::new(AtomicBool::new(true)),
+            published: Arc::new(RwLock::new(Published::default())),
+        };
+        reg.publish().await?;
+        Ok(reg)
+    }
+
+    /// A subscription was created or replaced.
+    pub fn upsert(&self, id: u64, dnf: Dnf) {
+        self.lock().insert(id, dnf);
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Dnf>> {
+        self.subs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A subscription was deleted.
+    pub fn remove(&self, id: u64) {
+        if self.lock().remove(&id).is_some() {
+            self.dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// The newest published version.
+    pub fn published(&self) -> Published {
+        self.published
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Writes a new image version if anything changed since the last one. Versions continue
+    /// from the newest stored one, so they never repeat across restarts.
+    pub async fn publish(&self) -> Result<bool, NodeError> {
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return Ok(false);
+        }
+        let subs: Vec<(u64, Dnf)> = self.lock().iter().map(|(k, v)| (*k, v.clone())).collect();
+        let store = self.store.clone();
+        let version = store
+            .latest_image(SHARD_IMAGE)?
+            .map_or(0, |(v, _)| v)
+            .max(self.published().version)
+            + 1;
+        let built = tokio::task::spawn_blocking(move || {
+            let attributes: HashSet<String> = subs
+                .iter()
+                .flat_map(|(_, d)| d.0.iter().flat_map(|c| c.0.iter().map(|p| p.attr.clone())))
+                .collect();
+            let n = subs.len();
+            let image = blocks::image::encode_shard(&blocks::image::ShardImage {
+                version,
+                bloom: cluster_shard_config().bloom,
+                subs,
+            });
+            Ok::<_, blocks::index::IndexError>((n, attributes, image))
+        })
+        .await
+        .map_err(|e| NodeError::Startup(format!("image build task: {e}")))?;
+        let (subscriptions, attributes, image) = match built {
+            Ok(b) => b,
+            Err(e) => {
+                self.dirty.store(true, Ordering::Release);
+                return Err(NodeError::Startup(format!("building the shard image: {e}")));
+            }
+        };
+        store.put_image(SHARD_IMAGE, version, &image).await?;
+        if version > KEEP_VERSIONS {
+            store.prune_images(SHARD_IMAGE, version - KEEP_VERSIONS)?;
+        }
+        *self.published.write().unwrap_or_else(|p| p.into_inner()) = Published {
+            version,
+            subscriptions,
+            attributes: Arc::new(attributes),
+        };
+        tracing::info!("published shard image version {version} ({subscriptions} subscriptions)");
+        Ok(true)
+    }
+
+    /// One stored image version (0: the newest).
+    pub fn image(&self, version: u64) -> Result<Option<(u64, Vec<u8>)>, NodeError> {
+        if version == 0 {
+            return Ok(self.store.latest_image(SHARD_IMAGE)?);
+        }
+        Ok(self
+            .store
+            .get_image(SHARD_IMAGE, version)?
+            .map(|b| (version, b)))
+    }
+
+    /// Publishes changes every `every` until the task is dropped.
+    pub async fn publisher(self, every: std::time::Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            if let Err(e) = self.publish().await {
+                tracing::warn!("publishing the shard image: {e}");
+            }
+        }
+    }
+}
