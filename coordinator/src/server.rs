@@ -31,8 +31,10 @@ pub struct ServerConfig {
     pub sched: Config,
     /// How often batches are checked for their deadline and tasks for being overdue.
     pub tick: Duration,
-    /// How often subscription changes are published as a new image version.
-    pub publish_every: Duration,
+    /// Subscription changes are published as a new image version once none came for
+    /// `publish_quiet`, or `publish_max_delay` after the first at the latest.
+    pub publish_quiet: Duration,
+    pub publish_max_delay: Duration,
     /// An object whose test results went missing this many times is left to its node's
     /// outbox resend.
     pub max_attempts: u32,
@@ -43,7 +45,8 @@ impl Default for ServerConfig {
         ServerConfig {
             sched: Config::default(),
             tick: Duration::from_millis(2),
-            publish_every: Duration::from_millis(200),
+            publish_quiet: Duration::from_millis(50),
+            publish_max_delay: Duration::from_millis(1000),
             max_attempts: 5,
         }
     }
@@ -641,7 +644,11 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
     let registry = Registry::load(store.clone(), &limits).await?;
-    let publisher = tokio::spawn(registry.clone().publisher(cfg.publish_every));
+    let publisher = tokio::spawn(
+        registry
+            .clone()
+            .publisher(cfg.publish_quiet, cfg.publish_max_delay),
+    );
     let nonce = worker::daemon::random_u64() | 1;
     tracing::info!("coordinator nonce {nonce:016x}");
     let (tx, rx) = mpsc::channel(8192);

@@ -293,7 +293,7 @@ pub async fn put_retrying(
                 });
             }
             Err(e) if Instant::now() < deadline => {
-                let _ = e;
+                eprintln!("put on {url} failed, retrying: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 client = v1::ingest_client::IngestClient::new(channel(url));
             }

@@ -42,9 +42,10 @@ fn expected_pairs(
     })
 }
 
-/// Puts every event, event `i` on node `i % nodes`, `concurrency` in flight, each retried
-/// on its node (same message id) for up to a minute. Returns the object ids in order.
+/// Puts every event, event `i` on node `i % nodes` with message id `tag-i`, `concurrency` in
+/// flight, each retried on its node (same message id) for up to a minute. Returns the object ids in order.
 async fn put_all(
+    tag: &'static str,
     urls: Vec<String>,
     events: Arc<Vec<Event>>,
     concurrency: usize,
@@ -68,7 +69,7 @@ async fn put_all(
                     return;
                 }
                 let url = &urls[i % urls.len()];
-                let req = put_request(&events[i], format!("ev-{i}"));
+                let req = put_request(&events[i], format!("{tag}-{i}"));
                 let id = put_retrying(url, req, Duration::from_secs(60))
                     .await
                     .unwrap_or_else(|e| panic!("put {i} on {url}: {e}"));
@@ -176,7 +177,14 @@ fn three_nodes_hand_exactly_the_reference_matches_to_delivery() {
         let want = expected_pairs(subs, events.to_vec());
         let urls = c.nodes.iter().map(|n| n.url()).collect();
         let t1 = std::time::Instant::now();
-        let ids = put_all(urls, events.clone(), 32, Arc::new(AtomicUsize::new(0))).await;
+        let ids = put_all(
+            "exact",
+            urls,
+            events.clone(),
+            32,
+            Arc::new(AtomicUsize::new(0)),
+        )
+        .await;
         eprintln!("20,000 objects put in {:?}", t1.elapsed());
         wait_drained(&c, events.len(), Duration::from_secs(120)).await;
         eprintln!("all matched {:?} after the first put", t1.elapsed());
@@ -223,7 +231,7 @@ fn killed_node_and_coordinator_lose_no_match() {
         let want = expected_pairs(subs, events.to_vec());
         let acked = Arc::new(AtomicUsize::new(0));
         let urls: Vec<String> = c.nodes.iter().map(|n| n.url()).collect();
-        let puts = tokio::spawn(put_all(urls, events.clone(), 24, acked.clone()));
+        let puts = tokio::spawn(put_all("faults", urls, events.clone(), 24, acked.clone()));
         let coord = c.coordinator.url();
 
         // a node daemon dies mid-run: its workers' tasks go to others
@@ -340,6 +348,7 @@ fn attribute_mix_shift_and_load_regulation_move_workers() {
             .collect();
         let urls = vec![node.clone()];
         put_all(
+            "temp",
             urls.clone(),
             Arc::new(temps),
             8,
@@ -361,7 +370,14 @@ fn attribute_mix_shift_and_load_regulation_move_workers() {
         let sites: Vec<Event> = (0..200)
             .map(|i| one_attr("site", blocks::Value::Str(format!("kr/{i}"))))
             .collect();
-        put_all(urls, Arc::new(sites), 8, Arc::new(AtomicUsize::new(0))).await;
+        put_all(
+            "site",
+            urls,
+            Arc::new(sites),
+            8,
+            Arc::new(AtomicUsize::new(0)),
+        )
+        .await;
         wait_drained(&c, 400, Duration::from_secs(60)).await;
         let ws = workers(&coord).await.expect("workers");
         assert!(blocks(&ws, "test:site") >= 1, "{ws:?}");

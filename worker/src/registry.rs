@@ -46,6 +46,8 @@ pub struct Registry {
     store: Store,
     subs: Arc<Mutex<BTreeMap<u64, Dnf>>>,
     dirty: Arc<AtomicBool>,
+    /// First and last change since the last publication.
+    changes: Arc<Mutex<Option<(std::time::Instant, std::time::Instant)>>>,
     published: Arc<RwLock<Published>>,
 }
 
@@ -59,6 +61,7 @@ impl Registry {
             store,
             subs: Arc::new(Mutex::new(subs)),
             dirty: Arc::new(AtomicBool::new(true)),
+            changes: Arc::new(Mutex::new(None)),
             published: Arc::new(RwLock::new(Published::default())),
         };
         reg.publish().await?;
@@ -68,7 +71,7 @@ impl Registry {
     /// A subscription was created or replaced.
     pub fn upsert(&self, id: u64, dnf: Dnf) {
         self.lock().insert(id, dnf);
-        self.dirty.store(true, Ordering::Release);
+        self.changed();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Dnf>> {
@@ -78,7 +81,7 @@ impl Registry {
     /// A subscription was deleted.
     pub fn remove(&self, id: u64) {
         if self.lock().remove(&id).is_some() {
-            self.dirty.store(true, Ordering::Release);
+            self.changed();
         }
     }
 
@@ -149,15 +152,32 @@ impl Registry {
             .map(|b| (version, b)))
     }
 
-    /// Publishes changes every `every` until the task is dropped.
-    pub async fn publisher(self, every: std::time::Duration) {
-        let mut tick = tokio::time::interval(every);
+    /// Publishes changes until the task is dropped: once no change came for `quiet`, or
+    /// at the latest `max_delay` after the first unpublished change (a bulk registration
+    /// writes an image per `max_delay`, not one per subscription).
+    pub async fn publisher(self, quiet: std::time::Duration, max_delay: std::time::Duration) {
+        let mut tick = tokio::time::interval((quiet / 4).max(std::time::Duration::from_millis(5)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tick.tick().await;
+            let due = match *self.changes.lock().unwrap_or_else(|p| p.into_inner()) {
+                Some((first, last)) => last.elapsed() >= quiet || first.elapsed() >= max_delay,
+                None => self.dirty.load(Ordering::Acquire),
+            };
+            if !due {
+                continue;
+            }
+            *self.changes.lock().unwrap_or_else(|p| p.into_inner()) = None;
             if let Err(e) = self.publish().await {
                 tracing::warn!("publishing the shard image: {e}");
             }
         }
+    }
+
+    fn changed(&self) {
+        self.dirty.store(true, Ordering::Release);
+        let now = std::time::Instant::now();
+        let mut c = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        *c = Some((c.map_or(now, |(first, _)| first), now));
     }
 }
