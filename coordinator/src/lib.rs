@@ -66,7 +66,7 @@ impl Default for Config {
         Config {
             test_batch: 256,
             match_batch: 256,
-            batch_deadline_ms: 2,
+            batch_deadline_ms: 5,
             timeout_multiple: 8.0,
             min_timeout_ms: 2_000,
             lease_ms: 3_000,
@@ -408,14 +408,30 @@ impl Coordinator {
 
     fn close_test_batch(&mut self, attr: &str) {
         if let Some(b) = self.test_batches.remove(attr) {
-            let t = self.new_task(Block::Test(attr.to_string()), b);
-            self.waiting.push(t);
+            self.enqueue(Block::Test(attr.to_string()), b, self.cfg.test_batch);
         }
     }
 
     fn close_match_batch(&mut self) {
         let b = std::mem::take(&mut self.match_batch);
-        let t = self.new_task(Block::Match, b);
+        self.enqueue(Block::Match, b, self.cfg.match_batch);
+    }
+
+    /// Queues a closed batch. While the cluster is saturated it joins a task of the same
+    /// block that is still waiting, up to the batch size: tasks grow instead of multiplying,
+    /// so per-object messages fall as load rises.
+    fn enqueue(&mut self, block: Block, b: Batch, max: usize) {
+        if let Some(t) = self
+            .waiting
+            .iter_mut()
+            .filter(|t| t.block == block && t.objects.len() + b.objects.len() <= max)
+            .min_by_key(|t| t.id)
+        {
+            t.objects.extend(b.objects);
+            t.priority = t.priority.max(b.priority);
+            return;
+        }
+        let t = self.new_task(block, b);
         self.waiting.push(t);
     }
 

@@ -341,3 +341,19 @@ fn snapshot_counts_workers_by_state_and_block() {
     assert_eq!(s.idle.get(&Block::Match), Some(&1));
     assert_eq!(s.waiting_tasks, 0);
 }
+
+#[test]
+fn saturated_batches_join_a_waiting_task_up_to_the_batch_size() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    // no worker: every closed batch waits
+    arrive(&mut c, 0, 1, 0, &["a"]);
+    c.step(10, Event::Tick);
+    arrive(&mut c, 10, 2, 0, &["a"]);
+    c.step(20, Event::Tick);
+    assert_eq!(c.snapshot().waiting_tasks, 1, "the second batch joined the first");
+    arrive(&mut c, 20, 3, 0, &["a"]);
+    c.step(30, Event::Tick);
+    assert_eq!(c.snapshot().waiting_tasks, 2, "a full task takes no more");
+    let out = join(&mut c, 30, 7, t("a"));
+    assert_eq!(assigns(&out), vec![(7, t("a"), vec![1, 2], None)]);
+}
