@@ -6,9 +6,11 @@
 //! for the baseline the ingest figures are compared with); the CLI's `bench` subcommands are
 //! thin wrappers over it.
 
+pub mod clusterbench;
 pub mod ingestbench;
 pub mod matchbench;
 pub mod mem;
+pub mod procs;
 pub mod progress;
 pub mod workload;
 

@@ -350,7 +350,11 @@ fn saturated_batches_join_a_waiting_task_up_to_the_batch_size() {
     c.step(10, Event::Tick);
     arrive(&mut c, 10, 2, 0, &["a"]);
     c.step(20, Event::Tick);
-    assert_eq!(c.snapshot().waiting_tasks, 1, "the second batch joined the first");
+    assert_eq!(
+        c.snapshot().waiting_tasks,
+        1,
+        "the second batch joined the first"
+    );
     arrive(&mut c, 20, 3, 0, &["a"]);
     c.step(30, Event::Tick);
     assert_eq!(c.snapshot().waiting_tasks, 2, "a full task takes no more");

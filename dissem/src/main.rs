@@ -376,6 +376,53 @@ enum Bench {
     Match(MatchArgs),
     /// Durable puts per second through the gRPC API vs sled with a flush per write.
     Ingest(IngestArgs),
+    /// Objects per second through ingest -> test -> match with 1, 2, 4 node processes.
+    Cluster(ClusterArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ClusterArgs {
+    /// Node process counts to run (comma separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1u32, 2, 4])]
+    nodes: Vec<u32>,
+    /// Subscriptions of the iot workload.
+    #[arg(long, default_value_t = 100_000)]
+    subs: usize,
+    /// Objects put per node count.
+    #[arg(long, default_value_t = 20_000)]
+    objects: usize,
+    /// Concurrent writers.
+    #[arg(long, default_value_t = 64)]
+    writers: usize,
+    /// Random seed of the workload.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Objects also checked against the naive reference matcher.
+    #[arg(long, default_value_t = 200)]
+    check_objects: usize,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn bench_cluster(a: ClusterArgs) -> anyhow::Result<bool> {
+    if a.subs == 0 || a.objects == 0 || a.writers == 0 || a.writers > 1024 {
+        bail!("--subs and --objects must be at least 1, --writers between 1 and 1024");
+    }
+    let report = bench::clusterbench::run(&bench::clusterbench::ClusterOptions {
+        bin: std::env::current_exe()?,
+        nodes: a.nodes,
+        subs: a.subs,
+        objects: a.objects,
+        writers: a.writers,
+        seed: a.seed,
+        check_objects: a.check_objects,
+    })?;
+    bench::clusterbench::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    Ok(report.identical_matches)
 }
 
 #[derive(clap::Args, Debug)]
@@ -627,6 +674,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Bench::Match(a),
         } => bench_match(a),
+        Command::Bench {
+            which: Bench::Cluster(a),
+        } => bench_cluster(a),
         Command::Bench {
             which: Bench::Ingest(a),
         } => bench_ingest(a),

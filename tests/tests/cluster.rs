@@ -14,8 +14,8 @@ use bench::workload::{IotSpec, Workload};
 use blocks::{Event, ReferenceMatcher};
 use storage::ObjectId;
 use tests::{
-    Cluster, delivery_records, put_request, put_retrying, stats, subscribe_all, temp_dir, wait_for,
-    workers,
+    Cluster, delivery_records, put_request, put_retrying, start_cluster, stats, subscribe_all,
+    temp_dir, wait_for, workers,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -164,7 +164,7 @@ async fn setup_subscriptions(c: &Cluster, n: usize, seed: u64) -> Vec<(u64, bloc
 fn three_nodes_hand_exactly_the_reference_matches_to_delivery() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = temp_dir("cluster-exact");
-    let mut c = Cluster::start(&dir, 3, &[], &[]);
+    let mut c = start_cluster(&dir, 3, &[], &[]);
     let rt = runtime();
     rt.block_on(async {
         let t0 = std::time::Instant::now();
@@ -218,7 +218,7 @@ fn three_nodes_hand_exactly_the_reference_matches_to_delivery() {
 fn killed_node_and_coordinator_lose_no_match() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = temp_dir("cluster-faults");
-    let mut c = Cluster::start(
+    let mut c = start_cluster(
         &dir,
         3,
         &["--min-timeout-ms", "300", "--lease-ms", "1000"],
@@ -298,7 +298,7 @@ fn one_attr(name: &str, v: blocks::Value) -> Event {
 fn attribute_mix_shift_and_load_regulation_move_workers() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = temp_dir("cluster-regulation");
-    let mut c = Cluster::start(
+    let mut c = start_cluster(
         &dir,
         1,
         &[],

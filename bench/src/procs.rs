@@ -1,0 +1,309 @@
+//! Real cluster processes on loopback, for the cluster benchmark and the cluster tests: it
+//! starts `dissem coordinator` and `dissem node` as child processes (free ports, their own
+//! data directories), kills them with SIGKILL, restarts them on the same address and data,
+//! and waits on conditions with deadlines; plus the client calls both need.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proto::v1;
+use tonic::transport::Channel;
+
+/// One running process.
+#[derive(Debug)]
+pub struct Proc {
+    child: Child,
+    bin: PathBuf,
+    /// `host:port` it listens on.
+    pub addr: String,
+    args: Vec<String>,
+}
+
+impl Proc {
+    /// Starts `<bin> <args>` (the dissem binary) and waits (up to 30 s) for its
+    /// "listening on ADDR" line. Children log at `warn` unless `DISSEM_TEST_LOG` says more.
+    pub fn start(bin: &Path, args: &[String]) -> Proc {
+        let mut child = Command::new(bin)
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("DISSEM_TEST_LOG").unwrap_or("warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning dissem");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            for _ in lines {} // keep the pipe drained
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("dissem {args:?} did not report its address"));
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Proc {
+            child,
+            bin: bin.to_path_buf(),
+            addr,
+            args: args.to_vec(),
+        }
+    }
+
+    /// The process's URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// SIGKILL, and wait until it is gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the same command again on the same address (after [`Proc::kill`]).
+    pub fn restart(&mut self) {
+        let mut args = self.args.clone();
+        if let Some(i) = args.iter().position(|a| a == "--listen") {
+            args[i + 1] = self.addr.clone();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // the port may linger for a moment after the kill
+            if std::net::TcpListener::bind(&self.addr).is_ok() || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        *self = Proc::start(&self.bin.clone(), &args);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A coordinator and `n` nodes, each with its own data directory under `dir`.
+#[derive(Debug)]
+pub struct Cluster {
+    pub coordinator: Proc,
+    pub nodes: Vec<Proc>,
+    pub dir: PathBuf,
+}
+
+fn s(x: &str) -> String {
+    x.to_string()
+}
+
+impl Cluster {
+    /// Starts the coordinator, then `n` nodes (ids 1..=n) with `node_args` added.
+    pub fn start(
+        bin: &Path,
+        dir: &Path,
+        n: u32,
+        coord_args: &[&str],
+        node_args: &[&str],
+    ) -> Cluster {
+        let mut args = vec![
+            s("coordinator"),
+            s("--listen"),
+            s("127.0.0.1:0"),
+            s("--data"),
+            dir.join("coordinator").display().to_string(),
+        ];
+        args.extend(coord_args.iter().map(|a| s(a)));
+        let coordinator = Proc::start(bin, &args);
+        let nodes = (1..=n)
+            .map(|i| {
+                let mut args = vec![
+                    s("node"),
+                    s("--listen"),
+                    s("127.0.0.1:0"),
+                    s("--data"),
+                    dir.join(format!("node{i}")).display().to_string(),
+                    s("--node"),
+                    i.to_string(),
+                    s("--coordinator"),
+                    coordinator.url(),
+                ];
+                args.extend(node_args.iter().map(|a| s(a)));
+                Proc::start(bin, &args)
+            })
+            .collect();
+        Cluster {
+            coordinator,
+            nodes,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Node `i`'s data directory (1-based).
+    pub fn node_data(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("node{i}"))
+    }
+}
+
+/// A fresh temporary directory (removed by the caller if it wants).
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "dissem-{name}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// A lazily connected channel.
+pub fn channel(url: &str) -> Channel {
+    Channel::from_shared(url.to_string())
+        .unwrap_or_else(|e| panic!("bad url {url:?}: {e}"))
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(10))
+        .connect_lazy()
+}
+
+/// Admin stats of a process.
+pub async fn stats(url: &str) -> Result<v1::StatsResponse, tonic::Status> {
+    v1::admin_client::AdminClient::new(channel(url))
+        .stats(v1::StatsRequest {})
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Admin workers of a process.
+pub async fn workers(url: &str) -> Result<Vec<v1::WorkerInfo>, tonic::Status> {
+    v1::admin_client::AdminClient::new(channel(url))
+        .workers(v1::WorkersRequest {})
+        .await
+        .map(|r| r.into_inner().workers)
+}
+
+/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match try_wait_for(timeout, f).await {
+        Some(t) => t,
+        None => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// Polls `f` (every 20 ms) until it returns `Some`; `None` after `timeout`.
+pub async fn try_wait_for<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(t) = f().await {
+            return Some(t);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Registers subscriptions (text filters) through `url` with `concurrency` calls in flight;
+/// returns the assigned ids in order.
+pub async fn subscribe_all(url: &str, filters: &[String], concurrency: usize) -> Vec<u64> {
+    let client = v1::subscriptions_client::SubscriptionsClient::new(channel(url));
+    let mut ids = vec![0u64; filters.len()];
+    let mut next = 0;
+    let mut set = tokio::task::JoinSet::new();
+    while next < filters.len() || !set.is_empty() {
+        while next < filters.len() && set.len() < concurrency {
+            let mut c = client.clone();
+            let f = filters[next].clone();
+            let i = next;
+            set.spawn(async move {
+                let req = v1::CreateSubscriptionRequest {
+                    subscription: Some(v1::Subscription {
+                        filter: Some(v1::subscription::Filter::Text(f)),
+                        target: Some(v1::Target {
+                            kind: Some(v1::target::Kind::Stream("test".into())),
+                        }),
+                        ..v1::Subscription::default()
+                    }),
+                };
+                let r = c.create(req).await.expect("create subscription");
+                (i, r.into_inner().id)
+            });
+            next += 1;
+        }
+        if let Some(r) = set.join_next().await {
+            let (i, id) = r.expect("subscribe task");
+            ids[i] = id;
+        }
+    }
+    ids
+}
+
+/// One object to put: metadata as (name, value) and a message id for deduplication.
+pub fn put_request(event: &blocks::Event, message_id: String) -> v1::PutRequest {
+    v1::PutRequest {
+        data: Vec::new(),
+        metadata: event
+            .attrs
+            .iter()
+            .map(|(n, v)| v1::Attribute {
+                name: n.clone(),
+                value: Some(worker::validate::value_to_proto(v)),
+            })
+            .collect(),
+        priority: 0,
+        message_id,
+    }
+}
+
+/// Puts one object on the node at `url`, retrying (same message id, so at most one object
+/// is stored) until it is acknowledged or `timeout` passes.
+pub async fn put_retrying(
+    url: &str,
+    req: v1::PutRequest,
+    timeout: Duration,
+) -> Result<storage::ObjectId, tonic::Status> {
+    let deadline = Instant::now() + timeout;
+    let mut client = v1::ingest_client::IngestClient::new(channel(url));
+    loop {
+        match client.put(req.clone()).await {
+            Ok(r) => {
+                let id = r.into_inner().id.unwrap_or_default();
+                return Ok(storage::ObjectId {
+                    node: id.node,
+                    seq: id.seq,
+                });
+            }
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                client = v1::ingest_client::IngestClient::new(channel(url));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Every delivery record (subscription, object) in a stopped node's store.
+pub fn delivery_records(data: &Path, node: u32) -> Vec<(u64, storage::ObjectId)> {
+    let store = storage::Store::open(data, node).expect("opening a stopped node's store");
+    store.delivery_keys().expect("reading delivery records")
+}
