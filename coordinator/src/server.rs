@@ -77,9 +77,14 @@ enum Msg {
     Heartbeat(v1::HeartbeatRequest, oneshot::Sender<u64>),
     Arrived(v1::ArrivedRequest, oneshot::Sender<u32>),
     Done(v1::DoneRequest),
-    AssignFailed { worker: WorkerId, task: TaskId },
+    AssignFailed {
+        worker: WorkerId,
+        task: TaskId,
+    },
     Stats(oneshot::Sender<v1::ClusterStats>),
     Workers(oneshot::Sender<Vec<v1::WorkerInfo>>),
+    /// The node daemon sharing this process (embedded mode).
+    Local(Arc<dyn v1::daemon_server::Daemon>),
 }
 
 #[derive(Debug)]
@@ -94,10 +99,32 @@ struct Obj {
     received_unix_ms: u64,
 }
 
-#[derive(Debug)]
+/// How the coordinator reaches a node daemon: over gRPC, or in the same process.
+#[derive(Clone)]
+enum NodeLink {
+    Grpc(DaemonClient<Channel>),
+    Local(Arc<dyn v1::daemon_server::Daemon>),
+}
+
+impl NodeLink {
+    async fn assign(&self, r: v1::AssignRequest) -> Result<(), Status> {
+        match self {
+            NodeLink::Grpc(c) => c.clone().assign(r).await.map(|_| ()),
+            NodeLink::Local(d) => d.assign(Request::new(r)).await.map(|_| ()),
+        }
+    }
+
+    async fn hello(&self, r: v1::HelloRequest) -> Result<(), Status> {
+        match self {
+            NodeLink::Grpc(c) => c.clone().hello(r).await.map(|_| ()),
+            NodeLink::Local(d) => d.hello(Request::new(r)).await.map(|_| ()),
+        }
+    }
+}
+
 struct NodeInfo {
     endpoint: String,
-    client: DaemonClient<Channel>,
+    client: NodeLink,
 }
 
 #[derive(Debug, Default)]
@@ -122,6 +149,7 @@ struct Driver {
     next_key: ObjectKey,
     counters: Arc<Counters>,
     tx: mpsc::Sender<Msg>,
+    local: Option<Arc<dyn v1::daemon_server::Daemon>>,
     /// Put -> matched latencies (ms) of the last matched objects, a ring.
     latencies: Vec<u32>,
     latency_next: usize,
@@ -185,12 +213,27 @@ impl Driver {
             Msg::Register(r, reply) => {
                 self.counters.messages.fetch_add(1, Ordering::Relaxed);
                 let known = self.nodes.get(&r.node).map(|n| n.endpoint.as_str());
-                if known != Some(r.endpoint.as_str()) {
+                if r.endpoint == worker::daemon::LOCAL_ENDPOINT {
+                    let Some(local) = self.local.clone() else {
+                        tracing::warn!("node {} claims to share this process", r.node);
+                        let _ = reply.send(self.nonce);
+                        return;
+                    };
+                    self.nodes.insert(
+                        r.node,
+                        NodeInfo {
+                            endpoint: r.endpoint.clone(),
+                            client: NodeLink::Local(local),
+                        },
+                    );
+                } else if known != Some(r.endpoint.as_str()) {
                     match worker::daemon::channel(&r.endpoint) {
                         Ok(ch) => {
-                            let client = DaemonClient::new(ch)
-                                .max_decoding_message_size(1 << 30)
-                                .max_encoding_message_size(1 << 30);
+                            let client = NodeLink::Grpc(
+                                DaemonClient::new(ch)
+                                    .max_decoding_message_size(1 << 30)
+                                    .max_encoding_message_size(1 << 30),
+                            );
                             self.nodes.insert(
                                 r.node,
                                 NodeInfo {
@@ -324,6 +367,7 @@ impl Driver {
                     self.step(Event::WorkerLeft { worker });
                 }
             }
+            Msg::Local(d) => self.local = Some(d),
             Msg::Stats(reply) => {
                 let _ = reply.send(self.stats());
             }
@@ -460,7 +504,7 @@ impl Driver {
                     self.counters.loads.fetch_add(1, Ordering::Relaxed);
                 }
                 self.counters.messages.fetch_add(1, Ordering::Relaxed);
-                let mut client = node.client.clone();
+                let client = node.client.clone();
                 let tx = self.tx.clone();
                 self.running.insert(task, (worker, block, objects));
                 tokio::spawn(async move {
@@ -473,7 +517,7 @@ impl Driver {
             Action::Hello { nonce } => {
                 for n in self.nodes.values() {
                     self.counters.messages.fetch_add(1, Ordering::Relaxed);
-                    let mut c = n.client.clone();
+                    let c = n.client.clone();
                     tokio::spawn(async move {
                         let _ = c.hello(v1::HelloRequest { nonce }).await;
                     });
@@ -634,15 +678,59 @@ impl v1::admin_server::Admin for Handle {
     }
 }
 
-/// Runs the coordinator on `listener` until `shutdown` resolves: the registry over `store`
-/// (subscriptions and their images), the driver, and the gRPC services.
-pub async fn serve(
-    listener: TcpListener,
+/// The coordinator's running parts: the driver and publisher tasks and the services.
+#[derive(Debug)]
+pub struct Started {
+    handle: Handle,
+    registry: Registry,
     store: Store,
     limits: Limits,
-    cfg: ServerConfig,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), NodeError> {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Started {
+    /// The `Cluster` service, for a node daemon in the same process.
+    pub fn link(&self) -> worker::daemon::CoordLink {
+        worker::daemon::CoordLink::Local(Arc::new(self.handle.clone()))
+    }
+
+    /// Tells the coordinator about the node daemon in the same process (before it registers
+    /// with [`worker::daemon::LOCAL_ENDPOINT`]).
+    pub async fn set_local(&self, d: Arc<dyn v1::daemon_server::Daemon>) {
+        let _ = self.handle.tx.send(Msg::Local(d)).await;
+    }
+
+    /// The public `Subscriptions` service over the registry.
+    pub fn subscriptions(&self) -> worker::services::Node {
+        worker::services::Node::new(
+            self.store.clone(),
+            self.limits,
+            worker::services::Sink::Registry(self.registry.clone()),
+        )
+    }
+
+    /// Cluster counters for the admin API.
+    pub async fn cluster_stats(&self) -> Result<v1::ClusterStats, Status> {
+        self.handle.ask(Msg::Stats).await
+    }
+
+    /// Every worker of the cluster.
+    pub async fn workers(&self) -> Result<Vec<v1::WorkerInfo>, Status> {
+        self.handle.ask(Msg::Workers).await
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts the coordinator over `store`: loads the registry (subscriptions and their images),
+/// spawns the publisher and the driver.
+pub async fn start(store: Store, limits: Limits, cfg: ServerConfig) -> Result<Started, NodeError> {
     let registry = Registry::load(store.clone(), &limits).await?;
     let publisher = tokio::spawn(
         registry
@@ -666,30 +754,46 @@ pub async fn serve(
         next_key: 1,
         counters: Arc::new(Counters::default()),
         tx: tx.clone(),
+        local: None,
         latencies: Vec::new(),
         latency_next: 0,
     };
     let driver = tokio::spawn(driver.run(rx));
-    let handle = Handle {
-        tx,
-        registry: registry.clone(),
-        store: store.clone(),
-    };
-    let subs =
-        worker::services::Node::new(store, limits, worker::services::Sink::Registry(registry));
-    let res = worker::server()
+    Ok(Started {
+        handle: Handle {
+            tx,
+            registry: registry.clone(),
+            store: store.clone(),
+        },
+        registry,
+        store,
+        limits,
+        tasks: vec![publisher, driver],
+    })
+}
+
+/// Runs the coordinator on `listener` until `shutdown` resolves: the registry over `store`
+/// (subscriptions and their images), the driver, and the gRPC services.
+pub async fn serve(
+    listener: TcpListener,
+    store: Store,
+    limits: Limits,
+    cfg: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), NodeError> {
+    let started = start(store, limits, cfg).await?;
+    worker::server()
         .add_service(worker::reflection()?)
         .add_service(
-            v1::cluster_server::ClusterServer::new(handle.clone())
+            v1::cluster_server::ClusterServer::new(started.handle.clone())
                 .max_decoding_message_size(1 << 30)
                 .max_encoding_message_size(1 << 30),
         )
-        .add_service(v1::subscriptions_server::SubscriptionsServer::new(subs))
-        .add_service(v1::admin_server::AdminServer::new(handle))
+        .add_service(v1::subscriptions_server::SubscriptionsServer::new(
+            started.subscriptions(),
+        ))
+        .add_service(v1::admin_server::AdminServer::new(started.handle.clone()))
         .serve_with_incoming_shutdown(worker::incoming(listener), shutdown)
         .await
-        .map_err(|e| NodeError::Startup(e.to_string()));
-    publisher.abort();
-    driver.abort();
-    res
+        .map_err(|e| NodeError::Startup(e.to_string()))
 }

@@ -20,9 +20,14 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Runs a storage node: durable ingestion, objects, subscriptions and admin over gRPC
-    /// (with server reflection). The cluster issue grows this into the embedded cluster.
-    Up(UpArgs),
+    /// Runs an embedded single-node cluster: storage, the coordinator and one node daemon in
+    /// one process, serving the public gRPC API (with server reflection).
+    Up {
+        #[command(flatten)]
+        up: UpArgs,
+        #[command(flatten)]
+        workers: WorkerFlags,
+    },
     /// Runs the coordinator of a multi-process cluster: the subscription registry (its data
     /// images), task scheduling for the node daemons, the public Subscriptions API and Admin.
     Coordinator(CoordinatorArgs),
@@ -145,7 +150,8 @@ struct UpArgs {
     max_objects: usize,
 }
 
-fn up(a: UpArgs) -> anyhow::Result<bool> {
+fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
+    w.check()?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         std::fs::create_dir_all(&a.data).map_err(|e| {
@@ -183,7 +189,16 @@ fn up(a: UpArgs) -> anyhow::Result<bool> {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        worker::run(listener, store, limits, shutdown).await?;
+        let daemon = w.daemon_config(a.node, String::new(), String::new());
+        coordinator::embedded::run(
+            listener,
+            store,
+            limits,
+            coordinator::server::ServerConfig::default(),
+            daemon,
+            shutdown,
+        )
+        .await?;
         Ok(true)
     })
 }
@@ -258,20 +273,9 @@ fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
     })
 }
 
+/// Settings of a node daemon's workers (`up` and `node`).
 #[derive(clap::Args, Debug)]
-struct NodeArgs {
-    #[command(flatten)]
-    up: UpArgs,
-    /// The coordinator's URL.
-    #[arg(
-        long,
-        default_value = "http://127.0.0.1:7600",
-        env = "DISSEM_COORDINATOR_URL"
-    )]
-    coordinator: String,
-    /// The URL other processes reach this node at (default: http:// + the listen address).
-    #[arg(long)]
-    advertise: Option<String>,
+struct WorkerFlags {
     /// Empty workers started at once.
     #[arg(long, default_value_t = 4)]
     workers: usize,
@@ -298,24 +302,72 @@ struct NodeArgs {
     resend_ms: u64,
 }
 
+impl WorkerFlags {
+    fn check(&self) -> anyhow::Result<()> {
+        if !(0.0..=1.0).contains(&self.cpu_low)
+            || self.cpu_high.is_nan()
+            || self.cpu_low > self.cpu_high
+        {
+            bail!(
+                "--cpu-low ({}) must be in 0..=1 and at most --cpu-high ({})",
+                self.cpu_low,
+                self.cpu_high
+            );
+        }
+        if self.min_workers > self.max_workers || self.max_workers == 0 {
+            bail!(
+                "--min-workers ({}) must not exceed --max-workers ({}), which must be at least 1",
+                self.min_workers,
+                self.max_workers
+            );
+        }
+        if self.regulate_ms == 0 || self.resend_ms == 0 {
+            bail!("--regulate-ms and --resend-ms must be at least 1");
+        }
+        Ok(())
+    }
+
+    fn daemon_config(
+        &self,
+        node: u32,
+        coordinator: String,
+        endpoint: String,
+    ) -> worker::daemon::DaemonConfig {
+        let mut cfg = worker::daemon::DaemonConfig::new(node, coordinator, endpoint);
+        cfg.initial_workers = self.workers;
+        cfg.regulator = worker::regulate::RegulatorConfig {
+            upper: self.cpu_high,
+            lower: self.cpu_low,
+            min_workers: self.min_workers,
+            max_workers: self.max_workers,
+            idle_cleanup_ms: self.idle_cleanup_s * 1000,
+        };
+        cfg.regulate_every = std::time::Duration::from_millis(self.regulate_ms);
+        cfg.resend_after = std::time::Duration::from_millis(self.resend_ms);
+        cfg
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct NodeArgs {
+    #[command(flatten)]
+    up: UpArgs,
+    /// The coordinator's URL.
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:7600",
+        env = "DISSEM_COORDINATOR_URL"
+    )]
+    coordinator: String,
+    /// The URL other processes reach this node at (default: http:// + the listen address).
+    #[arg(long)]
+    advertise: Option<String>,
+    #[command(flatten)]
+    workers: WorkerFlags,
+}
+
 fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
-    if !(0.0..=1.0).contains(&a.cpu_low) || a.cpu_high.is_nan() || a.cpu_low > a.cpu_high {
-        bail!(
-            "--cpu-low ({}) must be in 0..=1 and at most --cpu-high ({})",
-            a.cpu_low,
-            a.cpu_high
-        );
-    }
-    if a.min_workers > a.max_workers || a.max_workers == 0 {
-        bail!(
-            "--min-workers ({}) must not exceed --max-workers ({}), which must be at least 1",
-            a.min_workers,
-            a.max_workers
-        );
-    }
-    if a.regulate_ms == 0 || a.resend_ms == 0 {
-        bail!("--regulate-ms and --resend-ms must be at least 1");
-    }
+    a.workers.check()?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let u = &a.up;
@@ -343,17 +395,9 @@ fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
             .advertise
             .clone()
             .unwrap_or_else(|| format!("http://{addr}"));
-        let mut cfg = worker::daemon::DaemonConfig::new(u.node, a.coordinator.clone(), endpoint);
-        cfg.initial_workers = a.workers;
-        cfg.regulator = worker::regulate::RegulatorConfig {
-            upper: a.cpu_high,
-            lower: a.cpu_low,
-            min_workers: a.min_workers,
-            max_workers: a.max_workers,
-            idle_cleanup_ms: a.idle_cleanup_s * 1000,
-        };
-        cfg.regulate_every = std::time::Duration::from_millis(a.regulate_ms);
-        cfg.resend_after = std::time::Duration::from_millis(a.resend_ms);
+        let cfg = a
+            .workers
+            .daemon_config(u.node, a.coordinator.clone(), endpoint);
         println!(
             "dissem node {} listening on {addr} (data in {}, coordinator {})",
             u.node,
@@ -638,7 +682,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .try_init();
     let result = match cli.command {
-        Command::Up(a) => up(a),
+        Command::Up { up: a, workers } => up(a, workers),
         Command::Coordinator(a) => coordinator_cmd(a),
         Command::Workers { node } => client(&node.url, worker::client::workers),
         Command::Node(a) => node_cmd(a),

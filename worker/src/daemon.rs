@@ -32,6 +32,45 @@ use crate::registry::cluster_shard_config;
 use crate::regulate::{CpuSampler, Regulation, RegulatorConfig, WorkerView, regulate};
 use crate::validate;
 
+/// How a node daemon reaches its coordinator: over gRPC, or (embedded mode) by calling the
+/// coordinator's service in the same process.
+#[derive(Clone)]
+pub enum CoordLink {
+    Grpc(ClusterClient<Channel>),
+    Local(Arc<dyn v1::cluster_server::Cluster>),
+}
+
+impl std::fmt::Debug for CoordLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CoordLink::Grpc(_) => "CoordLink::Grpc",
+            CoordLink::Local(_) => "CoordLink::Local",
+        })
+    }
+}
+
+macro_rules! coord_call {
+    ($name:ident, $req:ty, $resp:ty) => {
+        pub async fn $name(&self, r: $req) -> Result<$resp, Status> {
+            match self {
+                CoordLink::Grpc(c) => c.clone().$name(r).await.map(|x| x.into_inner()),
+                CoordLink::Local(h) => h.$name(Request::new(r)).await.map(|x| x.into_inner()),
+            }
+        }
+    };
+}
+
+impl CoordLink {
+    coord_call!(register, v1::RegisterRequest, v1::RegisterResponse);
+    coord_call!(heartbeat, v1::HeartbeatRequest, v1::HeartbeatResponse);
+    coord_call!(arrived, v1::ArrivedRequest, v1::ArrivedResponse);
+    coord_call!(done, v1::DoneRequest, v1::DoneResponse);
+    coord_call!(image, v1::ImageRequest, v1::ImageResponse);
+}
+
+/// The endpoint name of the node daemon that shares the coordinator's process.
+pub const LOCAL_ENDPOINT: &str = "local:";
+
 /// Settings of a node daemon.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -118,7 +157,7 @@ struct Inner {
     cfg: DaemonConfig,
     store: Store,
     limits: Limits,
-    coord: ClusterClient<Channel>,
+    coord: CoordLink,
     /// The nonce of the coordinator this node registered with (0: not registered).
     nonce: AtomicU64,
     reregister: Notify,
@@ -134,6 +173,7 @@ struct Inner {
     next_worker: AtomicU64,
     counters: DaemonCounters,
     cpu: Mutex<f64>,
+    forward_rx: Mutex<Option<mpsc::Receiver<v1::ArrivedObject>>>,
 }
 
 /// A node daemon (cheap to clone).
@@ -177,14 +217,21 @@ pub fn channel(url: &str) -> Result<Channel, NodeError> {
 }
 
 impl Daemon {
-    /// Creates the daemon, starts its initial workers and background loops (registration and
-    /// heartbeats, forwarding, outbox resends, load regulation). Runs until the runtime stops.
+    /// A daemon that reaches its coordinator over gRPC at `cfg.coordinator`, started
+    /// ([`Daemon::new`] then [`Daemon::spawn`]).
     pub fn start(cfg: DaemonConfig, store: Store, limits: Limits) -> Result<Daemon, NodeError> {
         let coord = ClusterClient::new(channel(&cfg.coordinator)?)
             .max_decoding_message_size(1 << 30)
             .max_encoding_message_size(64 << 20);
+        let d = Daemon::new(cfg, store, limits, CoordLink::Grpc(coord));
+        d.spawn();
+        Ok(d)
+    }
+
+    /// Creates the daemon (nothing runs yet).
+    pub fn new(cfg: DaemonConfig, store: Store, limits: Limits, coord: CoordLink) -> Daemon {
         let (tx, rx) = mpsc::channel(65_536);
-        let d = Daemon {
+        Daemon {
             inner: Arc::new(Inner {
                 coord,
                 nonce: AtomicU64::new(0),
@@ -203,16 +250,24 @@ impl Daemon {
                 cfg,
                 store,
                 limits,
+                forward_rx: Mutex::new(Some(rx)),
             }),
-        };
-        for _ in 0..d.inner.cfg.initial_workers {
-            d.start_worker();
         }
-        tokio::spawn(d.clone().forwarder(rx));
-        tokio::spawn(d.clone().membership());
-        tokio::spawn(d.clone().resender());
-        tokio::spawn(d.clone().regulator());
-        Ok(d)
+    }
+
+    /// Starts the initial workers and the background loops (registration and heartbeats,
+    /// forwarding, outbox resends, load regulation). They run until the runtime stops.
+    pub fn spawn(&self) {
+        let Some(rx) = lock(&self.inner.forward_rx).take() else {
+            return; // already running
+        };
+        for _ in 0..self.inner.cfg.initial_workers {
+            self.start_worker();
+        }
+        tokio::spawn(self.clone().forwarder(rx));
+        tokio::spawn(self.clone().membership());
+        tokio::spawn(self.clone().resender());
+        tokio::spawn(self.clone().regulator());
     }
 
     /// Counters for the admin API.
@@ -319,7 +374,7 @@ impl Daemon {
             node: self.inner.cfg.node,
             objects,
         };
-        if let Err(e) = self.inner.coord.clone().arrived(req).await {
+        if let Err(e) = self.inner.coord.arrived(req).await {
             tracing::debug!("sending {n} objects to the coordinator failed (resent later): {e}");
         }
     }
@@ -353,9 +408,9 @@ impl Daemon {
                     workers: self.worker_states(),
                 };
                 *lock(&self.inner.changes) = Changes::default();
-                match self.inner.coord.clone().register(req).await {
+                match self.inner.coord.register(req).await {
                     Ok(r) => {
-                        let nonce = r.into_inner().nonce;
+                        let nonce = r.nonce;
                         tracing::info!("registered with coordinator {nonce:016x}");
                         self.inner.nonce.store(nonce, Ordering::Release);
                         // whatever was in flight with an earlier coordinator is sent again
@@ -375,12 +430,12 @@ impl Daemon {
                 started: changes.started.clone(),
                 terminated: changes.terminated.clone(),
             };
-            match self.inner.coord.clone().heartbeat(req).await {
-                Ok(r) if r.get_ref().nonce == known => {}
+            match self.inner.coord.heartbeat(req).await {
+                Ok(r) if r.nonce == known => {}
                 Ok(r) => {
                     tracing::info!(
                         "coordinator changed ({known:016x} -> {:016x}): registering again",
-                        r.get_ref().nonce
+                        r.nonce
                     );
                     self.inner.nonce.store(0, Ordering::Release);
                     self.inner.reregister.notify_one();
@@ -534,7 +589,7 @@ impl Daemon {
                 block,
                 failed,
             };
-            if let Err(e) = self.inner.coord.clone().done(done).await {
+            if let Err(e) = self.inner.coord.done(done).await {
                 tracing::debug!("reporting task {task} done: {e}");
             }
         }
@@ -549,11 +604,9 @@ impl Daemon {
         let resp = self
             .inner
             .coord
-            .clone()
             .image(v1::ImageRequest { version })
             .await
-            .map_err(|e| NodeError::Unavailable(format!("fetching image {version}: {e}")))?
-            .into_inner();
+            .map_err(|e| NodeError::Unavailable(format!("fetching image {version}: {e}")))?;
         let loaded = tokio::task::spawn_blocking(move || {
             let index = MatchIndex::from_image(cluster_shard_config(), &resp.image)?;
             let base = index.base();
@@ -668,12 +721,17 @@ impl Daemon {
                 tasks: tasks.into_iter().collect(),
                 keys,
             };
-            let peer = self.peer(&endpoint);
+            let me = self.clone();
             calls.spawn(async move {
-                match peer {
-                    Ok(mut c) => c.fetch(fetch).await.map(|r| r.into_inner()).ok(),
-                    Err(_) => None,
+                if endpoint == me.inner.cfg.endpoint {
+                    // this node's own cache: no call
+                    return v1::daemon_server::Daemon::fetch(&me, Request::new(fetch))
+                        .await
+                        .map(|r| r.into_inner())
+                        .ok();
                 }
+                let mut c = me.peer(&endpoint).ok()?;
+                c.fetch(fetch).await.map(|r| r.into_inner()).ok()
             });
         }
         while let Some(r) = calls.join_next().await {

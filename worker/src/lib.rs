@@ -113,7 +113,7 @@ pub fn server() -> tonic::transport::Server {
 }
 
 /// The largest request the public API accepts under `limits`.
-fn max_message(limits: &Limits) -> usize {
+pub fn max_message(limits: &Limits) -> usize {
     limits.max_object_bytes + 64 * 1024 + limits.max_attributes * (limits.max_string_bytes + 256)
 }
 
