@@ -448,3 +448,64 @@ fn attribute_mix_shift_and_load_regulation_move_workers() {
     c.nodes[0].kill();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn embedded_up_matches_through_in_process_calls() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("embedded");
+    let data = dir.join("data");
+    let mut up = tests::Proc::start(
+        &tests::dissem_bin(),
+        &[
+            "up".to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--data".into(),
+            data.display().to_string(),
+        ],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let url = up.url();
+        let w = Workload::Iot(IotSpec);
+        let subs = w.subscriptions(13, 1_000, |_| {});
+        let filters: Vec<String> = subs.iter().map(|(_, d)| d.to_text()).collect();
+        let ids = subscribe_all(&url, &filters, 16).await;
+        let u = url.clone();
+        wait_for("the image", Duration::from_secs(30), || {
+            let u = u.clone();
+            async move {
+                let s = stats(&u).await.ok()?;
+                (s.role == "embedded" && s.cluster?.image_subscriptions == 1_000).then_some(())
+            }
+        })
+        .await;
+        let subs: Vec<(u64, blocks::Dnf)> =
+            ids.into_iter().zip(subs.into_iter().map(|s| s.1)).collect();
+        let events = Arc::new(w.events(13, 2_000));
+        let want = expected_pairs(subs, events.to_vec());
+        let oids = put_all(
+            "up",
+            vec![url.clone()],
+            events.clone(),
+            16,
+            Arc::new(AtomicUsize::new(0)),
+        )
+        .await;
+        let u = url.clone();
+        wait_for("every object matched", Duration::from_secs(60), || {
+            let u = u.clone();
+            async move {
+                let s = stats(&u).await.ok()?;
+                (s.outbox_pending == 0 && s.cluster?.objects_matched >= 2_000).then_some(())
+            }
+        })
+        .await;
+        let ws = workers(&url).await.expect("workers");
+        assert!(ws.iter().any(|w| w.block == "match"), "{ws:?}");
+        up.kill();
+        let got: BTreeSet<_> = delivery_records(&data, 1).into_iter().collect();
+        compare(&got, &oids, &want.join().expect("reference thread"));
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
