@@ -273,6 +273,12 @@ fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
     })
 }
 
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum GpuArg {
+    Auto,
+    Off,
+}
+
 /// Settings of a node daemon's workers (`up` and `node`).
 #[derive(clap::Args, Debug)]
 struct WorkerFlags {
@@ -300,6 +306,10 @@ struct WorkerFlags {
     /// Outbox records older than this many ms are sent to the coordinator again.
     #[arg(long, default_value_t = 5000)]
     resend_ms: u64,
+    /// Where match blocks run their subset scan: `auto` uses the GPU when an adapter opens
+    /// (the CPU otherwise, logged once), `off` always the CPU.
+    #[arg(long, value_enum, default_value_t = GpuArg::Auto)]
+    gpu: GpuArg,
 }
 
 impl WorkerFlags {
@@ -344,6 +354,7 @@ impl WorkerFlags {
         };
         cfg.regulate_every = std::time::Duration::from_millis(self.regulate_ms);
         cfg.resend_after = std::time::Duration::from_millis(self.resend_ms);
+        cfg.gpu = self.gpu == GpuArg::Auto;
         cfg
     }
 }

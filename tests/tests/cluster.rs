@@ -164,7 +164,8 @@ async fn setup_subscriptions(c: &Cluster, n: usize, seed: u64) -> Vec<(u64, bloc
 fn three_nodes_hand_exactly_the_reference_matches_to_delivery() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = temp_dir("cluster-exact");
-    let mut c = start_cluster(&dir, 3, &[], &[]);
+    // match blocks on the CPU scan here (the embedded test below takes the GPU path)
+    let mut c = start_cluster(&dir, 3, &[], &["--gpu", "off"]);
     let rt = runtime();
     rt.block_on(async {
         let t0 = std::time::Instant::now();
@@ -222,7 +223,7 @@ fn killed_node_and_coordinator_lose_no_match() {
         &dir,
         3,
         &["--min-timeout-ms", "300", "--lease-ms", "1000"],
-        &["--resend-ms", "1500"],
+        &["--resend-ms", "1500", "--gpu", "off"],
     );
     let rt = runtime();
     rt.block_on(async {
@@ -482,6 +483,7 @@ fn embedded_up_matches_through_in_process_calls() {
         .await;
         let subs: Vec<(u64, blocks::Dnf)> =
             ids.into_iter().zip(subs.into_iter().map(|s| s.1)).collect();
+        let subs_before = subs.clone();
         let events = Arc::new(w.events(13, 2_000));
         let want = expected_pairs(subs, events.to_vec());
         let oids = put_all(
@@ -503,9 +505,55 @@ fn embedded_up_matches_through_in_process_calls() {
         .await;
         let ws = workers(&url).await.expect("workers");
         assert!(ws.iter().any(|w| w.block == "match"), "{ws:?}");
+        let v1 = stats(&url)
+            .await
+            .expect("stats")
+            .cluster
+            .expect("cluster")
+            .image_version;
+
+        // subscriptions change while the node runs: a new image version, which the workers
+        // load for the objects that arrive after it (no restart, nothing dropped)
+        let more = w.subscriptions(14, 500, |_| {});
+        let filters: Vec<String> = more.iter().map(|(_, d)| d.to_text()).collect();
+        let more_ids = subscribe_all(&url, &filters, 16).await;
+        let u = url.clone();
+        wait_for("the new image", Duration::from_secs(30), || {
+            let u = u.clone();
+            async move {
+                let c = stats(&u).await.ok()?.cluster?;
+                (c.image_subscriptions == 1_500 && c.image_version > v1).then_some(())
+            }
+        })
+        .await;
+        let mut all = subs_before;
+        all.extend(more_ids.into_iter().zip(more.into_iter().map(|s| s.1)));
+        let events2 = Arc::new(w.events(15, 1_000));
+        let want2 = expected_pairs(all, events2.to_vec());
+        let oids2 = put_all(
+            "up2",
+            vec![url.clone()],
+            events2.clone(),
+            16,
+            Arc::new(AtomicUsize::new(0)),
+        )
+        .await;
+        let u = url.clone();
+        wait_for("every new object matched", Duration::from_secs(60), || {
+            let u = u.clone();
+            async move {
+                let s = stats(&u).await.ok()?;
+                (s.outbox_pending == 0 && s.cluster?.objects_matched >= 3_000).then_some(())
+            }
+        })
+        .await;
         up.kill();
         let got: BTreeSet<_> = delivery_records(&data, 1).into_iter().collect();
-        compare(&got, &oids, &want.join().expect("reference thread"));
+        let mut ids = oids;
+        ids.extend(oids2);
+        let mut want = want.join().expect("reference thread");
+        want.extend(want2.join().expect("reference thread"));
+        compare(&got, &ids, &want);
     });
     let _ = std::fs::remove_dir_all(&dir);
 }

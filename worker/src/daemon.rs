@@ -92,6 +92,8 @@ pub struct DaemonConfig {
     /// Objects per `Arrived` message, and the longest an object waits to be sent.
     pub forward_batch: usize,
     pub forward_delay: Duration,
+    /// Run match blocks' subset scan on the GPU when an adapter opens (CPU otherwise).
+    pub gpu: bool,
 }
 
 impl DaemonConfig {
@@ -113,6 +115,7 @@ impl DaemonConfig {
             result_ttl: Duration::from_secs(60),
             forward_batch: 512,
             forward_delay: Duration::from_millis(2),
+            gpu: true,
         }
     }
 }
@@ -122,6 +125,9 @@ impl DaemonConfig {
 struct Loaded {
     index: MatchIndex,
     absent: Vec<(String, TestOutput)>,
+    /// The resident subset matcher of match blocks: the GPU when an adapter opens, else the
+    /// CPU twin; `None` when the node runs match blocks on the CPU scan of `blocks`.
+    subset: Option<Mutex<gpu::SubsetMatcher>>,
 }
 
 /// A test task's results: when they were computed, and one per object.
@@ -607,6 +613,7 @@ impl Daemon {
             .image(v1::ImageRequest { version })
             .await
             .map_err(|e| NodeError::Unavailable(format!("fetching image {version}: {e}")))?;
+        let use_gpu = self.inner.cfg.gpu;
         let loaded = tokio::task::spawn_blocking(move || {
             let index = MatchIndex::from_image(cluster_shard_config(), &resp.image)?;
             let base = index.base();
@@ -619,7 +626,35 @@ impl Daemon {
                         .map(|o| (a.clone(), o))
                 })
                 .collect();
-            Ok::<_, blocks::index::IndexError>(Loaded { index, absent })
+            let subset = if use_gpu && base.bloom_ready() && base.conjunctions() > 0 {
+                match gpu::SubsetMatcher::new(
+                    base.filters(),
+                    base.conjunctions(),
+                    base.filter_words(),
+                    gpu::GpuOptions::default(),
+                ) {
+                    Ok(m) => {
+                        if let gpu::SubsetMatcher::Gpu(g) = &m {
+                            tracing::info!(
+                                "image {version}: match block on the GPU ({})",
+                                g.info().name
+                            );
+                        }
+                        Some(Mutex::new(m))
+                    }
+                    Err(e) => {
+                        tracing::warn!("match block on the CPU scan: {e}");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            Ok::<_, blocks::index::IndexError>(Loaded {
+                index,
+                absent,
+                subset,
+            })
         })
         .await
         .map_err(|e| NodeError::Unavailable(format!("image build task: {e}")))?
@@ -894,7 +929,17 @@ fn match_objects(
         ids.push(set);
     }
     let mut cands: Vec<Vec<u32>> = vec![Vec::new(); objs.len()];
-    base.bloom_candidates(&filters, |o, rec| cands[o].push(rec));
+    match &loaded.subset {
+        Some(m) => {
+            let mut m = lock(m);
+            for batch in m.candidates(&[&filters]) {
+                for (o, rec) in batch {
+                    cands[o as usize].push(rec);
+                }
+            }
+        }
+        None => base.bloom_candidates(&filters, |o, rec| cands[o].push(rec)),
+    }
     let mut out = Vec::with_capacity(objs.len());
     let mut recs = Vec::new();
     for (o, (i, _)) in objs.iter().enumerate() {
