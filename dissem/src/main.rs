@@ -276,6 +276,7 @@ fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum GpuArg {
     Auto,
+    On,
     Off,
 }
 
@@ -306,8 +307,9 @@ struct WorkerFlags {
     /// Outbox records older than this many ms are sent to the coordinator again.
     #[arg(long, default_value_t = 5000)]
     resend_ms: u64,
-    /// Where match blocks run their subset scan: `auto` uses the GPU when an adapter opens
-    /// (the CPU otherwise, logged once), `off` always the CPU.
+    /// Where match blocks run their subset scan: `auto` uses a hardware GPU when one opens
+    /// (the CPU otherwise), `on` any adapter including software ones (Mesa's lavapipe),
+    /// `off` always the CPU.
     #[arg(long, value_enum, default_value_t = GpuArg::Auto)]
     gpu: GpuArg,
 }
@@ -354,7 +356,11 @@ impl WorkerFlags {
         };
         cfg.regulate_every = std::time::Duration::from_millis(self.regulate_ms);
         cfg.resend_after = std::time::Duration::from_millis(self.resend_ms);
-        cfg.gpu = self.gpu == GpuArg::Auto;
+        cfg.gpu = match self.gpu {
+            GpuArg::Auto => worker::daemon::GpuUse::Hardware,
+            GpuArg::On => worker::daemon::GpuUse::Any,
+            GpuArg::Off => worker::daemon::GpuUse::Off,
+        };
         cfg
     }
 }

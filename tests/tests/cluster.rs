@@ -463,6 +463,9 @@ fn embedded_up_matches_through_in_process_calls() {
             "127.0.0.1:0".into(),
             "--data".into(),
             data.display().to_string(),
+            // match blocks on any GPU adapter, Mesa's software one in CI
+            "--gpu".into(),
+            "on".into(),
         ],
     );
     let rt = runtime();

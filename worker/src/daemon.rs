@@ -32,6 +32,18 @@ use crate::registry::cluster_shard_config;
 use crate::regulate::{CpuSampler, Regulation, RegulatorConfig, WorkerView, regulate};
 use crate::validate;
 
+/// Where match blocks run their subset scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuUse {
+    /// A hardware GPU when one opens; software adapters (Mesa's lavapipe) are slower than
+    /// the CPU scan, so they are not used.
+    Hardware,
+    /// Any adapter that opens, software ones included (tests exercise the path this way).
+    Any,
+    /// Always the CPU scan.
+    Off,
+}
+
 /// How a node daemon reaches its coordinator: over gRPC, or (embedded mode) by calling the
 /// coordinator's service in the same process.
 #[derive(Clone)]
@@ -92,8 +104,8 @@ pub struct DaemonConfig {
     /// Objects per `Arrived` message, and the longest an object waits to be sent.
     pub forward_batch: usize,
     pub forward_delay: Duration,
-    /// Run match blocks' subset scan on the GPU when an adapter opens (CPU otherwise).
-    pub gpu: bool,
+    /// Where match blocks run their subset scan.
+    pub gpu: GpuUse,
 }
 
 impl DaemonConfig {
@@ -115,7 +127,7 @@ impl DaemonConfig {
             result_ttl: Duration::from_secs(60),
             forward_batch: 512,
             forward_delay: Duration::from_millis(2),
-            gpu: true,
+            gpu: GpuUse::Hardware,
         }
     }
 }
@@ -626,22 +638,25 @@ impl Daemon {
                         .map(|o| (a.clone(), o))
                 })
                 .collect();
-            let subset = if use_gpu && base.bloom_ready() && base.conjunctions() > 0 {
+            let subset = if use_gpu != GpuUse::Off && base.bloom_ready() && base.conjunctions() > 0
+            {
                 match gpu::SubsetMatcher::new(
                     base.filters(),
                     base.conjunctions(),
                     base.filter_words(),
                     gpu::GpuOptions::default(),
                 ) {
-                    Ok(m) => {
-                        if let gpu::SubsetMatcher::Gpu(g) = &m {
-                            tracing::info!(
-                                "image {version}: match block on the GPU ({})",
-                                g.info().name
-                            );
-                        }
-                        Some(Mutex::new(m))
+                    Ok(gpu::SubsetMatcher::Gpu(g))
+                        if use_gpu == GpuUse::Any || g.info().device_type != "Cpu" =>
+                    {
+                        tracing::info!(
+                            "image {version}: match block on the GPU ({}, {})",
+                            g.info().name,
+                            g.info().device_type
+                        );
+                        Some(Mutex::new(gpu::SubsetMatcher::Gpu(g)))
                     }
+                    Ok(_) => None, // no (hardware) GPU: the CPU scan of `blocks`
                     Err(e) => {
                         tracing::warn!("match block on the CPU scan: {e}");
                         None
