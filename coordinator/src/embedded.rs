@@ -43,6 +43,20 @@ impl v1::admin_server::Admin for EmbeddedAdmin {
             workers: self.coordinator.workers().await?,
         }))
     }
+
+    async fn dead_letters(
+        &self,
+        request: Request<v1::DeadLettersRequest>,
+    ) -> Result<Response<v1::DeadLettersResponse>, Status> {
+        v1::admin_server::Admin::dead_letters(&self.node, request).await
+    }
+
+    async fn redrive(
+        &self,
+        request: Request<v1::RedriveRequest>,
+    ) -> Result<Response<v1::RedriveResponse>, Status> {
+        v1::admin_server::Admin::redrive(&self.node, request).await
+    }
 }
 
 /// Runs the embedded cluster on `listener` until `shutdown` resolves. Objects still in the
@@ -60,6 +74,7 @@ pub async fn run(
     let daemon = Daemon::new(daemon_cfg, store.clone(), limits, coordinator.link());
     coordinator.set_local(Arc::new(daemon.clone())).await;
     daemon.spawn();
+    let stream = v1::stream_server::StreamServer::new(daemon.deliverer().clone());
     let node = Node::new(store, limits, Sink::Cluster(daemon));
     let max = worker::max_message(&limits);
     worker::server()
@@ -73,6 +88,7 @@ pub async fn run(
         .add_service(v1::subscriptions_server::SubscriptionsServer::new(
             coordinator.subscriptions(),
         ))
+        .add_service(stream)
         .add_service(v1::admin_server::AdminServer::new(EmbeddedAdmin {
             node,
             coordinator,

@@ -637,6 +637,22 @@ impl v1::cluster_server::Cluster for Handle {
         Ok(Response::new(v1::DoneResponse {}))
     }
 
+    async fn subscription(
+        &self,
+        request: Request<v1::SubscriptionRecordRequest>,
+    ) -> Result<Response<v1::Subscription>, Status> {
+        use prost::Message;
+        let id = request.into_inner().id;
+        let bytes = self
+            .store
+            .get_subscription(id)
+            .map_err(NodeError::from)?
+            .ok_or_else(|| NodeError::NotFound(format!("subscription {id}")))?;
+        let s = v1::Subscription::decode(bytes.as_slice())
+            .map_err(|e| Status::internal(format!("stored subscription {id}: {e}")))?;
+        Ok(Response::new(s))
+    }
+
     async fn image(
         &self,
         request: Request<v1::ImageRequest>,
@@ -655,6 +671,26 @@ impl v1::cluster_server::Cluster for Handle {
 
 #[tonic::async_trait]
 impl v1::admin_server::Admin for Handle {
+    async fn dead_letters(
+        &self,
+        _request: Request<v1::DeadLettersRequest>,
+    ) -> Result<Response<v1::DeadLettersResponse>, Status> {
+        Err(Status::failed_precondition(
+            "the coordinator holds no deliveries: ask the nodes (dead letters live on the node \
+             that took the write)",
+        ))
+    }
+
+    async fn redrive(
+        &self,
+        _request: Request<v1::RedriveRequest>,
+    ) -> Result<Response<v1::RedriveResponse>, Status> {
+        Err(Status::failed_precondition(
+            "the coordinator holds no deliveries: ask the nodes (dead letters live on the node \
+             that took the write)",
+        ))
+    }
+
     async fn stats(
         &self,
         _request: Request<v1::StatsRequest>,

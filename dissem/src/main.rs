@@ -82,6 +82,17 @@ enum Command {
         #[command(flatten)]
         node: NodeArg,
     },
+    /// Lists a node's dead letters (deliveries given up on), or redrives them.
+    DeadLetters {
+        #[command(flatten)]
+        node: NodeArg,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Put every dead letter of the node back to pending.
+        #[arg(long)]
+        redrive_all: bool,
+    },
     /// Lists a node's workers (or, given the coordinator's URL, every worker of the cluster).
     Workers {
         #[command(flatten)]
@@ -312,6 +323,13 @@ struct WorkerFlags {
     /// `off` always the CPU.
     #[arg(long, value_enum, default_value_t = GpuArg::Auto)]
     gpu: GpuArg,
+    /// Allow delivery targets on loopback, private and link-local addresses (refused by
+    /// default, so subscriptions cannot reach into the operator's network).
+    #[arg(long)]
+    allow_private_targets: bool,
+    /// Pushes in flight per target endpoint.
+    #[arg(long, default_value_t = 16)]
+    in_flight_per_endpoint: usize,
 }
 
 impl WorkerFlags {
@@ -356,6 +374,8 @@ impl WorkerFlags {
         };
         cfg.regulate_every = std::time::Duration::from_millis(self.regulate_ms);
         cfg.resend_after = std::time::Duration::from_millis(self.resend_ms);
+        cfg.delivery.allow_private_targets = self.allow_private_targets;
+        cfg.delivery.in_flight_per_endpoint = self.in_flight_per_endpoint.max(1);
         cfg.gpu = match self.gpu {
             GpuArg::Auto => worker::daemon::GpuUse::Hardware,
             GpuArg::On => worker::daemon::GpuUse::Any,
@@ -702,6 +722,17 @@ fn main() -> ExitCode {
         Command::Up { up: a, workers } => up(a, workers),
         Command::Coordinator(a) => coordinator_cmd(a),
         Command::Workers { node } => client(&node.url, worker::client::workers),
+        Command::DeadLetters {
+            node,
+            limit,
+            redrive_all,
+        } => client(&node.url, |ch| async move {
+            if redrive_all {
+                worker::client::redrive_all(ch).await
+            } else {
+                worker::client::dead_letters(ch, limit).await
+            }
+        }),
         Command::Node(a) => node_cmd(a),
         Command::Put {
             node,

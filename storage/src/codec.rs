@@ -131,6 +131,14 @@ pub fn encode_delivery(d: &DeliveryState) -> Vec<u8> {
             out.extend_from_slice(&attempts.to_le_bytes());
             out.extend_from_slice(&next_attempt_unix_ms.to_le_bytes());
         }
+        DeliveryState::Received {
+            attempts,
+            next_attempt_unix_ms,
+        } => {
+            out.push(3);
+            out.extend_from_slice(&attempts.to_le_bytes());
+            out.extend_from_slice(&next_attempt_unix_ms.to_le_bytes());
+        }
         DeliveryState::Acked { at_unix_ms } => {
             out.push(1);
             out.extend_from_slice(&at_unix_ms.to_le_bytes());
@@ -163,6 +171,10 @@ pub fn decode_delivery(b: &[u8]) -> Result<DeliveryState, CodecError> {
         2 => DeliveryState::DeadLetter {
             at_unix_ms: u64::from_le_bytes(r.arr()?),
             reason: r.string()?,
+        },
+        3 => DeliveryState::Received {
+            attempts: u32::from_le_bytes(r.arr()?),
+            next_attempt_unix_ms: u64::from_le_bytes(r.arr()?),
         },
         t => return Err(CodecError::Tag(t)),
     };

@@ -438,6 +438,11 @@ pub enum DeliveryState {
         attempts: u32,
         next_attempt_unix_ms: u64,
     },
+    /// QoS 2: the subscriber has it ("received"); the release is still owed.
+    Received {
+        attempts: u32,
+        next_attempt_unix_ms: u64,
+    },
     /// Acknowledged by the subscriber.
     Acked { at_unix_ms: u64 },
     /// Given up on, with the reason; kept until redriven or expired.
@@ -618,6 +623,23 @@ impl Store {
         self.deliveries_where(|s| matches!(s, DeliveryState::Pending { .. }), limit)
     }
 
+    /// Deliveries not finished (pending, or QoS 2 received and not yet released), up to
+    /// `limit`: what the delivery loop resumes after a restart.
+    pub fn unfinished_deliveries(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(u64, ObjectId, DeliveryState)>, StorageError> {
+        self.deliveries_where(
+            |s| {
+                matches!(
+                    s,
+                    DeliveryState::Pending { .. } | DeliveryState::Received { .. }
+                )
+            },
+            limit,
+        )
+    }
+
     /// Dead letters, up to `limit`.
     pub fn dead_letters(
         &self,
@@ -658,7 +680,7 @@ impl Store {
             let old = match codec::decode_delivery(&v) {
                 Ok(DeliveryState::Acked { at_unix_ms })
                 | Ok(DeliveryState::DeadLetter { at_unix_ms, .. }) => at_unix_ms < cutoff_unix_ms,
-                Ok(DeliveryState::Pending { .. }) => false,
+                Ok(DeliveryState::Pending { .. } | DeliveryState::Received { .. }) => false,
                 Err(e) => {
                     return Err(StorageError::Corrupt {
                         tree: "deliveries",

@@ -182,6 +182,10 @@ pub async fn stats(ch: Channel) -> Result<Vec<String>, NodeError> {
             format!("matches_handed {}", s.matches_handed),
             format!("matches_repeated {}", s.matches_repeated),
             format!("deliveries {}", s.deliveries),
+            format!("deliveries_acked {}", s.deliveries_acked),
+            format!("delivery_failures {}", s.delivery_failures),
+            format!("dead_lettered {}", s.dead_lettered),
+            format!("deliveries_queued {}", s.deliveries_queued),
         ]);
     }
     if let Some(c) = s.cluster {
@@ -224,4 +228,40 @@ pub async fn workers(ch: Channel) -> Result<Vec<String>, NodeError> {
         .into_iter()
         .map(|w| format!("{} node {} {} {}", w.id, w.node, w.state, w.block))
         .collect())
+}
+
+/// A node's dead letters, one line each: subscription, object, when, why.
+pub async fn dead_letters(ch: Channel, limit: u32) -> Result<Vec<String>, NodeError> {
+    let r = v1::admin_client::AdminClient::new(ch)
+        .dead_letters(v1::DeadLettersRequest { limit })
+        .await
+        .map_err(status)?
+        .into_inner();
+    Ok(r.dead_letters
+        .into_iter()
+        .map(|d| {
+            let o = d.object_id.unwrap_or_default();
+            format!(
+                "subscription {} object {}:{} at {} {}",
+                d.subscription_id,
+                o.node,
+                o.seq,
+                crate::deliver::rfc3339(d.at_unix_ms),
+                d.reason
+            )
+        })
+        .collect())
+}
+
+/// Redrives every dead letter of a node.
+pub async fn redrive_all(ch: Channel) -> Result<Vec<String>, NodeError> {
+    let r = v1::admin_client::AdminClient::new(ch)
+        .redrive(v1::RedriveRequest {
+            dead_letters: Vec::new(),
+            all: true,
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    Ok(vec![format!("redriven {}", r.redriven)])
 }

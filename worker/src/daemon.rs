@@ -78,6 +78,11 @@ impl CoordLink {
     coord_call!(arrived, v1::ArrivedRequest, v1::ArrivedResponse);
     coord_call!(done, v1::DoneRequest, v1::DoneResponse);
     coord_call!(image, v1::ImageRequest, v1::ImageResponse);
+    coord_call!(
+        subscription,
+        v1::SubscriptionRecordRequest,
+        v1::Subscription
+    );
 }
 
 /// The endpoint name of the node daemon that shares the coordinator's process.
@@ -106,6 +111,8 @@ pub struct DaemonConfig {
     pub forward_delay: Duration,
     /// Where match blocks run their subset scan.
     pub gpu: GpuUse,
+    /// Pushing matches to subscribers.
+    pub delivery: crate::deliver::DeliveryConfig,
 }
 
 impl DaemonConfig {
@@ -128,6 +135,7 @@ impl DaemonConfig {
             forward_batch: 512,
             forward_delay: Duration::from_millis(2),
             gpu: GpuUse::Hardware,
+            delivery: crate::deliver::DeliveryConfig::default(),
         }
     }
 }
@@ -192,6 +200,7 @@ struct Inner {
     counters: DaemonCounters,
     cpu: Mutex<f64>,
     forward_rx: Mutex<Option<mpsc::Receiver<v1::ArrivedObject>>>,
+    deliverer: crate::deliver::Deliverer,
 }
 
 /// A node daemon (cheap to clone).
@@ -249,6 +258,7 @@ impl Daemon {
     /// Creates the daemon (nothing runs yet).
     pub fn new(cfg: DaemonConfig, store: Store, limits: Limits, coord: CoordLink) -> Daemon {
         let (tx, rx) = mpsc::channel(65_536);
+        let deliverer = crate::deliver::Deliverer::new(cfg.delivery, store.clone(), coord.clone());
         Daemon {
             inner: Arc::new(Inner {
                 coord,
@@ -269,6 +279,7 @@ impl Daemon {
                 store,
                 limits,
                 forward_rx: Mutex::new(Some(rx)),
+                deliverer,
             }),
         }
     }
@@ -286,6 +297,16 @@ impl Daemon {
         tokio::spawn(self.clone().membership());
         tokio::spawn(self.clone().resender());
         tokio::spawn(self.clone().regulator());
+        match self.inner.deliverer.resume() {
+            Ok(n) if n > 0 => tracing::info!("resuming {n} unfinished deliveries"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("reading unfinished deliveries: {e}"),
+        }
+    }
+
+    /// The node's delivery loop.
+    pub fn deliverer(&self) -> &crate::deliver::Deliverer {
+        &self.inner.deliverer
     }
 
     /// Counters for the admin API.
@@ -903,6 +924,9 @@ impl Daemon {
             .fetch_add(records.len() as u64 + repeated, Ordering::Relaxed);
         c.matches_repeated.fetch_add(repeated, Ordering::Relaxed);
         self.inner.store.set_deliveries(&records).await?;
+        for (s, id, _) in &records {
+            self.inner.deliverer.enqueue(*s, *id);
+        }
         let mut sent = lock(&self.inner.sent);
         for id in ids {
             self.inner.store.retire(id)?;

@@ -11,6 +11,7 @@
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod deliver;
 pub mod disseminate;
 pub mod error;
 pub mod proxy;
@@ -82,6 +83,9 @@ pub async fn run_node(
             coordinator,
         )))
         .add_service(AdminServer::new(node))
+        .add_service(proto::v1::stream_server::StreamServer::new(
+            daemon.deliverer().clone(),
+        ))
         .add_service(
             proto::v1::daemon_server::DaemonServer::new(daemon)
                 .max_decoding_message_size(1 << 30)

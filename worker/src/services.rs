@@ -373,6 +373,10 @@ impl v1::admin_server::Admin for Node {
             ),
             _ => (0, 0),
         };
+        let delivery = match &self.sink {
+            Sink::Cluster(d) => Some(d.deliverer().counters()),
+            _ => None,
+        };
         Ok(Response::new(v1::StatsResponse {
             node: self.store.node(),
             objects_stored: self.store.object_count() as u64,
@@ -384,6 +388,10 @@ impl v1::admin_server::Admin for Node {
             matches_handed,
             matches_repeated,
             deliveries: self.store.delivery_count() as u64,
+            deliveries_acked: delivery.map_or(0, |c| c.acked.load(Ordering::Relaxed)),
+            delivery_failures: delivery.map_or(0, |c| c.failures.load(Ordering::Relaxed)),
+            dead_lettered: delivery.map_or(0, |c| c.dead_lettered.load(Ordering::Relaxed)),
+            deliveries_queued: delivery.map_or(0, |c| c.queued.load(Ordering::Relaxed)),
             cluster: None,
         }))
     }
@@ -407,5 +415,84 @@ impl v1::admin_server::Admin for Node {
             _ => Vec::new(),
         };
         Ok(Response::new(v1::WorkersResponse { workers }))
+    }
+
+    async fn dead_letters(
+        &self,
+        request: Request<v1::DeadLettersRequest>,
+    ) -> Result<Response<v1::DeadLettersResponse>, Status> {
+        let limit = match request.into_inner().limit {
+            0 => 100,
+            l if l > 10_000 => {
+                return Err(NodeError::invalid("limit", format!("{l} exceeds 10000")).into());
+            }
+            l => l as usize,
+        };
+        let dead = self.store.dead_letters(limit).map_err(NodeError::from)?;
+        Ok(Response::new(v1::DeadLettersResponse {
+            dead_letters: dead
+                .into_iter()
+                .filter_map(|(sub, obj, state)| match state {
+                    storage::DeliveryState::DeadLetter { reason, at_unix_ms } => {
+                        Some(v1::DeadLetter {
+                            subscription_id: sub,
+                            object_id: Some(id_to_proto(obj)),
+                            reason,
+                            at_unix_ms,
+                        })
+                    }
+                    _ => None,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn redrive(
+        &self,
+        request: Request<v1::RedriveRequest>,
+    ) -> Result<Response<v1::RedriveResponse>, Status> {
+        let r = request.into_inner();
+        let keys: Vec<(u64, ObjectId)> = if r.all {
+            self.store
+                .dead_letters(usize::MAX)
+                .map_err(NodeError::from)?
+                .into_iter()
+                .map(|(s, o, _)| (s, o))
+                .collect()
+        } else {
+            let mut keys = Vec::with_capacity(r.dead_letters.len());
+            for (i, d) in r.dead_letters.iter().enumerate() {
+                let o = d.object_id.ok_or_else(|| {
+                    NodeError::invalid(format!("dead_letters[{i}].object_id"), "required")
+                })?;
+                keys.push((
+                    d.subscription_id,
+                    ObjectId {
+                        node: o.node,
+                        seq: o.seq,
+                    },
+                ));
+            }
+            keys
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let mut redriven = 0;
+        for (sub, obj) in keys {
+            if self
+                .store
+                .redrive(sub, obj, now)
+                .await
+                .map_err(NodeError::from)?
+            {
+                redriven += 1;
+                if let Sink::Cluster(d) = &self.sink {
+                    d.deliverer().enqueue(sub, obj);
+                }
+            }
+        }
+        Ok(Response::new(v1::RedriveResponse { redriven }))
     }
 }
