@@ -296,9 +296,9 @@ fn one_attr(name: &str, v: blocks::Value) -> Event {
 }
 
 #[test]
-fn attribute_mix_shift_and_load_regulation_move_workers() {
+fn attribute_mix_shift_moves_workers_between_blocks() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = temp_dir("cluster-regulation");
+    let dir = temp_dir("cluster-mix");
     let mut c = start_cluster(
         &dir,
         1,
@@ -310,8 +310,9 @@ fn attribute_mix_shift_and_load_regulation_move_workers() {
             "0",
             "--max-workers",
             "3",
+            // no load regulation here: it would terminate idle workers on a busy machine
             "--cpu-high",
-            "0.9",
+            "1.0",
             "--cpu-low",
             "0.6",
             "--regulate-ms",
@@ -389,7 +390,38 @@ fn attribute_mix_shift_and_load_regulation_move_workers() {
             .expect("c")
             .loads;
         assert!(loads_after > loads_before, "site's block was loaded");
+    });
+    c.nodes[0].kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
+#[test]
+fn load_regulation_terminates_idle_workers_and_starts_them_again() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("cluster-regulation");
+    let mut c = start_cluster(
+        &dir,
+        1,
+        &[],
+        &[
+            "--workers",
+            "2",
+            "--min-workers",
+            "0",
+            "--max-workers",
+            "3",
+            "--cpu-high",
+            "0.9",
+            "--cpu-low",
+            "0.6",
+            "--regulate-ms",
+            "250",
+        ],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let node = c.nodes[0].url();
+        let coord = c.coordinator.url();
         // synthetic CPU load: idle workers are terminated, as the admin API shows
         let stop = Arc::new(AtomicBool::new(false));
         let spinners: Vec<_> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))

@@ -905,7 +905,10 @@ mod tests {
     fn signatures_and_times_are_as_documented() {
         // HMAC-SHA256 over "<ts>.<body>" (expected value from Python's hmac module)
         let sig = sign("Jefe", 1, b"what do ya want for nothing?");
-        assert_eq!(sig, "sha256=a9049465ce89cfb8e9aac62333abda66f80e3403f51f57f6bae3c3a4485eca38");
+        assert_eq!(
+            sig,
+            "sha256=a9049465ce89cfb8e9aac62333abda66f80e3403f51f57f6bae3c3a4485eca38"
+        );
         assert_ne!(sig, sign("Jefe", 2, b"what do ya want for nothing?"));
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");

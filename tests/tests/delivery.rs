@@ -1,0 +1,626 @@
+//! Delivery end to end: a real `dissem up` pushes matches to real subscriber endpoints on
+//! loopback (allowed with `--allow-private-targets`): an HTTP webhook server that checks the
+//! HMAC signature, a gRPC `Subscriber` server (with fault injection for QoS 2), and a stream
+//! opened to the node. Each test waits on conditions with deadlines.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use proto::v1;
+use tests::{Proc, channel, dissem_bin, stats, temp_dir, wait_for};
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn start_node(dir: &std::path::Path, extra: &[&str]) -> Proc {
+    let mut args: Vec<String> = [
+        "up",
+        "--listen",
+        "127.0.0.1:0",
+        "--allow-private-targets",
+        "--gpu",
+        "off",
+        "--data",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(dir.join("data").display().to_string());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Proc::start(&dissem_bin(), &args)
+}
+
+struct Sub<'a> {
+    filter: &'a str,
+    target: v1::target::Kind,
+    qos: v1::Qos,
+    retry: Option<v1::RetryPolicy>,
+    secret: &'a str,
+}
+
+async fn create(url: &str, s: Sub<'_>) -> u64 {
+    v1::subscriptions_client::SubscriptionsClient::new(channel(url))
+        .create(v1::CreateSubscriptionRequest {
+            subscription: Some(v1::Subscription {
+                filter: Some(v1::subscription::Filter::Text(s.filter.into())),
+                target: Some(v1::Target {
+                    kind: Some(s.target),
+                }),
+                qos: s.qos as i32,
+                retry: s.retry,
+                webhook_secret: s.secret.into(),
+                ..v1::Subscription::default()
+            }),
+        })
+        .await
+        .expect("create subscription")
+        .into_inner()
+        .id
+}
+
+async fn wait_published(url: &str, n: u64) {
+    let u = url.to_string();
+    wait_for(
+        "the subscriptions to be published",
+        Duration::from_secs(30),
+        || {
+            let u = u.clone();
+            async move { (stats(&u).await.ok()?.cluster?.image_subscriptions == n).then_some(()) }
+        },
+    )
+    .await;
+}
+
+/// Puts objects with `temp` = each value, at `priority`; returns their ids as "node:seq".
+async fn put_temps(url: &str, temps: &[i64], priority: u32) -> Vec<String> {
+    let mut c = v1::ingest_client::IngestClient::new(channel(url));
+    let mut ids = Vec::new();
+    for &t in temps {
+        let r = c
+            .put(v1::PutRequest {
+                data: format!("t{t}").into_bytes(),
+                metadata: vec![v1::Attribute {
+                    name: "temp".into(),
+                    value: Some(v1::Value {
+                        kind: Some(v1::value::Kind::Integer(t)),
+                    }),
+                }],
+                priority,
+                message_id: String::new(),
+            })
+            .await
+            .expect("put")
+            .into_inner();
+        let id = r.id.unwrap_or_default();
+        ids.push(format!("{}:{}", id.node, id.seq));
+    }
+    ids
+}
+
+fn key(d: &v1::Delivery) -> String {
+    let o = d.object_id.unwrap_or_default();
+    format!("{}:{}", o.node, o.seq)
+}
+
+// --- a gRPC subscriber with QoS 2 semantics and fault injection ------------------------------
+
+#[derive(Default)]
+struct SubscriberState {
+    /// What the application saw, in order (QoS 0/1 on Deliver, QoS 2 on Release).
+    shown: Vec<(String, u32)>,
+    /// QoS 2: received, not yet released (delivery id -> object).
+    received: BTreeMap<String, (String, u32)>,
+    calls: u64,
+}
+
+#[derive(Clone, Default)]
+struct Subscriber {
+    state: Arc<Mutex<SubscriberState>>,
+    exactly_once: bool,
+    /// Fail (after processing) every n-th Deliver and Release: the ack is "lost".
+    drop_every: u64,
+    delay: Duration,
+}
+
+#[tonic::async_trait]
+impl v1::subscriber_server::Subscriber for Subscriber {
+    async fn deliver(
+        &self,
+        request: Request<v1::Delivery>,
+    ) -> Result<Response<v1::DeliverAck>, Status> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        let d = request.into_inner();
+        let mut s = lock(&self.state);
+        s.calls += 1;
+        let entry = (key(&d), d.priority);
+        if self.exactly_once {
+            s.received.entry(d.delivery_id.clone()).or_insert(entry);
+        } else {
+            s.shown.push(entry);
+        }
+        if self.drop_every > 0 && s.calls.is_multiple_of(self.drop_every) {
+            return Err(Status::unavailable("ack lost (fault injection)"));
+        }
+        Ok(Response::new(v1::DeliverAck {}))
+    }
+
+    async fn release(
+        &self,
+        request: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseAck>, Status> {
+        let id = request.into_inner().delivery_id;
+        let mut s = lock(&self.state);
+        s.calls += 1;
+        if let Some(entry) = s.received.remove(&id) {
+            s.shown.push(entry);
+        }
+        if self.drop_every > 0 && s.calls.is_multiple_of(self.drop_every) {
+            return Err(Status::unavailable("ack lost (fault injection)"));
+        }
+        Ok(Response::new(v1::ReleaseAck {}))
+    }
+}
+
+async fn serve_subscriber(sub: Subscriber, listener: TcpListener) {
+    tonic::transport::Server::builder()
+        .add_service(v1::subscriber_server::SubscriberServer::new(sub))
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .await
+        .expect("subscriber server");
+}
+
+// --- a webhook receiver that checks signatures ----------------------------------------------
+
+#[derive(Default)]
+struct Hooks {
+    /// CloudEvent ids and subjects received with a valid signature.
+    ok: Vec<(String, String)>,
+    bad_signatures: u64,
+}
+
+fn hmac_hex(secret: &str, ts: &str, body: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("hmac key");
+    mac.update(ts.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+async fn serve_webhook(listener: TcpListener, secret: &'static str, hooks: Arc<Mutex<Hooks>>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        let hooks = hooks.clone();
+        tokio::spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let hooks = hooks.clone();
+                    async move {
+                        let ts = req
+                            .headers()
+                            .get("x-dissem-timestamp")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_string();
+                        let sig = req
+                            .headers()
+                            .get("x-dissem-signature")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_string();
+                        let ctype = req
+                            .headers()
+                            .get("content-type")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_string();
+                        let body = req.into_body().collect().await?.to_bytes();
+                        let good = sig == format!("sha256={}", hmac_hex(secret, &ts, &body))
+                            && ctype.starts_with("application/cloudevents+json");
+                        let ev: serde_json::Value =
+                            serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+                        let mut h = lock(&hooks);
+                        let status = if good && ev["specversion"] == "1.0" {
+                            h.ok.push((
+                                ev["id"].as_str().unwrap_or("").to_string(),
+                                ev["subject"].as_str().unwrap_or("").to_string(),
+                            ));
+                            200
+                        } else {
+                            h.bad_signatures += 1;
+                            401
+                        };
+                        let resp = hyper::Response::builder()
+                            .status(status)
+                            .body(http_body_util::Full::new(hyper::body::Bytes::new()))
+                            .unwrap_or_default();
+                        Ok::<_, hyper::Error>(resp)
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn expected(ids: &[String], temps: &[i64], pred: impl Fn(i64) -> bool) -> BTreeSet<String> {
+    ids.iter()
+        .zip(temps)
+        .filter(|(_, t)| pred(**t))
+        .map(|(i, _)| i.clone())
+        .collect()
+}
+
+#[test]
+fn webhook_grpc_push_and_stream_deliver_every_match() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-kinds");
+    let node = start_node(&dir, &[]);
+    runtime().block_on(async {
+        let url = node.url();
+        let hooks = Arc::new(Mutex::new(Hooks::default()));
+        let wl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let hook_url = format!("http://{}/hook", wl.local_addr().expect("addr"));
+        tokio::spawn(serve_webhook(wl, "s3cret", hooks.clone()));
+        let gl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let grpc_url = format!("http://{}", gl.local_addr().expect("addr"));
+        let sub = Subscriber::default();
+        tokio::spawn(serve_subscriber(sub.clone(), gl));
+
+        create(
+            &url,
+            Sub {
+                filter: "temp > 10",
+                target: v1::target::Kind::Webhook(hook_url),
+                qos: v1::Qos::AtLeastOnce,
+                retry: None,
+                secret: "s3cret",
+            },
+        )
+        .await;
+        create(
+            &url,
+            Sub {
+                filter: "temp > 20",
+                target: v1::target::Kind::Grpc(grpc_url),
+                qos: v1::Qos::AtLeastOnce,
+                retry: None,
+                secret: "",
+            },
+        )
+        .await;
+        create(
+            &url,
+            Sub {
+                filter: "temp < 15",
+                target: v1::target::Kind::Stream("alerts".into()),
+                qos: v1::Qos::AtLeastOnce,
+                retry: None,
+                secret: "",
+            },
+        )
+        .await;
+        wait_published(&url, 3).await;
+
+        // the stream subscriber attaches and acks everything it gets
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tx.send(v1::StreamClientMessage {
+            kind: Some(v1::stream_client_message::Kind::Attach("alerts".into())),
+        })
+        .await
+        .expect("attach");
+        let mut down = v1::stream_client::StreamClient::new(channel(&url))
+            .open(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("open stream")
+            .into_inner();
+        let streamed = Arc::new(Mutex::new(Vec::new()));
+        let s2 = streamed.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(d)) = down.message().await {
+                lock(&s2).push(key(&d));
+                let _ = tx
+                    .send(v1::StreamClientMessage {
+                        kind: Some(v1::stream_client_message::Kind::Ack(d.delivery_id)),
+                    })
+                    .await;
+            }
+        });
+
+        let temps: Vec<i64> = (0..30).collect();
+        let ids = put_temps(&url, &temps, 0).await;
+        let want_hook = expected(&ids, &temps, |t| t > 10);
+        let want_grpc = expected(&ids, &temps, |t| t > 20);
+        let want_stream = expected(&ids, &temps, |t| t < 15);
+        wait_for("every push", Duration::from_secs(60), || {
+            let hooks = hooks.clone();
+            let sub = sub.clone();
+            let streamed = streamed.clone();
+            let (wh, wg, ws) = (want_hook.clone(), want_grpc.clone(), want_stream.clone());
+            async move {
+                let h: BTreeSet<String> = lock(&hooks).ok.iter().map(|x| x.1.clone()).collect();
+                let g: BTreeSet<String> =
+                    lock(&sub.state).shown.iter().map(|x| x.0.clone()).collect();
+                let s: BTreeSet<String> = lock(&streamed).iter().cloned().collect();
+                (h == wh && g == wg && s == ws).then_some(())
+            }
+        })
+        .await;
+        assert_eq!(lock(&hooks).bad_signatures, 0);
+        let total = (want_hook.len() + want_grpc.len() + want_stream.len()) as u64;
+        let u = url.clone();
+        let st = wait_for("every ack recorded", Duration::from_secs(30), || {
+            let u = u.clone();
+            async move {
+                let s = stats(&u).await.ok()?;
+                (s.deliveries_acked == total).then_some(s)
+            }
+        })
+        .await;
+        assert_eq!(st.dead_lettered, 0);
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn qos1_survives_an_endpoint_outage_and_qos2_never_shows_a_duplicate() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-qos");
+    let node = start_node(&dir, &[]);
+    runtime().block_on(async {
+        let url = node.url();
+        // QoS 1 endpoint: its port is known but nothing listens yet
+        let down = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let down_addr = down.local_addr().expect("addr");
+        drop(down);
+        let fast_retry = Some(v1::RetryPolicy {
+            max_attempts: 100,
+            ttl_ms: 0,
+            initial_backoff_ms: 50,
+            max_backoff_ms: 400,
+        });
+        create(
+            &url,
+            Sub {
+                filter: "temp >= 0",
+                target: v1::target::Kind::Grpc(format!("http://{down_addr}")),
+                qos: v1::Qos::AtLeastOnce,
+                retry: fast_retry,
+                secret: "",
+            },
+        )
+        .await;
+        // QoS 2 endpoint that loses every third ack
+        let gl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let faulty = Subscriber {
+            exactly_once: true,
+            drop_every: 3,
+            ..Subscriber::default()
+        };
+        create(
+            &url,
+            Sub {
+                filter: "temp >= 0",
+                target: v1::target::Kind::Grpc(format!("http://{}", gl.local_addr().expect("a"))),
+                qos: v1::Qos::ExactlyOnce,
+                retry: fast_retry,
+                secret: "",
+            },
+        )
+        .await;
+        tokio::spawn(serve_subscriber(faulty.clone(), gl));
+        wait_published(&url, 2).await;
+
+        let temps: Vec<i64> = (0..40).collect();
+        let ids = put_temps(&url, &temps, 0).await;
+        let want: BTreeSet<String> = ids.iter().cloned().collect();
+
+        // QoS 2: everything shown exactly once despite the lost acks
+        wait_for("every QoS 2 release", Duration::from_secs(60), || {
+            let f = faulty.clone();
+            let want = want.clone();
+            async move {
+                let shown: BTreeSet<String> =
+                    lock(&f.state).shown.iter().map(|x| x.0.clone()).collect();
+                (shown == want).then_some(())
+            }
+        })
+        .await;
+        let u = url.clone();
+        wait_for("the retries of the outage", Duration::from_secs(30), || {
+            let u = u.clone();
+            async move { (stats(&u).await.ok()?.delivery_failures >= 40).then_some(()) }
+        })
+        .await;
+        // the endpoint comes back: every QoS 1 delivery arrives, none lost
+        let back = TcpListener::bind(down_addr).await.expect("rebind");
+        let recovered = Subscriber::default();
+        tokio::spawn(serve_subscriber(recovered.clone(), back));
+        wait_for(
+            "every QoS 1 delivery after the outage",
+            Duration::from_secs(60),
+            || {
+                let r = recovered.clone();
+                let want = want.clone();
+                async move {
+                    let got: BTreeSet<String> =
+                        lock(&r.state).shown.iter().map(|x| x.0.clone()).collect();
+                    (got == want).then_some(())
+                }
+            },
+        )
+        .await;
+        let shown = lock(&faulty.state).shown.clone();
+        let distinct: HashSet<&String> = shown.iter().map(|x| &x.0).collect();
+        assert_eq!(
+            distinct.len(),
+            shown.len(),
+            "a QoS 2 delivery was shown twice"
+        );
+        assert!(
+            lock(&faulty.state).calls > 80,
+            "acks were really dropped and retried"
+        );
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn max_attempts_dead_letter_then_redrive_delivers() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-dead");
+    let node = start_node(&dir, &[]);
+    runtime().block_on(async {
+        let url = node.url();
+        let gone = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = gone.local_addr().expect("addr");
+        drop(gone);
+        create(
+            &url,
+            Sub {
+                filter: "temp > 0",
+                target: v1::target::Kind::Grpc(format!("http://{addr}")),
+                qos: v1::Qos::AtLeastOnce,
+                retry: Some(v1::RetryPolicy {
+                    max_attempts: 3,
+                    ttl_ms: 0,
+                    initial_backoff_ms: 20,
+                    max_backoff_ms: 50,
+                }),
+                secret: "",
+            },
+        )
+        .await;
+        wait_published(&url, 1).await;
+        let ids = put_temps(&url, &[5, 6, 7], 0).await;
+        let mut admin = v1::admin_client::AdminClient::new(channel(&url));
+        let dead = wait_for("three dead letters", Duration::from_secs(30), || {
+            let mut a = admin.clone();
+            async move {
+                let d = a
+                    .dead_letters(v1::DeadLettersRequest { limit: 0 })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .dead_letters;
+                (d.len() == 3).then_some(d)
+            }
+        })
+        .await;
+        assert!(
+            dead.iter().all(|d| d.reason.contains("3 attempts")),
+            "{dead:?}"
+        );
+        let back = TcpListener::bind(addr).await.expect("rebind");
+        let sub = Subscriber::default();
+        tokio::spawn(serve_subscriber(sub.clone(), back));
+        let r = admin
+            .redrive(v1::RedriveRequest {
+                dead_letters: Vec::new(),
+                all: true,
+            })
+            .await
+            .expect("redrive")
+            .into_inner();
+        assert_eq!(r.redriven, 3);
+        let want: BTreeSet<String> = ids.into_iter().collect();
+        wait_for("the redriven deliveries", Duration::from_secs(30), || {
+            let s = sub.clone();
+            let want = want.clone();
+            async move {
+                let got: BTreeSet<String> =
+                    lock(&s.state).shown.iter().map(|x| x.0.clone()).collect();
+                (got == want).then_some(())
+            }
+        })
+        .await;
+        let left = admin
+            .dead_letters(v1::DeadLettersRequest { limit: 0 })
+            .await
+            .expect("list")
+            .into_inner()
+            .dead_letters;
+        assert!(left.is_empty(), "{left:?}");
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn priority_7_overtakes_priority_0_when_delivery_is_saturated() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-priority");
+    let node = start_node(&dir, &["--in-flight-per-endpoint", "1"]);
+    runtime().block_on(async {
+        let url = node.url();
+        let gl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let slow = Subscriber {
+            delay: Duration::from_millis(30),
+            ..Subscriber::default()
+        };
+        create(
+            &url,
+            Sub {
+                filter: "temp >= 0",
+                target: v1::target::Kind::Grpc(format!("http://{}", gl.local_addr().expect("a"))),
+                qos: v1::Qos::AtLeastOnce,
+                retry: None,
+                secret: "",
+            },
+        )
+        .await;
+        tokio::spawn(serve_subscriber(slow.clone(), gl));
+        wait_published(&url, 1).await;
+        let low: Vec<i64> = (0..40).collect();
+        put_temps(&url, &low, 0).await;
+        let high: Vec<i64> = (100..105).collect();
+        put_temps(&url, &high, 7).await;
+        let seen = Arc::new(AtomicU64::new(0));
+        wait_for("every delivery", Duration::from_secs(60), || {
+            let s = slow.clone();
+            let seen = seen.clone();
+            async move {
+                let n = lock(&s.state).shown.len();
+                seen.store(n as u64, Ordering::Relaxed);
+                (n == 45).then_some(())
+            }
+        })
+        .await;
+        let order = lock(&slow.state).shown.clone();
+        let last_high = order
+            .iter()
+            .rposition(|x| x.1 == 7)
+            .expect("priority 7 delivered");
+        let low_after = order[last_high..].iter().filter(|x| x.1 == 0).count();
+        assert!(
+            low_after >= 20,
+            "priority-7 objects put last were delivered before most priority-0 ones put \
+             earlier: {low_after} of 40 came after the last priority 7"
+        );
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
