@@ -67,6 +67,7 @@ pub async fn run(
     limits: Limits,
     cfg: ServerConfig,
     mut daemon_cfg: DaemonConfig,
+    metrics: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
     let coordinator = Arc::new(crate::server::start(store.clone(), limits, cfg).await?);
@@ -75,7 +76,21 @@ pub async fn run(
     coordinator.set_local(Arc::new(daemon.clone())).await;
     daemon.spawn();
     let stream = v1::stream_server::StreamServer::new(daemon.deliverer().clone());
+    let deliverer = daemon.deliverer().clone();
     let node = Node::new(store, limits, Sink::Cluster(daemon));
+    let admin = EmbeddedAdmin {
+        node: node.clone(),
+        coordinator: coordinator.clone(),
+    };
+    if let Some(l) = metrics {
+        tokio::spawn(worker::metrics::serve(
+            l,
+            worker::metrics::MetricsSource {
+                admin: Arc::new(admin.clone()),
+                deliverer: Some(deliverer),
+            },
+        ));
+    }
     let max = worker::max_message(&limits);
     worker::server()
         .add_service(worker::reflection()?)
@@ -89,10 +104,7 @@ pub async fn run(
             coordinator.subscriptions(),
         ))
         .add_service(stream)
-        .add_service(v1::admin_server::AdminServer::new(EmbeddedAdmin {
-            node,
-            coordinator,
-        }))
+        .add_service(v1::admin_server::AdminServer::new(admin))
         .serve_with_incoming_shutdown(worker::incoming(listener), shutdown)
         .await
         .map_err(|e| NodeError::Startup(e.to_string()))

@@ -815,9 +815,19 @@ pub async fn serve(
     store: Store,
     limits: Limits,
     cfg: ServerConfig,
+    metrics: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
     let started = start(store, limits, cfg).await?;
+    if let Some(l) = metrics {
+        tokio::spawn(worker::metrics::serve(
+            l,
+            worker::metrics::MetricsSource {
+                admin: Arc::new(started.handle.clone()),
+                deliverer: None,
+            },
+        ));
+    }
     worker::server()
         .add_service(worker::reflection()?)
         .add_service(

@@ -8,12 +8,21 @@ use anyhow::bail;
 use bench::matchbench::{self, EngineChoice, MatchBenchOptions};
 use bench::workload::{UniformSpec, Workload};
 use bench::{Strategy, StrategyChoice};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+
+mod config;
 
 /// A storage-integrated content dissemination cluster.
 #[derive(Parser, Debug)]
 #[command(name = "dissem", version, about)]
 struct Cli {
+    /// A TOML file of settings, one [command] table of long-flag keys (see README); flags and
+    /// DISSEM_* environment variables override it.
+    #[arg(long, global = true, env = "DISSEM_CONFIG")]
+    config: Option<PathBuf>,
+    /// Logs as JSON lines (the filter comes from RUST_LOG, default info).
+    #[arg(long, global = true, env = "DISSEM_LOG_JSON")]
+    log_json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -159,6 +168,23 @@ struct UpArgs {
     /// Keep at most this many objects: the oldest finished ones go first (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_objects: usize,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// Binds the metrics listener when asked for.
+async fn metrics_listener(
+    addr: Option<std::net::SocketAddr>,
+) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    match addr {
+        None => Ok(None),
+        Some(a) => {
+            let (l, bound) = worker::bind(a).await?;
+            eprintln!("metrics on http://{bound}/metrics");
+            Ok(Some(l))
+        }
+    }
 }
 
 fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
@@ -201,12 +227,14 @@ fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
             let _ = tokio::signal::ctrl_c().await;
         };
         let daemon = w.daemon_config(a.node, String::new(), String::new());
+        let metrics = metrics_listener(a.metrics_listen).await?;
         coordinator::embedded::run(
             listener,
             store,
             limits,
             coordinator::server::ServerConfig::default(),
             daemon,
+            metrics,
             shutdown,
         )
         .await?;
@@ -237,6 +265,9 @@ struct CoordinatorArgs {
     /// ...but never before this many ms.
     #[arg(long, default_value_t = coordinator::Config::default().min_timeout_ms)]
     min_timeout_ms: u64,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
@@ -278,8 +309,16 @@ fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        coordinator::server::serve(listener, store, worker::Limits::default(), cfg, shutdown)
-            .await?;
+        let metrics = metrics_listener(a.metrics_listen).await?;
+        coordinator::server::serve(
+            listener,
+            store,
+            worker::Limits::default(),
+            cfg,
+            metrics,
+            shutdown,
+        )
+        .await?;
         Ok(true)
     })
 }
@@ -446,7 +485,8 @@ fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        worker::run_node(listener, store, limits, cfg, shutdown).await?;
+        let metrics = metrics_listener(u.metrics_listen).await?;
+        worker::run_node(listener, store, limits, cfg, metrics, shutdown).await?;
         Ok(true)
     })
 }
@@ -710,14 +750,31 @@ fn blocks_bloom(bits: u32, k: u32) -> anyhow::Result<bench::BloomConfig> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    let args = match config::apply(std::env::args_os().collect(), &Cli::command()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            // wgpu's backend probing logs errors for every API a machine lacks
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,wgpu_hal=off"))
+    };
+    let _ = if cli.log_json {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter())
+            .with_writer(std::io::stderr)
+            .try_init()
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_writer(std::io::stderr)
+            .try_init()
+    };
     let result = match cli.command {
         Command::Up { up: a, workers } => up(a, workers),
         Command::Coordinator(a) => coordinator_cmd(a),

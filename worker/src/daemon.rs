@@ -44,6 +44,9 @@ pub enum GpuUse {
     Off,
 }
 
+/// Set once `GpuUse::Hardware` found no hardware adapter: later images do not probe again.
+static NO_HARDWARE_GPU: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// How a node daemon reaches its coordinator: over gRPC, or (embedded mode) by calling the
 /// coordinator's service in the same process.
 #[derive(Clone)]
@@ -659,8 +662,9 @@ impl Daemon {
                         .map(|o| (a.clone(), o))
                 })
                 .collect();
-            let subset = if use_gpu != GpuUse::Off && base.bloom_ready() && base.conjunctions() > 0
-            {
+            let probe = use_gpu == GpuUse::Any
+                || (use_gpu == GpuUse::Hardware && !NO_HARDWARE_GPU.load(Ordering::Relaxed));
+            let subset = if probe && base.bloom_ready() && base.conjunctions() > 0 {
                 match gpu::SubsetMatcher::new(
                     base.filters(),
                     base.conjunctions(),
@@ -677,7 +681,11 @@ impl Daemon {
                         );
                         Some(Mutex::new(gpu::SubsetMatcher::Gpu(g)))
                     }
-                    Ok(_) => None, // no (hardware) GPU: the CPU scan of `blocks`
+                    Ok(_) => {
+                        // no hardware GPU: the CPU scan of `blocks`, and no more probing
+                        NO_HARDWARE_GPU.store(true, Ordering::Relaxed);
+                        None
+                    }
                     Err(e) => {
                         tracing::warn!("match block on the CPU scan: {e}");
                         None

@@ -122,6 +122,8 @@ struct Inner {
     http: Client<HttpConnector, Full<Bytes>>,
     seq: AtomicU64,
     counters: DeliveryCounters,
+    /// Per subscription: acked, failed attempts, dead letters.
+    per_sub: Mutex<HashMap<u64, [u64; 3]>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -346,6 +348,7 @@ impl Deliverer {
                 http,
                 seq: AtomicU64::new(0),
                 counters: DeliveryCounters::default(),
+                per_sub: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -353,6 +356,20 @@ impl Deliverer {
     /// Counters for the admin API.
     pub fn counters(&self) -> &DeliveryCounters {
         &self.inner.counters
+    }
+
+    /// Per subscription: (id, [acked, failed attempts, dead letters]), by id.
+    pub fn per_subscription(&self) -> Vec<(u64, [u64; 3])> {
+        let mut v: Vec<_> = lock(&self.inner.per_sub)
+            .iter()
+            .map(|(k, c)| (*k, *c))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn count(&self, sub: u64, outcome: usize) {
+        lock(&self.inner.per_sub).entry(sub).or_default()[outcome] += 1;
     }
 
     /// Queues every unfinished delivery record (after a restart).
@@ -402,6 +419,7 @@ impl Deliverer {
 
     async fn dead_letter(&self, sub: u64, obj: ObjectId, reason: String) {
         tracing::info!("dead letter {}: {reason}", delivery_id(sub, obj));
+        self.count(sub, 2);
         self.inner
             .counters
             .dead_lettered
@@ -570,6 +588,7 @@ impl Deliverer {
         };
         match result {
             Ok(Outcome::Done) => {
+                self.count(sub, 0);
                 self.inner.counters.acked.fetch_add(1, Ordering::Relaxed);
                 self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
                 self.finish(
@@ -587,6 +606,7 @@ impl Deliverer {
                     .await;
             }
             Err(e) if qos == v1::Qos::AtMostOnce as i32 => {
+                self.count(sub, 1);
                 self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
                 self.dead_letter(
                     sub,
@@ -612,6 +632,7 @@ impl Deliverer {
         error: String,
     ) {
         let (sub, obj) = (job.sub, job.obj);
+        self.count(sub, 1);
         self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
         let attempts = attempts + 1;
         let retry = s.and_then(|s| s.retry);

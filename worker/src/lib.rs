@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod deliver;
 pub mod disseminate;
 pub mod error;
+pub mod metrics;
 pub mod proxy;
 pub mod rate;
 pub mod registry;
@@ -69,11 +70,21 @@ pub async fn run_node(
     store: Store,
     limits: Limits,
     cfg: daemon::DaemonConfig,
+    metrics: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
     let coordinator = daemon::channel(&cfg.coordinator)?;
     let daemon = daemon::Daemon::start(cfg, store.clone(), limits)?;
     let node = services::Node::new(store, limits, services::Sink::Cluster(daemon.clone()));
+    if let Some(l) = metrics {
+        tokio::spawn(metrics::serve(
+            l,
+            metrics::MetricsSource {
+                admin: std::sync::Arc::new(node.clone()),
+                deliverer: Some(daemon.deliverer().clone()),
+            },
+        ));
+    }
     let max = max_message(&limits);
     server()
         .add_service(reflection()?)

@@ -1,0 +1,245 @@
+//! The configuration file: `--config FILE` (or `DISSEM_CONFIG`) names a TOML file with one
+//! table per command, whose keys are that command's long flags:
+//!
+//! ```toml
+//! [up]
+//! listen = "127.0.0.1:7700"
+//! data = "/var/lib/dissem"
+//! allow-private-targets = true
+//!
+//! [node]
+//! coordinator = "http://10.0.0.1:7600"
+//! max-workers = 8
+//! ```
+//!
+//! Precedence: a flag on the command line, then its environment variable (`DISSEM_` + the
+//! flag in upper case with `_` for `-`, e.g. `DISSEM_MAX_WORKERS`), then the file, then the
+//! default. The file's settings become flags before clap parses, so `--help` documents every
+//! key and a bad key or value gets clap's error naming the flag.
+
+use std::ffi::OsString;
+
+/// The environment variable of a flag.
+pub fn env_var(flag: &str) -> String {
+    format!("DISSEM_{}", flag.replace('-', "_").to_uppercase())
+}
+
+fn value_args(
+    flag: &str,
+    value: &toml::Value,
+    path: &str,
+    cmd: &str,
+) -> Result<Vec<OsString>, String> {
+    let s = match value {
+        toml::Value::Boolean(true) => return Ok(vec![flag.into()]),
+        toml::Value::Boolean(false) => return Ok(Vec::new()),
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(f) => f.to_string(),
+        toml::Value::Array(items) => items
+            .iter()
+            .map(|v| match v {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        other => {
+            return Err(format!(
+                "config file {path}: [{cmd}] {flag} = {other}: use a string, number, boolean \
+                 or list"
+            ));
+        }
+    };
+    Ok(vec![flag.into(), s.into()])
+}
+
+/// `args` with the settings of the environment (`DISSEM_<FLAG>`) and of the config file (if
+/// any) added as flags after the command, for the flags `root`'s subcommand has.
+pub fn apply(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>, String> {
+    let mut path: Option<String> = std::env::var("DISSEM_CONFIG").ok();
+    let mut rest = Vec::with_capacity(args.len());
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let s = a.to_string_lossy().to_string();
+        if s == "--config" {
+            path = Some(
+                it.next()
+                    .ok_or("--config needs a file name")?
+                    .to_string_lossy()
+                    .to_string(),
+            );
+        } else if let Some(p) = s.strip_prefix("--config=") {
+            path = Some(p.to_string());
+        } else {
+            rest.push(a);
+        }
+    }
+    let doc: toml::Table = match &path {
+        None => toml::Table::new(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("reading the config file {path}: {e}"))?;
+            text.parse()
+                .map_err(|e| format!("config file {path} is not valid TOML: {e}"))?
+        }
+    };
+    let path = path.unwrap_or_default();
+    for (key, v) in &doc {
+        if !v.is_table() {
+            return Err(format!(
+                "config file {path}: `{key}` is not a [command] table; put settings under \
+                 [up], [node], [coordinator], ..."
+            ));
+        }
+        if root.find_subcommand(key).is_none() {
+            return Err(format!(
+                "config file {path}: [{key}] is no dissem command; `dissem --help` lists them"
+            ));
+        }
+    }
+    // the command is the first argument that is not a flag
+    let Some(cmd_at) = rest
+        .iter()
+        .skip(1)
+        .position(|a| !a.to_string_lossy().starts_with('-'))
+        .map(|i| i + 1)
+    else {
+        return Ok(rest);
+    };
+    let cmd = rest[cmd_at].to_string_lossy().to_string();
+    let Some(sub) = root.find_subcommand(&cmd) else {
+        return Ok(rest); // clap explains
+    };
+    let flags: Vec<(String, bool)> = sub
+        .get_arguments()
+        .filter(|a| !a.is_global_set())
+        .filter_map(|a| {
+            a.get_long()
+                .map(|l| (l.to_string(), a.get_action().takes_values()))
+        })
+        .filter(|(l, _)| l != "config" && l != "log-json" && l != "help")
+        .collect();
+    let empty = toml::Table::new();
+    let table = doc.get(&cmd).and_then(|t| t.as_table()).unwrap_or(&empty);
+    for key in table.keys() {
+        if !flags.iter().any(|(f, _)| f == key) {
+            return Err(format!(
+                "config file {path}: [{cmd}] has no setting `{key}`; `dissem {cmd} --help` \
+                 lists them"
+            ));
+        }
+    }
+    let given: Vec<String> = rest
+        .iter()
+        .map(|a| a.to_string_lossy().to_string())
+        .collect();
+    let mut extra: Vec<OsString> = Vec::new();
+    for (key, takes_value) in &flags {
+        let flag = format!("--{key}");
+        if given
+            .iter()
+            .any(|g| *g == flag || g.starts_with(&format!("{flag}=")))
+        {
+            continue; // the command line wins
+        }
+        if let Ok(v) = std::env::var(env_var(key)) {
+            if *takes_value {
+                extra.push(flag.into());
+                extra.push(v.into());
+            } else if matches!(v.as_str(), "1" | "true" | "yes" | "on") {
+                extra.push(flag.into());
+            }
+            continue;
+        }
+        if let Some(v) = table.get(key) {
+            extra.extend(value_args(&flag, v, &path, &cmd)?);
+        }
+    }
+    let mut out = rest;
+    let tail = out.split_off(cmd_at + 1);
+    out.extend(extra);
+    out.extend(tail);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    fn root() -> clap::Command {
+        clap::Command::new("dissem")
+            .subcommand(
+                clap::Command::new("up")
+                    .arg(clap::Arg::new("listen").long("listen"))
+                    .arg(clap::Arg::new("max-workers").long("max-workers"))
+                    .arg(clap::Arg::new("gpu").long("gpu"))
+                    .arg(
+                        clap::Arg::new("allow-private-targets")
+                            .long("allow-private-targets")
+                            .action(clap::ArgAction::SetTrue),
+                    ),
+            )
+            .subcommand(clap::Command::new("node").arg(clap::Arg::new("node").long("node")))
+    }
+
+    #[test]
+    fn file_settings_become_flags_and_the_command_line_wins() {
+        let dir = std::env::temp_dir().join(format!("dissem-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("c.toml");
+        std::fs::write(
+            &f,
+            "[up]\nlisten = \"127.0.0.1:1\"\nmax-workers = 3\nallow-private-targets = true\n\
+             gpu = \"off\"\n[node]\nnode = 9\n",
+        )
+        .expect("write");
+        let out = apply(
+            args(&[
+                "dissem",
+                "--config",
+                f.to_str().expect("utf-8"),
+                "up",
+                "--listen",
+                "127.0.0.1:2",
+            ]),
+            &root(),
+        )
+        .expect("applied");
+        let out: Vec<String> = out.iter().map(|a| a.to_string_lossy().into()).collect();
+        assert_eq!(out[0..2], ["dissem", "up"]);
+        assert!(
+            out.windows(2).any(|w| w == ["--max-workers", "3"]),
+            "{out:?}"
+        );
+        assert!(out.contains(&"--allow-private-targets".to_string()));
+        assert!(
+            !out.contains(&"127.0.0.1:1".to_string()),
+            "the command line wins"
+        );
+        assert!(
+            !out.contains(&"--node".to_string()),
+            "other commands' tables stay out"
+        );
+        let path = f.to_str().expect("utf-8");
+        std::fs::write(&f, "listen = 1\n").expect("write");
+        let e = apply(args(&["dissem", "--config", path, "up"]), &root()).expect_err("table");
+        assert!(e.contains("[command] table"), "{e}");
+        std::fs::write(&f, "[up]\nlisten_addr = 1\n").expect("write");
+        let e = apply(args(&["dissem", "--config", path, "up"]), &root()).expect_err("key");
+        assert!(
+            e.contains("no setting `listen_addr`") && e.contains("up --help"),
+            "{e}"
+        );
+        let e = apply(
+            args(&["dissem", "--config", "/nonexistent/x.toml", "up"]),
+            &root(),
+        )
+        .expect_err("missing file");
+        assert!(e.contains("/nonexistent/x.toml"), "{e}");
+    }
+}
