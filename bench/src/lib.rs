@@ -7,6 +7,7 @@
 //! thin wrappers over it.
 
 pub mod clusterbench;
+pub mod demo;
 pub mod ingestbench;
 pub mod matchbench;
 pub mod mem;

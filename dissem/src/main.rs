@@ -107,6 +107,27 @@ enum Command {
         #[command(flatten)]
         node: NodeArg,
     },
+    /// Runs the whole system on this machine: an embedded cluster in a temporary directory,
+    /// local subscriber endpoints of every kind, an iot subscription set, objects put at a
+    /// target rate; prints what was delivered, lost, duplicated and how fast.
+    Demo {
+        /// Subscriptions (iot workload), spread over gRPC QoS 1, gRPC QoS 2, webhook QoS 1
+        /// and stream QoS 0 endpoints.
+        #[arg(long, default_value_t = 100_000)]
+        subs: usize,
+        /// Objects to put.
+        #[arg(long, default_value_t = 2_000)]
+        objects: usize,
+        /// Objects per second.
+        #[arg(long, default_value_t = 200.0)]
+        rate: f64,
+        /// Random seed of the workload.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Write the summary as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Benchmarks that print figures and optionally write JSON.
     Bench {
         #[command(subcommand)]
@@ -526,6 +547,27 @@ struct ClusterArgs {
     json: Option<PathBuf>,
 }
 
+fn demo(
+    subs: usize,
+    objects: usize,
+    rate: f64,
+    seed: u64,
+    json: Option<PathBuf>,
+) -> anyhow::Result<bool> {
+    let report = bench::demo::run(&bench::demo::DemoOptions {
+        bin: std::env::current_exe()?,
+        subs,
+        objects,
+        rate,
+        seed,
+    })?;
+    bench::demo::print(&report);
+    if let Some(path) = &json {
+        bench::write_json(path, &report)?;
+    }
+    Ok(report.lost == 0 && report.duplicates_by_qos.get(&2).is_none_or(|d| *d == 0))
+}
+
 fn bench_cluster(a: ClusterArgs) -> anyhow::Result<bool> {
     if a.subs == 0 || a.objects == 0 || a.writers == 0 || a.writers > 1024 {
         bail!("--subs and --objects must be at least 1, --writers between 1 and 1024");
@@ -779,6 +821,13 @@ fn main() -> ExitCode {
         Command::Up { up: a, workers } => up(a, workers),
         Command::Coordinator(a) => coordinator_cmd(a),
         Command::Workers { node } => client(&node.url, worker::client::workers),
+        Command::Demo {
+            subs,
+            objects,
+            rate,
+            seed,
+            json,
+        } => demo(subs, objects, rate, seed, json),
         Command::DeadLetters {
             node,
             limit,

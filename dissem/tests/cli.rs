@@ -1,5 +1,5 @@
 //! The `dissem` binary end to end: the match benchmark on a small workload, its JSON, and its
-//! errors for bad flags.
+//! errors for bad flags; the client commands against a running node; the demo.
 
 use std::process::Command;
 
@@ -195,4 +195,33 @@ fn api_commands_against_a_running_node() {
     let _ = up.kill();
     let _ = up.wait();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn demo_delivers_everything_to_every_endpoint_kind() {
+    let json = std::env::temp_dir().join(format!("dissem-demo-{}.json", std::process::id()));
+    let out = dissem()
+        .args(["demo", "--subs", "400", "--objects", "200", "--rate", "400", "--json"])
+        .arg(&json)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("running dissem demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("demo json")).expect("json");
+    assert_eq!(v["put"], 200);
+    assert_eq!(v["lost"], 0, "{v}");
+    assert_eq!(v["bad_webhook_signatures"], 0);
+    assert!(v["matched"].as_u64().unwrap_or(0) > 0, "{v}");
+    // every QoS level got deliveries: gRPC QoS 1 and webhook, gRPC QoS 2, stream QoS 0
+    for q in ["0", "1", "2"] {
+        assert!(v["delivered_by_qos"][q].as_u64().unwrap_or(0) > 0, "QoS {q}: {v}");
+    }
+    assert!(v["duplicates_by_qos"].get("2").is_none(), "{v}");
+    let _ = std::fs::remove_file(&json);
 }

@@ -1,0 +1,470 @@
+//! `dissem demo`: the whole system on one machine. It starts an embedded cluster (`dissem up`
+//! in a temporary directory) and local subscriber endpoints of every kind (a gRPC
+//! `Subscriber` for QoS 1 and one for QoS 2, a webhook receiver that checks signatures, a
+//! stream client for QoS 0), registers an `iot` subscription set spread over them, puts
+//! objects at a target rate with mixed priorities, and reports what happened: put, matched,
+//! delivered by QoS, dead-lettered, lost (must be 0), duplicates (QoS 2 must be 0), and
+//! put -> delivered latency overall and per priority.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use blocks::{MatchIndex, ShardConfig};
+use http_body_util::BodyExt;
+use proto::v1;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+use crate::procs::{self, Proc};
+use crate::progress::Progress;
+use crate::workload::{IotSpec, Workload};
+
+/// Options of the demo.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    pub bin: PathBuf,
+    pub subs: usize,
+    pub objects: usize,
+    /// Objects put per second.
+    pub rate: f64,
+    pub seed: u64,
+}
+
+/// Latency figures, ms.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Latency {
+    pub count: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// What the demo saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct DemoReport {
+    pub subscriptions: usize,
+    pub put: usize,
+    pub put_seconds: f64,
+    /// (object, subscription) pairs the subscriptions match (in-process engine).
+    pub matched: usize,
+    /// Distinct pairs delivered, per QoS level.
+    pub delivered_by_qos: BTreeMap<u8, usize>,
+    pub dead_lettered: u64,
+    /// Matched pairs never delivered (nor dead-lettered).
+    pub lost: usize,
+    /// Pairs the subscriber's application saw more than once, per QoS level.
+    pub duplicates_by_qos: BTreeMap<u8, usize>,
+    pub bad_webhook_signatures: u64,
+    pub latency: Latency,
+    pub latency_by_priority: BTreeMap<u8, Latency>,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// (subscription, "node:seq") -> (times shown, first time).
+    pairs: HashMap<(u64, String), (u32, Instant)>,
+    bad_signatures: u64,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn show(seen: &Shared, sub: u64, obj: String) {
+    let mut s = lock(seen);
+    let e = s.pairs.entry((sub, obj)).or_insert((0, Instant::now()));
+    e.0 += 1;
+}
+
+fn obj_key(d: &v1::Delivery) -> String {
+    let o = d.object_id.unwrap_or_default();
+    format!("{}:{}", o.node, o.seq)
+}
+
+#[derive(Clone)]
+struct GrpcSubscriber {
+    seen: Shared,
+    exactly_once: bool,
+    received: Arc<Mutex<HashMap<String, (u64, String)>>>,
+}
+
+#[tonic::async_trait]
+impl v1::subscriber_server::Subscriber for GrpcSubscriber {
+    async fn deliver(
+        &self,
+        request: Request<v1::Delivery>,
+    ) -> Result<Response<v1::DeliverAck>, Status> {
+        let d = request.into_inner();
+        if self.exactly_once {
+            lock(&self.received)
+                .entry(d.delivery_id.clone())
+                .or_insert((d.subscription_id, obj_key(&d)));
+        } else {
+            show(&self.seen, d.subscription_id, obj_key(&d));
+        }
+        Ok(Response::new(v1::DeliverAck {}))
+    }
+
+    async fn release(
+        &self,
+        request: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseAck>, Status> {
+        let id = request.into_inner().delivery_id;
+        if let Some((sub, obj)) = lock(&self.received).remove(&id) {
+            show(&self.seen, sub, obj);
+        }
+        Ok(Response::new(v1::ReleaseAck {}))
+    }
+}
+
+async fn grpc_endpoint(seen: Shared, exactly_once: bool) -> anyhow::Result<String> {
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", l.local_addr()?);
+    let svc = GrpcSubscriber {
+        seen,
+        exactly_once,
+        received: Arc::default(),
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(v1::subscriber_server::SubscriberServer::new(svc))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+    );
+    Ok(url)
+}
+
+const SECRET: &str = "demo-secret";
+
+async fn webhook_endpoint(seen: Shared) -> anyhow::Result<String> {
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/hook", l.local_addr()?);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = l.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let seen = seen.clone();
+                        async move {
+                            let header = |n: &str| {
+                                req.headers()
+                                    .get(n)
+                                    .and_then(|v| v.to_str().ok())
+                                    .unwrap_or("")
+                                    .to_string()
+                            };
+                            let (ts, sig) = (
+                                header(worker::deliver::TIMESTAMP_HEADER),
+                                header(worker::deliver::SIGNATURE_HEADER),
+                            );
+                            let body = match req.into_body().collect().await {
+                                Ok(b) => b.to_bytes(),
+                                Err(_) => hyper::body::Bytes::new(),
+                            };
+                            let ok = ts
+                                .parse::<u64>()
+                                .is_ok_and(|t| sig == worker::deliver::sign(SECRET, t, &body));
+                            let ev: serde_json::Value =
+                                serde_json::from_slice(&body).unwrap_or_default();
+                            let status = if ok {
+                                let sub = ev["data"]["subscription"].as_u64().unwrap_or(0);
+                                let subject = ev["subject"].as_str().unwrap_or("").to_string();
+                                show(&seen, sub, subject);
+                                hyper::StatusCode::OK
+                            } else {
+                                lock(&seen).bad_signatures += 1;
+                                hyper::StatusCode::UNAUTHORIZED
+                            };
+                            let mut resp = hyper::Response::new(http_body_util::Full::new(
+                                hyper::body::Bytes::new(),
+                            ));
+                            *resp.status_mut() = status;
+                            Ok::<_, std::convert::Infallible>(resp)
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(url)
+}
+
+async fn stream_endpoint(node: &str, name: &str, seen: Shared) -> anyhow::Result<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    tx.send(v1::StreamClientMessage {
+        kind: Some(v1::stream_client_message::Kind::Attach(name.into())),
+    })
+    .await?;
+    let mut down = v1::stream_client::StreamClient::new(procs::channel(node))
+        .open(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    tokio::spawn(async move {
+        while let Ok(Some(d)) = down.message().await {
+            show(&seen, d.subscription_id, obj_key(&d));
+            let _ = tx
+                .send(v1::StreamClientMessage {
+                    kind: Some(v1::stream_client_message::Kind::Ack(d.delivery_id)),
+                })
+                .await;
+        }
+    });
+    Ok(())
+}
+
+fn latency(mut v: Vec<f64>) -> Latency {
+    if v.is_empty() {
+        return Latency::default();
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    Latency {
+        count: v.len(),
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+        max_ms: v[v.len() - 1],
+    }
+}
+
+/// Runs the demo.
+pub fn run(opts: &DemoOptions) -> anyhow::Result<DemoReport> {
+    if opts.subs == 0 || opts.objects == 0 || opts.rate.is_nan() || opts.rate <= 0.0 {
+        bail!("--subs, --objects and --rate must be positive");
+    }
+    let dir = std::env::temp_dir().join(format!("dissem-demo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let r = rt.block_on(run_in(opts, &dir));
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+async fn run_in(opts: &DemoOptions, dir: &std::path::Path) -> anyhow::Result<DemoReport> {
+    let progress = Progress::new();
+    let node = Proc::start(
+        &opts.bin,
+        &[
+            "up".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--allow-private-targets".into(),
+            "--data".into(),
+            dir.join("data").display().to_string(),
+        ],
+    );
+    let url = node.url();
+    progress.line(&format!(
+        "embedded cluster on {url} (data in {})",
+        dir.display()
+    ));
+    let seen: Shared = Arc::default();
+    let grpc1 = grpc_endpoint(seen.clone(), false).await?;
+    let grpc2 = grpc_endpoint(seen.clone(), true).await?;
+    let hook = webhook_endpoint(seen.clone()).await?;
+    stream_endpoint(&url, "demo", seen.clone()).await?;
+
+    // subscriptions spread over the four endpoints
+    let w = Workload::Iot(IotSpec);
+    let subs = w.subscriptions(opts.seed, opts.subs, |_| {});
+    let bar = progress.bar(subs.len() as u64, "registering subscriptions");
+    let client = v1::subscriptions_client::SubscriptionsClient::new(procs::channel(&url));
+    let mut ids = vec![(0u64, 0u8); subs.len()];
+    let mut set = tokio::task::JoinSet::new();
+    let mut next = 0;
+    while next < subs.len() || !set.is_empty() {
+        while next < subs.len() && set.len() < 64 {
+            let (target, qos) = match next % 4 {
+                0 => (v1::target::Kind::Grpc(grpc1.clone()), v1::Qos::AtLeastOnce),
+                1 => (v1::target::Kind::Grpc(grpc2.clone()), v1::Qos::ExactlyOnce),
+                2 => (
+                    v1::target::Kind::Webhook(hook.clone()),
+                    v1::Qos::AtLeastOnce,
+                ),
+                _ => (v1::target::Kind::Stream("demo".into()), v1::Qos::AtMostOnce),
+            };
+            let req = v1::CreateSubscriptionRequest {
+                subscription: Some(v1::Subscription {
+                    filter: Some(v1::subscription::Filter::Text(subs[next].1.to_text())),
+                    target: Some(v1::Target { kind: Some(target) }),
+                    qos: qos as i32,
+                    webhook_secret: SECRET.into(),
+                    ..v1::Subscription::default()
+                }),
+            };
+            let mut c = client.clone();
+            let i = next;
+            set.spawn(async move { (i, qos as u8, c.create(req).await) });
+            next += 1;
+        }
+        if let Some(r) = set.join_next().await {
+            let (i, qos, r) = r?;
+            ids[i] = (r.context("creating a subscription")?.into_inner().id, qos);
+            bar.inc(1);
+        }
+    }
+    bar.finish();
+    let qos_of: HashMap<u64, u8> = ids.iter().copied().collect();
+    let n = opts.subs as u64;
+    procs::try_wait_for(Duration::from_secs(120), || {
+        let u = url.clone();
+        async move { (procs::stats(&u).await.ok()?.cluster?.image_subscriptions == n).then_some(()) }
+    })
+    .await
+    .context("the subscriptions were not published in time")?;
+
+    // what should be delivered
+    let index = MatchIndex::build(
+        ShardConfig::default(),
+        ids.iter()
+            .map(|i| i.0)
+            .zip(subs.into_iter().map(|s| s.1))
+            .collect(),
+    )?;
+    let events = w.events(opts.seed, opts.objects);
+    let mut ctx = index.base().new_ctx();
+    let mut expected_subs = Vec::new();
+    for chunk in events.chunks(256) {
+        let mut out = Vec::new();
+        index.match_batch(chunk, &mut ctx, &mut out);
+        expected_subs.extend(out);
+    }
+
+    // put at the target rate, priorities 0..=7 in turn
+    let bar = progress.bar(events.len() as u64, "putting objects");
+    let sent: Arc<Mutex<Vec<(String, Instant, u8)>>> = Arc::default();
+    let ingest = v1::ingest_client::IngestClient::new(procs::channel(&url));
+    let t0 = Instant::now();
+    let mut puts = tokio::task::JoinSet::new();
+    for (i, e) in events.iter().enumerate() {
+        let due = t0 + Duration::from_secs_f64(i as f64 / opts.rate);
+        tokio::time::sleep_until(due.into()).await;
+        let mut req = procs::put_request(e, String::new());
+        req.priority = (i % 8) as u32;
+        let mut c = ingest.clone();
+        let sent = sent.clone();
+        let bar = bar.clone();
+        puts.spawn(async move {
+            let at = Instant::now();
+            let r = c.put(req).await?.into_inner();
+            let id = r.id.unwrap_or_default();
+            lock(&sent).push((format!("{}:{}", id.node, id.seq), at, (i % 8) as u8));
+            bar.inc(1);
+            Ok::<_, Status>((i, format!("{}:{}", id.node, id.seq)))
+        });
+    }
+    let mut obj_of = vec![String::new(); events.len()];
+    while let Some(r) = puts.join_next().await {
+        let (i, k) = r?.context("put")?;
+        obj_of[i] = k;
+    }
+    let put_seconds = t0.elapsed().as_secs_f64();
+    bar.finish();
+
+    // wait until everything expected arrived, or nothing moves for 15 s
+    let expected: Vec<(u64, String)> = obj_of
+        .iter()
+        .zip(&expected_subs)
+        .flat_map(|(o, subs)| subs.iter().map(move |s| (*s, o.clone())))
+        .collect();
+    progress.line(&format!("waiting for {} deliveries", expected.len()));
+    let mut last = (0usize, Instant::now());
+    loop {
+        let got = lock(&seen).pairs.len();
+        let dead = procs::stats(&url)
+            .await
+            .map(|s| s.dead_lettered)
+            .unwrap_or(0) as usize;
+        if got + dead >= expected.len() {
+            break;
+        }
+        if got != last.0 {
+            last = (got, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(15) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = procs::stats(&url).await?;
+    let seen = lock(&seen);
+    let sent = lock(&sent);
+    let put_at: HashMap<&str, (Instant, u8)> = sent
+        .iter()
+        .map(|(k, t, p)| (k.as_str(), (*t, *p)))
+        .collect();
+    let mut delivered_by_qos = BTreeMap::new();
+    let mut duplicates_by_qos = BTreeMap::new();
+    let mut all = Vec::new();
+    let mut by_prio: BTreeMap<u8, Vec<f64>> = BTreeMap::new();
+    let mut lost = 0usize;
+    for (sub, obj) in &expected {
+        let qos = qos_of.get(sub).copied().unwrap_or(0);
+        match seen.pairs.get(&(*sub, obj.clone())) {
+            Some((times, first)) => {
+                *delivered_by_qos.entry(qos).or_insert(0) += 1;
+                if *times > 1 {
+                    *duplicates_by_qos.entry(qos).or_insert(0) += 1;
+                }
+                if let Some((t, p)) = put_at.get(obj.as_str()) {
+                    let ms = first.saturating_duration_since(*t).as_secs_f64() * 1000.0;
+                    all.push(ms);
+                    by_prio.entry(*p).or_default().push(ms);
+                }
+            }
+            None => lost += 1,
+        }
+    }
+    let lost = lost.saturating_sub(stats.dead_lettered as usize);
+    Ok(DemoReport {
+        subscriptions: opts.subs,
+        put: events.len(),
+        put_seconds,
+        matched: expected.len(),
+        delivered_by_qos,
+        dead_lettered: stats.dead_lettered,
+        lost,
+        duplicates_by_qos,
+        bad_webhook_signatures: seen.bad_signatures,
+        latency: latency(all),
+        latency_by_priority: by_prio.into_iter().map(|(p, v)| (p, latency(v))).collect(),
+    })
+}
+
+/// Prints the summary.
+pub fn print(r: &DemoReport) {
+    println!(
+        "demo: {} subscriptions, {} objects put in {:.1} s, {} (object, subscription) matches",
+        r.subscriptions, r.put, r.put_seconds, r.matched
+    );
+    for (q, n) in &r.delivered_by_qos {
+        println!("  delivered QoS {q}: {n}");
+    }
+    println!("  dead-lettered: {}", r.dead_lettered);
+    println!("  lost: {}", r.lost);
+    for (q, n) in &r.duplicates_by_qos {
+        println!("  duplicates QoS {q}: {n}");
+    }
+    if r.duplicates_by_qos.is_empty() {
+        println!("  duplicates: 0");
+    }
+    println!("  bad webhook signatures: {}", r.bad_webhook_signatures);
+    println!(
+        "  put -> delivered: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} deliveries)",
+        r.latency.p50_ms, r.latency.p99_ms, r.latency.max_ms, r.latency.count
+    );
+    for (p, l) in &r.latency_by_priority {
+        println!(
+            "    priority {p}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            l.p50_ms, l.p99_ms, l.max_ms
+        );
+    }
+}
