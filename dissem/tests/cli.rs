@@ -201,7 +201,16 @@ fn api_commands_against_a_running_node() {
 fn demo_delivers_everything_to_every_endpoint_kind() {
     let json = std::env::temp_dir().join(format!("dissem-demo-{}.json", std::process::id()));
     let out = dissem()
-        .args(["demo", "--subs", "400", "--objects", "200", "--rate", "400", "--json"])
+        .args([
+            "demo",
+            "--subs",
+            "400",
+            "--objects",
+            "200",
+            "--rate",
+            "400",
+            "--json",
+        ])
         .arg(&json)
         .env("RUST_LOG", "warn")
         .output()
@@ -220,7 +229,10 @@ fn demo_delivers_everything_to_every_endpoint_kind() {
     assert!(v["matched"].as_u64().unwrap_or(0) > 0, "{v}");
     // every QoS level got deliveries: gRPC QoS 1 and webhook, gRPC QoS 2, stream QoS 0
     for q in ["0", "1", "2"] {
-        assert!(v["delivered_by_qos"][q].as_u64().unwrap_or(0) > 0, "QoS {q}: {v}");
+        assert!(
+            v["delivered_by_qos"][q].as_u64().unwrap_or(0) > 0,
+            "QoS {q}: {v}"
+        );
     }
     assert!(v["duplicates_by_qos"].get("2").is_none(), "{v}");
     let _ = std::fs::remove_file(&json);
