@@ -9,7 +9,9 @@
 //! per second, messages between coordinator and nodes per object, put -> match latency
 //! p50/p99 (from the coordinator), and whether the (object, subscription) pairs handed to
 //! delivery (read from the nodes' sled files after they stop) equal the in-process engine's
-//! for every object and the naive reference matcher's for the first `check_objects`.
+//! for every object and the naive reference matcher's for the first `check_objects`. Nodes
+//! run with `--no-delivery`: this measures ingest -> test -> match, not the pushes (the demo
+//! exercises those).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -251,6 +253,8 @@ async fn run_one(
                 i.to_string(),
                 "--coordinator".into(),
                 coord.clone(),
+                // the matching pipeline only: matches become delivery records, no pushes
+                "--no-delivery".into(),
             ];
             Proc::start(&opts.bin, &args)
         })

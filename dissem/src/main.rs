@@ -390,6 +390,10 @@ struct WorkerFlags {
     /// Pushes in flight per target endpoint.
     #[arg(long, default_value_t = 16)]
     in_flight_per_endpoint: usize,
+    /// Record matches as pending deliveries without pushing them (benchmarks of the matching
+    /// pipeline, or when another system drains the delivery records).
+    #[arg(long)]
+    no_delivery: bool,
 }
 
 impl WorkerFlags {
@@ -435,6 +439,7 @@ impl WorkerFlags {
         cfg.regulate_every = std::time::Duration::from_millis(self.regulate_ms);
         cfg.resend_after = std::time::Duration::from_millis(self.resend_ms);
         cfg.delivery.allow_private_targets = self.allow_private_targets;
+        cfg.delivery.enabled = !self.no_delivery;
         cfg.delivery.in_flight_per_endpoint = self.in_flight_per_endpoint.max(1);
         cfg.gpu = match self.gpu {
             GpuArg::Auto => worker::daemon::GpuUse::Hardware,

@@ -165,7 +165,7 @@ fn three_nodes_hand_exactly_the_reference_matches_to_delivery() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = temp_dir("cluster-exact");
     // match blocks on the CPU scan here (the embedded test below takes the GPU path)
-    let mut c = start_cluster(&dir, 3, &[], &["--gpu", "off"]);
+    let mut c = start_cluster(&dir, 3, &[], &["--gpu", "off", "--no-delivery"]);
     let rt = runtime();
     rt.block_on(async {
         let t0 = std::time::Instant::now();
@@ -223,7 +223,7 @@ fn killed_node_and_coordinator_lose_no_match() {
         &dir,
         3,
         &["--min-timeout-ms", "300", "--lease-ms", "1000"],
-        &["--resend-ms", "1500", "--gpu", "off"],
+        &["--resend-ms", "1500", "--gpu", "off", "--no-delivery"],
     );
     let rt = runtime();
     rt.block_on(async {
@@ -291,6 +291,35 @@ fn killed_node_and_coordinator_lose_no_match() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Opens a delivery stream on a node, acks everything; returns the count of deliveries.
+async fn open_stream(url: &str, name: &str) -> Arc<AtomicUsize> {
+    use proto::v1;
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    tx.send(v1::StreamClientMessage {
+        kind: Some(v1::stream_client_message::Kind::Attach(name.into())),
+    })
+    .await
+    .expect("attach");
+    let mut down = v1::stream_client::StreamClient::new(tests::channel(url))
+        .open(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("open stream")
+        .into_inner();
+    let n = Arc::new(AtomicUsize::new(0));
+    let n2 = n.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(d)) = down.message().await {
+            n2.fetch_add(1, Ordering::Relaxed);
+            let _ = tx
+                .send(v1::StreamClientMessage {
+                    kind: Some(v1::stream_client_message::Kind::Ack(d.delivery_id)),
+                })
+                .await;
+        }
+    });
+    n
+}
+
 fn one_attr(name: &str, v: blocks::Value) -> Event {
     Event::new([(name.to_string(), v)])
 }
@@ -349,6 +378,9 @@ fn attribute_mix_shift_moves_workers_between_blocks() {
             .map(|i| one_attr("temp", blocks::Value::from(i as i64 % 20)))
             .collect();
         let urls = vec![node.clone()];
+        // a subscriber on the stream all four subscriptions target: the node looks the
+        // subscriptions up at the coordinator (Cluster.Subscription) and pushes to it
+        let streamed = open_stream(&node, "test").await;
         put_all(
             "temp",
             urls.clone(),
@@ -358,6 +390,16 @@ fn attribute_mix_shift_moves_workers_between_blocks() {
         )
         .await;
         wait_drained(&c, 200, Duration::from_secs(60)).await;
+        // temp in 0..20: `temp > 10` matches 11..=19, `temp < 5` 0..=4, ten objects each
+        wait_for(
+            "the pushes of the temp phase",
+            Duration::from_secs(60),
+            || {
+                let n = streamed.load(Ordering::Relaxed);
+                async move { (n == 140).then_some(()) }
+            },
+        )
+        .await;
         let ws = workers(&coord).await.expect("workers");
         assert!(blocks(&ws, "test:temp") >= 1, "{ws:?}");
         assert_eq!(blocks(&ws, "test:site"), 0, "{ws:?}");

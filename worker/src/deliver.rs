@@ -37,6 +37,9 @@ use crate::validate;
 /// Settings of delivery.
 #[derive(Debug, Clone, Copy)]
 pub struct DeliveryConfig {
+    /// Push matches to subscribers. Off, matches are only recorded as pending delivery
+    /// records (benchmarks of the matching pipeline, or another system drains the records).
+    pub enabled: bool,
     /// Allow targets on loopback, private and link-local addresses (tests, private networks).
     pub allow_private_targets: bool,
     /// Pushes in flight per endpoint.
@@ -50,6 +53,7 @@ pub struct DeliveryConfig {
 impl Default for DeliveryConfig {
     fn default() -> DeliveryConfig {
         DeliveryConfig {
+            enabled: true,
             allow_private_targets: false,
             in_flight_per_endpoint: 16,
             attempt_timeout: Duration::from_secs(5),
@@ -374,6 +378,9 @@ impl Deliverer {
 
     /// Queues every unfinished delivery record (after a restart).
     pub fn resume(&self) -> Result<usize, storage::StorageError> {
+        if !self.inner.cfg.enabled {
+            return Ok(0);
+        }
         let recs = self.inner.store.unfinished_deliveries(usize::MAX)?;
         for (sub, obj, _) in &recs {
             self.enqueue(*sub, *obj);
@@ -383,6 +390,9 @@ impl Deliverer {
 
     /// A delivery record to push (due now or at its stored next attempt).
     pub fn enqueue(&self, sub: u64, obj: ObjectId) {
+        if !self.inner.cfg.enabled {
+            return;
+        }
         self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
         let me = self.clone();
         tokio::spawn(async move { me.schedule(sub, obj).await });
