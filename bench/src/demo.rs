@@ -235,24 +235,71 @@ fn latency(mut v: Vec<f64>) -> Latency {
     }
 }
 
-/// Runs the demo.
-pub fn run(opts: &DemoOptions) -> anyhow::Result<DemoReport> {
-    if opts.subs == 0 || opts.objects == 0 || opts.rate.is_nan() || opts.rate <= 0.0 {
-        bail!("--subs, --objects and --rate must be positive");
-    }
-    let dir = std::env::temp_dir().join(format!("dissem-demo-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let rt = tokio::runtime::Runtime::new()?;
-    let r = rt.block_on(run_in(opts, &dir));
-    let _ = std::fs::remove_dir_all(&dir);
-    r
+/// Which endpoints the subscriptions are spread over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Targets {
+    /// gRPC QoS 1, gRPC QoS 2, webhook QoS 1, stream QoS 0 in turn.
+    AllKinds,
+    /// gRPC QoS 1 and webhook QoS 1 in turn (the end-to-end benchmark).
+    GrpcAndWebhook,
 }
 
-async fn run_in(opts: &DemoOptions, dir: &std::path::Path) -> anyhow::Result<DemoReport> {
-    let progress = Progress::new();
+/// A running embedded cluster with subscriber endpoints and registered subscriptions.
+pub struct Setup {
+    // the child process lives as long as the setup
+    _node: Proc,
+    url: String,
+    seen: Shared,
+    qos_of: HashMap<u64, u8>,
+    index: MatchIndex,
+    workload: Workload,
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup").field("url", &self.url).finish()
+    }
+}
+
+/// One phase of puts.
+#[derive(Debug, Clone, Copy)]
+pub struct PhaseSpec {
+    /// Workload seed of the events (phases use different ones: no object repeats).
+    pub seed: u64,
+    pub objects: usize,
+    /// Objects per second; `None`: as fast as `writers` concurrent writers go.
+    pub rate: Option<f64>,
+    pub writers: usize,
+    /// Stop waiting for deliveries once none arrived for this long.
+    pub patience: Duration,
+}
+
+/// What one phase of puts saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    pub put: usize,
+    pub put_seconds: f64,
+    /// From the first put until the last expected delivery arrived (or gave up waiting).
+    pub delivered_seconds: f64,
+    pub matched: usize,
+    pub delivered_by_qos: BTreeMap<u8, usize>,
+    pub lost: usize,
+    pub duplicates_by_qos: BTreeMap<u8, usize>,
+    pub latency: Latency,
+    pub latency_by_priority: BTreeMap<u8, Latency>,
+}
+
+/// Starts `dissem up` in `dir`, the endpoints, and registers `subs` iot subscriptions.
+pub async fn setup(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    subs: usize,
+    seed: u64,
+    targets: Targets,
+    progress: &Progress,
+) -> anyhow::Result<Setup> {
     let node = Proc::start(
-        &opts.bin,
+        bin,
         &[
             "up".into(),
             "--listen".into(),
@@ -273,20 +320,23 @@ async fn run_in(opts: &DemoOptions, dir: &std::path::Path) -> anyhow::Result<Dem
     let hook = webhook_endpoint(seen.clone()).await?;
     stream_endpoint(&url, "demo", seen.clone()).await?;
 
-    // subscriptions spread over the four endpoints
     let w = Workload::Iot(IotSpec);
-    let subs = w.subscriptions(opts.seed, opts.subs, |_| {});
-    let bar = progress.bar(subs.len() as u64, "registering subscriptions");
+    let list = w.subscriptions(seed, subs, |_| {});
+    let bar = progress.bar(list.len() as u64, "registering subscriptions");
     let client = v1::subscriptions_client::SubscriptionsClient::new(procs::channel(&url));
-    let mut ids = vec![(0u64, 0u8); subs.len()];
+    let mut ids = vec![(0u64, 0u8); list.len()];
     let mut set = tokio::task::JoinSet::new();
     let mut next = 0;
-    while next < subs.len() || !set.is_empty() {
-        while next < subs.len() && set.len() < 64 {
-            let (target, qos) = match next % 4 {
-                0 => (v1::target::Kind::Grpc(grpc1.clone()), v1::Qos::AtLeastOnce),
-                1 => (v1::target::Kind::Grpc(grpc2.clone()), v1::Qos::ExactlyOnce),
-                2 => (
+    while next < list.len() || !set.is_empty() {
+        while next < list.len() && set.len() < 64 {
+            let (target, qos) = match (targets, next % 4) {
+                (Targets::AllKinds, 0) | (Targets::GrpcAndWebhook, 0 | 2) => {
+                    (v1::target::Kind::Grpc(grpc1.clone()), v1::Qos::AtLeastOnce)
+                }
+                (Targets::AllKinds, 1) => {
+                    (v1::target::Kind::Grpc(grpc2.clone()), v1::Qos::ExactlyOnce)
+                }
+                (Targets::AllKinds, 2) | (Targets::GrpcAndWebhook, _) => (
                     v1::target::Kind::Webhook(hook.clone()),
                     v1::Qos::AtLeastOnce,
                 ),
@@ -294,7 +344,7 @@ async fn run_in(opts: &DemoOptions, dir: &std::path::Path) -> anyhow::Result<Dem
             };
             let req = v1::CreateSubscriptionRequest {
                 subscription: Some(v1::Subscription {
-                    filter: Some(v1::subscription::Filter::Text(subs[next].1.to_text())),
+                    filter: Some(v1::subscription::Filter::Text(list[next].1.to_text())),
                     target: Some(v1::Target { kind: Some(target) }),
                     qos: qos as i32,
                     webhook_secret: SECRET.into(),
@@ -313,129 +363,213 @@ async fn run_in(opts: &DemoOptions, dir: &std::path::Path) -> anyhow::Result<Dem
         }
     }
     bar.finish();
-    let qos_of: HashMap<u64, u8> = ids.iter().copied().collect();
-    let n = opts.subs as u64;
+    let n = subs as u64;
     procs::try_wait_for(Duration::from_secs(120), || {
         let u = url.clone();
         async move { (procs::stats(&u).await.ok()?.cluster?.image_subscriptions == n).then_some(()) }
     })
     .await
     .context("the subscriptions were not published in time")?;
-
-    // what should be delivered
     let index = MatchIndex::build(
         ShardConfig::default(),
         ids.iter()
             .map(|i| i.0)
-            .zip(subs.into_iter().map(|s| s.1))
+            .zip(list.into_iter().map(|s| s.1))
             .collect(),
     )?;
-    let events = w.events(opts.seed, opts.objects);
-    let mut ctx = index.base().new_ctx();
-    let mut expected_subs = Vec::new();
-    for chunk in events.chunks(256) {
-        let mut out = Vec::new();
-        index.match_batch(chunk, &mut ctx, &mut out);
-        expected_subs.extend(out);
+    Ok(Setup {
+        _node: node,
+        url,
+        seen,
+        qos_of: ids.into_iter().collect(),
+        index,
+        workload: w,
+    })
+}
+
+impl Setup {
+    /// The node's admin stats.
+    pub async fn stats(&self) -> anyhow::Result<v1::StatsResponse> {
+        Ok(procs::stats(&self.url).await?)
     }
 
-    // put at the target rate, priorities 0..=7 in turn
-    let bar = progress.bar(events.len() as u64, "putting objects");
-    let sent: Arc<Mutex<Vec<(String, Instant, u8)>>> = Arc::default();
-    let ingest = v1::ingest_client::IngestClient::new(procs::channel(&url));
-    let t0 = Instant::now();
-    let mut puts = tokio::task::JoinSet::new();
-    for (i, e) in events.iter().enumerate() {
-        let due = t0 + Duration::from_secs_f64(i as f64 / opts.rate);
-        tokio::time::sleep_until(due.into()).await;
-        let mut req = procs::put_request(e, String::new());
-        req.priority = (i % 8) as u32;
-        let mut c = ingest.clone();
-        let sent = sent.clone();
-        let bar = bar.clone();
-        puts.spawn(async move {
-            let at = Instant::now();
-            let r = c.put(req).await?.into_inner();
-            let id = r.id.unwrap_or_default();
-            lock(&sent).push((format!("{}:{}", id.node, id.seq), at, (i % 8) as u8));
-            bar.inc(1);
-            Ok::<_, Status>((i, format!("{}:{}", id.node, id.seq)))
-        });
-    }
-    let mut obj_of = vec![String::new(); events.len()];
-    while let Some(r) = puts.join_next().await {
-        let (i, k) = r?.context("put")?;
-        obj_of[i] = k;
-    }
-    let put_seconds = t0.elapsed().as_secs_f64();
-    bar.finish();
-
-    // wait until everything expected arrived, or nothing moves for 15 s
-    let expected: Vec<(u64, String)> = obj_of
-        .iter()
-        .zip(&expected_subs)
-        .flat_map(|(o, subs)| subs.iter().map(move |s| (*s, o.clone())))
-        .collect();
-    progress.line(&format!("waiting for {} deliveries", expected.len()));
-    let mut last = (0usize, Instant::now());
-    loop {
-        let got = lock(&seen).pairs.len();
-        let dead = procs::stats(&url)
-            .await
-            .map(|s| s.dead_lettered)
-            .unwrap_or(0) as usize;
-        if got + dead >= expected.len() {
-            break;
+    /// Puts the phase's events, priorities 0..=7 in turn, waits for the deliveries, and
+    /// measures.
+    pub async fn phase(
+        &self,
+        spec: &PhaseSpec,
+        progress: &Progress,
+        label: &str,
+    ) -> anyhow::Result<Phase> {
+        let PhaseSpec {
+            seed,
+            objects,
+            rate,
+            writers,
+            patience,
+        } = *spec;
+        let events = self.workload.events(seed, objects);
+        let mut ctx = self.index.base().new_ctx();
+        let mut expected_subs = Vec::new();
+        for chunk in events.chunks(256) {
+            let mut out = Vec::new();
+            self.index.match_batch(chunk, &mut ctx, &mut out);
+            expected_subs.extend(out);
         }
-        if got != last.0 {
-            last = (got, Instant::now());
-        } else if last.1.elapsed() > Duration::from_secs(15) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let stats = procs::stats(&url).await?;
-    let seen = lock(&seen);
-    let sent = lock(&sent);
-    let put_at: HashMap<&str, (Instant, u8)> = sent
-        .iter()
-        .map(|(k, t, p)| (k.as_str(), (*t, *p)))
-        .collect();
-    let mut delivered_by_qos = BTreeMap::new();
-    let mut duplicates_by_qos = BTreeMap::new();
-    let mut all = Vec::new();
-    let mut by_prio: BTreeMap<u8, Vec<f64>> = BTreeMap::new();
-    let mut lost = 0usize;
-    for (sub, obj) in &expected {
-        let qos = qos_of.get(sub).copied().unwrap_or(0);
-        match seen.pairs.get(&(*sub, obj.clone())) {
-            Some((times, first)) => {
-                *delivered_by_qos.entry(qos).or_insert(0) += 1;
-                if *times > 1 {
-                    *duplicates_by_qos.entry(qos).or_insert(0) += 1;
-                }
-                if let Some((t, p)) = put_at.get(obj.as_str()) {
-                    let ms = first.saturating_duration_since(*t).as_secs_f64() * 1000.0;
-                    all.push(ms);
-                    by_prio.entry(*p).or_default().push(ms);
-                }
+        let bar = progress.bar(events.len() as u64, label);
+        let sent: Arc<Mutex<HashMap<String, (Instant, u8)>>> = Arc::default();
+        let ingest = v1::ingest_client::IngestClient::new(procs::channel(&self.url));
+        let sem = Arc::new(tokio::sync::Semaphore::new(writers.max(1)));
+        let t0 = Instant::now();
+        let mut puts = tokio::task::JoinSet::new();
+        for (i, e) in events.iter().enumerate() {
+            if let Some(rate) = rate {
+                let due = t0 + Duration::from_secs_f64(i as f64 / rate);
+                tokio::time::sleep_until(due.into()).await;
             }
-            None => lost += 1,
+            let permit = sem.clone().acquire_owned().await?;
+            let mut req = procs::put_request(e, String::new());
+            req.priority = (i % 8) as u32;
+            let mut c = ingest.clone();
+            let sent = sent.clone();
+            let bar = bar.clone();
+            puts.spawn(async move {
+                let at = Instant::now();
+                let r = c.put(req).await;
+                drop(permit);
+                let id = r?.into_inner().id.unwrap_or_default();
+                let k = format!("{}:{}", id.node, id.seq);
+                lock(&sent).insert(k.clone(), (at, (i % 8) as u8));
+                bar.inc(1);
+                Ok::<_, Status>((i, k))
+            });
         }
+        let mut obj_of = vec![String::new(); events.len()];
+        while let Some(r) = puts.join_next().await {
+            let (i, k) = r?.context("put")?;
+            obj_of[i] = k;
+        }
+        let put_seconds = t0.elapsed().as_secs_f64();
+        bar.finish();
+        let expected: Vec<(u64, String)> = obj_of
+            .iter()
+            .zip(&expected_subs)
+            .flat_map(|(o, subs)| subs.iter().map(move |s| (*s, o.clone())))
+            .collect();
+        let mut last = (usize::MAX, Instant::now());
+        let mut done_at = Instant::now();
+        loop {
+            let got = {
+                let seen = lock(&self.seen);
+                expected
+                    .iter()
+                    .filter(|(s, o)| seen.pairs.contains_key(&(*s, o.clone())))
+                    .count()
+            };
+            if got >= expected.len() {
+                done_at = Instant::now();
+                break;
+            }
+            if got != last.0 {
+                last = (got, Instant::now());
+                done_at = Instant::now();
+            } else if last.1.elapsed() > patience {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let seen = lock(&self.seen);
+        let sent = lock(&sent);
+        let mut delivered_by_qos = BTreeMap::new();
+        let mut duplicates_by_qos = BTreeMap::new();
+        let mut all = Vec::new();
+        let mut by_prio: BTreeMap<u8, Vec<f64>> = BTreeMap::new();
+        let mut lost = 0usize;
+        for (sub, obj) in &expected {
+            let qos = self.qos_of.get(sub).copied().unwrap_or(0);
+            match seen.pairs.get(&(*sub, obj.clone())) {
+                Some((times, first)) => {
+                    *delivered_by_qos.entry(qos).or_insert(0) += 1;
+                    if *times > 1 {
+                        *duplicates_by_qos.entry(qos).or_insert(0) += 1;
+                    }
+                    if let Some((t, p)) = sent.get(obj) {
+                        let ms = first.saturating_duration_since(*t).as_secs_f64() * 1000.0;
+                        all.push(ms);
+                        by_prio.entry(*p).or_default().push(ms);
+                    }
+                }
+                None => lost += 1,
+            }
+        }
+        Ok(Phase {
+            put: events.len(),
+            put_seconds,
+            delivered_seconds: done_at.saturating_duration_since(t0).as_secs_f64(),
+            matched: expected.len(),
+            delivered_by_qos,
+            lost,
+            duplicates_by_qos,
+            latency: latency(all),
+            latency_by_priority: by_prio.into_iter().map(|(p, v)| (p, latency(v))).collect(),
+        })
     }
-    let lost = lost.saturating_sub(stats.dead_lettered as usize);
-    Ok(DemoReport {
-        subscriptions: opts.subs,
-        put: events.len(),
-        put_seconds,
-        matched: expected.len(),
-        delivered_by_qos,
-        dead_lettered: stats.dead_lettered,
-        lost,
-        duplicates_by_qos,
-        bad_webhook_signatures: seen.bad_signatures,
-        latency: latency(all),
-        latency_by_priority: by_prio.into_iter().map(|(p, v)| (p, latency(v))).collect(),
+}
+
+/// Runs `f` with a fresh temporary directory (removed afterwards) on a new runtime.
+pub fn in_temp_dir<T>(
+    name: &str,
+    f: impl AsyncFnOnce(&std::path::Path) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let dir = std::env::temp_dir().join(format!("dissem-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let r = rt.block_on(f(&dir));
+    drop(rt);
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+/// Runs the demo.
+pub fn run(opts: &DemoOptions) -> anyhow::Result<DemoReport> {
+    if opts.subs == 0 || opts.objects == 0 || opts.rate.is_nan() || opts.rate <= 0.0 {
+        bail!("--subs, --objects and --rate must be positive");
+    }
+    in_temp_dir("demo", async |dir| {
+        let progress = Progress::new();
+        let s = setup(
+            &opts.bin,
+            dir,
+            opts.subs,
+            opts.seed,
+            Targets::AllKinds,
+            &progress,
+        )
+        .await?;
+        let spec = PhaseSpec {
+            seed: opts.seed,
+            objects: opts.objects,
+            rate: Some(opts.rate),
+            writers: 256,
+            patience: Duration::from_secs(15),
+        };
+        let p = s.phase(&spec, &progress, "putting objects").await?;
+        let stats = s.stats().await?;
+        let seen = lock(&s.seen);
+        Ok(DemoReport {
+            subscriptions: opts.subs,
+            put: p.put,
+            put_seconds: p.put_seconds,
+            matched: p.matched,
+            delivered_by_qos: p.delivered_by_qos,
+            dead_lettered: stats.dead_lettered,
+            lost: p.lost.saturating_sub(stats.dead_lettered as usize),
+            duplicates_by_qos: p.duplicates_by_qos,
+            bad_webhook_signatures: seen.bad_signatures,
+            latency: p.latency,
+            latency_by_priority: p.latency_by_priority,
+        })
     })
 }
 

@@ -8,6 +8,7 @@
 
 pub mod clusterbench;
 pub mod demo;
+pub mod e2e;
 pub mod ingestbench;
 pub mod matchbench;
 pub mod mem;

@@ -525,6 +525,53 @@ enum Bench {
     Ingest(IngestArgs),
     /// Objects per second through ingest -> test -> match with 1, 2, 4 node processes.
     Cluster(ClusterArgs),
+    /// Durable put -> push delivered (gRPC and webhook): saturation, half load, 2x overload.
+    E2e(E2eArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct E2eArgs {
+    /// Subscriptions of the iot workload.
+    #[arg(long, default_value_t = 100_000)]
+    subs: usize,
+    /// Objects of the saturation phase.
+    #[arg(long, default_value_t = 5_000)]
+    objects: usize,
+    /// Seconds of the half-load and overload phases.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Concurrent writers in the saturation phase.
+    #[arg(long, default_value_t = 64)]
+    writers: usize,
+    /// Random seed of the workload.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the latency plot (SVG) to this file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+fn bench_e2e(a: E2eArgs) -> anyhow::Result<bool> {
+    let report = bench::e2e::run(&bench::e2e::E2eOptions {
+        bin: std::env::current_exe()?,
+        subs: a.subs,
+        objects: a.objects,
+        seconds: a.seconds,
+        writers: a.writers,
+        seed: a.seed,
+    })?;
+    bench::e2e::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    if let Some(path) = &a.svg {
+        std::fs::write(path, bench::e2e::svg(&report))
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    }
+    Ok(report.lost == 0)
 }
 
 #[derive(clap::Args, Debug)]
@@ -880,6 +927,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Bench::Cluster(a),
         } => bench_cluster(a),
+        Command::Bench {
+            which: Bench::E2e(a),
+        } => bench_e2e(a),
         Command::Bench {
             which: Bench::Ingest(a),
         } => bench_ingest(a),

@@ -1030,8 +1030,14 @@ impl v1::daemon_server::Daemon for Daemon {
             slot.busy = true;
             slot.tx.clone()
         };
-        tx.try_send(req)
-            .map_err(|e| Status::resource_exhausted(format!("worker queue: {e}")))?;
+        let worker = req.worker;
+        if let Err(e) = tx.try_send(req) {
+            // not taken: the worker stays idle (the coordinator treats it as gone)
+            if let Some(slot) = lock(&self.inner.workers).get_mut(&worker) {
+                slot.busy = false;
+            }
+            return Err(Status::resource_exhausted(format!("worker queue: {e}")));
+        }
         Ok(Response::new(v1::AssignResponse {}))
     }
 
