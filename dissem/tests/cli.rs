@@ -237,3 +237,45 @@ fn demo_delivers_everything_to_every_endpoint_kind() {
     assert!(v["duplicates_by_qos"].get("2").is_none(), "{v}");
     let _ = std::fs::remove_file(&json);
 }
+
+#[test]
+fn bench_e2e_writes_json_and_an_svg_plot() {
+    let dir = std::env::temp_dir().join(format!("dissem-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (json, svg) = (dir.join("e2e.json"), dir.join("e2e.svg"));
+    let out = dissem()
+        .args([
+            "bench",
+            "e2e",
+            "--subs",
+            "300",
+            "--objects",
+            "200",
+            "--seconds",
+            "0.5",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--svg")
+        .arg(&svg)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("running dissem bench e2e");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    assert_eq!(v["lost"], 0, "{v}");
+    assert!(v["saturation_objects_per_second"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(v["half_load"]["phase"]["latency_by_priority"]["7"]["count"].as_u64() > Some(0));
+    let plot = std::fs::read_to_string(&svg).expect("svg");
+    assert!(
+        plot.starts_with("<svg") && plot.contains("priority 7"),
+        "{plot}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
