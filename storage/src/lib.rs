@@ -543,6 +543,19 @@ impl Store {
         self.commit().await
     }
 
+    /// Records where a delivery stands without waiting for a flush (it reaches disk with the
+    /// next one): for states whose loss in a crash only means one more attempt.
+    pub fn set_delivery_unflushed(
+        &self,
+        sub: u64,
+        obj: ObjectId,
+        state: &DeliveryState,
+    ) -> Result<(), StorageError> {
+        self.deliveries
+            .insert(delivery_key(sub, obj), codec::encode_delivery(state))?;
+        Ok(())
+    }
+
     /// Records many deliveries with one shared flush.
     pub async fn set_deliveries(
         &self,

@@ -418,10 +418,20 @@ impl Deliverer {
         Ok(s)
     }
 
+    /// Records a delivery's new state. Only the QoS 2 "received" phase must be durable
+    /// before the next step (a lost one would deliver again); the others are written without
+    /// waiting for a flush: after a crash an older state means one more attempt, which QoS 1
+    /// allows and QoS 2's delivery id absorbs.
     fn finish(&self, sub: u64, obj: ObjectId, state: DeliveryState) -> impl Future<Output = ()> {
         let store = self.inner.store.clone();
         async move {
-            if let Err(e) = store.set_delivery(sub, obj, &state).await {
+            let durable = matches!(state, DeliveryState::Received { .. });
+            let r = if durable {
+                store.set_delivery(sub, obj, &state).await
+            } else {
+                store.set_delivery_unflushed(sub, obj, &state)
+            };
+            if let Err(e) = r {
                 tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj));
             }
         }
@@ -733,14 +743,33 @@ impl Deliverer {
                 check_target(url, self.inner.cfg.allow_private_targets).await?;
                 let mut c = self.grpc_client(url)?;
                 let id = d.delivery_id.clone();
+                let (sub, attempts) = (d.subscription_id, d.attempt.saturating_sub(1));
+                let obj = d.object_id.map(|o| ObjectId {
+                    node: o.node,
+                    seq: o.seq,
+                });
                 if !received {
                     c.deliver(d).await.map_err(|e| format!("Deliver: {e}"))?;
+                    if exactly_once && let Some(obj) = obj {
+                        // "received" is durable before the release goes out (as MQTT's
+                        // PUBREL state): after a crash only the release is repeated, never
+                        // the delivery the subscriber may already have shown
+                        self.finish(
+                            sub,
+                            obj,
+                            DeliveryState::Received {
+                                attempts,
+                                next_attempt_unix_ms: now_ms(),
+                            },
+                        )
+                        .await;
+                    }
                 }
                 if exactly_once
                     && let Err(e) = c.release(v1::ReleaseRequest { delivery_id: id }).await
                 {
                     if !received {
-                        // remember "received" so the retry only releases
+                        // "received" is stored: the retry only releases
                         tracing::debug!("Release: {e}");
                         return Ok(Outcome::Received);
                     }
