@@ -50,6 +50,8 @@ pub struct IngestReport {
     pub rows: Vec<IngestRow>,
     /// (object bytes, writers, dissem objects/s divided by the sled flush-per-write baseline)
     pub ratios: Vec<(usize, usize, f64)>,
+    /// The same for the PutStream path.
+    pub stream_ratios: Vec<(usize, usize, f64)>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -84,7 +86,20 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
     d
 }
 
-async fn run_dissem(size: usize, writers: usize, seconds: f64) -> anyhow::Result<IngestRow> {
+/// One path through the node: unary `Ingest.Put` per object, or each writer's objects one
+/// after another on its own `Ingest.PutStream` (no HTTP/2 stream per object).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Put,
+    PutStream,
+}
+
+async fn run_dissem(
+    size: usize,
+    writers: usize,
+    seconds: f64,
+    api: Api,
+) -> anyhow::Result<IngestRow> {
     let dir = temp_dir(&format!("node-{size}-{writers}"));
     let store = storage::Store::open(&dir, 1).context("opening the store")?;
     let flush_counter = store.clone();
@@ -130,6 +145,17 @@ async fn run_dissem(size: usize, writers: usize, seconds: f64) -> anyhow::Result
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut i = 0u64;
+            // the stream path: requests go up one channel, acknowledgements come down
+            let (tx, rx) = tokio::sync::mpsc::channel::<v1::PutRequest>(1);
+            let mut acks = match api {
+                Api::PutStream => Some(
+                    client
+                        .put_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+                        .await?
+                        .into_inner(),
+                ),
+                Api::Put => None,
+            };
             while Instant::now() < end {
                 let req = v1::PutRequest {
                     data: data.clone(),
@@ -151,10 +177,30 @@ async fn run_dissem(size: usize, writers: usize, seconds: f64) -> anyhow::Result
                     message_id: String::new(),
                 };
                 let t = Instant::now();
-                client.put(req).await?;
+                match acks.as_mut() {
+                    None => {
+                        client.put(req).await?;
+                    }
+                    Some(acks) => {
+                        if tx.send(req).await.is_err() {
+                            return Err(tonic::Status::unavailable("the put stream closed"));
+                        }
+                        match acks.message().await? {
+                            Some(v1::PutStreamResponse {
+                                result: Some(v1::put_stream_response::Result::Ok(_)),
+                            }) => {}
+                            other => {
+                                return Err(tonic::Status::internal(format!(
+                                    "put stream answered {other:?}"
+                                )));
+                            }
+                        }
+                    }
+                }
                 lat.push(t.elapsed());
                 i += 1;
             }
+            drop(tx);
             Ok::<_, tonic::Status>(lat)
         }));
     }
@@ -166,7 +212,11 @@ async fn run_dissem(size: usize, writers: usize, seconds: f64) -> anyhow::Result
     let _ = stop.send(());
     let _ = server.await;
     let flushes = flush_counter.flushes();
-    let mut r = row(size, writers, "dissem gRPC put (durable)", lat, secs);
+    let path = match api {
+        Api::Put => "dissem gRPC Put (durable)",
+        Api::PutStream => "dissem gRPC PutStream (durable)",
+    };
+    let mut r = row(size, writers, path, lat, secs);
     r.flushes_per_object = Some(flushes as f64 / r.objects.max(1) as f64);
     drop(flush_counter);
     let _ = std::fs::remove_dir_all(&dir);
@@ -224,24 +274,29 @@ pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
     let rt = tokio::runtime::Runtime::new()?;
     let mut rows = Vec::new();
     let mut ratios = Vec::new();
+    let mut stream_ratios = Vec::new();
     for &size in &opts.sizes {
         for &writers in &opts.writers {
             eprintln!(
                 "ingest: {size} B objects, {writers} writers, {:.0} s each path",
                 opts.seconds
             );
-            let ours = rt.block_on(run_dissem(size, writers, opts.seconds))?;
+            let ours = rt.block_on(run_dissem(size, writers, opts.seconds, Api::Put))?;
+            let streamed = rt.block_on(run_dissem(size, writers, opts.seconds, Api::PutStream))?;
             let base = run_baseline(size, writers, opts.seconds)?;
-            ratios.push((
-                size,
-                writers,
-                ours.objects_per_second / base.objects_per_second.max(1e-9),
-            ));
+            let b = base.objects_per_second.max(1e-9);
+            ratios.push((size, writers, ours.objects_per_second / b));
+            stream_ratios.push((size, writers, streamed.objects_per_second / b));
             rows.push(ours);
+            rows.push(streamed);
             rows.push(base);
         }
     }
-    Ok(IngestReport { rows, ratios })
+    Ok(IngestReport {
+        rows,
+        ratios,
+        stream_ratios,
+    })
 }
 
 /// Prints the report.
@@ -264,7 +319,10 @@ pub fn print(r: &IngestReport) {
                 .map_or("1".to_string(), |f| format!("{f:.3}"))
         );
     }
-    for (size, writers, ratio) in &r.ratios {
-        println!("{size} B, {writers} writers: dissem {ratio:.1}x the flush-per-write baseline");
+    for ((size, writers, ratio), (_, _, stream)) in r.ratios.iter().zip(&r.stream_ratios) {
+        println!(
+            "{size} B, {writers} writers: dissem Put {ratio:.1}x, PutStream {stream:.1}x the \
+             flush-per-write baseline"
+        );
     }
 }
