@@ -288,7 +288,7 @@ async fn run_one(
     ]));
     let t0 = Instant::now();
     let mut set = tokio::task::JoinSet::new();
-    for w in 0..opts.writers {
+    for _ in 0..opts.writers {
         let (urls, events, next, ids, bar) = (
             urls.clone(),
             events.clone(),
@@ -301,7 +301,6 @@ async fn run_one(
                 .iter()
                 .map(|u| v1::ingest_client::IngestClient::new(procs::channel(u)))
                 .collect();
-            let _ = w;
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= events.len() {

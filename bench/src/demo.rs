@@ -16,6 +16,7 @@ use blocks::{MatchIndex, ShardConfig};
 use http_body_util::BodyExt;
 use proto::v1;
 use serde::Serialize;
+use storage::ObjectId;
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
@@ -66,7 +67,7 @@ pub struct DemoReport {
 #[derive(Default)]
 struct Seen {
     /// (subscription, "node:seq") -> (times shown, first time).
-    pairs: HashMap<(u64, String), (u32, Instant)>,
+    pairs: HashMap<(u64, ObjectId), (u32, Instant)>,
     bad_signatures: u64,
 }
 
@@ -76,22 +77,34 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn show(seen: &Shared, sub: u64, obj: String) {
+fn show(seen: &Shared, sub: u64, obj: ObjectId) {
     let mut s = lock(seen);
     let e = s.pairs.entry((sub, obj)).or_insert((0, Instant::now()));
     e.0 += 1;
 }
 
-fn obj_key(d: &v1::Delivery) -> String {
+fn obj_key(d: &v1::Delivery) -> ObjectId {
     let o = d.object_id.unwrap_or_default();
-    format!("{}:{}", o.node, o.seq)
+    ObjectId {
+        node: o.node,
+        seq: o.seq,
+    }
+}
+
+/// Parses a CloudEvent subject, "node:seq".
+fn parse_subject(s: &str) -> Option<ObjectId> {
+    let (node, seq) = s.split_once(':')?;
+    Some(ObjectId {
+        node: node.parse().ok()?,
+        seq: seq.parse().ok()?,
+    })
 }
 
 #[derive(Clone)]
 struct GrpcSubscriber {
     seen: Shared,
     exactly_once: bool,
-    received: Arc<Mutex<HashMap<String, (u64, String)>>>,
+    received: Arc<Mutex<HashMap<String, (u64, ObjectId)>>>,
 }
 
 #[tonic::async_trait]
@@ -172,10 +185,10 @@ async fn webhook_endpoint(seen: Shared) -> anyhow::Result<String> {
                                 .is_ok_and(|t| sig == worker::deliver::sign(SECRET, t, &body));
                             let ev: serde_json::Value =
                                 serde_json::from_slice(&body).unwrap_or_default();
-                            let status = if ok {
+                            let subject = ev["subject"].as_str().and_then(parse_subject);
+                            let status = if let (true, Some(obj)) = (ok, subject) {
                                 let sub = ev["data"]["subscription"].as_u64().unwrap_or(0);
-                                let subject = ev["subject"].as_str().unwrap_or("").to_string();
-                                show(&seen, sub, subject);
+                                show(&seen, sub, obj);
                                 hyper::StatusCode::OK
                             } else {
                                 lock(&seen).bad_signatures += 1;
@@ -417,7 +430,9 @@ impl Setup {
             expected_subs.extend(out);
         }
         let bar = progress.bar(events.len() as u64, label);
-        let sent: Arc<Mutex<HashMap<String, (Instant, u8)>>> = Arc::default();
+        let sent: Arc<Mutex<HashMap<ObjectId, (Instant, u8)>>> = Arc::default();
+        // objects never repeat across phases: new distinct pairs are this phase's
+        let before = lock(&self.seen).pairs.len();
         let ingest = v1::ingest_client::IngestClient::new(procs::channel(&self.url));
         let sem = Arc::new(tokio::sync::Semaphore::new(writers.max(1)));
         let t0 = Instant::now();
@@ -438,34 +453,31 @@ impl Setup {
                 let r = c.put(req).await;
                 drop(permit);
                 let id = r?.into_inner().id.unwrap_or_default();
-                let k = format!("{}:{}", id.node, id.seq);
-                lock(&sent).insert(k.clone(), (at, (i % 8) as u8));
+                let k = ObjectId {
+                    node: id.node,
+                    seq: id.seq,
+                };
+                lock(&sent).insert(k, (at, (i % 8) as u8));
                 bar.inc(1);
                 Ok::<_, Status>((i, k))
             });
         }
-        let mut obj_of = vec![String::new(); events.len()];
+        let mut obj_of = vec![ObjectId { node: 0, seq: 0 }; events.len()];
         while let Some(r) = puts.join_next().await {
             let (i, k) = r?.context("put")?;
             obj_of[i] = k;
         }
         let put_seconds = t0.elapsed().as_secs_f64();
         bar.finish();
-        let expected: Vec<(u64, String)> = obj_of
+        let expected: Vec<(u64, ObjectId)> = obj_of
             .iter()
             .zip(&expected_subs)
-            .flat_map(|(o, subs)| subs.iter().map(move |s| (*s, o.clone())))
+            .flat_map(|(o, subs)| subs.iter().map(move |s| (*s, *o)))
             .collect();
         let mut last = (usize::MAX, Instant::now());
         let mut done_at = Instant::now();
         loop {
-            let got = {
-                let seen = lock(&self.seen);
-                expected
-                    .iter()
-                    .filter(|(s, o)| seen.pairs.contains_key(&(*s, o.clone())))
-                    .count()
-            };
+            let got = lock(&self.seen).pairs.len().saturating_sub(before);
             if got >= expected.len() {
                 done_at = Instant::now();
                 break;
@@ -487,7 +499,7 @@ impl Setup {
         let mut lost = 0usize;
         for (sub, obj) in &expected {
             let qos = self.qos_of.get(sub).copied().unwrap_or(0);
-            match seen.pairs.get(&(*sub, obj.clone())) {
+            match seen.pairs.get(&(*sub, *obj)) {
                 Some((times, first)) => {
                     *delivered_by_qos.entry(qos).or_insert(0) += 1;
                     if *times > 1 {

@@ -262,14 +262,7 @@ pub async fn subscribe_all(url: &str, filters: &[String], concurrency: usize) ->
 pub fn put_request(event: &blocks::Event, message_id: String) -> v1::PutRequest {
     v1::PutRequest {
         data: Vec::new(),
-        metadata: event
-            .attrs
-            .iter()
-            .map(|(n, v)| v1::Attribute {
-                name: n.clone(),
-                value: Some(worker::validate::value_to_proto(v)),
-            })
-            .collect(),
+        metadata: worker::validate::attributes_to_proto(&event.attrs),
         priority: 0,
         message_id,
     }

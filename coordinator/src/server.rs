@@ -157,13 +157,6 @@ struct Driver {
 
 const LATENCY_SAMPLES: usize = 100_000;
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 fn percentile(sorted: &[u32], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -322,38 +315,11 @@ impl Driver {
                 if d.nonce != self.nonce {
                     return; // a task of an earlier coordinator
                 }
-                if let Some((w, block, keys)) = self.running.remove(&d.task) {
-                    if w == d.worker {
-                        match block {
-                            Block::Match => {
-                                for k in keys {
-                                    if d.failed.contains(&k) {
-                                        self.retry(k);
-                                    } else if let Some(o) = self.objects.remove(&k) {
-                                        self.by_id.remove(&(o.id.node, o.id.seq));
-                                        self.counters.matched.fetch_add(1, Ordering::Relaxed);
-                                        let ms = unix_ms().saturating_sub(o.received_unix_ms);
-                                        if self.latencies.len() < LATENCY_SAMPLES {
-                                            self.latencies.push(ms as u32);
-                                        } else {
-                                            let i = self.latency_next % LATENCY_SAMPLES;
-                                            self.latencies[i] = ms as u32;
-                                        }
-                                        self.latency_next += 1;
-                                    }
-                                }
-                            }
-                            _ => {
-                                for k in keys {
-                                    if let Some(o) = self.objects.get_mut(&k) {
-                                        o.sources.push((d.task, w));
-                                    }
-                                }
-                            }
-                        }
-                    } else {
-                        self.running.insert(d.task, (w, block, keys));
-                    }
+                // a late report from a worker whose task was reassigned records nothing
+                if self.running.get(&d.task).is_some_and(|r| r.0 == d.worker)
+                    && let Some((w, block, keys)) = self.running.remove(&d.task)
+                {
+                    self.task_finished(d.task, w, &block, keys, &d.failed);
                 }
                 self.step(Event::TaskDone {
                     worker: d.worker,
@@ -384,6 +350,41 @@ impl Driver {
                     })
                     .collect();
                 let _ = reply.send(list);
+            }
+        }
+    }
+
+    /// Records what a finished task produced: where test results are cached, or which
+    /// objects are matched (and which must be tested again).
+    fn task_finished(
+        &mut self,
+        task: TaskId,
+        worker: WorkerId,
+        block: &Block,
+        keys: Vec<ObjectKey>,
+        failed: &[ObjectKey],
+    ) {
+        if *block != Block::Match {
+            for k in keys {
+                if let Some(o) = self.objects.get_mut(&k) {
+                    o.sources.push((task, worker));
+                }
+            }
+            return;
+        }
+        for k in keys {
+            if failed.contains(&k) {
+                self.retry(k);
+            } else if let Some(o) = self.objects.remove(&k) {
+                self.by_id.remove(&(o.id.node, o.id.seq));
+                self.counters.matched.fetch_add(1, Ordering::Relaxed);
+                let ms = worker::now_ms().saturating_sub(o.received_unix_ms) as u32;
+                if self.latencies.len() < LATENCY_SAMPLES {
+                    self.latencies.push(ms);
+                } else {
+                    self.latencies[self.latency_next % LATENCY_SAMPLES] = ms;
+                }
+                self.latency_next += 1;
             }
         }
     }
@@ -576,12 +577,6 @@ struct Handle {
     store: Store,
 }
 
-impl std::fmt::Debug for Msg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Msg")
-    }
-}
-
 impl Handle {
     async fn ask<T>(&self, m: impl FnOnce(oneshot::Sender<T>) -> Msg) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
@@ -641,15 +636,7 @@ impl v1::cluster_server::Cluster for Handle {
         &self,
         request: Request<v1::SubscriptionRecordRequest>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        use prost::Message;
-        let id = request.into_inner().id;
-        let bytes = self
-            .store
-            .get_subscription(id)
-            .map_err(NodeError::from)?
-            .ok_or_else(|| NodeError::NotFound(format!("subscription {id}")))?;
-        let s = v1::Subscription::decode(bytes.as_slice())
-            .map_err(|e| Status::internal(format!("stored subscription {id}: {e}")))?;
+        let s = worker::services::stored_subscription(&self.store, request.into_inner().id)?;
         Ok(Response::new(s))
     }
 

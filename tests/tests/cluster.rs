@@ -104,6 +104,19 @@ async fn wait_drained(c: &Cluster, n_objects: usize, timeout: Duration) {
     .await;
 }
 
+/// Waits until an embedded node has matched `n` objects and its outbox is empty.
+async fn wait_matched(url: &str, n: u64) {
+    wait_for(
+        "every object matched",
+        Duration::from_secs(60),
+        || async move {
+            let s = stats(url).await.ok()?;
+            (s.outbox_pending == 0 && s.cluster?.objects_matched >= n).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Stops the nodes and reads every delivery record from their sled files.
 fn handed_pairs(c: &mut Cluster) -> BTreeSet<(u64, ObjectId)> {
     let mut all = BTreeSet::new();
@@ -572,15 +585,7 @@ fn embedded_up_matches_through_in_process_calls() {
             Arc::new(AtomicUsize::new(0)),
         )
         .await;
-        let u = url.clone();
-        wait_for("every object matched", Duration::from_secs(60), || {
-            let u = u.clone();
-            async move {
-                let s = stats(&u).await.ok()?;
-                (s.outbox_pending == 0 && s.cluster?.objects_matched >= 2_000).then_some(())
-            }
-        })
-        .await;
+        wait_matched(&url, 2_000).await;
         let ws = workers(&url).await.expect("workers");
         assert!(ws.iter().any(|w| w.block == "match"), "{ws:?}");
         let v1 = stats(&url)
@@ -616,15 +621,7 @@ fn embedded_up_matches_through_in_process_calls() {
             Arc::new(AtomicUsize::new(0)),
         )
         .await;
-        let u = url.clone();
-        wait_for("every new object matched", Duration::from_secs(60), || {
-            let u = u.clone();
-            async move {
-                let s = stats(&u).await.ok()?;
-                (s.outbox_pending == 0 && s.cluster?.objects_matched >= 3_000).then_some(())
-            }
-        })
-        .await;
+        wait_matched(&url, 3_000).await;
         up.kill();
         let got: BTreeSet<_> = delivery_records(&data, 1).into_iter().collect();
         let mut ids = oids;

@@ -179,6 +179,26 @@ impl v1::subscriber_server::Subscriber for Subscriber {
     }
 }
 
+impl Subscriber {
+    /// The objects the application saw, distinct.
+    fn shown_set(&self) -> BTreeSet<String> {
+        lock(&self.state)
+            .shown
+            .iter()
+            .map(|x| x.0.clone())
+            .collect()
+    }
+
+    /// Waits until the application saw exactly `want`.
+    async fn wait_shown(&self, what: &str, want: &BTreeSet<String>) {
+        wait_for(what, Duration::from_secs(60), || {
+            let got = self.shown_set();
+            async move { (got == *want).then_some(()) }
+        })
+        .await;
+    }
+}
+
 async fn serve_subscriber(sub: Subscriber, listener: TcpListener) {
     tonic::transport::Server::builder()
         .add_service(v1::subscriber_server::SubscriberServer::new(sub))
@@ -441,16 +461,7 @@ fn qos1_survives_an_endpoint_outage_and_qos2_never_shows_a_duplicate() {
         let want: BTreeSet<String> = ids.iter().cloned().collect();
 
         // QoS 2: everything shown exactly once despite the lost acks
-        wait_for("every QoS 2 release", Duration::from_secs(60), || {
-            let f = faulty.clone();
-            let want = want.clone();
-            async move {
-                let shown: BTreeSet<String> =
-                    lock(&f.state).shown.iter().map(|x| x.0.clone()).collect();
-                (shown == want).then_some(())
-            }
-        })
-        .await;
+        faulty.wait_shown("every QoS 2 release", &want).await;
         let u = url.clone();
         wait_for("the retries of the outage", Duration::from_secs(30), || {
             let u = u.clone();
@@ -461,20 +472,9 @@ fn qos1_survives_an_endpoint_outage_and_qos2_never_shows_a_duplicate() {
         let back = TcpListener::bind(down_addr).await.expect("rebind");
         let recovered = Subscriber::default();
         tokio::spawn(serve_subscriber(recovered.clone(), back));
-        wait_for(
-            "every QoS 1 delivery after the outage",
-            Duration::from_secs(60),
-            || {
-                let r = recovered.clone();
-                let want = want.clone();
-                async move {
-                    let got: BTreeSet<String> =
-                        lock(&r.state).shown.iter().map(|x| x.0.clone()).collect();
-                    (got == want).then_some(())
-                }
-            },
-        )
-        .await;
+        recovered
+            .wait_shown("every QoS 1 delivery after the outage", &want)
+            .await;
         let shown = lock(&faulty.state).shown.clone();
         let distinct: HashSet<&String> = shown.iter().map(|x| &x.0).collect();
         assert_eq!(
@@ -549,16 +549,7 @@ fn max_attempts_dead_letter_then_redrive_delivers() {
             .into_inner();
         assert_eq!(r.redriven, 3);
         let want: BTreeSet<String> = ids.into_iter().collect();
-        wait_for("the redriven deliveries", Duration::from_secs(30), || {
-            let s = sub.clone();
-            let want = want.clone();
-            async move {
-                let got: BTreeSet<String> =
-                    lock(&s.state).shown.iter().map(|x| x.0.clone()).collect();
-                (got == want).then_some(())
-            }
-        })
-        .await;
+        sub.wait_shown("the redriven deliveries", &want).await;
         let left = admin
             .dead_letters(v1::DeadLettersRequest { limit: 0 })
             .await

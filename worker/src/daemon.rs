@@ -31,6 +31,7 @@ use crate::error::NodeError;
 use crate::registry::cluster_shard_config;
 use crate::regulate::{CpuSampler, Regulation, RegulatorConfig, WorkerView, regulate};
 use crate::validate;
+use crate::{lock, now_ms};
 
 /// Where match blocks run their subset scan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,17 +213,6 @@ pub struct Daemon {
     inner: Arc<Inner>,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// A random 64-bit value (std's randomly keyed hasher; no extra dependency).
 pub fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -338,13 +328,7 @@ impl Daemon {
                 seq: id.seq,
             }),
             priority: priority as u32,
-            metadata: metadata
-                .iter()
-                .map(|(n, v)| v1::Attribute {
-                    name: n.clone(),
-                    value: Some(validate::value_to_proto(v)),
-                })
-                .collect(),
+            metadata: validate::attributes_to_proto(metadata),
             received_unix_ms: now_ms(),
         };
         lock(&self.inner.sent).insert(id, Instant::now());
@@ -522,14 +506,7 @@ impl Daemon {
                             seq: id.seq,
                         }),
                         priority: o.priority as u32,
-                        metadata: o
-                            .metadata
-                            .iter()
-                            .map(|(n, v)| v1::Attribute {
-                                name: n.clone(),
-                                value: Some(validate::value_to_proto(v)),
-                            })
-                            .collect(),
+                        metadata: validate::attributes_to_proto(&o.metadata),
                         received_unix_ms: o.received_unix_ms,
                     });
                 }

@@ -33,6 +33,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::daemon::CoordLink;
 use crate::validate;
+use crate::{lock, now_ms};
 
 /// Settings of delivery.
 #[derive(Debug, Clone, Copy)]
@@ -140,17 +141,6 @@ impl std::fmt::Debug for Inner {
 #[derive(Debug, Clone)]
 pub struct Deliverer {
     inner: Arc<Inner>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// The delivery id of (subscription, object): the same on every retry.
@@ -581,14 +571,7 @@ impl Deliverer {
                 node: obj.node,
                 seq: obj.seq,
             }),
-            metadata: object
-                .metadata
-                .iter()
-                .map(|(n, v)| v1::Attribute {
-                    name: n.clone(),
-                    value: Some(validate::value_to_proto(v)),
-                })
-                .collect(),
+            metadata: validate::attributes_to_proto(&object.metadata),
             data: if object.data.len() <= self.inner.cfg.max_data_bytes {
                 object.data.clone()
             } else {

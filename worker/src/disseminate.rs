@@ -14,6 +14,7 @@ use storage::{DeliveryState, ObjectId, StorageError, Store};
 
 use crate::config::Limits;
 use crate::error::NodeError;
+use crate::now_ms;
 use crate::validate;
 
 /// The node's subscription index, kept in step with the registry.
@@ -21,13 +22,6 @@ use crate::validate;
 pub struct Disseminator {
     store: Store,
     index: Arc<RwLock<MatchIndex>>,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl Disseminator {

@@ -36,6 +36,20 @@ use tokio_stream::wrappers::TcpListenerStream;
 pub use config::Limits;
 pub use error::NodeError;
 
+/// Wall-clock time in unix milliseconds (0 if the clock is before 1970).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Locks a mutex, carrying on past a poisoned one (its data stays consistent here: every
+/// critical section is a plain update).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Serves the node API on `listener` until `shutdown` resolves.
 pub async fn run(
     listener: TcpListener,
@@ -168,11 +182,7 @@ pub async fn retain(
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        let cutoff = now.saturating_sub(keep.as_millis() as u64);
+        let cutoff = now_ms().saturating_sub(keep.as_millis() as u64);
         let s = store.clone();
         let run = move || -> Result<(usize, usize), storage::StorageError> {
             let mut objects = if keep.is_zero() {

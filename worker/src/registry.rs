@@ -96,17 +96,18 @@ impl Registry {
     /// Writes a new image version if anything changed since the last one. Versions continue
     /// from the newest stored one, so they never repeat across restarts.
     pub async fn publish(&self) -> Result<bool, NodeError> {
-        if !self.dirty.swap(false, Ordering::AcqRel) {
+        if !self.dirty.load(Ordering::Acquire) {
             return Ok(false);
         }
-        let subs: Vec<(u64, Dnf)> = self.lock().iter().map(|(k, v)| (*k, v.clone())).collect();
         let store = self.store.clone();
-        let version = store
-            .latest_image(SHARD_IMAGE)?
-            .map_or(0, |(v, _)| v)
-            .max(self.published().version)
-            + 1;
-        let built = tokio::task::spawn_blocking(move || {
+        // the store is read only for the first publication after a start
+        let version = match self.published().version {
+            0 => store.latest_image(SHARD_IMAGE)?.map_or(0, |(v, _)| v),
+            v => v,
+        } + 1;
+        self.dirty.store(false, Ordering::Release);
+        let subs: Vec<(u64, Dnf)> = self.lock().iter().map(|(k, v)| (*k, v.clone())).collect();
+        let (subscriptions, attributes, image) = tokio::task::spawn_blocking(move || {
             let attributes: HashSet<String> = subs
                 .iter()
                 .flat_map(|(_, d)| d.0.iter().flat_map(|c| c.0.iter().map(|p| p.attr.clone())))
@@ -117,20 +118,21 @@ impl Registry {
                 bloom: cluster_shard_config().bloom,
                 subs,
             });
-            Ok::<_, blocks::index::IndexError>((n, attributes, image))
+            (n, attributes, image)
         })
         .await
         .map_err(|e| NodeError::Startup(format!("image build task: {e}")))?;
-        let (subscriptions, attributes, image) = match built {
-            Ok(b) => b,
-            Err(e) => {
-                self.dirty.store(true, Ordering::Release);
-                return Err(NodeError::Startup(format!("building the shard image: {e}")));
+        let stored = async {
+            store.put_image(SHARD_IMAGE, version, &image).await?;
+            if version > KEEP_VERSIONS {
+                store.prune_images(SHARD_IMAGE, version - KEEP_VERSIONS)?;
             }
+            Ok::<_, storage::StorageError>(())
         };
-        store.put_image(SHARD_IMAGE, version, &image).await?;
-        if version > KEEP_VERSIONS {
-            store.prune_images(SHARD_IMAGE, version - KEEP_VERSIONS)?;
+        if let Err(e) = stored.await {
+            // still unpublished: the next round tries again
+            self.dirty.store(true, Ordering::Release);
+            return Err(e.into());
         }
         *self.published.write().unwrap_or_else(|p| p.into_inner()) = Published {
             version,

@@ -232,14 +232,7 @@ impl v1::objects_server::Objects for Node {
             id: Some(id_to_proto(o.id)),
             data: o.data,
             external_id: o.external_id,
-            metadata: o
-                .metadata
-                .iter()
-                .map(|(k, v)| v1::Attribute {
-                    name: k.clone(),
-                    value: Some(validate::value_to_proto(v)),
-                })
-                .collect(),
+            metadata: validate::attributes_to_proto(&o.metadata),
             priority: o.priority as u32,
             message_id: o.message_id,
             received_unix_ms: o.received_unix_ms,
@@ -247,16 +240,29 @@ impl v1::objects_server::Objects for Node {
     }
 }
 
+/// A stored subscription as it is returned to clients: the write-only secret removed.
 fn decode_sub(id: u64, bytes: &[u8]) -> Result<v1::Subscription, NodeError> {
-    let mut s = v1::Subscription::decode(bytes).map_err(|e| {
+    let mut s = decode_stored(id, bytes)?;
+    s.webhook_secret.clear(); // write-only
+    Ok(s)
+}
+
+fn decode_stored(id: u64, bytes: &[u8]) -> Result<v1::Subscription, NodeError> {
+    v1::Subscription::decode(bytes).map_err(|e| {
         tracing::error!("stored subscription {id} does not decode: {e}");
         NodeError::Storage(storage::StorageError::Corrupt {
             tree: "subscriptions",
             source: storage::CodecError::Truncated,
         })
-    })?;
-    s.webhook_secret.clear(); // write-only
-    Ok(s)
+    })
+}
+
+/// A stored subscription with its webhook secret, for delivery inside the cluster.
+pub fn stored_subscription(store: &Store, id: u64) -> Result<v1::Subscription, NodeError> {
+    let bytes = store
+        .get_subscription(id)?
+        .ok_or_else(|| NodeError::NotFound(format!("subscription {id}")))?;
+    decode_stored(id, &bytes)
 }
 
 #[tonic::async_trait]
@@ -278,13 +284,9 @@ impl v1::subscriptions_server::Subscriptions for Node {
         &self,
         request: Request<v1::GetSubscriptionRequest>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        let id = request.into_inner().id;
-        let bytes = self
-            .store
-            .get_subscription(id)
-            .map_err(NodeError::from)?
-            .ok_or_else(|| NodeError::NotFound(format!("subscription {id}")))?;
-        Ok(Response::new(decode_sub(id, &bytes)?))
+        let mut s = stored_subscription(&self.store, request.into_inner().id)?;
+        s.webhook_secret.clear(); // write-only
+        Ok(Response::new(s))
     }
 
     async fn list(
@@ -475,10 +477,7 @@ impl v1::admin_server::Admin for Node {
             }
             keys
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let now = crate::now_ms();
         let mut redriven = 0;
         for (sub, obj) in keys {
             if self

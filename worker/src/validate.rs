@@ -276,6 +276,17 @@ pub fn stored_subscriptions(
     Ok(subs)
 }
 
+/// Metadata as sent on the wire.
+pub fn attributes_to_proto(metadata: &[(String, Value)]) -> Vec<v1::Attribute> {
+    metadata
+        .iter()
+        .map(|(n, v)| v1::Attribute {
+            name: n.clone(),
+            value: Some(value_to_proto(v)),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
