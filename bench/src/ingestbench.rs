@@ -18,6 +18,9 @@ pub struct IngestOptions {
     pub sizes: Vec<usize>,
     pub writers: Vec<usize>,
     pub seconds: f64,
+    /// Puts each writer keeps in flight on its `PutStream` (the pipelined row; 1 = one at a
+    /// time, which the plain PutStream row always measures).
+    pub window: usize,
 }
 
 impl Default for IngestOptions {
@@ -26,6 +29,7 @@ impl Default for IngestOptions {
             sizes: vec![1024, 64 * 1024],
             writers: vec![1, 64],
             seconds: 3.0,
+            window: 32,
         }
     }
 }
@@ -50,8 +54,11 @@ pub struct IngestReport {
     pub rows: Vec<IngestRow>,
     /// (object bytes, writers, dissem objects/s divided by the sled flush-per-write baseline)
     pub ratios: Vec<(usize, usize, f64)>,
-    /// The same for the PutStream path.
+    /// The same for the PutStream path, one put in flight per writer.
     pub stream_ratios: Vec<(usize, usize, f64)>,
+    /// The same for the PutStream path with `window` puts in flight per writer.
+    pub pipelined_ratios: Vec<(usize, usize, f64)>,
+    pub window: usize,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -86,12 +93,109 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
     d
 }
 
-/// One path through the node: unary `Ingest.Put` per object, or each writer's objects one
-/// after another on its own `Ingest.PutStream` (no HTTP/2 stream per object).
+/// One path through the node: unary `Ingest.Put` per object, or each writer's objects on its
+/// own `Ingest.PutStream` (no HTTP/2 stream per object) with up to `window` puts in flight
+/// (the node stores what a stream has in flight under one flush).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Api {
     Put,
-    PutStream,
+    PutStream { window: usize },
+}
+
+fn put_request(writer: usize, i: u64, data: &[u8]) -> v1::PutRequest {
+    v1::PutRequest {
+        data: data.to_vec(),
+        metadata: vec![
+            v1::Attribute {
+                name: "writer".into(),
+                value: Some(v1::Value {
+                    kind: Some(v1::value::Kind::Integer(writer as i64)),
+                }),
+            },
+            v1::Attribute {
+                name: "seq".into(),
+                value: Some(v1::Value {
+                    kind: Some(v1::value::Kind::Integer(i as i64)),
+                }),
+            },
+        ],
+        priority: 0,
+        message_id: String::new(),
+    }
+}
+
+/// One writer on unary puts until `end`: each put's latency.
+async fn unary_writer(
+    mut client: v1::ingest_client::IngestClient<tonic::transport::Channel>,
+    writer: usize,
+    data: Vec<u8>,
+    end: Instant,
+) -> Result<Vec<Duration>, tonic::Status> {
+    let mut lat = Vec::new();
+    let mut i = 0u64;
+    while Instant::now() < end {
+        let t = Instant::now();
+        client.put(put_request(writer, i, &data)).await?;
+        lat.push(t.elapsed());
+        i += 1;
+    }
+    Ok(lat)
+}
+
+/// One writer on its own `PutStream` until `end`, keeping up to `window` puts unanswered:
+/// each put's latency from send to acknowledgement (acks come back in order).
+async fn stream_writer(
+    mut client: v1::ingest_client::IngestClient<tonic::transport::Channel>,
+    writer: usize,
+    data: Vec<u8>,
+    end: Instant,
+    window: usize,
+) -> Result<Vec<Duration>, tonic::Status> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<v1::PutRequest>(window);
+    let mut acks = client
+        .put_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(window));
+    let (sent_tx, mut sent_rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let sender = {
+        let permits = permits.clone();
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while Instant::now() < end {
+                let Ok(permit) = permits.acquire().await else {
+                    break;
+                };
+                permit.forget();
+                if sent_tx.send(Instant::now()).is_err()
+                    || tx.send(put_request(writer, i, &data)).await.is_err()
+                {
+                    break;
+                }
+                i += 1;
+            }
+            // dropping `tx` ends the stream: the node answers what is in flight, then closes
+        })
+    };
+    let mut lat = Vec::new();
+    while let Some(ack) = acks.message().await? {
+        match ack.result {
+            Some(v1::put_stream_response::Result::Ok(_)) => {}
+            other => {
+                sender.abort();
+                return Err(tonic::Status::internal(format!(
+                    "put stream answered {other:?}"
+                )));
+            }
+        }
+        let Some(t) = sent_rx.recv().await else {
+            break;
+        };
+        lat.push(t.elapsed());
+        permits.add_permits(1);
+    }
+    let _ = sender.await;
+    Ok(lat)
 }
 
 async fn run_dissem(
@@ -139,69 +243,14 @@ async fn run_dissem(
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..writers {
-        let mut client = v1::ingest_client::IngestClient::new(channels[w % channels.len()].clone())
+        let client = v1::ingest_client::IngestClient::new(channels[w % channels.len()].clone())
             .max_encoding_message_size(usize::MAX);
         let data = data.clone();
         tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let mut i = 0u64;
-            // the stream path: requests go up one channel, acknowledgements come down
-            let (tx, rx) = tokio::sync::mpsc::channel::<v1::PutRequest>(1);
-            let mut acks = match api {
-                Api::PutStream => Some(
-                    client
-                        .put_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-                        .await?
-                        .into_inner(),
-                ),
-                Api::Put => None,
-            };
-            while Instant::now() < end {
-                let req = v1::PutRequest {
-                    data: data.clone(),
-                    metadata: vec![
-                        v1::Attribute {
-                            name: "writer".into(),
-                            value: Some(v1::Value {
-                                kind: Some(v1::value::Kind::Integer(w as i64)),
-                            }),
-                        },
-                        v1::Attribute {
-                            name: "seq".into(),
-                            value: Some(v1::Value {
-                                kind: Some(v1::value::Kind::Integer(i as i64)),
-                            }),
-                        },
-                    ],
-                    priority: 0,
-                    message_id: String::new(),
-                };
-                let t = Instant::now();
-                match acks.as_mut() {
-                    None => {
-                        client.put(req).await?;
-                    }
-                    Some(acks) => {
-                        if tx.send(req).await.is_err() {
-                            return Err(tonic::Status::unavailable("the put stream closed"));
-                        }
-                        match acks.message().await? {
-                            Some(v1::PutStreamResponse {
-                                result: Some(v1::put_stream_response::Result::Ok(_)),
-                            }) => {}
-                            other => {
-                                return Err(tonic::Status::internal(format!(
-                                    "put stream answered {other:?}"
-                                )));
-                            }
-                        }
-                    }
-                }
-                lat.push(t.elapsed());
-                i += 1;
+            match api {
+                Api::Put => unary_writer(client, w, data, end).await,
+                Api::PutStream { window } => stream_writer(client, w, data, end, window).await,
             }
-            drop(tx);
-            Ok::<_, tonic::Status>(lat)
         }));
     }
     let mut lat = Vec::new();
@@ -213,10 +262,10 @@ async fn run_dissem(
     let _ = server.await;
     let flushes = flush_counter.flushes();
     let path = match api {
-        Api::Put => "dissem gRPC Put (durable)",
-        Api::PutStream => "dissem gRPC PutStream (durable)",
+        Api::Put => "dissem gRPC Put (durable)".to_string(),
+        Api::PutStream { window } => format!("dissem gRPC PutStream x{window} (durable)"),
     };
-    let mut r = row(size, writers, path, lat, secs);
+    let mut r = row(size, writers, &path, lat, secs);
     r.flushes_per_object = Some(flushes as f64 / r.objects.max(1) as f64);
     drop(flush_counter);
     let _ = std::fs::remove_dir_all(&dir);
@@ -275,6 +324,7 @@ pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
     let mut rows = Vec::new();
     let mut ratios = Vec::new();
     let mut stream_ratios = Vec::new();
+    let mut pipelined_ratios = Vec::new();
     for &size in &opts.sizes {
         for &writers in &opts.writers {
             eprintln!(
@@ -282,13 +332,28 @@ pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
                 opts.seconds
             );
             let ours = rt.block_on(run_dissem(size, writers, opts.seconds, Api::Put))?;
-            let streamed = rt.block_on(run_dissem(size, writers, opts.seconds, Api::PutStream))?;
+            let streamed = rt.block_on(run_dissem(
+                size,
+                writers,
+                opts.seconds,
+                Api::PutStream { window: 1 },
+            ))?;
+            let pipelined = rt.block_on(run_dissem(
+                size,
+                writers,
+                opts.seconds,
+                Api::PutStream {
+                    window: opts.window,
+                },
+            ))?;
             let base = run_baseline(size, writers, opts.seconds)?;
             let b = base.objects_per_second.max(1e-9);
             ratios.push((size, writers, ours.objects_per_second / b));
             stream_ratios.push((size, writers, streamed.objects_per_second / b));
+            pipelined_ratios.push((size, writers, pipelined.objects_per_second / b));
             rows.push(ours);
             rows.push(streamed);
+            rows.push(pipelined);
             rows.push(base);
         }
     }
@@ -296,6 +361,8 @@ pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
         rows,
         ratios,
         stream_ratios,
+        pipelined_ratios,
+        window: opts.window,
     })
 }
 
@@ -319,10 +386,16 @@ pub fn print(r: &IngestReport) {
                 .map_or("1".to_string(), |f| format!("{f:.3}"))
         );
     }
-    for ((size, writers, ratio), (_, _, stream)) in r.ratios.iter().zip(&r.stream_ratios) {
+    for (((size, writers, ratio), (_, _, stream)), (_, _, piped)) in r
+        .ratios
+        .iter()
+        .zip(&r.stream_ratios)
+        .zip(&r.pipelined_ratios)
+    {
         println!(
-            "{size} B, {writers} writers: dissem Put {ratio:.1}x, PutStream {stream:.1}x the \
-             flush-per-write baseline"
+            "{size} B, {writers} writers: dissem Put {ratio:.2}x, PutStream {stream:.2}x, \
+             PutStream x{} {piped:.2}x the flush-per-write baseline",
+            r.window
         );
     }
 }

@@ -651,6 +651,9 @@ struct IngestArgs {
     /// Seconds per configuration and path.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Puts each writer keeps in flight on its PutStream in the pipelined row.
+    #[arg(long, default_value_t = 32)]
+    window: usize,
     /// Write the figures as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -672,10 +675,14 @@ fn bench_ingest(a: IngestArgs) -> anyhow::Result<bool> {
     if !(a.seconds > 0.0 && a.seconds <= 600.0) {
         bail!("--seconds must be in (0, 600], got {}", a.seconds);
     }
+    if !(1..=4096).contains(&a.window) {
+        bail!("--window must be between 1 and 4096, got {}", a.window);
+    }
     let report = bench::ingestbench::run(&bench::ingestbench::IngestOptions {
         sizes: a.sizes,
         writers: a.writers,
         seconds: a.seconds,
+        window: a.window,
     })?;
     bench::ingestbench::print(&report);
     if let Some(path) = &a.json {

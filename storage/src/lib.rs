@@ -3,15 +3,19 @@
 //! state (pending, acknowledged, dead letters). This is the only crate of the system that
 //! imports sled.
 //!
-//! A put writes the object and its outbox record in one atomic sled batch (both live in one
-//! tree under different key prefixes), so after a crash either both exist or neither does; it
-//! is acknowledged only after a flush covering it. A message id is claimed first with a
-//! compare-and-swap; a claim whose object never made it to disk is ignored and taken over. Flushes are shared ([`Store::commit`]): writers that arrive while a flush runs
-//! wait for the next one together, so 64 concurrent writers cost a handful of fsyncs, not 64.
-//! Object ids are `(node, seq)`; sequence numbers are reserved durably in blocks before use,
-//! so an id is never handed out twice, even across crashes.
+//! An object's bytes and metadata are appended to the object log ([`objlog`]) beside sled;
+//! sled holds its locator and outbox record, written in one atomic batch, so after a crash
+//! either both exist or neither does, and a locator whose log record never reached the disk
+//! is dropped with its outbox record at open. A put is acknowledged only after a flush
+//! covering both. A message id is claimed first with a compare-and-swap; a claim whose object
+//! never made it to disk is ignored and taken over. Flushes are shared ([`Store::commit`]):
+//! writers that arrive while a flush runs wait for the next one together, so 64 concurrent
+//! writers cost a handful of fsyncs, not 64. Object ids are `(node, seq)`; sequence numbers
+//! are reserved durably in blocks before use, so an id is never handed out twice, even
+//! across crashes.
 
 mod codec;
+mod objlog;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +25,7 @@ use blocks::Value;
 use tokio::sync::{Mutex, Notify};
 
 pub use codec::CodecError;
+use objlog::{Locator, ObjectLog};
 
 /// Sequence numbers reserved per durable reservation.
 const SEQ_BLOCK: u64 = 4096;
@@ -41,6 +46,8 @@ pub enum StorageError {
     },
     #[error("the storage flusher stopped")]
     Flusher,
+    #[error("object log I/O: {0}")]
+    Log(#[from] std::io::Error),
 }
 
 /// A cluster-unique object id.
@@ -92,8 +99,12 @@ struct Commit {
 #[derive(Debug, Clone)]
 pub struct Store {
     db: sled::Db,
-    /// Objects (`d` + seq), outbox records (`x` + seq) and message ids (`m` + id).
+    /// Object locators (`d` + seq: where the record lies in the object log, when it was
+    /// received, whether it has a message id), outbox records (`x` + seq) and message ids
+    /// (`m` + id).
     data: sled::Tree,
+    /// The objects' bytes and metadata, appended to segment files beside sled.
+    log: Arc<ObjectLog>,
     subs: sled::Tree,
     meta: sled::Tree,
     /// Block data images: name, 0, version (big endian) -> bytes.
@@ -145,7 +156,9 @@ impl Store {
             .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
             .map(u64::from_be_bytes)
             .unwrap_or(1);
-        Ok(Store {
+        let log = Arc::new(ObjectLog::open(&path.join("objects"))?);
+        let store = Store {
+            log,
             data: db.open_tree("data")?,
             subs: db.open_tree("subscriptions")?,
             images: db.open_tree("images")?,
@@ -155,7 +168,56 @@ impl Store {
             node,
             seq: Arc::new(std::sync::Mutex::new((reserved, reserved))),
             commit: Arc::new(Commit::default()),
-        })
+        };
+        store.drop_unwritten_objects()?;
+        Ok(store)
+    }
+
+    /// After a crash sled may hold the locator and outbox record of an object whose log record
+    /// never reached the disk (that put was not acknowledged): both are removed, so the outbox
+    /// replays only objects that exist.
+    fn drop_unwritten_objects(&self) -> Result<(), StorageError> {
+        let mut dropped = 0usize;
+        for (id, _) in self.outbox_pending()? {
+            if self.get(id)?.is_none() {
+                let mut batch = sled::Batch::default();
+                batch.remove(&key(b'x', id.seq));
+                batch.remove(&key(b'd', id.seq));
+                self.data.apply_batch(batch)?;
+                dropped += 1;
+            }
+        }
+        if dropped > 0 {
+            tracing::warn!(
+                "dropped {dropped} unacknowledged object(s) whose bytes never reached the disk"
+            );
+            self.db.flush()?;
+        }
+        Ok(())
+    }
+
+    /// A locator record: where the object lies, when it arrived, whether it has a message id.
+    fn encode_entry(at: Locator, received_unix_ms: u64, has_message_id: bool) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Locator::BYTES + 9);
+        v.extend_from_slice(&at.encode());
+        v.extend_from_slice(&received_unix_ms.to_le_bytes());
+        v.push(u8::from(has_message_id));
+        v
+    }
+
+    fn decode_entry(v: &[u8]) -> Result<(Locator, u64, bool), StorageError> {
+        let corrupt = || StorageError::Corrupt {
+            tree: "object locators",
+            source: CodecError::Truncated,
+        };
+        let at = Locator::decode(v).ok_or_else(corrupt)?;
+        let ms = v
+            .get(Locator::BYTES..Locator::BYTES + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+            .ok_or_else(corrupt)?;
+        let has_msg = v.get(Locator::BYTES + 8).copied().ok_or_else(corrupt)? != 0;
+        Ok((at, ms, has_msg))
     }
 
     /// This node's id.
@@ -230,8 +292,11 @@ impl Store {
             message_id: obj.message_id,
             received_unix_ms: now_ms(),
         };
+        // the bytes go to the object log first; sled keeps where they are
+        let at = self.log.append(seq, &codec::encode_object(&stored))?;
+        let entry = Self::encode_entry(at, stored.received_unix_ms, !stored.message_id.is_empty());
         let mut batch = sled::Batch::default();
-        batch.insert(&key(b'd', seq), codec::encode_object(&stored));
+        batch.insert(&key(b'd', seq), entry);
         batch.insert(&key(b'x', seq), &[stored.priority]);
         self.data.apply_batch(batch)?;
         Ok(PutOutcome {
@@ -247,6 +312,19 @@ impl Store {
         let out = self.write(obj)?;
         self.commit().await?;
         Ok(out)
+    }
+
+    /// Stores several objects with one shared flush (a pipelined `PutStream`): each result is
+    /// that object's own, and every `Ok` in it is durable once this returns `Ok`.
+    pub async fn put_batch(
+        &self,
+        objs: Vec<NewObject>,
+    ) -> Result<Vec<Result<PutOutcome, StorageError>>, StorageError> {
+        let outs: Vec<_> = objs.into_iter().map(|o| self.write(o)).collect();
+        if outs.iter().any(Result::is_ok) {
+            self.commit().await?;
+        }
+        Ok(outs)
     }
 
     /// Waits until everything written before the call is durable (group commit).
@@ -266,9 +344,19 @@ impl Store {
                 }
                 let n = self.commit.started.fetch_add(1, Ordering::SeqCst) + 1;
                 let db = self.db.clone();
-                let r = tokio::task::spawn_blocking(move || db.flush())
-                    .await
-                    .map_err(|_| StorageError::Flusher)?;
+                let log = self.log.clone();
+                // both at once: a locator that reaches the disk before its bytes (sled also
+                // flushes on its own) belongs to an unacknowledged put and is dropped at open
+                let (synced, flushed) = tokio::join!(
+                    tokio::task::spawn_blocking(move || log.sync()),
+                    tokio::task::spawn_blocking(move || db.flush())
+                );
+                let r = match (synced, flushed) {
+                    (Ok(Ok(())), Ok(Ok(_))) => Ok(()),
+                    (Ok(Err(e)), _) => Err(StorageError::Log(e)),
+                    (_, Ok(Err(e))) => Err(StorageError::Sled(e)),
+                    _ => Err(StorageError::Flusher),
+                };
                 self.commit.finished.fetch_max(n, Ordering::SeqCst);
                 drop(guard);
                 self.commit.done.notify_waiters();
@@ -292,15 +380,19 @@ impl Store {
         if id.node != self.node {
             return Ok(None);
         }
-        match self.data.get(key(b'd', id.seq))? {
-            None => Ok(None),
-            Some(v) => codec::decode_object(&v, id)
-                .map(Some)
-                .map_err(|e| StorageError::Corrupt {
-                    tree: "objects",
-                    source: e,
-                }),
-        }
+        let Some(v) = self.data.get(key(b'd', id.seq))? else {
+            return Ok(None);
+        };
+        let (at, _, _) = Self::decode_entry(&v)?;
+        let Some(rec) = self.log.read(at, id.seq)? else {
+            return Ok(None);
+        };
+        codec::decode_object(&rec, id)
+            .map(Some)
+            .map_err(|e| StorageError::Corrupt {
+                tree: "objects",
+                source: e,
+            })
     }
 
     /// Number of objects stored.
@@ -334,10 +426,11 @@ impl Store {
     }
 
     /// Finished objects (outbox record retired), oldest first, until `keep_going` says stop:
-    /// each is deleted with its message id when `delete(object)` says so. Returns how many.
+    /// each is deleted with its message id when `delete(received_unix_ms)` says so; log
+    /// segments no object points into any more are deleted after. Returns how many objects.
     fn expire_finished(
         &self,
-        mut delete: impl FnMut(&StoredObject) -> bool,
+        mut delete: impl FnMut(u64) -> bool,
         mut keep_going: impl FnMut(usize) -> bool,
     ) -> Result<usize, StorageError> {
         let mut removed = 0;
@@ -350,24 +443,29 @@ impl Store {
             if self.data.contains_key(key(b'x', seq))? {
                 continue;
             }
-            let obj = codec::decode_object(
-                &v,
-                ObjectId {
+            let (_, received_unix_ms, has_message_id) = Self::decode_entry(&v)?;
+            if delete(received_unix_ms) {
+                let id = ObjectId {
                     node: self.node,
                     seq,
-                },
-            )
-            .map_err(|e| StorageError::Corrupt {
-                tree: "objects",
-                source: e,
-            })?;
-            if delete(&obj) {
-                self.data.remove(&k)?;
-                if !obj.message_id.is_empty() {
+                };
+                if has_message_id
+                    && let Some(obj) = self.get(id)?
+                    && !obj.message_id.is_empty()
+                {
                     self.data.remove(msg_key(&obj.message_id))?;
                 }
+                self.data.remove(&k)?;
                 removed += 1;
             }
+        }
+        if removed > 0 {
+            let mut oldest_live = self.log.current_segment();
+            for kv in self.data.scan_prefix(b"d") {
+                let (_, v) = kv?;
+                oldest_live = oldest_live.min(Self::decode_entry(&v)?.0.segment);
+            }
+            self.log.delete_below(oldest_live)?;
         }
         Ok(removed)
     }
@@ -375,7 +473,7 @@ impl Store {
     /// Deletes objects received before `cutoff_unix_ms` whose outbox record is retired;
     /// returns how many were removed (retention by age).
     pub fn expire_before(&self, cutoff_unix_ms: u64) -> Result<usize, StorageError> {
-        self.expire_finished(|o| o.received_unix_ms < cutoff_unix_ms, |_| true)
+        self.expire_finished(|received| received < cutoff_unix_ms, |_| true)
     }
 
     // --- subscription registry: opaque records keyed by id ----------------------------------
@@ -811,6 +909,127 @@ mod tests {
             message_id: msg.to_string(),
             ..NewObject::default()
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_shares_one_flush_and_survives_reopen() {
+        let dir = std::env::temp_dir().join(format!("dissem-store-batch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ids: Vec<ObjectId>;
+        {
+            let s = Store::open(&dir, 4).expect("open");
+            let first = s.put(obj(1, "m-1")).await.expect("put");
+            let before = s.flushes();
+            let batch = (2..12)
+                .map(|i| obj(i, if i == 5 { "m-1" } else { "" }))
+                .collect();
+            let outs = s.put_batch(batch).await.expect("batch");
+            assert_eq!(s.flushes() - before, 1, "one flush for the whole batch");
+            let outs: Vec<PutOutcome> = outs.into_iter().map(|r| r.expect("put")).collect();
+            assert_eq!(outs.len(), 10);
+            // the repeated message id answers with the first object, marked duplicate
+            assert!(outs[3].duplicate);
+            assert_eq!(outs[3].id, first.id);
+            assert_eq!(outs.iter().filter(|o| o.duplicate).count(), 1);
+            ids = outs.iter().filter(|o| !o.duplicate).map(|o| o.id).collect();
+            let distinct: std::collections::HashSet<_> = ids.iter().collect();
+            assert_eq!(distinct.len(), 9);
+            // an empty batch is no flush
+            let before = s.flushes();
+            assert!(s.put_batch(Vec::new()).await.expect("empty").is_empty());
+            assert_eq!(s.flushes(), before);
+        }
+        let s = Store::open(&dir, 4).expect("reopen");
+        for id in &ids {
+            assert!(s.get(*id).expect("get").is_some(), "{id:?} lost");
+        }
+        assert_eq!(s.outbox_pending().expect("outbox").len(), 10);
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn log_segments(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir.join("objects"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn retention_keeps_pending_objects_and_deletes_unused_log_segments() {
+        let dir = std::env::temp_dir().join(format!("dissem-store-ret-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut ids = Vec::new();
+        // three runs of the process: three log segments
+        for run in 0..3u64 {
+            let s = Store::open(&dir, 5).expect("open");
+            for i in 0..4 {
+                ids.push(
+                    s.put(obj(run * 10 + i, &format!("r{run}-{i}")))
+                        .await
+                        .expect("put")
+                        .id,
+                );
+            }
+        }
+        assert_eq!(log_segments(&dir), 3);
+        let s = Store::open(&dir, 5).expect("open");
+        assert_eq!(log_segments(&dir), 4, "three written and the fresh one");
+        // everything but the last object is finished
+        for id in &ids[..ids.len() - 1] {
+            assert!(s.retire(*id).expect("retire"));
+        }
+        assert_eq!(s.expire_to_count(6).expect("expire"), 6);
+        assert_eq!(s.object_count(), 6);
+        assert!(s.get(ids[5]).expect("get").is_none());
+        assert!(s.get(ids[6]).expect("get").is_some());
+        // the first run's segment is unused now and gone; the second's is still read
+        assert_eq!(log_segments(&dir), 3);
+        assert_eq!(s.expire_to_count(6).expect("again"), 0);
+        assert_eq!(s.expire_before(u64::MAX).expect("expire all"), 5);
+        // the pending object is kept, and with it its segment and the one being written
+        assert_eq!(s.object_count(), 1);
+        assert!(s.get(ids[11]).expect("get").is_some());
+        assert_eq!(log_segments(&dir), 2);
+        // an expired message id may be used again
+        let again = s.put(obj(1, "r0-1")).await.expect("put");
+        assert!(!again.duplicate);
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_object_whose_bytes_never_reached_the_log_is_dropped_at_open() {
+        let dir = std::env::temp_dir().join(format!("dissem-store-torn-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let kept;
+        {
+            let s = Store::open(&dir, 6).expect("open");
+            kept = s.put(obj(1, "")).await.expect("put").id;
+            // what sled can hold after a crash: a locator and outbox record whose log record
+            // was never written
+            let at = Locator {
+                segment: 1,
+                offset: 1 << 20,
+                len: 10,
+            };
+            let mut batch = sled::Batch::default();
+            batch.insert(&key(b'd', 999), Store::encode_entry(at, 1, false));
+            batch.insert(&key(b'x', 999), &[0u8]);
+            s.data.apply_batch(batch).expect("batch");
+            s.db.flush().expect("flush");
+        }
+        let s = Store::open(&dir, 6).expect("reopen");
+        let pending: Vec<ObjectId> = s
+            .outbox_pending()
+            .expect("outbox")
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(pending, vec![kept]);
+        assert_eq!(s.object_count(), 1);
+        assert!(s.get(kept).expect("get").is_some());
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -93,41 +93,93 @@ impl Node {
         &self,
         obj: Result<storage::NewObject, NodeError>,
     ) -> Result<v1::PutResponse, NodeError> {
-        let obj = obj.inspect_err(|_| {
-            self.rejected.fetch_add(1, Ordering::Relaxed);
-        })?;
-        let meta = match &self.sink {
-            Sink::Cluster(_) => Some((obj.priority, obj.metadata.clone())),
-            _ => None,
-        };
-        let out = self.store.put(obj).await?;
-        self.accepted.fetch_add(1, Ordering::Relaxed);
-        if !out.duplicate {
-            // matched after the acknowledgement; the durable outbox covers a crash meanwhile
-            let id = out.id;
-            match (&self.sink, meta) {
-                (Sink::Embedded(d), _) => {
-                    let d = d.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = d.disseminate(id).await {
-                            tracing::warn!(
-                                "matching object {}:{} failed (left in the outbox): {e}",
-                                id.node,
-                                id.seq
-                            );
-                        }
-                    });
+        self.put_objects(vec![obj])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(NodeError::Unavailable("the put produced no result".into())))
+    }
+
+    /// Stores validated objects with one shared flush and hands each new one to the sink;
+    /// answers one result per input, in order (a rejected input does not stop the others).
+    async fn put_objects(
+        &self,
+        objs: Vec<Result<storage::NewObject, NodeError>>,
+    ) -> Vec<Result<v1::PutResponse, NodeError>> {
+        let mut results: Vec<Option<Result<v1::PutResponse, NodeError>>> =
+            Vec::with_capacity(objs.len());
+        let mut valid = Vec::with_capacity(objs.len());
+        let mut metas = Vec::with_capacity(objs.len());
+        for obj in objs {
+            match obj {
+                Ok(obj) => {
+                    if let Sink::Cluster(_) = &self.sink {
+                        metas.push(Some((obj.priority, obj.metadata.clone())));
+                    } else {
+                        metas.push(None);
+                    }
+                    valid.push(obj);
+                    results.push(None);
                 }
-                (Sink::Cluster(d), Some((priority, metadata))) => {
-                    d.arrived(id, priority, &metadata)
+                Err(e) => {
+                    self.rejected.fetch_add(1, Ordering::Relaxed);
+                    results.push(Some(Err(e)));
                 }
-                _ => {}
             }
         }
-        Ok(v1::PutResponse {
-            id: Some(id_to_proto(out.id)),
-            duplicate: out.duplicate,
-        })
+        let stored = match self.store.put_batch(valid).await {
+            Ok(outs) => outs,
+            Err(e) => {
+                // the shared flush failed: none of the writes is acknowledged
+                tracing::error!("storage failure: {e}");
+                let reason = format!("storage: {e}");
+                return results
+                    .into_iter()
+                    .map(|r| r.unwrap_or_else(|| Err(NodeError::Unavailable(reason.clone()))))
+                    .collect();
+            }
+        };
+        let mut stored = stored.into_iter().zip(metas);
+        results
+            .into_iter()
+            .map(|r| {
+                if let Some(r) = r {
+                    return r;
+                }
+                let Some((out, meta)) = stored.next() else {
+                    return Err(NodeError::Unavailable("the put produced no result".into()));
+                };
+                let out = out?;
+                self.accepted.fetch_add(1, Ordering::Relaxed);
+                if !out.duplicate {
+                    self.hand_off(out.id, meta);
+                }
+                Ok(v1::PutResponse {
+                    id: Some(id_to_proto(out.id)),
+                    duplicate: out.duplicate,
+                })
+            })
+            .collect()
+    }
+
+    /// Passes a newly stored object on to matching (after its acknowledgement is decided; the
+    /// durable outbox covers a crash meanwhile).
+    fn hand_off(&self, id: ObjectId, meta: Option<(u8, Vec<(String, blocks::Value)>)>) {
+        match (&self.sink, meta) {
+            (Sink::Embedded(d), _) => {
+                let d = d.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = d.disseminate(id).await {
+                        tracing::warn!(
+                            "matching object {}:{} failed (left in the outbox): {e}",
+                            id.node,
+                            id.seq
+                        );
+                    }
+                });
+            }
+            (Sink::Cluster(d), Some((priority, metadata))) => d.arrived(id, priority, &metadata),
+            _ => {}
+        }
     }
 }
 
@@ -135,6 +187,18 @@ fn id_to_proto(id: ObjectId) -> v1::ObjectId {
     v1::ObjectId {
         node: id.node,
         seq: id.seq,
+    }
+}
+
+/// The most requests of one `PutStream` stored under one flush.
+const STREAM_BATCH: usize = 256;
+
+/// The stream's next item if it is already there, without waiting: `None` when it is not.
+fn ready_now<S: Stream + Unpin>(s: &mut S) -> Option<Option<S::Item>> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match Pin::new(s).poll_next(&mut cx) {
+        std::task::Poll::Ready(x) => Some(x),
+        std::task::Poll::Pending => None,
     }
 }
 
@@ -159,37 +223,58 @@ impl v1::ingest_server::Ingest for Node {
         let peer = request.remote_addr();
         let mut input = request.into_inner();
         let node = self.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BATCH);
         tokio::spawn(async move {
-            while let Some(msg) = input.next().await {
-                let reply = match msg {
-                    Ok(req) => {
-                        let obj = node
-                            .admit(peer)
-                            .and_then(|()| validate::put(req, &node.limits));
-                        match node.put_object(obj).await {
-                            Ok(r) => v1::PutStreamResponse {
-                                result: Some(v1::put_stream_response::Result::Ok(r)),
-                            },
-                            Err(e) => {
-                                let s = Status::from(e);
-                                v1::PutStreamResponse {
-                                    result: Some(v1::put_stream_response::Result::Rejected(
-                                        v1::Rejection {
-                                            code: s.code() as i32,
-                                            message: s.message().to_string(),
-                                        },
-                                    )),
-                                }
-                            }
+            // A writer may keep several puts in flight: every request already received is
+            // stored with one shared flush, then all are answered in order.
+            while let Some(first) = input.next().await {
+                let mut batch = vec![first];
+                let mut ended = false;
+                while batch.len() < STREAM_BATCH && !matches!(batch.last(), Some(Err(_))) {
+                    match ready_now(&mut input) {
+                        Some(Some(m)) => batch.push(m),
+                        Some(None) => {
+                            ended = true;
+                            break;
                         }
+                        None => break,
                     }
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
+                }
+                let broken = match batch.last() {
+                    Some(Err(_)) => batch.pop().and_then(Result::err),
+                    _ => None,
+                };
+                let objs = batch
+                    .into_iter()
+                    .flatten()
+                    .map(|req| {
+                        node.admit(peer)
+                            .and_then(|()| validate::put(req, &node.limits))
+                    })
+                    .collect();
+                for r in node.put_objects(objs).await {
+                    let result = match r {
+                        Ok(r) => v1::put_stream_response::Result::Ok(r),
+                        Err(e) => {
+                            let s = Status::from(e);
+                            v1::put_stream_response::Result::Rejected(v1::Rejection {
+                                code: s.code() as i32,
+                                message: s.message().to_string(),
+                            })
+                        }
+                    };
+                    let reply = v1::PutStreamResponse {
+                        result: Some(result),
+                    };
+                    if tx.send(Ok(reply)).await.is_err() {
                         return;
                     }
-                };
-                if tx.send(Ok(reply)).await.is_err() {
+                }
+                if let Some(status) = broken {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
+                if ended {
                     return;
                 }
             }
