@@ -217,10 +217,7 @@ fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
         })?;
         let store = storage::Store::open(&a.data, a.node)
             .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", a.data.display()))?;
-        let pending = store
-            .outbox_pending()
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .len();
+        let pending = store.outbox_len();
         let (listener, addr) = worker::bind(a.listen).await?;
         let limits = worker::Limits {
             max_object_bytes: a.max_object_bytes,

@@ -60,8 +60,9 @@ impl Disseminator {
         }
     }
 
-    /// Matches one stored object, records a pending delivery per matched subscription and
-    /// retires the outbox record. Returns the matched subscriptions.
+    /// Matches one stored object, records a pending delivery per matched subscription (one
+    /// that exists is left as it is) and retires the object from the outbox. Returns the
+    /// matched subscriptions.
     pub async fn disseminate(&self, id: ObjectId) -> Result<Vec<u64>, StorageError> {
         let Some(obj) = self.store.get(id)? else {
             // expired or never stored: nothing is owed
@@ -79,10 +80,15 @@ impl Disseminator {
             attempts: 0,
             next_attempt_unix_ms: now,
         };
-        let records: Vec<(u64, ObjectId, DeliveryState)> =
-            subs.iter().map(|&s| (s, id, pending.clone())).collect();
-        // deliveries first (durably), then the outbox record goes: a crash in between
-        // re-matches the object and rewrites the same records
+        let mut records: Vec<(u64, ObjectId, DeliveryState)> = Vec::with_capacity(subs.len());
+        for &s in &subs {
+            // matched before (a replay after a restart): where that delivery stands is kept
+            if self.store.delivery(s, id)?.is_none() {
+                records.push((s, id, pending.clone()));
+            }
+        }
+        // deliveries first (durably), then the object leaves the outbox: a crash in between
+        // re-matches the object and finds the same records
         self.store.set_deliveries(&records).await?;
         self.store.retire(id)?;
         Ok(subs)

@@ -469,7 +469,7 @@ impl v1::admin_server::Admin for Node {
             objects_stored: self.store.object_count() as u64,
             puts_accepted: self.accepted.load(Ordering::Relaxed),
             puts_rejected: self.rejected.load(Ordering::Relaxed),
-            outbox_pending: self.store.outbox_pending().map_err(NodeError::from)?.len() as u64,
+            outbox_pending: self.store.outbox_len() as u64,
             subscriptions: self.store.subscription_count() as u64,
             role: self.sink.role().into(),
             matches_handed,
