@@ -1043,6 +1043,11 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    fn pending_ids(s: &Store) -> Vec<ObjectId> {
+        let pending = s.outbox_pending().expect("outbox");
+        pending.into_iter().map(|(id, _)| id).collect()
+    }
+
     fn log_segments(dir: &std::path::Path) -> usize {
         std::fs::read_dir(dir.join("objects"))
             .map(|d| d.count())
@@ -1116,12 +1121,7 @@ mod tests {
             s.db.flush().expect("flush");
         }
         let s = Store::open(&dir, 6).expect("reopen");
-        let pending: Vec<ObjectId> = s
-            .outbox_pending()
-            .expect("outbox")
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
+        let pending = pending_ids(&s);
         assert_eq!(pending, vec![kept]);
         assert_eq!(s.object_count(), 1);
         assert!(s.get(kept).expect("get").is_some());
@@ -1148,12 +1148,7 @@ mod tests {
             ids.push(s.put(obj(5, "")).await.expect("put").id);
         }
         let s = Store::open(&dir, 7).expect("reopen");
-        let pending: Vec<ObjectId> = s
-            .outbox_pending()
-            .expect("outbox")
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
+        let pending = pending_ids(&s);
         // below the floor nothing is replayed; above it a retired object is owed again
         // (matching twice leaves existing delivery records as they are)
         assert_eq!(pending, vec![ids[2], ids[3], ids[4], ids[5]]);
