@@ -69,6 +69,16 @@ const DEFAULT_INITIAL_BACKOFF_MS: u64 = 100;
 const DEFAULT_MAX_BACKOFF_MS: u64 = 60_000;
 /// Subscriptions are looked up again after this long (updates reach delivery this fast).
 const SUB_CACHE: Duration = Duration::from_secs(5);
+/// Objects kept in memory while their deliveries go out (one object goes to many
+/// subscribers; stored objects never change).
+const OBJECT_CACHE: usize = 1024;
+
+/// Recently delivered objects, oldest evicted first.
+#[derive(Default)]
+struct ObjectCache {
+    map: HashMap<ObjectId, Arc<storage::StoredObject>>,
+    order: std::collections::VecDeque<ObjectId>,
+}
 
 /// Counters for the admin API.
 #[derive(Debug, Default)]
@@ -121,6 +131,7 @@ struct Inner {
     store: Store,
     subs: CoordLink,
     cache: Mutex<HashMap<u64, CachedSub>>,
+    objects: Mutex<ObjectCache>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
     grpc: Mutex<HashMap<String, SubscriberClient<Channel>>>,
@@ -336,6 +347,7 @@ impl Deliverer {
                 store,
                 subs,
                 cache: Mutex::new(HashMap::new()),
+                objects: Mutex::default(),
                 queues: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
                 grpc: Mutex::new(HashMap::new()),
@@ -406,6 +418,30 @@ impl Deliverer {
         };
         lock(&self.inner.cache).insert(id, (Instant::now(), s.clone()));
         Ok(s)
+    }
+
+    /// An object to deliver, read once for all its deliveries.
+    fn object(
+        &self,
+        id: ObjectId,
+    ) -> Result<Option<Arc<storage::StoredObject>>, storage::StorageError> {
+        if let Some(o) = lock(&self.inner.objects).map.get(&id) {
+            return Ok(Some(o.clone()));
+        }
+        let Some(o) = self.inner.store.get(id)? else {
+            return Ok(None);
+        };
+        let o = Arc::new(o);
+        let mut c = lock(&self.inner.objects);
+        if c.map.insert(id, o.clone()).is_none() {
+            c.order.push_back(id);
+            if c.order.len() > OBJECT_CACHE
+                && let Some(old) = c.order.pop_front()
+            {
+                c.map.remove(&old);
+            }
+        }
+        Ok(Some(o))
     }
 
     /// Records a delivery's new state. Only the QoS 2 "received" phase must be durable
@@ -480,13 +516,7 @@ impl Deliverer {
                 .await;
             return;
         };
-        let obj_priority = self
-            .inner
-            .store
-            .get(obj)
-            .ok()
-            .flatten()
-            .map_or(0, |o| o.priority);
+        let obj_priority = self.object(obj).ok().flatten().map_or(0, |o| o.priority);
         let priority = obj_priority.max(s.priority.min(7) as u8);
         let key = endpoint_key(&s);
         let job = Job {
@@ -551,7 +581,7 @@ impl Deliverer {
                 return;
             }
         };
-        let object = match self.inner.store.get(obj) {
+        let object = match self.object(obj) {
             Ok(Some(o)) => o,
             Ok(None) => {
                 self.dead_letter(sub, obj, "the object expired before delivery".into())
