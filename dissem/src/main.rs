@@ -4,6 +4,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// mimalloc instead of the system allocator: a delivery allocates and frees many small
+/// buffers across threads (protobuf, HTTP, JSON), where glibc's malloc spent about a quarter
+/// of the end-to-end CPU time consolidating and unlinking chunks.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use anyhow::bail;
 use bench::matchbench::{self, EngineChoice, MatchBenchOptions};
 use bench::workload::{UniformSpec, Workload};
