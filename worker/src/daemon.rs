@@ -910,7 +910,7 @@ impl Daemon {
         c.matches_repeated.fetch_add(repeated, Ordering::Relaxed);
         self.inner.store.set_deliveries(&records).await?;
         for (s, id, _) in &records {
-            self.inner.deliverer.enqueue(*s, *id);
+            self.inner.deliverer.enqueue_new(*s, *id);
         }
         let mut sent = lock(&self.inner.sent);
         for id in ids {

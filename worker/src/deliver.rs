@@ -400,6 +400,43 @@ impl Deliverer {
         tokio::spawn(async move { me.schedule(sub, obj).await });
     }
 
+    /// Queues a record just written as pending and due now (a fresh match). When its
+    /// subscription is cached it goes straight into its endpoint's priority queue, so under
+    /// overload a priority-7 delivery does not wait behind the backlog's lookups.
+    pub fn enqueue_new(&self, sub: u64, obj: ObjectId) {
+        if !self.inner.cfg.enabled {
+            return;
+        }
+        let cached = match lock(&self.inner.cache).get(&sub) {
+            Some((at, Some(s))) if at.elapsed() < SUB_CACHE => Some(s.clone()),
+            _ => None,
+        };
+        let Some(s) = cached else {
+            return self.enqueue(sub, obj);
+        };
+        self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
+        self.queue(&s, sub, obj);
+    }
+
+    /// Puts a due record in its endpoint's queue and starts what the in-flight bound allows.
+    fn queue(&self, s: &v1::Subscription, sub: u64, obj: ObjectId) {
+        let obj_priority = self.object(obj).ok().flatten().map_or(0, |o| o.priority);
+        let priority = obj_priority.max(s.priority.min(7) as u8);
+        let key = endpoint_key(s);
+        let job = Job {
+            priority,
+            seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
+            sub,
+            obj,
+        };
+        lock(&self.inner.queues)
+            .entry(key.clone())
+            .or_default()
+            .heap
+            .push(job);
+        self.pump(&key);
+    }
+
     async fn subscription(&self, id: u64) -> Result<Option<Arc<v1::Subscription>>, Status> {
         if let Some((at, s)) = lock(&self.inner.cache).get(&id)
             && at.elapsed() < SUB_CACHE
@@ -516,21 +553,7 @@ impl Deliverer {
                 .await;
             return;
         };
-        let obj_priority = self.object(obj).ok().flatten().map_or(0, |o| o.priority);
-        let priority = obj_priority.max(s.priority.min(7) as u8);
-        let key = endpoint_key(&s);
-        let job = Job {
-            priority,
-            seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
-            sub,
-            obj,
-        };
-        lock(&self.inner.queues)
-            .entry(key.clone())
-            .or_default()
-            .heap
-            .push(job);
-        self.pump(&key);
+        self.queue(&s, sub, obj);
     }
 
     /// Starts pushes of an endpoint up to its in-flight bound, highest priority first.
