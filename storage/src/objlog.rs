@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// A segment is closed and a new one started past this size.
 const SEGMENT_BYTES: u64 = 64 << 20;
 const HEADER: usize = 16;
+/// The length a segment is given after a failed write: past any limit, so it is closed.
+const BROKEN: u64 = u64::MAX / 2;
 
 /// Where a record lies: segment number, offset of its header, payload length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,7 +147,7 @@ impl ObjectLog {
         rec.extend_from_slice(payload);
         let mut w = lock(&self.writer);
         if w.len > 0 && w.len + rec.len() as u64 > SEGMENT_BYTES {
-            // close the full segment durably before writing past it
+            // close the full (or broken) segment durably before writing past it
             w.file.sync_data()?;
             let next = w.segment + 1;
             let file = create_segment(&self.dir, next)?;
@@ -156,7 +158,12 @@ impl ObjectLog {
             };
         }
         let at = w.len;
-        (&*w.file).write_all(&rec)?;
+        if let Err(e) = (&*w.file).write_all(&rec) {
+            // the file may now hold part of this record, so offsets counted from here would
+            // be wrong: the next append starts a fresh segment
+            w.len = BROKEN;
+            return Err(e);
+        }
         w.len += rec.len() as u64;
         Ok(Locator {
             segment: w.segment,
@@ -299,6 +306,28 @@ mod tests {
         assert_eq!(
             reopened.read(c, 9).expect("read").as_deref(),
             Some(&b"x"[..])
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn after_a_failed_write_records_go_to_a_fresh_segment() {
+        let d = dir("broken");
+        let log = ObjectLog::open(&d).expect("open");
+        let a = log.append(1, b"before").expect("append");
+        // what a failed write leaves behind: a length that no longer matches the file
+        lock(&log.writer).len = BROKEN;
+        let b = log.append(2, b"after").expect("append");
+        assert_eq!(b.segment, a.segment + 1);
+        assert_eq!(b.offset, 0);
+        log.sync().expect("sync");
+        assert_eq!(
+            log.read(a, 1).expect("read").as_deref(),
+            Some(&b"before"[..])
+        );
+        assert_eq!(
+            log.read(b, 2).expect("read").as_deref(),
+            Some(&b"after"[..])
         );
         let _ = std::fs::remove_dir_all(&d);
     }
