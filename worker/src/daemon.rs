@@ -510,9 +510,9 @@ impl Daemon {
                         received_unix_ms: o.received_unix_ms,
                     });
                 }
-                Ok(None) => {
-                    let _ = self.inner.store.retire(id);
-                }
+                // a put still being written (the outbox takes an object in when its id is
+                // handed out): the next round sends it
+                Ok(None) => {}
                 Err(e) => tracing::warn!("reading object {}:{}: {e}", id.node, id.seq),
             }
             if batch.len() >= self.inner.cfg.forward_batch {
