@@ -183,16 +183,30 @@ async fn webhook_endpoint(seen: Shared) -> anyhow::Result<String> {
                             let ok = ts
                                 .parse::<u64>()
                                 .is_ok_and(|t| sig == worker::deliver::sign(SECRET, t, &body));
-                            let ev: serde_json::Value =
-                                serde_json::from_slice(&body).unwrap_or_default();
-                            let subject = ev["subject"].as_str().and_then(parse_subject);
-                            let status = if let (true, Some(obj)) = (ok, subject) {
-                                let sub = ev["data"]["subscription"].as_u64().unwrap_or(0);
-                                show(&seen, sub, obj);
-                                hyper::StatusCode::OK
-                            } else {
-                                lock(&seen).bad_signatures += 1;
-                                hyper::StatusCode::UNAUTHORIZED
+                            // one event (structured mode) or a JSON array (batched mode)
+                            let events = match serde_json::from_slice(&body) {
+                                Ok(serde_json::Value::Array(v)) => v,
+                                Ok(ev) => vec![ev],
+                                Err(_) => Vec::new(),
+                            };
+                            let parsed: Option<Vec<(u64, ObjectId)>> = events
+                                .iter()
+                                .map(|ev| {
+                                    let obj = ev["subject"].as_str().and_then(parse_subject)?;
+                                    Some((ev["data"]["subscription"].as_u64().unwrap_or(0), obj))
+                                })
+                                .collect();
+                            let status = match parsed {
+                                Some(shown) if ok && !shown.is_empty() => {
+                                    for (sub, obj) in shown {
+                                        show(&seen, sub, obj);
+                                    }
+                                    hyper::StatusCode::OK
+                                }
+                                _ => {
+                                    lock(&seen).bad_signatures += 1;
+                                    hyper::StatusCode::UNAUTHORIZED
+                                }
                             };
                             let mut resp = hyper::Response::new(http_body_util::Full::new(
                                 hyper::body::Bytes::new(),

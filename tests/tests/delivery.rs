@@ -214,6 +214,9 @@ struct Hooks {
     /// CloudEvent ids and subjects received with a valid signature.
     ok: Vec<(String, String)>,
     bad_signatures: u64,
+    /// POSTs received, and those that carried a batch of several events.
+    posts: u64,
+    batches: u64,
 }
 
 fn hmac_hex(secret: &str, ts: &str, body: &[u8]) -> String {
@@ -229,7 +232,14 @@ fn hmac_hex(secret: &str, ts: &str, body: &[u8]) -> String {
         .collect()
 }
 
-async fn serve_webhook(listener: TcpListener, secret: &'static str, hooks: Arc<Mutex<Hooks>>) {
+/// A webhook receiver checking signatures; each answer is held back `hold` (a slow
+/// subscriber).
+async fn serve_webhook(
+    listener: TcpListener,
+    secret: &'static str,
+    hooks: Arc<Mutex<Hooks>>,
+    hold: Duration,
+) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             return;
@@ -259,16 +269,35 @@ async fn serve_webhook(listener: TcpListener, secret: &'static str, hooks: Arc<M
                             .unwrap_or("")
                             .to_string();
                         let body = req.into_body().collect().await?.to_bytes();
-                        let good = sig == format!("sha256={}", hmac_hex(secret, &ts, &body))
-                            && ctype.starts_with("application/cloudevents+json");
-                        let ev: serde_json::Value =
+                        tokio::time::sleep(hold).await;
+                        let signed = sig == format!("sha256={}", hmac_hex(secret, &ts, &body));
+                        // one event in structured mode, or several in batched mode
+                        let parsed: serde_json::Value =
                             serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+                        let events = match parsed {
+                            serde_json::Value::Array(v)
+                                if ctype.starts_with("application/cloudevents-batch+json") =>
+                            {
+                                v
+                            }
+                            ev if ctype.starts_with("application/cloudevents+json") => vec![ev],
+                            _ => Vec::new(),
+                        };
                         let mut h = lock(&hooks);
-                        let status = if good && ev["specversion"] == "1.0" {
-                            h.ok.push((
-                                ev["id"].as_str().unwrap_or("").to_string(),
-                                ev["subject"].as_str().unwrap_or("").to_string(),
-                            ));
+                        h.posts += 1;
+                        let good = signed
+                            && !events.is_empty()
+                            && events.iter().all(|ev| ev["specversion"] == "1.0");
+                        let status = if good {
+                            if events.len() > 1 {
+                                h.batches += 1;
+                            }
+                            for ev in events {
+                                h.ok.push((
+                                    ev["id"].as_str().unwrap_or("").to_string(),
+                                    ev["subject"].as_str().unwrap_or("").to_string(),
+                                ));
+                            }
                             200
                         } else {
                             h.bad_signatures += 1;
@@ -288,6 +317,15 @@ async fn serve_webhook(listener: TcpListener, secret: &'static str, hooks: Arc<M
     }
 }
 
+/// A webhook receiver on loopback: its URL and what it received.
+async fn start_webhook(secret: &'static str, hold: Duration) -> (String, Arc<Mutex<Hooks>>) {
+    let hooks = Arc::new(Mutex::new(Hooks::default()));
+    let wl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let hook_url = format!("http://{}/hook", wl.local_addr().expect("addr"));
+    tokio::spawn(serve_webhook(wl, secret, hooks.clone(), hold));
+    (hook_url, hooks)
+}
+
 fn expected(ids: &[String], temps: &[i64], pred: impl Fn(i64) -> bool) -> BTreeSet<String> {
     ids.iter()
         .zip(temps)
@@ -297,16 +335,56 @@ fn expected(ids: &[String], temps: &[i64], pred: impl Fn(i64) -> bool) -> BTreeS
 }
 
 #[test]
+fn pushes_that_queue_for_a_slow_webhook_go_together_as_a_signed_batch() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-batch");
+    let node = start_node(&dir, &[]);
+    runtime().block_on(async {
+        let url = node.url();
+        // each answer takes 300 ms: what matches meanwhile waits for the next POST
+        let (hook_url, hooks) = start_webhook("b4tch", Duration::from_millis(300)).await;
+        create(
+            &url,
+            Sub {
+                filter: "temp >= 0",
+                target: v1::target::Kind::Webhook(hook_url),
+                qos: v1::Qos::AtLeastOnce,
+                retry: None,
+                secret: "b4tch",
+            },
+        )
+        .await;
+        wait_published(&url, 1).await;
+        let temps: Vec<i64> = (0..40).collect();
+        let ids = put_temps(&url, &temps, 0).await;
+        let want = expected(&ids, &temps, |_| true);
+        wait_for("every event", Duration::from_secs(60), || {
+            let hooks = hooks.clone();
+            let want = want.clone();
+            async move {
+                let h: BTreeSet<String> = lock(&hooks).ok.iter().map(|x| x.1.clone()).collect();
+                (h == want).then_some(())
+            }
+        })
+        .await;
+        let h = lock(&hooks);
+        assert_eq!(h.bad_signatures, 0);
+        assert_eq!(h.ok.len(), 40, "each event once");
+        assert!(h.batches >= 1, "no POST carried a batch: {} posts", h.posts);
+        assert!(h.posts < 40, "{} POSTs for 40 events", h.posts);
+    });
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn webhook_grpc_push_and_stream_deliver_every_match() {
     let _serial = lock(&SERIAL);
     let dir = temp_dir("delivery-kinds");
     let node = start_node(&dir, &[]);
     runtime().block_on(async {
         let url = node.url();
-        let hooks = Arc::new(Mutex::new(Hooks::default()));
-        let wl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let hook_url = format!("http://{}/hook", wl.local_addr().expect("addr"));
-        tokio::spawn(serve_webhook(wl, "s3cret", hooks.clone()));
+        let (hook_url, hooks) = start_webhook("s3cret", Duration::ZERO).await;
         let gl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let grpc_url = format!("http://{}", gl.local_addr().expect("addr"));
         let sub = Subscriber::default();

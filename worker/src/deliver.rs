@@ -3,7 +3,8 @@
 //!
 //! Targets: gRPC push (`Subscriber.Deliver`, plus `Release` for QoS 2), HTTP webhooks
 //! (CloudEvents 1.0 structured JSON, HMAC-SHA256 signed with the subscription's secret and a
-//! timestamp), and named streams subscribers open to the node (`Stream.Open`, acks upstream).
+//! timestamp; events that queue for one URL and secret while a POST is out go together in the
+//! next POST in CloudEvents' batched mode), and named streams subscribers open to the node (`Stream.Open`, acks upstream).
 //! QoS 0 is one attempt; QoS 1 retries with exponential backoff and jitter up to the
 //! subscription's max attempts and TTL, then dead-letters with the reason; QoS 2 over gRPC is
 //! the two-phase handshake, and the "received" phase is stored, so a retry after it only
@@ -49,6 +50,11 @@ pub struct DeliveryConfig {
     pub attempt_timeout: Duration,
     /// Objects up to this size travel with the push; larger ones as metadata and id only.
     pub max_data_bytes: usize,
+    /// Most events in one webhook POST. Pushes to the same URL with the same secret that
+    /// queue up while a POST is out go together in the next one, as a CloudEvents batch
+    /// (`application/cloudevents-batch+json`); a lone event goes in structured mode. 1 sends
+    /// every event on its own.
+    pub webhook_batch: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -59,6 +65,7 @@ impl Default for DeliveryConfig {
             in_flight_per_endpoint: 16,
             attempt_timeout: Duration::from_secs(5),
             max_data_bytes: 1 << 20,
+            webhook_batch: 64,
         }
     }
 }
@@ -72,6 +79,21 @@ const SUB_CACHE: Duration = Duration::from_secs(5);
 /// Objects kept in memory while their deliveries go out (one object goes to many
 /// subscribers; stored objects never change).
 const OBJECT_CACHE: usize = 1024;
+
+/// Webhook events waiting for the next POST to their URL (with their secret), and whether
+/// a POST loop runs for them.
+#[derive(Default)]
+struct HookQueue {
+    pending: Vec<(Vec<u8>, HookWaiter)>,
+    sending: bool,
+}
+
+/// Where the outcome of the POST that carried an event goes.
+type HookWaiter = oneshot::Sender<Result<(), String>>;
+
+/// The content types of one event and of a batch of events.
+const CLOUDEVENT: &str = "application/cloudevents+json; charset=utf-8";
+const CLOUDEVENT_BATCH: &str = "application/cloudevents-batch+json; charset=utf-8";
 
 /// Recently delivered objects, oldest evicted first.
 #[derive(Default)]
@@ -132,6 +154,8 @@ struct Inner {
     subs: CoordLink,
     cache: Mutex<HashMap<u64, CachedSub>>,
     objects: Mutex<ObjectCache>,
+    /// Webhook events by (URL, secret).
+    hooks: Mutex<HashMap<(String, String), HookQueue>>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
     grpc: Mutex<HashMap<String, SubscriberClient<Channel>>>,
@@ -348,6 +372,7 @@ impl Deliverer {
                 subs,
                 cache: Mutex::new(HashMap::new()),
                 objects: Mutex::default(),
+                hooks: Mutex::default(),
                 queues: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
                 grpc: Mutex::new(HashMap::new()),
@@ -847,16 +872,87 @@ impl Deliverer {
             return Err("https webhooks are not supported by this build (no TLS client)".into());
         }
         let node = d.object_id.map_or(0, |o| o.node);
-        let body = cloudevent(d, node, received_unix_ms);
+        let event = cloudevent(d, node, received_unix_ms);
+        if self.inner.cfg.webhook_batch <= 1 {
+            return self
+                .send_post(url, &s.webhook_secret, event, CLOUDEVENT)
+                .await;
+        }
+        let key = (url.to_string(), s.webhook_secret.clone());
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut hooks = lock(&self.inner.hooks);
+            let q = hooks.entry(key.clone()).or_default();
+            q.pending.push((event, tx));
+            !std::mem::replace(&mut q.sending, true)
+        };
+        if start {
+            let me = self.clone();
+            tokio::spawn(async move { me.post_queued(key).await });
+        }
+        rx.await
+            .map_err(|_| format!("POST {url}: the batch was dropped"))?
+    }
+
+    /// Sends the events queued for one (URL, secret) until none are left: everything that
+    /// queued while a POST was out goes in the next one.
+    async fn post_queued(&self, key: (String, String)) {
+        let (url, secret) = &key;
+        loop {
+            let batch: Vec<_> = {
+                let mut hooks = lock(&self.inner.hooks);
+                let Some(q) = hooks.get_mut(&key) else { return };
+                if q.pending.is_empty() {
+                    hooks.remove(&key);
+                    return;
+                }
+                let n = q.pending.len().min(self.inner.cfg.webhook_batch);
+                q.pending.drain(..n).collect()
+            };
+            let (events, waiters): (Vec<Vec<u8>>, Vec<_>) = batch.into_iter().unzip();
+            let (body, ctype) = if events.len() == 1 {
+                (events.into_iter().next().unwrap_or_default(), CLOUDEVENT)
+            } else {
+                let mut body = Vec::with_capacity(events.iter().map(|e| e.len() + 1).sum());
+                body.push(b'[');
+                for (i, e) in events.iter().enumerate() {
+                    if i > 0 {
+                        body.push(b',');
+                    }
+                    body.extend_from_slice(e);
+                }
+                body.push(b']');
+                (body, CLOUDEVENT_BATCH)
+            };
+            let r = match tokio::time::timeout(
+                self.inner.cfg.attempt_timeout,
+                self.send_post(url, secret, body, ctype),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(format!("POST {url}: no answer in time")),
+            };
+            for w in waiters {
+                let _ = w.send(r.clone());
+            }
+        }
+    }
+
+    /// One signed POST.
+    async fn send_post(
+        &self,
+        url: &str,
+        secret: &str,
+        body: Vec<u8>,
+        ctype: &str,
+    ) -> Result<(), String> {
         let ts = now_ms() / 1000;
         let mut req = hyper::Request::post(url)
-            .header(
-                "content-type",
-                "application/cloudevents+json; charset=utf-8",
-            )
+            .header("content-type", ctype)
             .header(TIMESTAMP_HEADER, ts.to_string());
-        if !s.webhook_secret.is_empty() {
-            req = req.header(SIGNATURE_HEADER, sign(&s.webhook_secret, ts, &body));
+        if !secret.is_empty() {
+            req = req.header(SIGNATURE_HEADER, sign(secret, ts, &body));
         }
         let req = req
             .body(Full::new(Bytes::from(body)))
