@@ -749,20 +749,35 @@ impl Store {
         Ok(())
     }
 
-    /// Records many deliveries with one shared flush.
-    pub async fn set_deliveries(
+    /// Records a pending delivery, due now, for each (subscription, object) that has no
+    /// record yet, with one shared flush; a record that exists (a match repeated after a
+    /// reassignment or a replay) is left where it stands. Returns the pairs recorded.
+    pub async fn add_pending_deliveries(
         &self,
-        records: &[(u64, ObjectId, DeliveryState)],
-    ) -> Result<(), StorageError> {
-        if records.is_empty() {
-            return Ok(());
+        pairs: &[(u64, ObjectId)],
+    ) -> Result<Vec<(u64, ObjectId)>, StorageError> {
+        let pending = codec::encode_delivery(&DeliveryState::Pending {
+            attempts: 0,
+            next_attempt_unix_ms: now_ms(),
+        });
+        let mut added = Vec::with_capacity(pairs.len());
+        for &(sub, obj) in pairs {
+            let fresh = self
+                .deliveries
+                .compare_and_swap(
+                    delivery_key(sub, obj),
+                    None::<&[u8]>,
+                    Some(pending.as_slice()),
+                )?
+                .is_ok();
+            if fresh {
+                added.push((sub, obj));
+            }
         }
-        let mut batch = sled::Batch::default();
-        for (sub, obj, state) in records {
-            batch.insert(&delivery_key(*sub, *obj), codec::encode_delivery(state));
+        if !added.is_empty() {
+            self.commit().await?;
         }
-        self.deliveries.apply_batch(batch)?;
-        self.commit().await
+        Ok(added)
     }
 
     /// Number of delivery records (every state).
@@ -916,8 +931,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn images_and_delivery_state_survive_reopen() {
-        let dir = std::env::temp_dir().join(format!("dissem-store-img-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = temp_dir("img");
         let o1 = ObjectId { node: 1, seq: 10 };
         let o2 = ObjectId { node: 1, seq: 11 };
         {
@@ -1008,8 +1022,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_shares_one_flush_and_survives_reopen() {
-        let dir = std::env::temp_dir().join(format!("dissem-store-batch-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = temp_dir("batch");
         let ids: Vec<ObjectId>;
         {
             let s = Store::open(&dir, 4).expect("open");
@@ -1043,6 +1056,13 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A fresh directory for one test's store.
+    fn temp_dir(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("dissem-store-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
     fn pending_ids(s: &Store) -> Vec<ObjectId> {
         let pending = s.outbox_pending().expect("outbox");
         pending.into_iter().map(|(id, _)| id).collect()
@@ -1056,8 +1076,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn retention_keeps_pending_objects_and_deletes_unused_log_segments() {
-        let dir = std::env::temp_dir().join(format!("dissem-store-ret-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = temp_dir("ret");
         let mut ids = Vec::new();
         // three runs of the process: three log segments
         for run in 0..3u64 {
@@ -1099,8 +1118,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_object_whose_bytes_never_reached_the_log_is_dropped_at_open() {
-        let dir = std::env::temp_dir().join(format!("dissem-store-torn-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = temp_dir("torn");
         let kept;
         {
             let s = Store::open(&dir, 6).expect("open");
@@ -1131,8 +1149,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_outbox_replays_from_its_durable_floor() {
-        let dir = std::env::temp_dir().join(format!("dissem-store-floor-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = temp_dir("floor");
         let mut ids = Vec::new();
         {
             let s = Store::open(&dir, 7).expect("open");
@@ -1164,9 +1181,39 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn put_get_outbox_dedup_and_reopen() {
-        let dir = std::env::temp_dir().join(format!("dissem-store-{}", std::process::id()));
+    async fn pending_deliveries_are_added_once_and_never_reset() {
+        let dir = temp_dir("pending");
+        let s = Store::open(&dir, 8).expect("open");
+        let id = s.put(obj(1, "")).await.expect("put").id;
+        let added = s
+            .add_pending_deliveries(&[(1, id), (2, id)])
+            .await
+            .expect("add");
+        assert_eq!(added, vec![(1, id), (2, id)]);
+        s.set_delivery(1, id, &DeliveryState::Acked { at_unix_ms: 5 })
+            .await
+            .expect("ack");
+        // matched again (a replay): only the new pair is added, the acked one stays acked
+        let added = s
+            .add_pending_deliveries(&[(1, id), (2, id), (3, id)])
+            .await
+            .expect("add");
+        assert_eq!(added, vec![(3, id)]);
+        assert_eq!(
+            s.delivery(1, id).expect("read"),
+            Some(DeliveryState::Acked { at_unix_ms: 5 })
+        );
+        assert!(matches!(
+            s.delivery(2, id).expect("read"),
+            Some(DeliveryState::Pending { attempts: 0, .. })
+        ));
+        drop(s);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn put_get_outbox_dedup_and_reopen() {
+        let dir = temp_dir("main");
         let ids;
         {
             let s = Store::open(&dir, 3).expect("open");

@@ -21,7 +21,7 @@ use proto::v1;
 use proto::v1::cluster_client::ClusterClient;
 use proto::v1::daemon_client::DaemonClient;
 use roaring::RoaringBitmap;
-use storage::{DeliveryState, ObjectId, Store};
+use storage::{ObjectId, Store};
 use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
@@ -871,14 +871,8 @@ impl Daemon {
     /// Delivery hand-off on the origin node: one pending delivery record per (subscription,
     /// object), then the objects' outbox records retire.
     pub async fn handoff(&self, req: v1::MatchedRequest) -> Result<(), NodeError> {
-        let now = now_ms();
-        let pending = DeliveryState::Pending {
-            attempts: 0,
-            next_attempt_unix_ms: now,
-        };
-        let mut records = Vec::new();
+        let mut pairs = Vec::new();
         let mut ids = Vec::new();
-        let mut repeated = 0;
         for o in req.objects {
             let id =
                 o.id.ok_or_else(|| NodeError::invalid("objects.id", "required"))?;
@@ -895,22 +889,17 @@ impl Daemon {
                     ),
                 ));
             }
-            for s in o.subscriptions {
-                if self.inner.store.delivery(s, id)?.is_some() {
-                    repeated += 1;
-                } else {
-                    records.push((s, id, pending.clone()));
-                }
-            }
+            pairs.extend(o.subscriptions.into_iter().map(|s| (s, id)));
             ids.push(id);
         }
+        let added = self.inner.store.add_pending_deliveries(&pairs).await?;
         let c = &self.inner.counters;
         c.matches_handed
-            .fetch_add(records.len() as u64 + repeated, Ordering::Relaxed);
-        c.matches_repeated.fetch_add(repeated, Ordering::Relaxed);
-        self.inner.store.set_deliveries(&records).await?;
-        for (s, id, _) in &records {
-            self.inner.deliverer.enqueue_new(*s, *id);
+            .fetch_add(pairs.len() as u64, Ordering::Relaxed);
+        c.matches_repeated
+            .fetch_add((pairs.len() - added.len()) as u64, Ordering::Relaxed);
+        for (s, id) in added {
+            self.inner.deliverer.enqueue_new(s, id);
         }
         let mut sent = lock(&self.inner.sent);
         for id in ids {

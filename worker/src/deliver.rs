@@ -432,11 +432,7 @@ impl Deliverer {
         if !self.inner.cfg.enabled {
             return;
         }
-        let cached = match lock(&self.inner.cache).get(&sub) {
-            Some((at, Some(s))) if at.elapsed() < SUB_CACHE => Some(s.clone()),
-            _ => None,
-        };
-        let Some(s) = cached else {
+        let Some(Some(s)) = self.cached_subscription(sub) else {
             return self.enqueue(sub, obj);
         };
         self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
@@ -462,11 +458,17 @@ impl Deliverer {
         self.pump(&key);
     }
 
+    /// A subscription looked up less than `SUB_CACHE` ago (`Some(None)`: it was not found).
+    fn cached_subscription(&self, id: u64) -> Option<Option<Arc<v1::Subscription>>> {
+        lock(&self.inner.cache)
+            .get(&id)
+            .filter(|(at, _)| at.elapsed() < SUB_CACHE)
+            .map(|(_, s)| s.clone())
+    }
+
     async fn subscription(&self, id: u64) -> Result<Option<Arc<v1::Subscription>>, Status> {
-        if let Some((at, s)) = lock(&self.inner.cache).get(&id)
-            && at.elapsed() < SUB_CACHE
-        {
-            return Ok(s.clone());
+        if let Some(s) = self.cached_subscription(id) {
+            return Ok(s);
         }
         let s = match self
             .inner

@@ -10,11 +10,10 @@
 use std::sync::{Arc, RwLock};
 
 use blocks::{Event, MatchIndex, ShardConfig};
-use storage::{DeliveryState, ObjectId, StorageError, Store};
+use storage::{ObjectId, StorageError, Store};
 
 use crate::config::Limits;
 use crate::error::NodeError;
-use crate::now_ms;
 use crate::validate;
 
 /// The node's subscription index, kept in step with the registry.
@@ -75,21 +74,10 @@ impl Disseminator {
         let snapshot = self.index.read().unwrap_or_else(|p| p.into_inner()).clone();
         let mut ctx = snapshot.base().new_ctx();
         let subs = snapshot.match_event(&event, &mut ctx);
-        let now = now_ms();
-        let pending = DeliveryState::Pending {
-            attempts: 0,
-            next_attempt_unix_ms: now,
-        };
-        let mut records: Vec<(u64, ObjectId, DeliveryState)> = Vec::with_capacity(subs.len());
-        for &s in &subs {
-            // matched before (a replay after a restart): where that delivery stands is kept
-            if self.store.delivery(s, id)?.is_none() {
-                records.push((s, id, pending.clone()));
-            }
-        }
         // deliveries first (durably), then the object leaves the outbox: a crash in between
-        // re-matches the object and finds the same records
-        self.store.set_deliveries(&records).await?;
+        // re-matches the object and finds the same records, left as they stand
+        let pairs: Vec<(u64, ObjectId)> = subs.iter().map(|&s| (s, id)).collect();
+        self.store.add_pending_deliveries(&pairs).await?;
         self.store.retire(id)?;
         Ok(subs)
     }
