@@ -124,6 +124,16 @@ impl v1::subscriber_server::Subscriber for GrpcSubscriber {
         Ok(Response::new(v1::DeliverAck {}))
     }
 
+    async fn deliver_batch(
+        &self,
+        request: Request<v1::DeliveryBatch>,
+    ) -> Result<Response<v1::DeliverBatchAck>, Status> {
+        for d in request.into_inner().deliveries {
+            show(&self.seen, d.subscription_id, obj_key(&d));
+        }
+        Ok(Response::new(v1::DeliverBatchAck::default()))
+    }
+
     async fn release(
         &self,
         request: Request<v1::ReleaseRequest>,

@@ -390,13 +390,14 @@ struct WorkerFlags {
     /// default, so subscriptions cannot reach into the operator's network).
     #[arg(long)]
     allow_private_targets: bool,
-    /// Pushes in flight per target endpoint.
+    /// Calls in flight per target endpoint (each carries up to --push-batch deliveries).
     #[arg(long, default_value_t = 16)]
     in_flight_per_endpoint: usize,
-    /// Most events in one webhook POST: events for the same URL and secret that queue while
-    /// a POST is out go together in the next, as a CloudEvents batch (1 = one event per POST).
-    #[arg(long, default_value_t = 64)]
-    webhook_batch: usize,
+    /// Most deliveries in one call to an endpoint: pushes that queue while every call to it
+    /// is out go together in the next (a webhook POST as a CloudEvents batch, or one gRPC
+    /// `Subscriber.DeliverBatch` for QoS 0/1); 1 sends each delivery on its own.
+    #[arg(long, alias = "webhook-batch", default_value_t = 64)]
+    push_batch: usize,
     /// Record matches as pending deliveries without pushing them (benchmarks of the matching
     /// pipeline, or when another system drains the delivery records).
     #[arg(long)]
@@ -448,7 +449,7 @@ impl WorkerFlags {
         cfg.delivery.allow_private_targets = self.allow_private_targets;
         cfg.delivery.enabled = !self.no_delivery;
         cfg.delivery.in_flight_per_endpoint = self.in_flight_per_endpoint.max(1);
-        cfg.delivery.webhook_batch = self.webhook_batch.max(1);
+        cfg.delivery.push_batch = self.push_batch.max(1);
         cfg.gpu = match self.gpu {
             GpuArg::Auto => worker::daemon::GpuUse::Hardware,
             GpuArg::On => worker::daemon::GpuUse::Any,

@@ -113,6 +113,16 @@ async fn put_temps(url: &str, temps: &[i64], priority: u32) -> Vec<String> {
     ids
 }
 
+/// Retries every 50..400 ms, up to 100 attempts: an endpoint that comes back is served soon.
+fn fast_retry() -> Option<v1::RetryPolicy> {
+    Some(v1::RetryPolicy {
+        max_attempts: 100,
+        ttl_ms: 0,
+        initial_backoff_ms: 50,
+        max_backoff_ms: 400,
+    })
+}
+
 fn key(d: &v1::Delivery) -> String {
     let o = d.object_id.unwrap_or_default();
     format!("{}:{}", o.node, o.seq)
@@ -127,15 +137,38 @@ struct SubscriberState {
     /// QoS 2: received, not yet released (delivery id -> object).
     received: BTreeMap<String, (String, u32)>,
     calls: u64,
+    /// `DeliverBatch` calls, and the deliveries they carried.
+    batch_calls: u64,
+    batched: u64,
 }
 
 #[derive(Clone, Default)]
 struct Subscriber {
     state: Arc<Mutex<SubscriberState>>,
     exactly_once: bool,
-    /// Fail (after processing) every n-th Deliver and Release: the ack is "lost".
+    /// Fail (after processing) every n-th delivery and release: the ack is "lost".
     drop_every: u64,
     delay: Duration,
+    /// Answer `DeliverBatch` with UNIMPLEMENTED (a subscriber written before it existed).
+    no_batch: bool,
+}
+
+impl Subscriber {
+    /// Takes one delivery; `Err` when fault injection loses its ack.
+    fn take(&self, d: &v1::Delivery) -> Result<(), String> {
+        let mut s = lock(&self.state);
+        s.calls += 1;
+        let entry = (key(d), d.priority);
+        if self.exactly_once {
+            s.received.entry(d.delivery_id.clone()).or_insert(entry);
+        } else {
+            s.shown.push(entry);
+        }
+        if self.drop_every > 0 && s.calls.is_multiple_of(self.drop_every) {
+            return Err("ack lost (fault injection)".into());
+        }
+        Ok(())
+    }
 }
 
 #[tonic::async_trait]
@@ -147,19 +180,38 @@ impl v1::subscriber_server::Subscriber for Subscriber {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
-        let d = request.into_inner();
-        let mut s = lock(&self.state);
-        s.calls += 1;
-        let entry = (key(&d), d.priority);
-        if self.exactly_once {
-            s.received.entry(d.delivery_id.clone()).or_insert(entry);
-        } else {
-            s.shown.push(entry);
-        }
-        if self.drop_every > 0 && s.calls.is_multiple_of(self.drop_every) {
-            return Err(Status::unavailable("ack lost (fault injection)"));
-        }
+        self.take(&request.into_inner())
+            .map_err(Status::unavailable)?;
         Ok(Response::new(v1::DeliverAck {}))
+    }
+
+    async fn deliver_batch(
+        &self,
+        request: Request<v1::DeliveryBatch>,
+    ) -> Result<Response<v1::DeliverBatchAck>, Status> {
+        if self.no_batch {
+            return Err(Status::unimplemented("DeliverBatch"));
+        }
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        let batch = request.into_inner().deliveries;
+        {
+            let mut s = lock(&self.state);
+            s.batch_calls += 1;
+            s.batched += batch.len() as u64;
+        }
+        let rejected = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| {
+                self.take(d).err().map(|reason| v1::Rejected {
+                    index: i as u32,
+                    reason,
+                })
+            })
+            .collect();
+        Ok(Response::new(v1::DeliverBatchAck { rejected }))
     }
 
     async fn release(
@@ -378,6 +430,85 @@ fn pushes_that_queue_for_a_slow_webhook_go_together_as_a_signed_batch() {
 }
 
 #[test]
+fn grpc_pushes_that_queue_go_together_in_deliver_batch_and_old_subscribers_get_deliver() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-grpc-batch");
+    let node = start_node(&dir, &[]);
+    runtime().block_on(async {
+        let url = node.url();
+        let fast_retry = fast_retry();
+        // slow (each call takes 200 ms): what matches meanwhile waits for the next call
+        let slow = Subscriber {
+            delay: Duration::from_millis(200),
+            ..Subscriber::default()
+        };
+        // written before DeliverBatch existed: answers UNIMPLEMENTED
+        let old = Subscriber {
+            delay: Duration::from_millis(20),
+            no_batch: true,
+            ..Subscriber::default()
+        };
+        // rejects every fourth delivery of a batch: those are retried on their own schedule
+        let picky = Subscriber {
+            delay: Duration::from_millis(50),
+            drop_every: 4,
+            ..Subscriber::default()
+        };
+        for sub in [&slow, &old, &picky] {
+            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            create(
+                &url,
+                Sub {
+                    filter: "temp >= 0",
+                    target: v1::target::Kind::Grpc(format!(
+                        "http://{}",
+                        l.local_addr().expect("addr")
+                    )),
+                    qos: v1::Qos::AtLeastOnce,
+                    retry: fast_retry,
+                    secret: "",
+                },
+            )
+            .await;
+            tokio::spawn(serve_subscriber(sub.clone(), l));
+        }
+        wait_published(&url, 3).await;
+        let temps: Vec<i64> = (0..40).collect();
+        let ids = put_temps(&url, &temps, 0).await;
+        let want: BTreeSet<String> = ids.iter().cloned().collect();
+        slow.wait_shown("every delivery to the slow subscriber", &want)
+            .await;
+        old.wait_shown("every delivery to the subscriber without batches", &want)
+            .await;
+        picky
+            .wait_shown("every delivery to the subscriber that rejects some", &want)
+            .await;
+        let s = lock(&slow.state);
+        assert!(
+            s.batch_calls >= 1 && s.batched > s.batch_calls,
+            "no call carried several deliveries: {} calls, {} deliveries",
+            s.batch_calls,
+            s.batched
+        );
+        assert!(
+            s.batch_calls < 40,
+            "{} calls for 40 deliveries",
+            s.batch_calls
+        );
+        assert_eq!(s.shown.len(), 40, "each delivery once");
+        assert_eq!(lock(&old.state).batch_calls, 0);
+        let p = lock(&picky.state);
+        assert!(
+            p.calls > 40,
+            "rejections were retried: {} deliveries",
+            p.calls
+        );
+    });
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn webhook_grpc_push_and_stream_deliver_every_match() {
     let _serial = lock(&SERIAL);
     let dir = temp_dir("delivery-kinds");
@@ -496,12 +627,7 @@ fn qos1_survives_an_endpoint_outage_and_qos2_never_shows_a_duplicate() {
         let down = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let down_addr = down.local_addr().expect("addr");
         drop(down);
-        let fast_retry = Some(v1::RetryPolicy {
-            max_attempts: 100,
-            ttl_ms: 0,
-            initial_backoff_ms: 50,
-            max_backoff_ms: 400,
-        });
+        let fast_retry = fast_retry();
         create(
             &url,
             Sub {

@@ -3,15 +3,19 @@
 //!
 //! Targets: gRPC push (`Subscriber.Deliver`, plus `Release` for QoS 2), HTTP webhooks
 //! (CloudEvents 1.0 structured JSON, HMAC-SHA256 signed with the subscription's secret and a
-//! timestamp; events that queue for one URL and secret while a POST is out go together in the
-//! next POST in CloudEvents' batched mode), and named streams subscribers open to the node (`Stream.Open`, acks upstream).
+//! timestamp), and named streams subscribers open to the node (`Stream.Open`, acks
+//! upstream). Deliveries that queue for one endpoint while all its calls are out go together
+//! in the next call: gRPC QoS 0/1 as one `DeliverBatch` (a subscriber that answers
+//! UNIMPLEMENTED gets one `Deliver` each), webhook events with one secret as one POST in
+//! CloudEvents' batched mode.
 //! QoS 0 is one attempt; QoS 1 retries with exponential backoff and jitter up to the
 //! subscription's max attempts and TTL, then dead-letters with the reason; QoS 2 over gRPC is
 //! the two-phase handshake, and the "received" phase is stored, so a retry after it only
 //! repeats the release and the subscriber never sees the delivery twice.
 //!
 //! Every target (endpoint) has its own queue, highest priority first, with a bounded number
-//! of pushes in flight, so a slow or dead endpoint delays only itself. Records are durable:
+//! of calls in flight, so a slow or dead endpoint delays only itself; a call that frees up
+//! takes the front of the queue, so batches keep the priority order. Records are durable:
 //! unfinished ones are resumed at start. Targets that resolve to loopback, private or
 //! link-local addresses are refused unless `allow_private_targets` is set.
 
@@ -44,17 +48,17 @@ pub struct DeliveryConfig {
     pub enabled: bool,
     /// Allow targets on loopback, private and link-local addresses (tests, private networks).
     pub allow_private_targets: bool,
-    /// Pushes in flight per endpoint.
+    /// Calls in flight per endpoint (each carries up to `push_batch` deliveries).
     pub in_flight_per_endpoint: usize,
     /// One attempt (both phases of QoS 2) gives up after this long.
     pub attempt_timeout: Duration,
     /// Objects up to this size travel with the push; larger ones as metadata and id only.
     pub max_data_bytes: usize,
-    /// Most events in one webhook POST. Pushes to the same URL with the same secret that
-    /// queue up while a POST is out go together in the next one, as a CloudEvents batch
-    /// (`application/cloudevents-batch+json`); a lone event goes in structured mode. 1 sends
-    /// every event on its own.
-    pub webhook_batch: usize,
+    /// Most deliveries in one call to an endpoint. Pushes that queue for one endpoint while
+    /// all its calls are out go together in the next one: a webhook POST in CloudEvents' batched mode
+    /// (`application/cloudevents-batch+json`; a lone event goes in structured mode), or one
+    /// `Subscriber.DeliverBatch` for gRPC QoS 0/1. 1 sends every delivery on its own.
+    pub push_batch: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -65,7 +69,7 @@ impl Default for DeliveryConfig {
             in_flight_per_endpoint: 16,
             attempt_timeout: Duration::from_secs(5),
             max_data_bytes: 1 << 20,
-            webhook_batch: 64,
+            push_batch: 64,
         }
     }
 }
@@ -80,16 +84,46 @@ const SUB_CACHE: Duration = Duration::from_secs(5);
 /// subscribers; stored objects never change).
 const OBJECT_CACHE: usize = 1024;
 
-/// Webhook events waiting for the next POST to their URL (with their secret), and whether
-/// a POST loop runs for them.
-#[derive(Default)]
-struct HookQueue {
-    pending: Vec<(Vec<u8>, HookWaiter)>,
-    sending: bool,
+/// Most bytes of deliveries in one batched call past its first delivery (below the 4 MiB a
+/// gRPC server takes by default); a larger batch goes in several calls.
+const MAX_BATCH_BYTES: usize = 2 << 20;
+
+/// Splits items of these sizes, in order, into runs of at most `max` bytes (an item larger
+/// than `max` alone).
+fn runs_by_size(sizes: &[usize], max: usize) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let (mut start, mut bytes) = (0, 0usize);
+    for (i, n) in sizes.iter().enumerate() {
+        if i > start && bytes.saturating_add(*n) > max {
+            runs.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes = bytes.saturating_add(*n);
+    }
+    if start < sizes.len() {
+        runs.push(start..sizes.len());
+    }
+    runs
 }
 
-/// Where the outcome of the POST that carried an event goes.
-type HookWaiter = oneshot::Sender<Result<(), String>>;
+/// One attempt's inputs: the job, its subscription, the delivery to push and the record's
+/// state before the attempt.
+struct Prepared {
+    job: Job,
+    s: Arc<v1::Subscription>,
+    delivery: v1::Delivery,
+    attempts: u32,
+    received: bool,
+    received_unix_ms: u64,
+}
+
+/// Whether a gRPC subscriber endpoint takes `DeliverBatch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BatchSupport {
+    Unknown,
+    Yes,
+    No,
+}
 
 /// The content types of one event and of a batch of events.
 const CLOUDEVENT: &str = "application/cloudevents+json; charset=utf-8";
@@ -154,8 +188,8 @@ struct Inner {
     subs: CoordLink,
     cache: Mutex<HashMap<u64, CachedSub>>,
     objects: Mutex<ObjectCache>,
-    /// Webhook events by (URL, secret).
-    hooks: Mutex<HashMap<(String, String), HookQueue>>,
+    /// Which gRPC endpoints take `DeliverBatch`, by URL.
+    batch_support: Mutex<HashMap<String, BatchSupport>>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
     grpc: Mutex<HashMap<String, SubscriberClient<Channel>>>,
@@ -372,7 +406,7 @@ impl Deliverer {
                 subs,
                 cache: Mutex::new(HashMap::new()),
                 objects: Mutex::default(),
-                hooks: Mutex::default(),
+                batch_support: Mutex::new(HashMap::new()),
                 queues: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
                 grpc: Mutex::new(HashMap::new()),
@@ -583,17 +617,25 @@ impl Deliverer {
         self.queue(&s, sub, obj);
     }
 
-    /// Starts pushes of an endpoint up to its in-flight bound, highest priority first.
+    /// Starts calls to an endpoint up to its in-flight bound, highest priority first. A free
+    /// call takes every due delivery up to `push_batch` (pushes that queued while all calls
+    /// were out), so batches form only under load and always from the front of the queue.
     fn pump(&self, key: &str) {
+        let batch = self.inner.cfg.push_batch.max(1);
         let mut qs = lock(&self.inner.queues);
         let Some(q) = qs.get_mut(key) else { return };
-        while q.in_flight < self.inner.cfg.in_flight_per_endpoint {
-            let Some(job) = q.heap.pop() else { break };
+        while q.in_flight < self.inner.cfg.in_flight_per_endpoint && !q.heap.is_empty() {
+            let mut jobs = Vec::with_capacity(q.heap.len().min(batch));
+            while jobs.len() < batch
+                && let Some(job) = q.heap.pop()
+            {
+                jobs.push(job);
+            }
             q.in_flight += 1;
             let me = self.clone();
             let key = key.to_string();
             tokio::spawn(async move {
-                me.attempt(job).await;
+                me.attempt(jobs).await;
                 {
                     let mut qs = lock(&me.inner.queues);
                     if let Some(q) = qs.get_mut(&key) {
@@ -608,14 +650,76 @@ impl Deliverer {
         }
     }
 
-    async fn attempt(&self, job: Job) {
+    /// One attempt of each job: gRPC QoS 0/1 deliveries to one URL go in one
+    /// `DeliverBatch`, webhook events to one URL with one secret in one POST, the rest on
+    /// their own; then each job's outcome is recorded.
+    async fn attempt(&self, jobs: Vec<Job>) {
+        let mut grpc: HashMap<String, Vec<Prepared>> = HashMap::new();
+        let mut hooks: HashMap<(String, String), Vec<Prepared>> = HashMap::new();
+        let mut single = Vec::new();
+        for job in jobs {
+            let Some(p) = self.prepare(job).await else {
+                continue;
+            };
+            match p.s.target.as_ref().and_then(|t| t.kind.as_ref()) {
+                Some(v1::target::Kind::Grpc(url))
+                    if p.s.qos != v1::Qos::ExactlyOnce as i32 && self.inner.cfg.push_batch > 1 =>
+                {
+                    grpc.entry(url.clone()).or_default().push(p);
+                }
+                Some(v1::target::Kind::Webhook(url))
+                    if self.inner.cfg.push_batch > 1 && !url.starts_with("https:") =>
+                {
+                    hooks
+                        .entry((url.clone(), p.s.webhook_secret.clone()))
+                        .or_default()
+                        .push(p);
+                }
+                _ => single.push(p),
+            }
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for (url, ps) in grpc {
+            let me = self.clone();
+            set.spawn(async move { me.grpc_batch(&url, ps).await });
+        }
+        for ((url, secret), ps) in hooks {
+            let me = self.clone();
+            set.spawn(async move { me.webhook_batch(&url, &secret, ps).await });
+        }
+        for mut p in single {
+            let me = self.clone();
+            set.spawn(async move {
+                let d = std::mem::take(&mut p.delivery);
+                let push = me.push(&p.s, d, p.received, p.received_unix_ms);
+                let r = match tokio::time::timeout(me.inner.cfg.attempt_timeout, push).await {
+                    Ok(r) => r,
+                    Err(_) => Err(me.no_answer()),
+                };
+                me.settle(p, r).await;
+            });
+        }
+        while set.join_next().await.is_some() {}
+    }
+
+    fn no_answer(&self) -> String {
+        format!(
+            "no answer within {} ms",
+            self.inner.cfg.attempt_timeout.as_millis()
+        )
+    }
+
+    /// Reads what an attempt needs: the record's state, the subscription and the object.
+    /// `None` when there is nothing to push now (finished meanwhile, or dead-lettered or
+    /// rescheduled here).
+    async fn prepare(&self, job: Job) -> Option<Prepared> {
         let (sub, obj) = (job.sub, job.obj);
         let (attempts, received) = match self.inner.store.delivery(sub, obj) {
             Ok(Some(DeliveryState::Pending { attempts, .. })) => (attempts, false),
             Ok(Some(DeliveryState::Received { attempts, .. })) => (attempts, true),
             _ => {
                 self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
-                return;
+                return None;
             }
         };
         let s = match self.subscription(sub).await {
@@ -623,12 +727,12 @@ impl Deliverer {
             Ok(None) => {
                 self.dead_letter(sub, obj, format!("subscription {sub} was deleted"))
                     .await;
-                return;
+                return None;
             }
             Err(e) => {
                 self.retry_later(&job, attempts, received, None, format!("{e}"))
                     .await;
-                return;
+                return None;
             }
         };
         let object = match self.object(obj) {
@@ -636,12 +740,12 @@ impl Deliverer {
             Ok(None) => {
                 self.dead_letter(sub, obj, "the object expired before delivery".into())
                     .await;
-                return;
+                return None;
             }
             Err(e) => {
                 self.retry_later(&job, attempts, received, Some(&s), e.to_string())
                     .await;
-                return;
+                return None;
             }
         };
         let delivery = v1::Delivery {
@@ -660,15 +764,19 @@ impl Deliverer {
             priority: job.priority as u32,
             attempt: attempts + 1,
         };
-        let qos = s.qos;
-        let push = self.push(&s, delivery, received, object.received_unix_ms);
-        let result = match tokio::time::timeout(self.inner.cfg.attempt_timeout, push).await {
-            Ok(r) => r,
-            Err(_) => Err(format!(
-                "no answer within {} ms",
-                self.inner.cfg.attempt_timeout.as_millis()
-            )),
-        };
+        Some(Prepared {
+            job,
+            s,
+            delivery,
+            attempts,
+            received,
+            received_unix_ms: object.received_unix_ms,
+        })
+    }
+
+    /// Records the outcome of one attempt.
+    async fn settle(&self, p: Prepared, result: Result<Outcome, String>) {
+        let (sub, obj) = (p.job.sub, p.job.obj);
         match result {
             Ok(Outcome::Done) => {
                 self.count(sub, 0);
@@ -685,10 +793,16 @@ impl Deliverer {
             }
             Ok(Outcome::Received) => {
                 // the release failed after "received": only the release is retried
-                self.retry_later(&job, attempts, true, Some(&s), "release failed".into())
-                    .await;
+                self.retry_later(
+                    &p.job,
+                    p.attempts,
+                    true,
+                    Some(&p.s),
+                    "release failed".into(),
+                )
+                .await;
             }
-            Err(e) if qos == v1::Qos::AtMostOnce as i32 => {
+            Err(e) if p.s.qos == v1::Qos::AtMostOnce as i32 => {
                 self.count(sub, 1);
                 self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
                 self.dead_letter(
@@ -699,8 +813,128 @@ impl Deliverer {
                 .await;
             }
             Err(e) => {
-                self.retry_later(&job, attempts, received, Some(&s), e)
+                self.retry_later(&p.job, p.attempts, p.received, Some(&p.s), e)
                     .await;
+            }
+        }
+    }
+
+    /// QoS 0/1 deliveries to one gRPC endpoint in one `DeliverBatch` (one `Deliver` each
+    /// where the endpoint does not take batches).
+    async fn grpc_batch(&self, url: &str, mut ps: Vec<Prepared>) {
+        let deliveries: Vec<v1::Delivery> = ps
+            .iter_mut()
+            .map(|p| std::mem::take(&mut p.delivery))
+            .collect();
+        let sizes: Vec<usize> = deliveries.iter().map(prost::Message::encoded_len).collect();
+        let mut outcomes = Vec::with_capacity(ps.len());
+        let mut deliveries = deliveries.into_iter();
+        for run in runs_by_size(&sizes, MAX_BATCH_BYTES) {
+            let part: Vec<_> = deliveries.by_ref().take(run.len()).collect();
+            match tokio::time::timeout(
+                self.inner.cfg.attempt_timeout,
+                self.send_grpc_batch(url, part),
+            )
+            .await
+            {
+                Ok(o) => outcomes.extend(o),
+                Err(_) => outcomes.extend(vec![Err(self.no_answer()); run.len()]),
+            }
+        }
+        for (p, r) in ps.into_iter().zip(outcomes) {
+            self.settle(p, r.map(|()| Outcome::Done)).await;
+        }
+    }
+
+    /// The outcome of each delivery, in order.
+    async fn send_grpc_batch(
+        &self,
+        url: &str,
+        deliveries: Vec<v1::Delivery>,
+    ) -> Vec<Result<(), String>> {
+        let n = deliveries.len();
+        if let Err(e) = check_target(url, self.inner.cfg.allow_private_targets).await {
+            return vec![Err(e); n];
+        }
+        let c = match self.grpc_client(url) {
+            Ok(c) => c,
+            Err(e) => return vec![Err(e); n],
+        };
+        let support = lock(&self.inner.batch_support)
+            .get(url)
+            .copied()
+            .unwrap_or(BatchSupport::Unknown);
+        if support == BatchSupport::No || n == 1 {
+            return deliver_each(&c, deliveries).await;
+        }
+        // until the endpoint is known to take batches, keep the deliveries for one Deliver
+        // each
+        let fallback = (support != BatchSupport::Yes).then(|| deliveries.clone());
+        match c
+            .clone()
+            .deliver_batch(v1::DeliveryBatch { deliveries })
+            .await
+        {
+            Ok(ack) => {
+                if support != BatchSupport::Yes {
+                    lock(&self.inner.batch_support).insert(url.to_string(), BatchSupport::Yes);
+                }
+                let mut outcomes = vec![Ok(()); n];
+                for rej in ack.into_inner().rejected {
+                    if let Some(o) = outcomes.get_mut(rej.index as usize) {
+                        *o = Err(format!("the subscriber rejected it: {}", rej.reason));
+                    }
+                }
+                outcomes
+            }
+            Err(e) if e.code() == tonic::Code::Unimplemented && fallback.is_some() => {
+                tracing::info!("{url} does not take DeliverBatch; one Deliver per delivery");
+                lock(&self.inner.batch_support).insert(url.to_string(), BatchSupport::No);
+                deliver_each(&c, fallback.unwrap_or_default()).await
+            }
+            Err(e) => vec![Err(format!("DeliverBatch: {e}")); n],
+        }
+    }
+
+    /// Webhook events to one URL with one secret in one POST (several past
+    /// `MAX_BATCH_BYTES`): structured mode for one event, CloudEvents' batched mode for
+    /// several; a 2xx acks them all.
+    async fn webhook_batch(&self, url: &str, secret: &str, ps: Vec<Prepared>) {
+        let events: Vec<Vec<u8>> = ps
+            .iter()
+            .map(|p| {
+                let node = p.delivery.object_id.map_or(0, |o| o.node);
+                cloudevent(&p.delivery, node, p.received_unix_ms)
+            })
+            .collect();
+        let sizes: Vec<usize> = events.iter().map(Vec::len).collect();
+        let mut ps = ps.into_iter();
+        for run in runs_by_size(&sizes, MAX_BATCH_BYTES) {
+            let part = &events[run.clone()];
+            let send = async {
+                check_target(url, self.inner.cfg.allow_private_targets).await?;
+                let (body, ctype) = if part.len() == 1 {
+                    (part[0].clone(), CLOUDEVENT)
+                } else {
+                    let mut body = Vec::with_capacity(part.iter().map(|e| e.len() + 1).sum());
+                    body.push(b'[');
+                    for (i, e) in part.iter().enumerate() {
+                        if i > 0 {
+                            body.push(b',');
+                        }
+                        body.extend_from_slice(e);
+                    }
+                    body.push(b']');
+                    (body, CLOUDEVENT_BATCH)
+                };
+                self.send_post(url, secret, body, ctype).await
+            };
+            let r = match tokio::time::timeout(self.inner.cfg.attempt_timeout, send).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("POST {url}: {}", self.no_answer())),
+            };
+            for p in ps.by_ref().take(run.len()) {
+                self.settle(p, r.clone().map(|()| Outcome::Done)).await;
             }
         }
     }
@@ -842,7 +1076,15 @@ impl Deliverer {
             }
             v1::target::Kind::Webhook(url) => {
                 check_target(url, self.inner.cfg.allow_private_targets).await?;
-                self.post(url, s, &d, received_unix_ms).await?;
+                if url.starts_with("https:") {
+                    return Err(
+                        "https webhooks are not supported by this build (no TLS client)".into(),
+                    );
+                }
+                let node = d.object_id.map_or(0, |o| o.node);
+                let event = cloudevent(&d, node, received_unix_ms);
+                self.send_post(url, &s.webhook_secret, event, CLOUDEVENT)
+                    .await?;
                 Ok(Outcome::Done)
             }
             v1::target::Kind::Stream(name) => {
@@ -861,84 +1103,6 @@ impl Deliverer {
         let c = SubscriberClient::new(ch);
         g.insert(url.to_string(), c.clone());
         Ok(c)
-    }
-
-    async fn post(
-        &self,
-        url: &str,
-        s: &v1::Subscription,
-        d: &v1::Delivery,
-        received_unix_ms: u64,
-    ) -> Result<(), String> {
-        if url.starts_with("https:") {
-            return Err("https webhooks are not supported by this build (no TLS client)".into());
-        }
-        let node = d.object_id.map_or(0, |o| o.node);
-        let event = cloudevent(d, node, received_unix_ms);
-        if self.inner.cfg.webhook_batch <= 1 {
-            return self
-                .send_post(url, &s.webhook_secret, event, CLOUDEVENT)
-                .await;
-        }
-        let key = (url.to_string(), s.webhook_secret.clone());
-        let (tx, rx) = oneshot::channel();
-        let start = {
-            let mut hooks = lock(&self.inner.hooks);
-            let q = hooks.entry(key.clone()).or_default();
-            q.pending.push((event, tx));
-            !std::mem::replace(&mut q.sending, true)
-        };
-        if start {
-            let me = self.clone();
-            tokio::spawn(async move { me.post_queued(key).await });
-        }
-        rx.await
-            .map_err(|_| format!("POST {url}: the batch was dropped"))?
-    }
-
-    /// Sends the events queued for one (URL, secret) until none are left: everything that
-    /// queued while a POST was out goes in the next one.
-    async fn post_queued(&self, key: (String, String)) {
-        let (url, secret) = &key;
-        loop {
-            let batch: Vec<_> = {
-                let mut hooks = lock(&self.inner.hooks);
-                let Some(q) = hooks.get_mut(&key) else { return };
-                if q.pending.is_empty() {
-                    hooks.remove(&key);
-                    return;
-                }
-                let n = q.pending.len().min(self.inner.cfg.webhook_batch);
-                q.pending.drain(..n).collect()
-            };
-            let (events, waiters): (Vec<Vec<u8>>, Vec<_>) = batch.into_iter().unzip();
-            let (body, ctype) = if events.len() == 1 {
-                (events.into_iter().next().unwrap_or_default(), CLOUDEVENT)
-            } else {
-                let mut body = Vec::with_capacity(events.iter().map(|e| e.len() + 1).sum());
-                body.push(b'[');
-                for (i, e) in events.iter().enumerate() {
-                    if i > 0 {
-                        body.push(b',');
-                    }
-                    body.extend_from_slice(e);
-                }
-                body.push(b']');
-                (body, CLOUDEVENT_BATCH)
-            };
-            let r = match tokio::time::timeout(
-                self.inner.cfg.attempt_timeout,
-                self.send_post(url, secret, body, ctype),
-            )
-            .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(format!("POST {url}: no answer in time")),
-            };
-            for w in waiters {
-                let _ = w.send(r.clone());
-            }
-        }
     }
 
     /// One signed POST.
@@ -993,6 +1157,29 @@ impl Deliverer {
             .await
             .map_err(|_| format!("stream {name:?} closed before the ack"))
     }
+}
+
+/// One `Deliver` per delivery, all at once (an endpoint without `DeliverBatch`); the
+/// outcomes in the deliveries' order.
+async fn deliver_each(
+    c: &SubscriberClient<Channel>,
+    deliveries: Vec<v1::Delivery>,
+) -> Vec<Result<(), String>> {
+    let mut set = tokio::task::JoinSet::new();
+    let n = deliveries.len();
+    for (i, d) in deliveries.into_iter().enumerate() {
+        let mut c = c.clone();
+        set.spawn(async move { (i, c.deliver(d).await.map_err(|e| format!("Deliver: {e}"))) });
+    }
+    let mut outcomes = vec![Err("Deliver: the call was lost".to_string()); n];
+    while let Some(r) = set.join_next().await {
+        if let Ok((i, r)) = r
+            && let Some(o) = outcomes.get_mut(i)
+        {
+            *o = r.map(|_| ());
+        }
+    }
+    outcomes
 }
 
 fn endpoint_key(s: &v1::Subscription) -> String {
@@ -1062,6 +1249,15 @@ impl v1::stream_server::Stream for Deliverer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batches_split_by_size_and_an_oversized_item_goes_alone() {
+        assert_eq!(runs_by_size(&[], 10), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(runs_by_size(&[4, 4, 4], 10), vec![0..2, 2..3]);
+        assert_eq!(runs_by_size(&[20, 1, 1], 10), vec![0..1, 1..3]);
+        assert_eq!(runs_by_size(&[1, 20, 1], 10), vec![0..1, 1..2, 2..3]);
+        assert_eq!(runs_by_size(&[5, 5], 10), vec![0..2]);
+    }
 
     #[test]
     fn private_addresses_are_recognised() {
