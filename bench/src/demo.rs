@@ -324,6 +324,8 @@ pub struct Phase {
     pub duplicates_by_qos: BTreeMap<u8, usize>,
     pub latency: Latency,
     pub latency_by_priority: BTreeMap<u8, Latency>,
+    /// The puts alone (request to durable acknowledgement): the ingest part of `latency`.
+    pub put_latency: Latency,
 }
 
 /// Starts `dissem up` in `dir`, the endpoints, and registers `subs` iot subscriptions.
@@ -455,6 +457,7 @@ impl Setup {
         }
         let bar = progress.bar(events.len() as u64, label);
         let sent: Arc<Mutex<HashMap<ObjectId, (Instant, u8)>>> = Arc::default();
+        let put_ms: Arc<Mutex<Vec<f64>>> = Arc::default();
         // objects never repeat across phases: new distinct pairs are this phase's
         let before = lock(&self.seen).pairs.len();
         let ingest = v1::ingest_client::IngestClient::new(procs::channel(&self.url));
@@ -471,11 +474,13 @@ impl Setup {
             req.priority = (i % 8) as u32;
             let mut c = ingest.clone();
             let sent = sent.clone();
+            let put_ms = put_ms.clone();
             let bar = bar.clone();
             puts.spawn(async move {
                 let at = Instant::now();
                 let r = c.put(req).await;
                 drop(permit);
+                lock(&put_ms).push(at.elapsed().as_secs_f64() * 1000.0);
                 let id = r?.into_inner().id.unwrap_or_default();
                 let k = ObjectId {
                     node: id.node,
@@ -548,6 +553,7 @@ impl Setup {
             duplicates_by_qos,
             latency: latency(all),
             latency_by_priority: by_prio.into_iter().map(|(p, v)| (p, latency(v))).collect(),
+            put_latency: latency(std::mem::take(&mut *lock(&put_ms))),
         })
     }
 }

@@ -222,8 +222,13 @@ pub fn print(r: &E2eReport) {
     );
     for (name, ph) in [("half load", &r.half_load), ("2x overload", &r.overload)] {
         println!(
-            "{name} ({:.0} objects/s): p50 {:.1} ms, p99 {:.1} ms, lost {}",
-            ph.rate, ph.phase.latency.p50_ms, ph.phase.latency.p99_ms, ph.phase.lost
+            "{name} ({:.0} objects/s): p50 {:.1} ms, p99 {:.1} ms, lost {}; the puts alone: p50 {:.1} ms, p99 {:.1} ms",
+            ph.rate,
+            ph.phase.latency.p50_ms,
+            ph.phase.latency.p99_ms,
+            ph.phase.lost,
+            ph.phase.put_latency.p50_ms,
+            ph.phase.put_latency.p99_ms
         );
         for (p, l) in &ph.phase.latency_by_priority {
             println!(

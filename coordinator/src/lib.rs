@@ -56,7 +56,8 @@ pub struct Config {
     pub min_timeout_ms: u64,
     /// A worker whose lease was not renewed for this long is not handed tasks.
     pub lease_ms: u64,
-    /// A waiting task gains one priority level per this much waiting (up to 7).
+    /// A waiting task gains one priority level per this much waiting (up to 7): with 1 s, a
+    /// priority-0 task competes as a 7 after 7 s behind urgent work.
     pub aging_ms: u64,
     /// Hellos go out this often.
     pub hello_every_ms: u64,
@@ -71,7 +72,7 @@ impl Default for Config {
             timeout_multiple: 8.0,
             min_timeout_ms: 2_000,
             lease_ms: 3_000,
-            aging_ms: 100,
+            aging_ms: 5_000,
             hello_every_ms: 1_000,
         }
     }
@@ -152,6 +153,8 @@ struct Worker {
 #[derive(Clone, Debug, Default)]
 struct Batch {
     objects: Vec<ObjectKey>,
+    /// Each object's priority (same order as `objects`).
+    priorities: Vec<u8>,
     priority: u8,
     opened: u64,
 }
@@ -305,6 +308,7 @@ impl Coordinator {
                                 b.opened = self.now;
                             }
                             b.objects.push(object);
+                            b.priorities.push(priority);
                             b.priority = b.priority.max(priority);
                             b.objects.len() >= self.cfg.test_batch
                         };
@@ -389,6 +393,7 @@ impl Coordinator {
             self.match_batch.opened = self.now;
         }
         self.match_batch.objects.push(object);
+        self.match_batch.priorities.push(priority);
         self.match_batch.priority = self.match_batch.priority.max(priority);
         if self.match_batch.objects.len() >= self.cfg.match_batch {
             self.close_match_batch();
@@ -418,22 +423,44 @@ impl Coordinator {
         self.enqueue(Block::Match, b, self.cfg.match_batch);
     }
 
-    /// Queues a closed batch. While the cluster is saturated it joins a task of the same
-    /// block that is still waiting, up to the batch size: tasks grow instead of multiplying,
-    /// so per-object messages fall as load rises.
+    /// Queues a closed batch. When nothing waits and a worker is idle it goes whole (it
+    /// starts now). Otherwise the cluster is saturated and the batch is split by priority, so
+    /// a waiting task carries one level and urgent objects overtake the backlog; each part
+    /// joins a waiting task of the same block and priority, up to the batch size: tasks grow
+    /// instead of multiplying, so per-object messages fall as load rises.
     fn enqueue(&mut self, block: Block, b: Batch, max: usize) {
-        if let Some(t) = self
-            .waiting
-            .iter_mut()
-            .filter(|t| t.block == block && t.objects.len() + b.objects.len() <= max)
-            .min_by_key(|t| t.id)
-        {
-            t.objects.extend(b.objects);
-            t.priority = t.priority.max(b.priority);
+        if self.waiting.is_empty() && self.idle.values().any(|q| !q.is_empty()) {
+            let t = self.new_task(block, b);
+            self.waiting.push(t);
             return;
         }
-        let t = self.new_task(block, b);
-        self.waiting.push(t);
+        let mut by_priority: BTreeMap<u8, Vec<ObjectKey>> = BTreeMap::new();
+        for (o, p) in b.objects.into_iter().zip(b.priorities) {
+            by_priority.entry(p).or_default().push(o);
+        }
+        for (priority, objects) in by_priority.into_iter().rev() {
+            if let Some(t) = self
+                .waiting
+                .iter_mut()
+                .filter(|t| {
+                    t.block == block
+                        && t.priority == priority
+                        && t.objects.len() + objects.len() <= max
+                })
+                .min_by_key(|t| t.id)
+            {
+                t.objects.extend(objects);
+                continue;
+            }
+            let part = Batch {
+                objects,
+                priorities: Vec::new(),
+                priority,
+                opened: b.opened,
+            };
+            let t = self.new_task(block.clone(), part);
+            self.waiting.push(t);
+        }
     }
 
     fn timeout_of(&self, block: &Block) -> u64 {
@@ -540,7 +567,8 @@ impl Coordinator {
                     }
                 }
             };
-            let task = self.waiting.swap_remove(best);
+            let mut task = self.waiting.swap_remove(best);
+            self.top_up(&mut task);
             if let Some(w) = self.workers.get_mut(&worker) {
                 w.busy = true;
                 w.block = block.clone();
@@ -560,6 +588,51 @@ impl Coordinator {
                     started: self.now,
                 },
             );
+        }
+    }
+
+    /// Fills a task about to start with the waiting objects of its block, highest effective
+    /// priority first, then oldest, up to the batch size: waiting tasks carry one priority
+    /// each, but the tasks that run stay as large as the backlog allows.
+    fn top_up(&mut self, task: &mut Task) {
+        let max = match task.block {
+            Block::Match => self.cfg.match_batch,
+            _ => self.cfg.test_batch,
+        };
+        if task.objects.len() >= max {
+            return;
+        }
+        let mut same: Vec<(std::cmp::Reverse<u64>, u64, TaskId, usize)> = self
+            .waiting
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.block == task.block)
+            .map(|(i, t)| {
+                (
+                    std::cmp::Reverse(self.effective_priority(t)),
+                    t.enqueued,
+                    t.id,
+                    i,
+                )
+            })
+            .collect();
+        same.sort_unstable();
+        let mut emptied = Vec::new();
+        for (_, _, _, i) in same {
+            let room = max.saturating_sub(task.objects.len());
+            if room == 0 {
+                break;
+            }
+            let t = &mut self.waiting[i];
+            let take = room.min(t.objects.len());
+            task.objects.extend(t.objects.drain(..take));
+            if t.objects.is_empty() {
+                emptied.push(i);
+            }
+        }
+        emptied.sort_unstable_by(|a, b| b.cmp(a));
+        for i in emptied {
+            self.waiting.swap_remove(i);
         }
     }
 

@@ -361,3 +361,47 @@ fn saturated_batches_join_a_waiting_task_up_to_the_batch_size() {
     let out = join(&mut c, 30, 7, t("a"));
     assert_eq!(assigns(&out), vec![(7, t("a"), vec![1, 2], None)]);
 }
+
+#[test]
+fn a_batch_that_must_wait_is_split_by_priority_and_one_that_can_start_goes_whole() {
+    let mut c = Coordinator {
+        cfg: Config {
+            test_batch: 4,
+            ..cfg()
+        },
+        ..Coordinator::new(cfg(), 9, 0)
+    };
+    join(&mut c, 0, 1, t("a"));
+    // an idle worker and nothing waiting: the mixed batch starts whole
+    arrive(&mut c, 0, 1, 0, &["a"]);
+    arrive(&mut c, 0, 2, 7, &["a"]);
+    arrive(&mut c, 0, 3, 0, &["a"]);
+    let out = arrive(&mut c, 0, 4, 3, &["a"]);
+    let busy = task_of(&out);
+    assert_eq!(assigns(&out)[0].2, vec![1, 2, 3, 4]);
+    // saturated: the next mixed batch waits as one task per priority
+    for (o, p) in [(10, 0), (11, 7), (12, 0), (13, 3)] {
+        arrive(&mut c, 1, o, p, &["a"]);
+    }
+    assert_eq!(c.snapshot().waiting_tasks, 3);
+    // a later priority-7 object joins the waiting priority-7 task, not a priority-0 one
+    arrive(&mut c, 2, 14, 7, &["a"]);
+    c.step(10, Event::Tick);
+    assert_eq!(c.snapshot().waiting_tasks, 3);
+    let out = c.step(
+        11,
+        Event::TaskDone {
+            worker: 1,
+            task: busy,
+            block: t("a"),
+        },
+    );
+    assert_eq!(
+        assigns(&out)[0].2,
+        vec![11, 14, 13, 10],
+        "priority 7 first, together, topped up from the next levels to the batch size"
+    );
+    // what did not fit still waits (object 12), beside the first batch's match tasks (no match
+    // worker), one per priority: 0, 3 and 7
+    assert_eq!(c.snapshot().waiting_tasks, 4);
+}
