@@ -68,7 +68,7 @@ impl Default for Config {
         Config {
             test_batch: 256,
             match_batch: 256,
-            batch_deadline_ms: 5,
+            batch_deadline_ms: 2,
             timeout_multiple: 8.0,
             min_timeout_ms: 2_000,
             lease_ms: 3_000,
