@@ -48,7 +48,7 @@ pub enum StorageError {
         #[source]
         source: CodecError,
     },
-    #[error("the storage flusher stopped")]
+    #[error("a storage background task stopped")]
     Flusher,
     #[error("object log I/O: {0}")]
     Log(#[from] std::io::Error),
@@ -756,27 +756,46 @@ impl Store {
         &self,
         pairs: &[(u64, ObjectId)],
     ) -> Result<Vec<(u64, ObjectId)>, StorageError> {
+        let added = self.add_pending_deliveries_unflushed(pairs).await?;
+        if !added.is_empty() {
+            self.commit().await?;
+        }
+        Ok(added)
+    }
+
+    /// [`Store::add_pending_deliveries`] without the flush: the caller commits before it
+    /// lets go of what the records stand for (the objects' outbox records), and may start
+    /// the pushes meanwhile.
+    pub async fn add_pending_deliveries_unflushed(
+        &self,
+        pairs: &[(u64, ObjectId)],
+    ) -> Result<Vec<(u64, ObjectId)>, StorageError> {
         let pending = codec::encode_delivery(&DeliveryState::Pending {
             attempts: 0,
             next_attempt_unix_ms: now_ms(),
         });
-        let mut added = Vec::with_capacity(pairs.len());
-        for &(sub, obj) in pairs {
-            let fresh = self
-                .deliveries
-                .compare_and_swap(
-                    delivery_key(sub, obj),
-                    None::<&[u8]>,
-                    Some(pending.as_slice()),
-                )?
-                .is_ok();
-            if fresh {
-                added.push((sub, obj));
+        // thousands of tree updates per hand-off: off the async threads, which serve puts
+        // and pushes meanwhile
+        let tree = self.deliveries.clone();
+        let pairs = pairs.to_vec();
+        let added = tokio::task::spawn_blocking(move || {
+            let mut added = Vec::with_capacity(pairs.len());
+            for (sub, obj) in pairs {
+                let fresh = tree
+                    .compare_and_swap(
+                        delivery_key(sub, obj),
+                        None::<&[u8]>,
+                        Some(pending.as_slice()),
+                    )?
+                    .is_ok();
+                if fresh {
+                    added.push((sub, obj));
+                }
             }
-        }
-        if !added.is_empty() {
-            self.commit().await?;
-        }
+            Ok::<_, StorageError>(added)
+        })
+        .await
+        .map_err(|_| StorageError::Flusher)??;
         Ok(added)
     }
 

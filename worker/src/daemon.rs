@@ -869,7 +869,8 @@ impl Daemon {
     }
 
     /// Delivery hand-off on the origin node: one pending delivery record per (subscription,
-    /// object), then the objects' outbox records retire.
+    /// object), pushed at once, then, once the records are flushed, the objects' outbox
+    /// records retire.
     pub async fn handoff(&self, req: v1::MatchedRequest) -> Result<(), NodeError> {
         let mut pairs = Vec::new();
         let mut ids = Vec::new();
@@ -892,14 +893,26 @@ impl Daemon {
             pairs.extend(o.subscriptions.into_iter().map(|s| (s, id)));
             ids.push(id);
         }
-        let added = self.inner.store.add_pending_deliveries(&pairs).await?;
+        // the pushes start while the records are flushed: the objects stay in the outbox
+        // until the flush, so a crash before it matches them again (QoS 1 may repeat a
+        // push, and QoS 2's delivery id absorbs it; the durable "received" phase is
+        // flushed on its own)
+        let added = self
+            .inner
+            .store
+            .add_pending_deliveries_unflushed(&pairs)
+            .await?;
         let c = &self.inner.counters;
         c.matches_handed
             .fetch_add(pairs.len() as u64, Ordering::Relaxed);
         c.matches_repeated
             .fetch_add((pairs.len() - added.len()) as u64, Ordering::Relaxed);
+        let any = !added.is_empty();
         for (s, id) in added {
             self.inner.deliverer.enqueue_new(s, id);
+        }
+        if any {
+            self.inner.store.commit().await?;
         }
         let mut sent = lock(&self.inner.sent);
         for id in ids {

@@ -151,6 +151,9 @@ struct Job {
     seq: u64,
     sub: u64,
     obj: ObjectId,
+    /// A fresh match: its record was just written as pending with no attempt yet, so the
+    /// attempt need not read it back.
+    fresh: bool,
 }
 
 impl Ord for Job {
@@ -470,11 +473,11 @@ impl Deliverer {
             return self.enqueue(sub, obj);
         };
         self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
-        self.queue(&s, sub, obj);
+        self.queue(&s, sub, obj, true);
     }
 
     /// Puts a due record in its endpoint's queue and starts what the in-flight bound allows.
-    fn queue(&self, s: &v1::Subscription, sub: u64, obj: ObjectId) {
+    fn queue(&self, s: &v1::Subscription, sub: u64, obj: ObjectId, fresh: bool) {
         let obj_priority = self.object(obj).ok().flatten().map_or(0, |o| o.priority);
         let priority = obj_priority.max(s.priority.min(7) as u8);
         let key = endpoint_key(s);
@@ -483,6 +486,7 @@ impl Deliverer {
             seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
             sub,
             obj,
+            fresh,
         };
         lock(&self.inner.queues)
             .entry(key.clone())
@@ -614,7 +618,7 @@ impl Deliverer {
                 .await;
             return;
         };
-        self.queue(&s, sub, obj);
+        self.queue(&s, sub, obj, false);
     }
 
     /// Starts calls to an endpoint up to its in-flight bound, highest priority first. A free
@@ -714,7 +718,15 @@ impl Deliverer {
     /// rescheduled here).
     async fn prepare(&self, job: Job) -> Option<Prepared> {
         let (sub, obj) = (job.sub, job.obj);
-        let (attempts, received) = match self.inner.store.delivery(sub, obj) {
+        let state = if job.fresh {
+            Ok(Some(DeliveryState::Pending {
+                attempts: 0,
+                next_attempt_unix_ms: 0,
+            }))
+        } else {
+            self.inner.store.delivery(sub, obj)
+        };
+        let (attempts, received) = match state {
             Ok(Some(DeliveryState::Pending { attempts, .. })) => (attempts, false),
             Ok(Some(DeliveryState::Received { attempts, .. })) => (attempts, true),
             _ => {
