@@ -505,6 +505,11 @@ impl Store {
             .collect())
     }
 
+    /// Whether `id` is in the outbox (its dissemination is not finished).
+    pub fn in_outbox(&self, id: ObjectId) -> bool {
+        id.node == self.node && self.lock_outbox().contains_key(&id.seq)
+    }
+
     /// Objects in the outbox.
     pub fn outbox_len(&self) -> usize {
         self.lock_outbox().len()

@@ -695,6 +695,61 @@ fn qos1_survives_an_endpoint_outage_and_qos2_never_shows_a_duplicate() {
 }
 
 #[test]
+fn qos1_pushes_in_memory_when_the_node_dies_are_delivered_after_the_restart() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-crash");
+    let mut node = start_node(&dir, &[]);
+    runtime().block_on(async {
+        let url = node.url();
+        // the subscriber takes the pushes and never answers: they are in flight, unrecorded
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let stuck = Subscriber {
+            delay: Duration::from_secs(3600),
+            ..Subscriber::default()
+        };
+        let server = tokio::spawn(serve_subscriber(stuck, l));
+        create(
+            &url,
+            Sub {
+                filter: "temp >= 0",
+                target: v1::target::Kind::Grpc(format!("http://{addr}")),
+                qos: v1::Qos::AtLeastOnce,
+                retry: fast_retry(),
+                secret: "",
+            },
+        )
+        .await;
+        wait_published(&url, 1).await;
+        let temps: Vec<i64> = (0..20).collect();
+        let ids = put_temps(&url, &temps, 0).await;
+        let want: BTreeSet<String> = ids.iter().cloned().collect();
+        let u = url.clone();
+        wait_for("every push handed off", Duration::from_secs(30), || {
+            let u = u.clone();
+            async move {
+                let s = stats(&u).await.ok()?;
+                (s.matches_handed >= 20 && s.deliveries_acked == 0).then_some(())
+            }
+        })
+        .await;
+        // the node dies with every push unanswered; the subscriber goes too
+        node.kill();
+        server.abort();
+        let _ = server.await;
+        // restarted on the same data, with a subscriber that answers at the same address:
+        // the objects were still owed (outbox), so they are matched and pushed again
+        node.restart();
+        let back = TcpListener::bind(addr).await.expect("rebind");
+        let ok = Subscriber::default();
+        tokio::spawn(serve_subscriber(ok.clone(), back));
+        ok.wait_shown("every object after the restart", &want).await;
+    });
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn max_attempts_dead_letter_then_redrive_delivers() {
     let _serial = lock(&SERIAL);
     let dir = temp_dir("delivery-dead");

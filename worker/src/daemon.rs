@@ -493,6 +493,8 @@ impl Daemon {
                 .iter()
                 .map(|(id, _)| *id)
                 .filter(|id| sent.get(id).is_none_or(|t| now.duration_since(*t) >= after))
+                // handed off, its pushes in memory: nothing to send
+                .filter(|id| !self.inner.deliverer.owes(*id))
                 .collect()
         };
         let mut batch = Vec::new();
@@ -868,12 +870,15 @@ impl Daemon {
         Ok(failed)
     }
 
-    /// Delivery hand-off on the origin node: one pending delivery record per (subscription,
-    /// object), pushed at once, then, once the records are flushed, the objects' outbox
-    /// records retire.
+    /// Delivery hand-off on the origin node. A match to a cached QoS 1 subscription is
+    /// pushed at once without a record: the object's outbox record stands for it until it is
+    /// acknowledged (a crash before that matches the object again at the next start); a
+    /// failed attempt writes its record. Every other match gets a pending record, pushed
+    /// while the records are flushed. The object leaves the outbox once its records are
+    /// flushed and its in-memory deliveries settled. A hand-off of an object that left the
+    /// outbox, or whose in-memory deliveries run, is a repeat and changes nothing.
     pub async fn handoff(&self, req: v1::MatchedRequest) -> Result<(), NodeError> {
-        let mut pairs = Vec::new();
-        let mut ids = Vec::new();
+        let mut objects = Vec::with_capacity(req.objects.len());
         for o in req.objects {
             let id =
                 o.id.ok_or_else(|| NodeError::invalid("objects.id", "required"))?;
@@ -890,8 +895,28 @@ impl Daemon {
                     ),
                 ));
             }
-            pairs.extend(o.subscriptions.into_iter().map(|s| (s, id)));
-            ids.push(id);
+            objects.push((id, o.subscriptions));
+        }
+        let deliverer = &self.inner.deliverer;
+        let (mut handed, mut repeated) = (0u64, 0u64);
+        let mut pairs = Vec::new();
+        let mut held = Vec::new();
+        let mut plain = Vec::new();
+        for (id, subs) in objects {
+            handed += subs.len() as u64;
+            if !self.inner.store.in_outbox(id) || deliverer.owes(id) {
+                repeated += subs.len() as u64;
+                continue;
+            }
+            let (memory, recorded): (Vec<u64>, Vec<u64>) = subs
+                .into_iter()
+                .partition(|s| deliverer.takes_in_memory(*s));
+            pairs.extend(recorded.into_iter().map(|s| (s, id)));
+            if memory.is_empty() {
+                plain.push(id);
+            } else if deliverer.hand_off_in_memory(id, &memory) {
+                held.push(id);
+            }
         }
         // the pushes start while the records are flushed: the objects stay in the outbox
         // until the flush, so a crash before it matches them again (QoS 1 may repeat a
@@ -902,22 +927,28 @@ impl Daemon {
             .store
             .add_pending_deliveries_unflushed(&pairs)
             .await?;
+        repeated += (pairs.len() - added.len()) as u64;
         let c = &self.inner.counters;
-        c.matches_handed
-            .fetch_add(pairs.len() as u64, Ordering::Relaxed);
-        c.matches_repeated
-            .fetch_add((pairs.len() - added.len()) as u64, Ordering::Relaxed);
+        c.matches_handed.fetch_add(handed, Ordering::Relaxed);
+        c.matches_repeated.fetch_add(repeated, Ordering::Relaxed);
         let any = !added.is_empty();
         for (s, id) in added {
-            self.inner.deliverer.enqueue_new(s, id);
+            deliverer.enqueue_new(s, id);
         }
         if any {
             self.inner.store.commit().await?;
         }
-        let mut sent = lock(&self.inner.sent);
-        for id in ids {
+        {
+            let mut sent = lock(&self.inner.sent);
+            for id in plain.iter().chain(&held) {
+                sent.remove(id);
+            }
+        }
+        for id in plain {
             self.inner.store.retire(id)?;
-            sent.remove(&id);
+        }
+        for id in held {
+            deliverer.release(id);
         }
         Ok(())
     }

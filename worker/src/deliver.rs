@@ -16,7 +16,10 @@
 //! Every target (endpoint) has its own queue, highest priority first, with a bounded number
 //! of calls in flight, so a slow or dead endpoint delays only itself; a call that frees up
 //! takes the front of the queue, so batches keep the priority order. Records are durable:
-//! unfinished ones are resumed at start. Targets that resolve to loopback, private or
+//! unfinished ones are resumed at start. A fresh QoS 1 match has no record at first: its
+//! object stays in the outbox until the push is acknowledged (nothing written then) or its
+//! first attempt fails (its record written durably then), so a crash in between matches the
+//! object again at the next start. Targets that resolve to loopback, private or
 //! link-local addresses are refused unless `allow_private_targets` is set.
 
 use std::collections::{BinaryHeap, HashMap};
@@ -154,6 +157,10 @@ struct Job {
     /// A fresh match: its record was just written as pending with no attempt yet, so the
     /// attempt need not read it back.
     fresh: bool,
+    /// A fresh match with no record at all: the object's outbox record stands for it until
+    /// it is acknowledged (then nothing is written) or fails once (then its record is
+    /// written, durably, and it goes on like any other).
+    in_memory: bool,
 }
 
 impl Ord for Job {
@@ -193,6 +200,9 @@ struct Inner {
     objects: Mutex<ObjectCache>,
     /// Which gRPC endpoints take `DeliverBatch`, by URL.
     batch_support: Mutex<HashMap<String, BatchSupport>>,
+    /// Per object: in-memory deliveries not settled yet (plus one while its hand-off runs).
+    /// The object leaves the outbox when this reaches zero.
+    owed: Mutex<HashMap<ObjectId, usize>>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
     grpc: Mutex<HashMap<String, SubscriberClient<Channel>>>,
@@ -410,6 +420,7 @@ impl Deliverer {
                 cache: Mutex::new(HashMap::new()),
                 objects: Mutex::default(),
                 batch_support: Mutex::new(HashMap::new()),
+                owed: Mutex::new(HashMap::new()),
                 queues: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
                 grpc: Mutex::new(HashMap::new()),
@@ -473,11 +484,97 @@ impl Deliverer {
             return self.enqueue(sub, obj);
         };
         self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
-        self.queue(&s, sub, obj, true);
+        self.queue(&s, sub, obj, true, false);
+    }
+
+    /// Whether a fresh match to `sub` is delivered without a record: delivery is on and the
+    /// subscription is QoS 1 as last seen, or not seen yet (QoS 0 must not repeat after a
+    /// crash, and QoS 2 records its phases; a subscription that turns out not to be QoS 1
+    /// gets its record before its first attempt).
+    pub fn takes_in_memory(&self, sub: u64) -> bool {
+        self.inner.cfg.enabled
+            && match lock(&self.inner.cache).get(&sub) {
+                Some((_, Some(s))) => s.qos == v1::Qos::AtLeastOnce as i32,
+                Some((_, None)) => false,
+                None => true,
+            }
+    }
+
+    /// An in-memory delivery that must have a record after all (its subscription is not
+    /// QoS 1, or was not cached): written durably, then the object's share is given back and
+    /// the record goes the usual way.
+    async fn to_record(&self, sub: u64, obj: ObjectId) {
+        let state = DeliveryState::Pending {
+            attempts: 0,
+            next_attempt_unix_ms: now_ms(),
+        };
+        self.finish(sub, obj, state, true).await;
+        self.schedule(sub, obj).await;
+    }
+
+    /// Whether deliveries of `obj` are in memory (its hand-off is done or running).
+    pub fn owes(&self, obj: ObjectId) -> bool {
+        lock(&self.inner.owed).contains_key(&obj)
+    }
+
+    /// Starts in-memory deliveries of a fresh match of `obj` to `subs` (each checked with
+    /// [`Deliverer::takes_in_memory`]). The caller holds one more share of the object, which
+    /// it gives back with [`Deliverer::release`] once the rest of its hand-off is durable.
+    /// `false` (nothing started) when deliveries of `obj` are in memory already: a repeated
+    /// hand-off.
+    pub fn hand_off_in_memory(&self, obj: ObjectId, subs: &[u64]) -> bool {
+        {
+            let mut owed = lock(&self.inner.owed);
+            if owed.contains_key(&obj) {
+                return false;
+            }
+            owed.insert(obj, subs.len() + 1);
+        }
+        for &sub in subs {
+            self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
+            let cached = lock(&self.inner.cache).get(&sub).map(|(_, s)| s.clone());
+            match cached {
+                Some(Some(s)) => self.queue(&s, sub, obj, true, true),
+                // not seen yet: looked up first (a QoS 1 one is pushed from memory)
+                _ => {
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        match me.subscription(sub).await {
+                            Ok(Some(s)) if s.qos == v1::Qos::AtLeastOnce as i32 => {
+                                me.queue(&s, sub, obj, true, true);
+                            }
+                            _ => me.to_record(sub, obj).await,
+                        }
+                    });
+                }
+            }
+        }
+        true
+    }
+
+    /// Gives back one share of `obj`: the last one takes the object out of the outbox.
+    pub fn release(&self, obj: ObjectId) {
+        let last = {
+            let mut owed = lock(&self.inner.owed);
+            match owed.get_mut(&obj) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                Some(_) => {
+                    owed.remove(&obj);
+                    true
+                }
+                None => false,
+            }
+        };
+        if last && let Err(e) = self.inner.store.retire(obj) {
+            tracing::warn!("retiring object {}:{}: {e}", obj.node, obj.seq);
+        }
     }
 
     /// Puts a due record in its endpoint's queue and starts what the in-flight bound allows.
-    fn queue(&self, s: &v1::Subscription, sub: u64, obj: ObjectId, fresh: bool) {
+    fn queue(&self, s: &v1::Subscription, sub: u64, obj: ObjectId, fresh: bool, in_memory: bool) {
         let obj_priority = self.object(obj).ok().flatten().map_or(0, |o| o.priority);
         let priority = obj_priority.max(s.priority.min(7) as u8);
         let key = endpoint_key(s);
@@ -487,6 +584,7 @@ impl Deliverer {
             sub,
             obj,
             fresh,
+            in_memory,
         };
         lock(&self.inner.queues)
             .entry(key.clone())
@@ -549,23 +647,37 @@ impl Deliverer {
     /// Records a delivery's new state. Only the QoS 2 "received" phase must be durable
     /// before the next step (a lost one would deliver again); the others are written without
     /// waiting for a flush: after a crash an older state means one more attempt, which QoS 1
-    /// allows and QoS 2's delivery id absorbs.
-    fn finish(&self, sub: u64, obj: ObjectId, state: DeliveryState) -> impl Future<Output = ()> {
-        let store = self.inner.store.clone();
+    /// allows and QoS 2's delivery id absorbs. An in-memory delivery (`in_memory`) writes
+    /// nothing when acknowledged; any other state becomes its first record, durable before
+    /// the object's outbox record may go.
+    fn finish(
+        &self,
+        sub: u64,
+        obj: ObjectId,
+        state: DeliveryState,
+        in_memory: bool,
+    ) -> impl Future<Output = ()> {
+        let me = self.clone();
         async move {
-            let durable = matches!(state, DeliveryState::Received { .. });
-            let r = if durable {
-                store.set_delivery(sub, obj, &state).await
+            let acked = matches!(state, DeliveryState::Acked { .. });
+            let durable = matches!(state, DeliveryState::Received { .. }) || in_memory;
+            let r = if in_memory && acked {
+                Ok(())
+            } else if durable {
+                me.inner.store.set_delivery(sub, obj, &state).await
             } else {
-                store.set_delivery_unflushed(sub, obj, &state)
+                me.inner.store.set_delivery_unflushed(sub, obj, &state)
             };
-            if let Err(e) = r {
-                tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj));
+            match r {
+                Ok(()) if in_memory => me.release(obj),
+                Ok(()) => {}
+                // the object stays in the outbox: matched again at the next start
+                Err(e) => tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj)),
             }
         }
     }
 
-    async fn dead_letter(&self, sub: u64, obj: ObjectId, reason: String) {
+    async fn dead_letter(&self, sub: u64, obj: ObjectId, reason: String, in_memory: bool) {
         tracing::info!("dead letter {}: {reason}", delivery_id(sub, obj));
         self.count(sub, 2);
         self.inner
@@ -580,6 +692,7 @@ impl Deliverer {
                 reason,
                 at_unix_ms: now_ms(),
             },
+            in_memory,
         )
         .await;
     }
@@ -614,11 +727,11 @@ impl Deliverer {
             }
         };
         let Some(s) = s else {
-            self.dead_letter(sub, obj, format!("subscription {sub} was deleted"))
+            self.dead_letter(sub, obj, format!("subscription {sub} was deleted"), false)
                 .await;
             return;
         };
-        self.queue(&s, sub, obj, false);
+        self.queue(&s, sub, obj, false, false);
     }
 
     /// Starts calls to an endpoint up to its in-flight bound, highest priority first. A free
@@ -735,10 +848,20 @@ impl Deliverer {
             }
         };
         let s = match self.subscription(sub).await {
+            Ok(Some(s)) if job.in_memory && s.qos != v1::Qos::AtLeastOnce as i32 => {
+                // its QoS changed since it was last seen
+                self.to_record(sub, obj).await;
+                return None;
+            }
             Ok(Some(s)) => s,
             Ok(None) => {
-                self.dead_letter(sub, obj, format!("subscription {sub} was deleted"))
-                    .await;
+                self.dead_letter(
+                    sub,
+                    obj,
+                    format!("subscription {sub} was deleted"),
+                    job.in_memory,
+                )
+                .await;
                 return None;
             }
             Err(e) => {
@@ -750,8 +873,13 @@ impl Deliverer {
         let object = match self.object(obj) {
             Ok(Some(o)) => o,
             Ok(None) => {
-                self.dead_letter(sub, obj, "the object expired before delivery".into())
-                    .await;
+                self.dead_letter(
+                    sub,
+                    obj,
+                    "the object expired before delivery".into(),
+                    job.in_memory,
+                )
+                .await;
                 return None;
             }
             Err(e) => {
@@ -800,6 +928,7 @@ impl Deliverer {
                     DeliveryState::Acked {
                         at_unix_ms: now_ms(),
                     },
+                    p.job.in_memory,
                 )
                 .await;
             }
@@ -821,6 +950,7 @@ impl Deliverer {
                     sub,
                     obj,
                     format!("QoS 0 (at most once): the only attempt failed: {e}"),
+                    p.job.in_memory,
                 )
                 .await;
             }
@@ -994,6 +1124,7 @@ impl Deliverer {
                 sub,
                 obj,
                 format!("gave up after {attempts} attempts (max_attempts {max_attempts}): {error}"),
+                job.in_memory,
             )
             .await;
             return;
@@ -1003,6 +1134,7 @@ impl Deliverer {
                 sub,
                 obj,
                 format!("gave up after {attempts} attempts: TTL of {ttl} ms passed: {error}"),
+                job.in_memory,
             )
             .await;
             return;
@@ -1029,7 +1161,7 @@ impl Deliverer {
                 next_attempt_unix_ms: next,
             }
         };
-        self.finish(sub, obj, state).await;
+        self.finish(sub, obj, state, job.in_memory).await;
         let me = self.clone();
         tokio::spawn(async move { me.schedule(sub, obj).await });
     }
@@ -1070,6 +1202,7 @@ impl Deliverer {
                                 attempts,
                                 next_attempt_unix_ms: now_ms(),
                             },
+                            false,
                         )
                         .await;
                     }
