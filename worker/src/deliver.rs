@@ -117,7 +117,7 @@ struct Prepared {
     delivery: v1::Delivery,
     attempts: u32,
     received: bool,
-    received_unix_ms: u64,
+    object: Arc<CachedObject>,
 }
 
 /// Whether a gRPC subscriber endpoint takes `DeliverBatch`.
@@ -132,10 +132,19 @@ enum BatchSupport {
 const CLOUDEVENT: &str = "application/cloudevents+json; charset=utf-8";
 const CLOUDEVENT_BATCH: &str = "application/cloudevents-batch+json; charset=utf-8";
 
+/// What every delivery of one object shares, built once: the stored object, its attributes
+/// as gRPC sends them, and the subscription-independent parts of its CloudEvent.
+#[derive(Debug)]
+struct CachedObject {
+    stored: storage::StoredObject,
+    metadata: Vec<v1::Attribute>,
+    event: EventParts,
+}
+
 /// Recently delivered objects, oldest evicted first.
 #[derive(Default)]
 struct ObjectCache {
-    map: HashMap<ObjectId, Arc<storage::StoredObject>>,
+    map: HashMap<ObjectId, Arc<CachedObject>>,
     order: std::collections::VecDeque<ObjectId>,
 }
 
@@ -337,41 +346,74 @@ fn base64(data: &[u8]) -> String {
 
 /// The CloudEvents 1.0 structured-mode JSON body of a webhook delivery.
 pub fn cloudevent(d: &v1::Delivery, node: u32, received_unix_ms: u64) -> Vec<u8> {
-    let mut meta = serde_json::Map::new();
-    for a in &d.metadata {
-        let v = match a.value.as_ref().and_then(|v| v.kind.as_ref()) {
-            Some(v1::value::Kind::Text(s)) => serde_json::Value::String(s.clone()),
-            Some(v1::value::Kind::Decimal(s)) => serde_json::from_str::<serde_json::Number>(s)
-                .map(serde_json::Value::Number)
-                .unwrap_or_else(|_| serde_json::Value::String(s.clone())),
-            Some(v1::value::Kind::Integer(i)) => serde_json::Value::from(*i),
-            Some(v1::value::Kind::Number(f)) => serde_json::Value::from(*f),
-            None => serde_json::Value::Null,
-        };
-        meta.insert(a.name.clone(), v);
+    event_json(
+        &EventParts::new(&d.metadata, &d.data, received_unix_ms),
+        d,
+        node,
+    )
+}
+
+/// The parts of an object's CloudEvent that every delivery of it shares (JSON text), built
+/// once per object.
+#[derive(Debug)]
+struct EventParts {
+    /// The attributes as a JSON object.
+    metadata: String,
+    /// The bytes in base64 (no quotes), when they travel.
+    data_base64: Option<String>,
+    /// RFC 3339.
+    time: String,
+}
+
+impl EventParts {
+    fn new(metadata: &[v1::Attribute], data: &[u8], received_unix_ms: u64) -> EventParts {
+        let mut meta = serde_json::Map::new();
+        for a in metadata {
+            let v = match a.value.as_ref().and_then(|v| v.kind.as_ref()) {
+                Some(v1::value::Kind::Text(s)) => serde_json::Value::String(s.clone()),
+                Some(v1::value::Kind::Decimal(s)) => serde_json::from_str::<serde_json::Number>(s)
+                    .map(serde_json::Value::Number)
+                    .unwrap_or_else(|_| serde_json::Value::String(s.clone())),
+                Some(v1::value::Kind::Integer(i)) => serde_json::Value::from(*i),
+                Some(v1::value::Kind::Number(f)) => serde_json::Value::from(*f),
+                None => serde_json::Value::Null,
+            };
+            meta.insert(a.name.clone(), v);
+        }
+        EventParts {
+            metadata: serde_json::to_string(&meta).unwrap_or_else(|_| "{}".into()),
+            data_base64: (!data.is_empty()).then(|| base64(data)),
+            time: rfc3339(received_unix_ms),
+        }
     }
+}
+
+/// One delivery's CloudEvent from its object's shared parts: the JSON that serde_json
+/// writes for the event (keys in order), without building it as a value per delivery.
+fn event_json(p: &EventParts, d: &v1::Delivery, node: u32) -> Vec<u8> {
+    use std::fmt::Write;
     let obj = d.object_id.unwrap_or_default();
-    let mut data = serde_json::json!({
-        "subscription": d.subscription_id,
-        "object": {"node": obj.node, "seq": obj.seq},
-        "metadata": meta,
-        "priority": d.priority,
-        "attempt": d.attempt,
-    });
-    if !d.data.is_empty() {
-        data["data_base64"] = serde_json::Value::String(base64(&d.data));
+    let mut s = String::with_capacity(
+        320 + p.metadata.len() + p.data_base64.as_ref().map_or(0, String::len),
+    );
+    let _ = write!(s, r#"{{"data":{{"attempt":{},"#, d.attempt);
+    if let Some(b) = &p.data_base64 {
+        let _ = write!(s, r#""data_base64":"{b}","#);
     }
-    let ev = serde_json::json!({
-        "specversion": "1.0",
-        "id": d.delivery_id,
-        "source": format!("dissem://node/{node}"),
-        "type": "dissem.object.matched",
-        "subject": format!("{}:{}", obj.node, obj.seq),
-        "time": rfc3339(received_unix_ms),
-        "datacontenttype": "application/json",
-        "data": data,
-    });
-    serde_json::to_vec(&ev).unwrap_or_default()
+    let _ = write!(
+        s,
+        r#""metadata":{},"object":{{"node":{},"seq":{}}},"priority":{},"subscription":{}}},"datacontenttype":"application/json","id":{},"source":"dissem://node/{node}","specversion":"1.0","subject":"{}:{}","time":"{}","type":"dissem.object.matched"}}"#,
+        p.metadata,
+        obj.node,
+        obj.seq,
+        d.priority,
+        d.subscription_id,
+        serde_json::Value::String(d.delivery_id.clone()),
+        obj.node,
+        obj.seq,
+        p.time
+    );
+    s.into_bytes()
 }
 
 /// The signature header value of a webhook body: `sha256=<hex>` of
@@ -575,7 +617,11 @@ impl Deliverer {
 
     /// Puts a due record in its endpoint's queue and starts what the in-flight bound allows.
     fn queue(&self, s: &v1::Subscription, sub: u64, obj: ObjectId, fresh: bool, in_memory: bool) {
-        let obj_priority = self.object(obj).ok().flatten().map_or(0, |o| o.priority);
+        let obj_priority = self
+            .object(obj)
+            .ok()
+            .flatten()
+            .map_or(0, |o| o.stored.priority);
         let priority = obj_priority.max(s.priority.min(7) as u8);
         let key = endpoint_key(s);
         let job = Job {
@@ -621,17 +667,25 @@ impl Deliverer {
     }
 
     /// An object to deliver, read once for all its deliveries.
-    fn object(
-        &self,
-        id: ObjectId,
-    ) -> Result<Option<Arc<storage::StoredObject>>, storage::StorageError> {
+    fn object(&self, id: ObjectId) -> Result<Option<Arc<CachedObject>>, storage::StorageError> {
         if let Some(o) = lock(&self.inner.objects).map.get(&id) {
             return Ok(Some(o.clone()));
         }
-        let Some(o) = self.inner.store.get(id)? else {
+        let Some(stored) = self.inner.store.get(id)? else {
             return Ok(None);
         };
-        let o = Arc::new(o);
+        let metadata = validate::attributes_to_proto(&stored.metadata);
+        let data: &[u8] = if stored.data.len() <= self.inner.cfg.max_data_bytes {
+            &stored.data
+        } else {
+            &[]
+        };
+        let event = EventParts::new(&metadata, data, stored.received_unix_ms);
+        let o = Arc::new(CachedObject {
+            stored,
+            metadata,
+            event,
+        });
         let mut c = lock(&self.inner.objects);
         if c.map.insert(id, o.clone()).is_none() {
             c.order.push_back(id);
@@ -808,7 +862,7 @@ impl Deliverer {
             let me = self.clone();
             set.spawn(async move {
                 let d = std::mem::take(&mut p.delivery);
-                let push = me.push(&p.s, d, p.received, p.received_unix_ms);
+                let push = me.push(&p.s, d, p.received, &p.object);
                 let r = match tokio::time::timeout(me.inner.cfg.attempt_timeout, push).await {
                     Ok(r) => r,
                     Err(_) => Err(me.no_answer()),
@@ -888,6 +942,11 @@ impl Deliverer {
                 return None;
             }
         };
+        // a webhook event is written from the object's shared parts: no copy of the bytes
+        let webhook = matches!(
+            s.target.as_ref().and_then(|t| t.kind.as_ref()),
+            Some(v1::target::Kind::Webhook(_))
+        );
         let delivery = v1::Delivery {
             delivery_id: delivery_id(sub, obj),
             subscription_id: sub,
@@ -895,9 +954,13 @@ impl Deliverer {
                 node: obj.node,
                 seq: obj.seq,
             }),
-            metadata: validate::attributes_to_proto(&object.metadata),
-            data: if object.data.len() <= self.inner.cfg.max_data_bytes {
-                object.data.clone()
+            metadata: if webhook {
+                Vec::new()
+            } else {
+                object.metadata.clone()
+            },
+            data: if !webhook && object.stored.data.len() <= self.inner.cfg.max_data_bytes {
+                object.stored.data.clone()
             } else {
                 Vec::new()
             },
@@ -910,7 +973,7 @@ impl Deliverer {
             delivery,
             attempts,
             received,
-            received_unix_ms: object.received_unix_ms,
+            object,
         })
     }
 
@@ -1046,7 +1109,7 @@ impl Deliverer {
             .iter()
             .map(|p| {
                 let node = p.delivery.object_id.map_or(0, |o| o.node);
-                cloudevent(&p.delivery, node, p.received_unix_ms)
+                event_json(&p.object.event, &p.delivery, node)
             })
             .collect();
         let sizes: Vec<usize> = events.iter().map(Vec::len).collect();
@@ -1171,7 +1234,7 @@ impl Deliverer {
         s: &v1::Subscription,
         d: v1::Delivery,
         received: bool,
-        received_unix_ms: u64,
+        object: &CachedObject,
     ) -> Result<Outcome, String> {
         let target = s
             .target
@@ -1227,7 +1290,7 @@ impl Deliverer {
                     );
                 }
                 let node = d.object_id.map_or(0, |o| o.node);
-                let event = cloudevent(&d, node, received_unix_ms);
+                let event = event_json(&object.event, &d, node);
                 self.send_post(url, &s.webhook_secret, event, CLOUDEVENT)
                     .await?;
                 Ok(Outcome::Done)
@@ -1434,6 +1497,65 @@ mod tests {
         assert!(e.contains("--allow-private-targets"), "{e}");
         assert!(check_target("http://127.0.0.1:9/hook", true).await.is_ok());
         assert!(check_target("not a url", false).await.is_err());
+    }
+
+    #[test]
+    fn cloudevents_from_shared_parts_are_what_serde_json_writes() {
+        let attr = |name: &str, kind| v1::Attribute {
+            name: name.into(),
+            value: Some(v1::Value { kind: Some(kind) }),
+        };
+        let mut d = v1::Delivery {
+            delivery_id: "7-1-42".into(),
+            subscription_id: 7,
+            object_id: Some(v1::ObjectId { node: 1, seq: 42 }),
+            metadata: vec![
+                attr("temp", v1::value::Kind::Decimal("21.50".into())),
+                attr("room", v1::value::Kind::Text("a \"quoted\" name".into())),
+                attr("count", v1::value::Kind::Integer(-3)),
+                attr("ratio", v1::value::Kind::Number(0.25)),
+            ],
+            data: b"hello".to_vec(),
+            priority: 5,
+            attempt: 2,
+        };
+        // the event as serde_json builds it, field by field
+        let reference = |d: &v1::Delivery| {
+            let mut meta = serde_json::Map::new();
+            let exact: serde_json::Number = serde_json::from_str("21.50").expect("decimal");
+            meta.insert("temp".into(), serde_json::Value::Number(exact));
+            meta.insert("room".into(), serde_json::json!("a \"quoted\" name"));
+            meta.insert("count".into(), serde_json::json!(-3));
+            meta.insert("ratio".into(), serde_json::json!(0.25));
+            let mut data = serde_json::json!({
+                "subscription": 7,
+                "object": {"node": 1, "seq": 42},
+                "metadata": meta,
+                "priority": 5,
+                "attempt": 2,
+            });
+            if !d.data.is_empty() {
+                data["data_base64"] = serde_json::Value::String(base64(&d.data));
+            }
+            serde_json::to_vec(&serde_json::json!({
+                "specversion": "1.0",
+                "id": "7-1-42",
+                "source": "dissem://node/1",
+                "type": "dissem.object.matched",
+                "subject": "1:42",
+                "time": rfc3339(1_700_000_000_123),
+                "datacontenttype": "application/json",
+                "data": data,
+            }))
+            .expect("json")
+        };
+        let got = cloudevent(&d, 1, 1_700_000_000_123);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&reference(&d))
+        );
+        d.data.clear();
+        assert_eq!(cloudevent(&d, 1, 1_700_000_000_123), reference(&d));
     }
 
     #[test]
