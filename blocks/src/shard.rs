@@ -433,6 +433,11 @@ pub struct Base {
     flag_post: Vec<u32>,
     exists_post: Vec<u32>,
     always: (u32, u32),
+    /// With test ids: records by access predicate id (`id_post[p]..id_post[p + 1]` into
+    /// `id_recs`; the last range holds the records without one), so a match worker finds
+    /// candidates from test results without Bloom filters.
+    id_post: Vec<u32>,
+    id_recs: Vec<u32>,
     cells: Option<CellIndex>,
     strategy: Strategy,
     est_access_cost: f64,
@@ -949,6 +954,31 @@ impl Base {
             });
         }
 
+        // records by access predicate id (match workers' candidates from test results)
+        let (id_post, id_recs) = if cfg.test_ids {
+            let key = |c: u32| match access[c as usize].1 {
+                NONE => n_preds,
+                ap => ap as usize,
+            };
+            let mut id_post = vec![0u32; n_preds + 2];
+            for &c in &order {
+                id_post[key(c) + 1] += 1;
+            }
+            for i in 1..id_post.len() {
+                id_post[i] += id_post[i - 1];
+            }
+            let mut next = id_post.clone();
+            let mut id_recs = vec![0u32; order.len()];
+            for (rec, &c) in order.iter().enumerate() {
+                let k = key(c);
+                id_recs[next[k] as usize] = rec as u32;
+                next[k] += 1;
+            }
+            (id_post, id_recs)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+
         // probe runs of the posting lists
         let probe_rows: Vec<u32> = recs.iter().map(|r| r.probe[0].a).collect();
         let mut runs: Vec<Run> = Vec::new();
@@ -1082,6 +1112,8 @@ impl Base {
             flag_post,
             exists_post,
             always,
+            id_post,
+            id_recs,
             cells,
             strategy,
             est_access_cost,
@@ -1171,6 +1203,7 @@ impl Base {
             + 4 * self.code_start.len()
             + 12 * self.codes.len()
             + 4 * self.conj_preds.len()
+            + 4 * (self.id_post.len() + self.id_recs.len())
             + 8 * self.filters.len()
             + self
                 .num_index
@@ -1447,6 +1480,46 @@ impl Base {
                 out.push(rec);
             }
         }
+        true
+    }
+
+    /// The subscriptions (sorted, distinct) of the candidates that verify by `ids`; `None`
+    /// when the shard was built without test ids.
+    pub fn verified_subscriptions(
+        &self,
+        candidates: &[u32],
+        ids: &RoaringBitmap,
+    ) -> Option<Vec<u64>> {
+        let mut recs = Vec::new();
+        if !self.verify_by_ids(candidates, ids, &mut recs) {
+            return None;
+        }
+        let mut subs: Vec<u64> = recs
+            .iter()
+            .map(|&r| self.conjunction_subscription(r))
+            .collect();
+        subs.sort_unstable();
+        subs.dedup();
+        Some(subs)
+    }
+
+    /// Candidates of an object from the predicate ids of its test results, without Bloom
+    /// filters: the records whose access predicate is among `ids`, and those without one.
+    /// Exact after [`Base::verify_by_ids`]; far fewer than a Bloom scan visits when no GPU
+    /// runs the scan. Returns false (and adds nothing) without test ids.
+    pub fn id_candidates(&self, ids: &RoaringBitmap, out: &mut Vec<u32>) -> bool {
+        if self.id_post.len() < 2 {
+            return false;
+        }
+        let n = self.id_post.len() - 2;
+        let range = |p: usize| self.id_post[p] as usize..self.id_post[p + 1] as usize;
+        for p in ids {
+            let p = p as usize;
+            if p < n {
+                out.extend_from_slice(&self.id_recs[range(p)]);
+            }
+        }
+        out.extend_from_slice(&self.id_recs[range(n)]);
         true
     }
 

@@ -995,22 +995,30 @@ fn match_objects(
                 }
             }
         }
-        None => base.bloom_candidates(&filters, |o, rec| cands[o].push(rec)),
+        // no GPU: the records whose access predicate the tests satisfied (a CPU Bloom scan
+        // visits every conjunction for every object)
+        None => {
+            let mut by_ids = true;
+            for (c, set) in cands.iter_mut().zip(&ids) {
+                if !base.id_candidates(set, c) {
+                    by_ids = false; // built without test ids: nothing was added
+                    break;
+                }
+            }
+            if !by_ids {
+                base.bloom_candidates(&filters, |o, rec| cands[o].push(rec));
+            }
+        }
     }
-    let mut out = Vec::with_capacity(objs.len());
-    let mut recs = Vec::new();
-    for (o, (i, _)) in objs.iter().enumerate() {
-        recs.clear();
-        base.verify_by_ids(&cands[o], &ids[o], &mut recs);
-        let mut subs: Vec<u64> = recs
-            .iter()
-            .map(|&r| base.conjunction_subscription(r))
-            .collect();
-        subs.sort_unstable();
-        subs.dedup();
-        out.push((*i, subs));
-    }
-    out
+    objs.iter()
+        .enumerate()
+        .map(|(o, (i, _))| {
+            let subs = base
+                .verified_subscriptions(&cands[o], &ids[o])
+                .unwrap_or_default();
+            (*i, subs)
+        })
+        .collect()
 }
 
 #[tonic::async_trait]
