@@ -870,8 +870,8 @@ impl Daemon {
         Ok(failed)
     }
 
-    /// Delivery hand-off on the origin node. A match to a cached QoS 1 subscription is
-    /// pushed at once without a record: the object's outbox record stands for it until it is
+    /// Delivery hand-off on the origin node. A match to a QoS 1 subscription (or one not
+    /// seen yet, looked up first) is pushed at once without a record: the object's outbox record stands for it until it is
     /// acknowledged (a crash before that matches the object again at the next start); a
     /// failed attempt writes its record. Every other match gets a pending record, pushed
     /// while the records are flushed. The object leaves the outbox once its records are
@@ -922,21 +922,33 @@ impl Daemon {
         // until the flush, so a crash before it matches them again (QoS 1 may repeat a
         // push, and QoS 2's delivery id absorbs it; the durable "received" phase is
         // flushed on its own)
-        let added = self
-            .inner
-            .store
-            .add_pending_deliveries_unflushed(&pairs)
-            .await?;
-        repeated += (pairs.len() - added.len()) as u64;
+        let recorded = async {
+            let added = self
+                .inner
+                .store
+                .add_pending_deliveries_unflushed(&pairs)
+                .await?;
+            repeated += (pairs.len() - added.len()) as u64;
+            let any = !added.is_empty();
+            for (s, id) in added {
+                deliverer.enqueue_new(s, id);
+            }
+            if any {
+                self.inner.store.commit().await?;
+            }
+            Ok::<_, storage::StorageError>(())
+        }
+        .await;
         let c = &self.inner.counters;
         c.matches_handed.fetch_add(handed, Ordering::Relaxed);
         c.matches_repeated.fetch_add(repeated, Ordering::Relaxed);
-        let any = !added.is_empty();
-        for (s, id) in added {
-            deliverer.enqueue_new(s, id);
-        }
-        if any {
-            self.inner.store.commit().await?;
+        if let Err(e) = recorded {
+            // the records may be missing: the objects stay in the outbox, and once their
+            // in-memory pushes settle the resend matches them again
+            for id in held {
+                deliverer.abandon(id);
+            }
+            return Err(e.into());
         }
         {
             let mut sent = lock(&self.inner.sent);
@@ -945,7 +957,11 @@ impl Daemon {
             }
         }
         for id in plain {
-            self.inner.store.retire(id)?;
+            // a concurrent hand-off of the same object may have pushes in memory: the last
+            // of them retires it
+            if !deliverer.owes(id) {
+                self.inner.store.retire(id)?;
+            }
         }
         for id in held {
             deliverer.release(id);

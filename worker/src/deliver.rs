@@ -209,9 +209,10 @@ struct Inner {
     objects: Mutex<ObjectCache>,
     /// Which gRPC endpoints take `DeliverBatch`, by URL.
     batch_support: Mutex<HashMap<String, BatchSupport>>,
-    /// Per object: in-memory deliveries not settled yet (plus one while its hand-off runs).
-    /// The object leaves the outbox when this reaches zero.
-    owed: Mutex<HashMap<ObjectId, usize>>,
+    /// Per object: in-memory deliveries not settled yet (plus one while its hand-off runs),
+    /// and whether the object must stay in the outbox anyway (its hand-off failed). The
+    /// object leaves the outbox when the count reaches zero.
+    owed: Mutex<HashMap<ObjectId, (usize, bool)>>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
     grpc: Mutex<HashMap<String, SubscriberClient<Channel>>>,
@@ -570,7 +571,7 @@ impl Deliverer {
             if owed.contains_key(&obj) {
                 return false;
             }
-            owed.insert(obj, subs.len() + 1);
+            owed.insert(obj, (subs.len() + 1, false));
         }
         for &sub in subs {
             self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
@@ -596,21 +597,33 @@ impl Deliverer {
 
     /// Gives back one share of `obj`: the last one takes the object out of the outbox.
     pub fn release(&self, obj: ObjectId) {
-        let last = {
+        self.give_back(obj, false);
+    }
+
+    /// Gives back the hand-off's share of `obj` after its hand-off failed: the object stays
+    /// in the outbox, to be matched again once its in-memory pushes settle.
+    pub fn abandon(&self, obj: ObjectId) {
+        self.give_back(obj, true);
+    }
+
+    fn give_back(&self, obj: ObjectId, keep: bool) {
+        let retire = {
             let mut owed = lock(&self.inner.owed);
             match owed.get_mut(&obj) {
-                Some(n) if *n > 1 => {
+                Some((n, k)) if *n > 1 => {
                     *n -= 1;
+                    *k |= keep;
                     false
                 }
-                Some(_) => {
+                Some((_, k)) => {
+                    let keep = *k || keep;
                     owed.remove(&obj);
-                    true
+                    !keep
                 }
                 None => false,
             }
         };
-        if last && let Err(e) = self.inner.store.retire(obj) {
+        if retire && let Err(e) = self.inner.store.retire(obj) {
             tracing::warn!("retiring object {}:{}: {e}", obj.node, obj.seq);
         }
     }
