@@ -871,9 +871,9 @@ impl Daemon {
     }
 
     /// Delivery hand-off on the origin node. A match to a QoS 1 subscription (or one not
-    /// seen yet, looked up first) is pushed at once without a record: the object's outbox record stands for it until it is
-    /// acknowledged (a crash before that matches the object again at the next start); a
-    /// failed attempt writes its record. Every other match gets a pending record, pushed
+    /// seen yet, looked up first) is pushed at once without a record: the object's outbox
+    /// record stands for it until it is acknowledged (a crash before that matches the object
+    /// again at the next start); a failed attempt writes its record. Every other match gets a pending record, pushed
     /// while the records are flushed. The object leaves the outbox once its records are
     /// flushed and its in-memory deliveries settled. A hand-off of an object that left the
     /// outbox, or whose in-memory deliveries run, is a repeat and changes nothing.

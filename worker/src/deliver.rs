@@ -58,9 +58,10 @@ pub struct DeliveryConfig {
     /// Objects up to this size travel with the push; larger ones as metadata and id only.
     pub max_data_bytes: usize,
     /// Most deliveries in one call to an endpoint. Pushes that queue for one endpoint while
-    /// all its calls are out go together in the next one: a webhook POST in CloudEvents' batched mode
-    /// (`application/cloudevents-batch+json`; a lone event goes in structured mode), or one
-    /// `Subscriber.DeliverBatch` for gRPC QoS 0/1. 1 sends every delivery on its own.
+    /// all its calls are out go together in the next one: a webhook POST in CloudEvents'
+    /// batched mode (`application/cloudevents-batch+json`; a lone event goes in structured
+    /// mode), or one `Subscriber.DeliverBatch` for gRPC QoS 0/1. 1 sends every delivery on
+    /// its own.
     pub push_batch: usize,
 }
 
