@@ -56,8 +56,8 @@ pub struct Config {
     pub min_timeout_ms: u64,
     /// A worker whose lease was not renewed for this long is not handed tasks.
     pub lease_ms: u64,
-    /// A waiting task gains one priority level per this much waiting (up to 7): with 1 s, a
-    /// priority-0 task competes as a 7 after 7 s behind urgent work.
+    /// A waiting task gains one priority level per this much waiting (up to 7): with the
+    /// default 5 s, a priority-0 task competes as a 7 after 35 s behind urgent work.
     pub aging_ms: u64,
     /// Hellos go out this often.
     pub hello_every_ms: u64,

@@ -775,6 +775,9 @@ impl Store {
         &self,
         pairs: &[(u64, ObjectId)],
     ) -> Result<Vec<(u64, ObjectId)>, StorageError> {
+        if pairs.is_empty() {
+            return Ok(Vec::new());
+        }
         let pending = codec::encode_delivery(&DeliveryState::Pending {
             attempts: 0,
             next_attempt_unix_ms: now_ms(),
