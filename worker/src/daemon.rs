@@ -908,14 +908,16 @@ impl Daemon {
                 repeated += subs.len() as u64;
                 continue;
             }
-            let (memory, recorded): (Vec<u64>, Vec<u64>) = subs
-                .into_iter()
-                .partition(|s| deliverer.takes_in_memory(*s));
-            pairs.extend(recorded.into_iter().map(|s| (s, id)));
-            if memory.is_empty() {
-                plain.push(id);
-            } else if deliverer.hand_off_in_memory(id, &memory) {
+            let n = subs.len() as u64;
+            let Some(h) = deliverer.hand_off(id, subs) else {
+                repeated += n; // a concurrent hand-off of the object has its pushes in memory
+                continue;
+            };
+            pairs.extend(h.to_record.into_iter().map(|s| (s, id)));
+            if h.held {
                 held.push(id);
+            } else {
+                plain.push(id);
             }
         }
         // the pushes start while the records are flushed: the objects stay in the outbox

@@ -149,6 +149,15 @@ struct ObjectCache {
     order: std::collections::VecDeque<ObjectId>,
 }
 
+/// What [`Deliverer::hand_off`] left to the caller.
+#[derive(Debug)]
+pub struct HandOff {
+    /// The subscriptions whose deliveries need a pending record.
+    pub to_record: Vec<u64>,
+    /// Deliveries started from memory: the caller holds a share of the object.
+    pub held: bool,
+}
+
 /// Counters for the admin API.
 #[derive(Debug, Default)]
 pub struct DeliveryCounters {
@@ -531,19 +540,6 @@ impl Deliverer {
         self.queue(&s, sub, obj, true, false);
     }
 
-    /// Whether a fresh match to `sub` is delivered without a record: delivery is on and the
-    /// subscription is QoS 1 as last seen, or not seen yet (QoS 0 must not repeat after a
-    /// crash, and QoS 2 records its phases; a subscription that turns out not to be QoS 1
-    /// gets its record before its first attempt).
-    pub fn takes_in_memory(&self, sub: u64) -> bool {
-        self.inner.cfg.enabled
-            && match lock(&self.inner.cache).get(&sub) {
-                Some((_, Some(s))) => s.qos == v1::Qos::AtLeastOnce as i32,
-                Some((_, None)) => false,
-                None => true,
-            }
-    }
-
     /// An in-memory delivery that must have a record after all (its subscription is not
     /// QoS 1, or was not cached): written durably, then the object's share is given back and
     /// the record goes the usual way.
@@ -561,39 +557,61 @@ impl Deliverer {
         lock(&self.inner.owed).contains_key(&obj)
     }
 
-    /// Starts in-memory deliveries of a fresh match of `obj` to `subs` (each checked with
-    /// [`Deliverer::takes_in_memory`]). The caller holds one more share of the object, which
-    /// it gives back with [`Deliverer::release`] once the rest of its hand-off is durable.
-    /// `false` (nothing started) when deliveries of `obj` are in memory already: a repeated
-    /// hand-off.
-    pub fn hand_off_in_memory(&self, obj: ObjectId, subs: &[u64]) -> bool {
+    /// Starts the deliveries of a fresh match of `obj` to `subs` that need no record: those
+    /// to subscriptions that are QoS 1 as last seen, or not seen yet (QoS 0 must not repeat
+    /// after a crash, and QoS 2 records its phases; a subscription that turns out not to be
+    /// QoS 1 gets its record before its first attempt). When some started, the caller holds
+    /// one more share of the object (`held`), which it gives back with
+    /// [`Deliverer::release`] once the records of the others are durable. `None` (nothing
+    /// started) when pushes of `obj` are in memory already: a repeated hand-off.
+    pub fn hand_off(&self, obj: ObjectId, subs: Vec<u64>) -> Option<HandOff> {
+        let qos1 = |s: &v1::Subscription| s.qos == v1::Qos::AtLeastOnce as i32;
+        let mut memory = Vec::new();
+        let mut to_record = Vec::new();
+        {
+            let cache = lock(&self.inner.cache);
+            for sub in subs {
+                match cache.get(&sub) {
+                    _ if !self.inner.cfg.enabled => to_record.push(sub),
+                    Some((_, Some(s))) if qos1(s) => memory.push((sub, Some(s.clone()))),
+                    Some(_) => to_record.push(sub),
+                    None => memory.push((sub, None)),
+                }
+            }
+        }
+        if memory.is_empty() {
+            return Some(HandOff {
+                to_record,
+                held: false,
+            });
+        }
         {
             let mut owed = lock(&self.inner.owed);
             if owed.contains_key(&obj) {
-                return false;
+                return None;
             }
-            owed.insert(obj, (subs.len() + 1, false));
+            owed.insert(obj, (memory.len() + 1, false));
         }
-        for &sub in subs {
+        for (sub, cached) in memory {
             self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
-            let cached = lock(&self.inner.cache).get(&sub).map(|(_, s)| s.clone());
             match cached {
-                Some(Some(s)) => self.queue(&s, sub, obj, true, true),
+                Some(s) => self.queue(&s, sub, obj, true, true),
                 // not seen yet: looked up first (a QoS 1 one is pushed from memory)
-                _ => {
+                None => {
                     let me = self.clone();
                     tokio::spawn(async move {
                         match me.subscription(sub).await {
-                            Ok(Some(s)) if s.qos == v1::Qos::AtLeastOnce as i32 => {
-                                me.queue(&s, sub, obj, true, true);
-                            }
+                            Ok(Some(s)) if qos1(&s) => me.queue(&s, sub, obj, true, true),
                             _ => me.to_record(sub, obj).await,
                         }
                     });
                 }
             }
         }
-        true
+        Some(HandOff {
+            to_record,
+            held: true,
+        })
     }
 
     /// Gives back one share of `obj`: the last one takes the object out of the outbox.
