@@ -10,7 +10,8 @@
 //!
 //! Waiting tasks are served highest priority first (0..=7), first come first served within a
 //! priority, with bounded aging so no level starves. Values of one attribute from many objects
-//! form one test task and many objects one match task; a batch closes on size or deadline.
+//! form one test task and many objects one match task; a batch closes on size or deadline, or
+//! at once when a worker holding its block is idle and no task of that block waits or runs.
 //! Faults: workers hold leases (renewed by heartbeats, checked before a task is handed out);
 //! a task that overruns a multiple of its kind's mean completion time is reassigned and its
 //! worker is considered dead and never gets another task. The coordinator's random nonce goes
@@ -50,6 +51,9 @@ pub struct Config {
     pub match_batch: usize,
     /// A batch closes this long after its first object at the latest.
     pub batch_deadline_ms: u64,
+    /// A batch also closes at once when a worker holding its block is idle and no task of
+    /// that block waits or runs (no batching wait while the cluster is idle).
+    pub eager_close: bool,
     /// A task is overdue after this multiple of its kind's mean completion time...
     pub timeout_multiple: f64,
     /// ...but never before this.
@@ -69,6 +73,7 @@ impl Default for Config {
             test_batch: 256,
             match_batch: 256,
             batch_deadline_ms: 2,
+            eager_close: true,
             timeout_multiple: 8.0,
             min_timeout_ms: 2_000,
             lease_ms: 3_000,
@@ -312,7 +317,7 @@ impl Coordinator {
                             b.priority = b.priority.max(priority);
                             b.objects.len() >= self.cfg.test_batch
                         };
-                        if full {
+                        if full || self.eager(&Block::Test(a.clone())) {
                             self.close_test_batch(&a);
                         }
                     }
@@ -354,7 +359,21 @@ impl Coordinator {
                     w.busy = false;
                     w.block = block.clone();
                     w.lease_until = self.now + self.cfg.lease_ms;
-                    self.idle.entry(block).or_default().push_back(worker);
+                    self.idle
+                        .entry(block.clone())
+                        .or_default()
+                        .push_back(worker);
+                }
+                // the worker that came free takes what gathered while it was busy
+                match &block {
+                    Block::Test(a) if self.test_batches.contains_key(a) && self.eager(&block) => {
+                        let a = a.clone();
+                        self.close_test_batch(&a);
+                    }
+                    Block::Match if !self.match_batch.objects.is_empty() && self.eager(&block) => {
+                        self.close_match_batch();
+                    }
+                    _ => {}
                 }
             }
             Event::Tick => {
@@ -395,9 +414,20 @@ impl Coordinator {
         self.match_batch.objects.push(object);
         self.match_batch.priorities.push(priority);
         self.match_batch.priority = self.match_batch.priority.max(priority);
-        if self.match_batch.objects.len() >= self.cfg.match_batch {
+        if self.match_batch.objects.len() >= self.cfg.match_batch || self.eager(&Block::Match) {
             self.close_match_batch();
         }
+    }
+
+    /// Whether an open batch of `block` closes now rather than on size or deadline: a worker
+    /// holding the block is idle and no task of the block waits or runs. So an idle cluster
+    /// adds no batching wait, and while a task of the block runs the next batch gathers
+    /// (its size follows the arrival rate times the task's time, up to the deadline).
+    fn eager(&self, block: &Block) -> bool {
+        self.cfg.eager_close
+            && self.idle.get(block).is_some_and(|q| !q.is_empty())
+            && !self.waiting.iter().any(|t| t.block == *block)
+            && !self.running.values().any(|r| r.task.block == *block)
     }
 
     fn new_task(&mut self, block: Block, b: Batch) -> Task {

@@ -7,6 +7,7 @@ fn cfg() -> Config {
         test_batch: 2,
         match_batch: 2,
         batch_deadline_ms: 5,
+        eager_close: false,
         timeout_multiple: 4.0,
         min_timeout_ms: 50,
         lease_ms: 1_000,
@@ -404,4 +405,52 @@ fn a_batch_that_must_wait_is_split_by_priority_and_one_that_can_start_goes_whole
     // what did not fit still waits (object 12), beside the first batch's match tasks (no match
     // worker), one per priority: 0, 3 and 7
     assert_eq!(c.snapshot().waiting_tasks, 4);
+}
+
+#[test]
+fn eager_close_starts_at_once_on_an_idle_cluster_and_gathers_while_a_task_runs() {
+    let mut c = Coordinator::new(
+        Config {
+            eager_close: true,
+            test_batch: 100,
+            match_batch: 100,
+            ..cfg()
+        },
+        9,
+        0,
+    );
+    join(&mut c, 0, 1, t("temp"));
+    join(&mut c, 0, 2, Block::Match);
+    // an idle worker holds the block and nothing of it runs: no batching wait
+    let a = arrive(&mut c, 1, 100, 0, &["temp"]);
+    assert_eq!(assigns(&a), vec![(1, t("temp"), vec![100], None)]);
+    let task = task_of(&a);
+    // while that task runs, the next objects gather (no idle worker of the block)
+    assert!(assigns(&arrive(&mut c, 2, 101, 0, &["temp"])).is_empty());
+    assert!(assigns(&arrive(&mut c, 2, 102, 3, &["temp"])).is_empty());
+    // the worker comes free and takes what gathered (higher priority first); the first
+    // object goes to match at once
+    let a = c.step(
+        3,
+        Event::TaskDone {
+            worker: 1,
+            task,
+            block: t("temp"),
+        },
+    );
+    let mut got = assigns(&a);
+    got.sort_by_key(|x| x.0);
+    assert_eq!(
+        got,
+        vec![
+            (1, t("temp"), vec![102, 101], None),
+            (2, Block::Match, vec![100], None)
+        ]
+    );
+    // a second idle worker of a block with a running task does not make it eager
+    join(&mut c, 3, 3, t("temp"));
+    assert!(assigns(&arrive(&mut c, 4, 103, 0, &["temp"])).is_empty());
+    // ...and the deadline still closes it
+    let a = c.step(10, Event::Tick);
+    assert_eq!(assigns(&a), vec![(3, t("temp"), vec![103], None)]);
 }

@@ -280,6 +280,11 @@ struct CoordinatorArgs {
     /// A batch closes this many ms after its first object at the latest.
     #[arg(long, default_value_t = coordinator::Config::default().batch_deadline_ms)]
     batch_deadline_ms: u64,
+    /// Close batches only on size or deadline. By default a batch also starts at once when a
+    /// worker holding its block is idle and none of its tasks runs (lowest latency; more,
+    /// smaller tasks at low load).
+    #[arg(long)]
+    always_batch: bool,
     /// A worker whose lease (renewed by its node's heartbeats) is older is not given tasks.
     #[arg(long, default_value_t = coordinator::Config::default().lease_ms)]
     lease_ms: u64,
@@ -317,6 +322,7 @@ fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
                 test_batch: a.batch,
                 match_batch: a.batch,
                 batch_deadline_ms: a.batch_deadline_ms,
+                eager_close: !a.always_batch,
                 lease_ms: a.lease_ms,
                 timeout_multiple: a.timeout_multiple,
                 min_timeout_ms: a.min_timeout_ms,

@@ -110,9 +110,10 @@ pub struct DaemonConfig {
     pub resend_after: Duration,
     /// Cached test results are dropped after this long.
     pub result_ttl: Duration,
-    /// Objects per `Arrived` message, and the longest an object waits to be sent.
+    /// Objects per `Arrived` message at most. The forwarder sends what has arrived at once
+    /// and gathers the rest while that send is answered, so an idle cluster adds no wait and
+    /// a busy one sends larger messages.
     pub forward_batch: usize,
-    pub forward_delay: Duration,
     /// Where match blocks run their subset scan.
     pub gpu: GpuUse,
     /// Pushing matches to subscribers.
@@ -137,7 +138,6 @@ impl DaemonConfig {
             resend_after: Duration::from_secs(5),
             result_ttl: Duration::from_secs(60),
             forward_batch: 512,
-            forward_delay: Duration::from_millis(2),
             gpu: GpuUse::Hardware,
             delivery: crate::deliver::DeliveryConfig::default(),
         }
@@ -383,11 +383,10 @@ impl Daemon {
         let cfg = &self.inner.cfg;
         while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
-            let deadline = tokio::time::Instant::now() + cfg.forward_delay;
             while batch.len() < cfg.forward_batch {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(o)) => batch.push(o),
-                    _ => break,
+                match rx.try_recv() {
+                    Ok(o) => batch.push(o),
+                    Err(_) => break,
                 }
             }
             self.send_arrived(batch).await;
