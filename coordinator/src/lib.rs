@@ -115,13 +115,15 @@ pub enum Event {
 /// What the coordinator asks its I/O layer to do.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    /// Hand a task to a worker; `load` is set when it must first load or switch blocks.
+    /// Hand a task to a worker; `load` is set when it must first load or switch blocks;
+    /// `priority` is the task's effective priority (aging included) as it starts.
     Assign {
         worker: WorkerId,
         task: TaskId,
         block: Block,
         objects: Vec<ObjectKey>,
         load: Option<Block>,
+        priority: u8,
     },
     /// Broadcast a hello with this coordinator's nonce.
     Hello { nonce: u64 },
@@ -458,10 +460,27 @@ impl Coordinator {
     /// a waiting task carries one level and urgent objects overtake the backlog; each part
     /// joins a waiting task of the same block and priority, up to the batch size: tasks grow
     /// instead of multiplying, so per-object messages fall as load rises.
+    ///
+    /// Priority-7 objects always form tasks of their own (nodes run those at a higher OS
+    /// priority, see [`Coordinator::top_up`]).
     fn enqueue(&mut self, block: Block, b: Batch, max: usize) {
         if self.waiting.is_empty() && self.idle.values().any(|q| !q.is_empty()) {
-            let t = self.new_task(block, b);
-            self.waiting.push(t);
+            let urgent = b.priorities.iter().filter(|p| **p >= 7).count();
+            if urgent == 0 || urgent == b.objects.len() {
+                let t = self.new_task(block, b);
+                self.waiting.push(t);
+                return;
+            }
+            let (mut hi, mut lo) = (Batch::default(), Batch::default());
+            for (o, p) in b.objects.into_iter().zip(b.priorities) {
+                let part = if p >= 7 { &mut hi } else { &mut lo };
+                part.objects.push(o);
+                part.priority = part.priority.max(p);
+            }
+            for part in [hi, lo] {
+                let t = self.new_task(block.clone(), part);
+                self.waiting.push(t);
+            }
             return;
         }
         let mut by_priority: BTreeMap<u8, Vec<ObjectKey>> = BTreeMap::new();
@@ -598,7 +617,8 @@ impl Coordinator {
                 }
             };
             let mut task = self.waiting.swap_remove(best);
-            self.top_up(&mut task);
+            let priority = self.effective_priority(&task) as u8;
+            self.top_up(&mut task, priority);
             if let Some(w) = self.workers.get_mut(&worker) {
                 w.busy = true;
                 w.block = block.clone();
@@ -609,6 +629,7 @@ impl Coordinator {
                 block: block.clone(),
                 objects: task.objects.clone(),
                 load,
+                priority,
             });
             self.running.insert(
                 task.id,
@@ -623,8 +644,10 @@ impl Coordinator {
 
     /// Fills a task about to start with the waiting objects of its block, highest effective
     /// priority first, then oldest, up to the batch size: waiting tasks carry one priority
-    /// each, but the tasks that run stay as large as the backlog allows.
-    fn top_up(&mut self, task: &mut Task) {
+    /// each, but the tasks that run stay as large as the backlog allows. A task that starts
+    /// at priority 7 takes only objects at 7 (aging included): nodes run those apart, at a
+    /// higher OS priority, and a backlog must not ride along.
+    fn top_up(&mut self, task: &mut Task, priority: u8) {
         let max = match task.block {
             Block::Match => self.cfg.match_batch,
             _ => self.cfg.test_batch,
@@ -636,7 +659,9 @@ impl Coordinator {
             .waiting
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.block == task.block)
+            .filter(|(_, t)| {
+                t.block == task.block && (priority < 7 || self.effective_priority(t) >= 7)
+            })
             .map(|(i, t)| {
                 (
                     std::cmp::Reverse(self.effective_priority(t)),

@@ -434,6 +434,7 @@ impl Driver {
                 block,
                 objects,
                 load,
+                priority,
             } => {
                 let Some(node) = self
                     .worker_node
@@ -452,6 +453,7 @@ impl Driver {
                     load: load.is_some(),
                     tests: Vec::new(),
                     matches: Vec::new(),
+                    priority: u32::from(priority),
                 };
                 match &block {
                     Block::Test(attr) => {

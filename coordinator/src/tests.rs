@@ -364,22 +364,40 @@ fn saturated_batches_join_a_waiting_task_up_to_the_batch_size() {
 }
 
 #[test]
-fn a_batch_that_must_wait_is_split_by_priority_and_one_that_can_start_goes_whole() {
+fn a_batch_that_must_wait_is_split_by_priority_and_priority_7_always_goes_apart() {
     let mut c = Coordinator {
         cfg: Config {
             test_batch: 4,
+            match_batch: 100,
             ..cfg()
         },
         ..Coordinator::new(cfg(), 9, 0)
     };
     join(&mut c, 0, 1, t("a"));
-    // an idle worker and nothing waiting: the mixed batch starts whole
+    join(&mut c, 0, 2, Block::Empty);
+    let on_a = |out: &[Action]| -> Vec<(WorkerId, Vec<ObjectKey>)> {
+        assigns(out)
+            .into_iter()
+            .filter(|x| x.1 == t("a"))
+            .map(|x| (x.0, x.2))
+            .collect()
+    };
+    // idle workers and nothing waiting: the batch starts at once, but its priority-7
+    // object goes apart (nodes run those at a higher OS priority) from the rest
     arrive(&mut c, 0, 1, 0, &["a"]);
     arrive(&mut c, 0, 2, 7, &["a"]);
     arrive(&mut c, 0, 3, 0, &["a"]);
     let out = arrive(&mut c, 0, 4, 3, &["a"]);
-    let busy = task_of(&out);
-    assert_eq!(assigns(&out)[0].2, vec![1, 2, 3, 4]);
+    assert_eq!(on_a(&out), vec![(1, vec![2]), (2, vec![1, 3, 4])]);
+    let task_on = |out: &[Action], w: WorkerId| {
+        out.iter()
+            .find_map(|a| match a {
+                Action::Assign { worker, task, .. } if *worker == w => Some(*task),
+                _ => None,
+            })
+            .expect("an assignment")
+    };
+    let (t1, t2) = (task_on(&out, 1), task_on(&out, 2));
     // saturated: the next mixed batch waits as one task per priority
     for (o, p) in [(10, 0), (11, 7), (12, 0), (13, 3)] {
         arrive(&mut c, 1, o, p, &["a"]);
@@ -389,22 +407,29 @@ fn a_batch_that_must_wait_is_split_by_priority_and_one_that_can_start_goes_whole
     arrive(&mut c, 2, 14, 7, &["a"]);
     c.step(10, Event::Tick);
     assert_eq!(c.snapshot().waiting_tasks, 3);
-    let out = c.step(
-        11,
-        Event::TaskDone {
-            worker: 1,
-            task: busy,
-            block: t("a"),
-        },
-    );
+    let done = |c: &mut Coordinator, now: u64, worker: WorkerId, task: TaskId| {
+        c.step(
+            now,
+            Event::TaskDone {
+                worker,
+                task,
+                block: t("a"),
+            },
+        )
+    };
+    let out = done(&mut c, 11, 1, t1);
     assert_eq!(
-        assigns(&out)[0].2,
-        vec![11, 14, 13, 10],
-        "priority 7 first, together, topped up from the next levels to the batch size"
+        on_a(&out),
+        vec![(1, vec![11, 14])],
+        "priority 7 first, together, and not topped up from lower levels"
     );
-    // what did not fit still waits (object 12), beside the first batch's match tasks (no match
-    // worker), one per priority: 0, 3 and 7
-    assert_eq!(c.snapshot().waiting_tasks, 4);
+    let out = done(&mut c, 12, 2, t2);
+    assert_eq!(
+        on_a(&out),
+        vec![(2, vec![13, 10, 12])],
+        "a task below 7 is topped up from the next levels"
+    );
+    assert_eq!(c.snapshot().waiting_tasks, 0);
 }
 
 #[test]

@@ -408,6 +408,11 @@ struct WorkerFlags {
     /// pipeline, or when another system drains the delivery records).
     #[arg(long)]
     no_delivery: bool,
+    /// Run all matching and pushing at one OS priority. By default objects below priority 7
+    /// are matched and pushed on threads of lower OS priority (nice +10), so under overload
+    /// the CPU serves writes and priority-7 objects first.
+    #[arg(long)]
+    no_bulk_lane: bool,
 }
 
 impl WorkerFlags {
@@ -456,6 +461,7 @@ impl WorkerFlags {
         cfg.delivery.enabled = !self.no_delivery;
         cfg.delivery.in_flight_per_endpoint = self.in_flight_per_endpoint.max(1);
         cfg.delivery.push_batch = self.push_batch.max(1);
+        cfg.bulk_lane = !self.no_bulk_lane;
         cfg.gpu = match self.gpu {
             GpuArg::Auto => worker::daemon::GpuUse::Hardware,
             GpuArg::On => worker::daemon::GpuUse::Any,

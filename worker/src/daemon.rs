@@ -28,6 +28,7 @@ use tonic::{Request, Response, Status};
 
 use crate::config::Limits;
 use crate::error::NodeError;
+use crate::lanes::Lanes;
 use crate::registry::cluster_shard_config;
 use crate::regulate::{CpuSampler, Regulation, RegulatorConfig, WorkerView, regulate};
 use crate::validate;
@@ -116,6 +117,9 @@ pub struct DaemonConfig {
     pub forward_batch: usize,
     /// Where match blocks run their subset scan.
     pub gpu: GpuUse,
+    /// Match and push objects below the urgent priority on the lower-priority bulk lane
+    /// ([`crate::lanes`]); off: everything on the node's runtime.
+    pub bulk_lane: bool,
     /// Pushing matches to subscribers.
     pub delivery: crate::deliver::DeliveryConfig,
 }
@@ -139,6 +143,7 @@ impl DaemonConfig {
             result_ttl: Duration::from_secs(60),
             forward_batch: 512,
             gpu: GpuUse::Hardware,
+            bulk_lane: true,
             delivery: crate::deliver::DeliveryConfig::default(),
         }
     }
@@ -195,7 +200,7 @@ struct Inner {
     changes: Mutex<Changes>,
     results: Mutex<HashMap<(u64, u64), CachedResults>>,
     images: AsyncMutex<BTreeMap<u64, Arc<Loaded>>>,
-    peers: Mutex<HashMap<String, DaemonClient<Channel>>>,
+    peers: Mutex<HashMap<(String, bool), DaemonClient<Channel>>>,
     /// When each outbox object was last sent to the coordinator.
     sent: Mutex<HashMap<ObjectId, Instant>>,
     forward: mpsc::Sender<v1::ArrivedObject>,
@@ -205,6 +210,7 @@ struct Inner {
     cpu: Mutex<f64>,
     forward_rx: Mutex<Option<mpsc::Receiver<v1::ArrivedObject>>>,
     deliverer: crate::deliver::Deliverer,
+    lanes: Lanes,
 }
 
 /// A node daemon (cheap to clone).
@@ -251,7 +257,17 @@ impl Daemon {
     /// Creates the daemon (nothing runs yet).
     pub fn new(cfg: DaemonConfig, store: Store, limits: Limits, coord: CoordLink) -> Daemon {
         let (tx, rx) = mpsc::channel(65_536);
-        let deliverer = crate::deliver::Deliverer::new(cfg.delivery, store.clone(), coord.clone());
+        let lanes = if cfg.bulk_lane {
+            Lanes::here()
+        } else {
+            Lanes::one_lane()
+        };
+        let deliverer = crate::deliver::Deliverer::new(
+            cfg.delivery,
+            store.clone(),
+            coord.clone(),
+            lanes.clone(),
+        );
         Daemon {
             inner: Arc::new(Inner {
                 coord,
@@ -273,6 +289,7 @@ impl Daemon {
                 limits,
                 forward_rx: Mutex::new(Some(rx)),
                 deliverer,
+                lanes,
             }),
         }
     }
@@ -583,10 +600,21 @@ impl Daemon {
             if req.load {
                 self.inner.counters.loads.fetch_add(1, Ordering::Relaxed);
             }
-            let failed = match self.run_task(req).await {
-                Ok(f) => f,
-                Err(e) => {
+            // the task runs on the lane of its priority: fetching results, matching and the
+            // hand-off of a backlog never take the CPU from writes and urgent objects
+            let me = self.clone();
+            let run = self
+                .inner
+                .lanes
+                .spawn(priority(&req), async move { me.run_task(req).await });
+            let failed = match run.await {
+                Ok(Ok(f)) => f,
+                Ok(Err(e)) => {
                     tracing::warn!("worker {id:x}, task {task}: {e}");
+                    Vec::new()
+                }
+                Err(e) => {
+                    tracing::warn!("worker {id:x}, task {task} did not finish: {e}");
                     Vec::new()
                 }
             };
@@ -689,15 +717,18 @@ impl Daemon {
         Ok(loaded)
     }
 
+    /// A client of a peer node's daemon, one per lane (a connection is driven by the runtime
+    /// that opened it).
     fn peer(&self, endpoint: &str) -> Result<DaemonClient<Channel>, NodeError> {
+        let key = (endpoint.to_string(), crate::lanes::on_bulk());
         let mut peers = lock(&self.inner.peers);
-        if let Some(c) = peers.get(endpoint) {
+        if let Some(c) = peers.get(&key) {
             return Ok(c.clone());
         }
         let c = DaemonClient::new(channel(endpoint)?)
             .max_decoding_message_size(1 << 30)
             .max_encoding_message_size(1 << 30);
-        peers.insert(endpoint.to_string(), c.clone());
+        peers.insert(key, c.clone());
         Ok(c)
     }
 
@@ -731,27 +762,30 @@ impl Daemon {
             let loaded = self.image(version).await?;
             let attr = attr.to_string();
             let task = req.task;
-            let out = tokio::task::spawn_blocking(move || {
-                let base = loaded.index.base();
-                items
-                    .into_iter()
-                    .filter_map(|(key, v)| {
-                        let o = base.test_attribute(&attr, Some(&v))?;
-                        let mut ids = Vec::with_capacity(o.ids.serialized_size());
-                        o.ids.serialize_into(&mut ids).ok()?;
-                        Some(v1::TestResult {
-                            task,
-                            key,
-                            attribute: attr.clone(),
-                            version,
-                            filter: o.filter,
-                            ids,
+            let out = self
+                .inner
+                .lanes
+                .spawn_blocking(priority(req), move || {
+                    let base = loaded.index.base();
+                    items
+                        .into_iter()
+                        .filter_map(|(key, v)| {
+                            let o = base.test_attribute(&attr, Some(&v))?;
+                            let mut ids = Vec::with_capacity(o.ids.serialized_size());
+                            o.ids.serialize_into(&mut ids).ok()?;
+                            Some(v1::TestResult {
+                                task,
+                                key,
+                                attribute: attr.clone(),
+                                version,
+                                filter: o.filter,
+                                ids,
+                            })
                         })
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .map_err(|e| NodeError::Unavailable(format!("test task: {e}")))?;
+                        .collect::<Vec<_>>()
+                })
+                .await
+                .map_err(|e| NodeError::Unavailable(format!("test task: {e}")))?;
             results.extend(out);
         }
         lock(&self.inner.results).insert((req.nonce, req.task), (Instant::now(), results));
@@ -825,7 +859,10 @@ impl Daemon {
                     continue;
                 }
             };
-            let out = tokio::task::spawn_blocking(move || match_objects(&loaded, objs))
+            let out = self
+                .inner
+                .lanes
+                .spawn_blocking(priority(&req), move || match_objects(&loaded, objs))
                 .await
                 .map_err(|e| NodeError::Unavailable(format!("match task: {e}")))?;
             matched.extend(out);
@@ -973,6 +1010,11 @@ impl Daemon {
 
 /// Matches objects from their test results: OR of the filters (plus the outputs of absent
 /// attributes), Bloom subset scan, exact verification by predicate ids.
+/// A task's priority as the coordinator handed it out (0..=7).
+fn priority(req: &v1::AssignRequest) -> u8 {
+    req.priority.min(7) as u8
+}
+
 fn match_objects(
     loaded: &Loaded,
     objs: Vec<(usize, Vec<v1::TestResult>)>,

@@ -15,7 +15,9 @@
 //!
 //! Every target (endpoint) has its own queue, highest priority first, with a bounded number
 //! of calls in flight, so a slow or dead endpoint delays only itself; a call that frees up
-//! takes the front of the queue, so batches keep the priority order. Records are durable:
+//! takes the front of the queue, so batches keep the priority order. Calls of urgent
+//! deliveries run on the node's runtime with their own in-flight bound and clients, the rest
+//! on the lower-priority bulk lane ([`crate::lanes`]), so a backlog never slows an urgent push. Records are durable:
 //! unfinished ones are resumed at start. A fresh QoS 1 match has no record at first: its
 //! object stays in the outbox until the push is acknowledged (nothing written then) or its
 //! first attempt fails (its record written durably then), so a crash in between matches the
@@ -40,6 +42,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::daemon::CoordLink;
+use crate::lanes::{Lanes, on_bulk};
 use crate::validate;
 use crate::{lock, now_ms};
 
@@ -198,7 +201,8 @@ impl PartialOrd for Job {
 #[derive(Debug, Default)]
 struct EndpointQueue {
     heap: BinaryHeap<Job>,
-    in_flight: usize,
+    /// Calls out, bulk and urgent (each bounded by `in_flight_per_endpoint`).
+    in_flight: [usize; 2],
 }
 
 /// One attached stream subscriber.
@@ -225,8 +229,11 @@ struct Inner {
     owed: Mutex<HashMap<ObjectId, (usize, bool)>>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
-    grpc: Mutex<HashMap<String, SubscriberClient<Channel>>>,
-    http: Client<HttpConnector, Full<Bytes>>,
+    /// Clients per lane (`on_bulk()` as the index): a connection is driven by the runtime
+    /// that opened it, so the lanes never share one.
+    grpc: Mutex<HashMap<(String, bool), SubscriberClient<Channel>>>,
+    http: [Client<HttpConnector, Full<Bytes>>; 2],
+    lanes: Lanes,
     seq: AtomicU64,
     counters: DeliveryCounters,
     /// Per subscription: acked, failed attempts, dead letters.
@@ -461,10 +468,12 @@ enum Outcome {
 impl Deliverer {
     /// The delivery loop over `store`, looking subscriptions up through `subs`. Call
     /// [`Deliverer::resume`] once the node is up to pick up unfinished records.
-    pub fn new(cfg: DeliveryConfig, store: Store, subs: CoordLink) -> Deliverer {
-        let http = Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build_http();
+    pub fn new(cfg: DeliveryConfig, store: Store, subs: CoordLink, lanes: Lanes) -> Deliverer {
+        let http = || {
+            Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build_http()
+        };
         Deliverer {
             inner: Arc::new(Inner {
                 cfg,
@@ -477,7 +486,8 @@ impl Deliverer {
                 queues: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
                 grpc: Mutex::new(HashMap::new()),
-                http,
+                http: [http(), http()],
+                lanes,
                 seq: AtomicU64::new(0),
                 counters: DeliveryCounters::default(),
                 per_sub: Mutex::new(HashMap::new()),
@@ -823,27 +833,38 @@ impl Deliverer {
     /// Starts calls to an endpoint up to its in-flight bound, highest priority first. A free
     /// call takes every due delivery up to `push_batch` (pushes that queued while all calls
     /// were out), so batches form only under load and always from the front of the queue.
+    /// A call carries urgent deliveries only or bulk ones only, and runs on its lane; each
+    /// lane has its own in-flight bound, so urgent pushes never wait for a bulk call.
     fn pump(&self, key: &str) {
         let batch = self.inner.cfg.push_batch.max(1);
+        let lanes = &self.inner.lanes;
         let mut qs = lock(&self.inner.queues);
         let Some(q) = qs.get_mut(key) else { return };
-        while q.in_flight < self.inner.cfg.in_flight_per_endpoint && !q.heap.is_empty() {
+        while let Some(top) = q.heap.peek() {
+            let priority = top.priority;
+            let lane = usize::from(lanes.urgent(priority));
+            if q.in_flight[lane] >= self.inner.cfg.in_flight_per_endpoint {
+                break; // what follows is of this lane or below
+            }
             let mut jobs = Vec::with_capacity(q.heap.len().min(batch));
             while jobs.len() < batch
+                && q.heap
+                    .peek()
+                    .is_some_and(|j| lanes.urgent(j.priority) == (lane == 1))
                 && let Some(job) = q.heap.pop()
             {
                 jobs.push(job);
             }
-            q.in_flight += 1;
+            q.in_flight[lane] += 1;
             let me = self.clone();
             let key = key.to_string();
-            tokio::spawn(async move {
+            lanes.spawn(priority, async move {
                 me.attempt(jobs).await;
                 {
                     let mut qs = lock(&me.inner.queues);
                     if let Some(q) = qs.get_mut(&key) {
-                        q.in_flight -= 1;
-                        if q.in_flight == 0 && q.heap.is_empty() {
+                        q.in_flight[lane] -= 1;
+                        if q.in_flight == [0, 0] && q.heap.is_empty() {
                             qs.remove(&key);
                         }
                     }
@@ -1335,13 +1356,14 @@ impl Deliverer {
     }
 
     fn grpc_client(&self, url: &str) -> Result<SubscriberClient<Channel>, String> {
+        let key = (url.to_string(), on_bulk());
         let mut g = lock(&self.inner.grpc);
-        if let Some(c) = g.get(url) {
+        if let Some(c) = g.get(&key) {
             return Ok(c.clone());
         }
         let ch = crate::daemon::channel(url).map_err(|e| e.to_string())?;
         let c = SubscriberClient::new(ch);
-        g.insert(url.to_string(), c.clone());
+        g.insert(key, c.clone());
         Ok(c)
     }
 
@@ -1363,9 +1385,7 @@ impl Deliverer {
         let req = req
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| format!("building the request: {e}"))?;
-        let resp = self
-            .inner
-            .http
+        let resp = self.inner.http[usize::from(on_bulk())]
             .request(req)
             .await
             .map_err(|e| format!("POST {url}: {e}"))?;

@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod deliver;
 pub mod disseminate;
 pub mod error;
+pub mod lanes;
 pub mod metrics;
 pub mod proxy;
 pub mod rate;

@@ -104,8 +104,9 @@ pub fn parse_proc_stat(text: &str) -> Option<(u64, u64)> {
         return None;
     }
     let total: u64 = v.iter().sum();
-    // idle + iowait are not busy
-    let idle = v[3] + v.get(4).copied().unwrap_or(0);
+    // idle + iowait are not busy, and neither is niced time (v[1]): niced work, such as a
+    // node's own bulk lane, yields the CPU to anything at normal priority
+    let idle = v[1] + v[3] + v.get(4).copied().unwrap_or(0);
     Some((total - idle, total))
 }
 
@@ -199,6 +200,12 @@ mod tests {
     fn cpu_sampling() {
         let text = "cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3 4\n";
         assert_eq!(parse_proc_stat(text), Some((200, 1000)));
+        let niced = "cpu  100 50 100 650 100 0 0 0 0 0\n";
+        assert_eq!(
+            parse_proc_stat(niced),
+            Some((200, 1000)),
+            "niced time is free"
+        );
         let mut s = CpuSampler::default();
         assert_eq!(s.observe((200, 1000)), None);
         assert_eq!(s.observe((700, 2000)), Some(0.5));
