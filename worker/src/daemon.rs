@@ -307,6 +307,9 @@ impl Daemon {
         tokio::spawn(self.clone().membership());
         tokio::spawn(self.clone().resender());
         tokio::spawn(self.clone().regulator());
+        if self.inner.cfg.bulk_lane {
+            tokio::spawn(self.clone().lane_switch());
+        }
         match self.inner.deliverer.resume() {
             Ok(n) if n > 0 => tracing::info!("resuming {n} unfinished deliveries"),
             Ok(_) => {}
@@ -562,9 +565,10 @@ impl Daemon {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tick.tick().await;
-            let Some(cpu) = sampler.sample() else {
+            let Some(share) = sampler.sample() else {
                 continue;
             };
+            let cpu = share.busy;
             *lock(&self.inner.cpu) = cpu;
             let views: Vec<WorkerView> = lock(&self.inner.workers)
                 .iter()
@@ -586,6 +590,33 @@ impl Daemon {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Turns the bulk lane on while the machine's CPU is saturated (at least `LANE_ON` busy,
+    /// niced work included, over the last sample) and off once it is below `LANE_OFF`: with
+    /// spare CPU every object is matched and pushed at one priority, so niced threads never
+    /// lengthen the tail of a load the node keeps up with.
+    async fn lane_switch(self) {
+        const LANE_ON: f64 = 0.9;
+        const LANE_OFF: f64 = 0.75;
+        let mut sampler = CpuSampler::default();
+        let mut tick = tokio::time::interval(LANE_SAMPLE);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            let Some(share) = sampler.sample() else {
+                continue;
+            };
+            let cpu = share.busy + share.niced;
+            let lanes = &self.inner.lanes;
+            if cpu >= LANE_ON && !lanes.overloaded() {
+                tracing::debug!("cpu {cpu:.2}: bulk lane on");
+                lanes.set_overloaded(true);
+            } else if cpu < LANE_OFF && lanes.overloaded() {
+                tracing::debug!("cpu {cpu:.2}: bulk lane off");
+                lanes.set_overloaded(false);
             }
         }
     }
@@ -762,30 +793,34 @@ impl Daemon {
             let loaded = self.image(version).await?;
             let attr = attr.to_string();
             let task = req.task;
-            let out = self
-                .inner
-                .lanes
-                .spawn_blocking(priority(req), move || {
-                    let base = loaded.index.base();
-                    items
-                        .into_iter()
-                        .filter_map(|(key, v)| {
-                            let o = base.test_attribute(&attr, Some(&v))?;
-                            let mut ids = Vec::with_capacity(o.ids.serialized_size());
-                            o.ids.serialize_into(&mut ids).ok()?;
-                            Some(v1::TestResult {
-                                task,
-                                key,
-                                attribute: attr.clone(),
-                                version,
-                                filter: o.filter,
-                                ids,
-                            })
+            let test = move || {
+                let base = loaded.index.base();
+                items
+                    .into_iter()
+                    .filter_map(|(key, v)| {
+                        let o = base.test_attribute(&attr, Some(&v))?;
+                        let mut ids = Vec::with_capacity(o.ids.serialized_size());
+                        o.ids.serialize_into(&mut ids).ok()?;
+                        Some(v1::TestResult {
+                            task,
+                            key,
+                            attribute: attr.clone(),
+                            version,
+                            filter: o.filter,
+                            ids,
                         })
-                        .collect::<Vec<_>>()
-                })
-                .await
-                .map_err(|e| NodeError::Unavailable(format!("test task: {e}")))?;
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let out = if req.tests.len() <= INLINE_OBJECTS {
+                test() // cheaper than a hand-off to a blocking thread and back
+            } else {
+                self.inner
+                    .lanes
+                    .spawn_blocking(priority(req), test)
+                    .await
+                    .map_err(|e| NodeError::Unavailable(format!("test task: {e}")))?
+            };
             results.extend(out);
         }
         lock(&self.inner.results).insert((req.nonce, req.task), (Instant::now(), results));
@@ -859,12 +894,15 @@ impl Daemon {
                     continue;
                 }
             };
-            let out = self
-                .inner
-                .lanes
-                .spawn_blocking(priority(&req), move || match_objects(&loaded, objs))
-                .await
-                .map_err(|e| NodeError::Unavailable(format!("match task: {e}")))?;
+            let out = if objs.len() <= INLINE_OBJECTS && loaded.subset.is_none() {
+                match_objects(&loaded, objs) // cheaper than a hand-off to a blocking thread
+            } else {
+                self.inner
+                    .lanes
+                    .spawn_blocking(priority(&req), move || match_objects(&loaded, objs))
+                    .await
+                    .map_err(|e| NodeError::Unavailable(format!("match task: {e}")))?
+            };
             matched.extend(out);
         }
         // hand the matches to delivery on each object's origin node
@@ -1010,6 +1048,13 @@ impl Daemon {
 
 /// Matches objects from their test results: OR of the filters (plus the outputs of absent
 /// attributes), Bloom subset scan, exact verification by predicate ids.
+/// Test and match tasks of at most this many objects run on the task's own thread; larger
+/// ones (and GPU matches, which wait on the device) on a blocking thread of their lane.
+const INLINE_OBJECTS: usize = 16;
+
+/// How often the bulk lane's switch samples the CPU.
+const LANE_SAMPLE: Duration = Duration::from_millis(100);
+
 /// A task's priority as the coordinator handed it out (0..=7).
 fn priority(req: &v1::AssignRequest) -> u8 {
     req.priority.min(7) as u8

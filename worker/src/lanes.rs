@@ -9,12 +9,16 @@
 //! the urgent lane leaves idle: nothing is held back while there is room, and under overload
 //! the backlog is what waits, highest priority first in every queue as before.
 //!
+//! The bulk lane is used only while the node is overloaded ([`Lanes::set_overloaded`], which
+//! the node daemon drives from CPU samples): with spare CPU every object runs at one
+//! priority, so niced threads never lengthen the tail of a load the node keeps up with.
 //! The bulk runtime is one per process, started on first use. Where it cannot be built (or
 //! with [`Lanes::one_lane`]) everything runs on the caller's runtime, as before.
 
 use std::cell::Cell;
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinHandle;
@@ -90,6 +94,7 @@ fn lower_priority() {}
 pub struct Lanes {
     main: Option<Handle>,
     bulk: bool,
+    overloaded: Arc<AtomicBool>,
 }
 
 impl Lanes {
@@ -98,6 +103,7 @@ impl Lanes {
         Lanes {
             main: Handle::try_current().ok().filter(|_| !on_bulk()),
             bulk: true,
+            overloaded: Arc::default(),
         }
     }
 
@@ -106,12 +112,24 @@ impl Lanes {
         Lanes {
             main: Handle::try_current().ok().filter(|_| !on_bulk()),
             bulk: false,
+            overloaded: Arc::default(),
         }
     }
 
-    /// Whether work of `priority` is urgent here (always, without a bulk lane).
+    /// Starts (true) or stops sending work below [`URGENT_PRIORITY`] to the bulk lane.
+    pub fn set_overloaded(&self, on: bool) {
+        self.overloaded.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether work below [`URGENT_PRIORITY`] goes to the bulk lane now.
+    pub fn overloaded(&self) -> bool {
+        self.overloaded.load(Ordering::Relaxed)
+    }
+
+    /// Whether work of `priority` runs on the node's own runtime now: always without a bulk
+    /// lane or while the node is not overloaded, else from [`URGENT_PRIORITY`] up.
     pub fn urgent(&self, priority: u8) -> bool {
-        !self.bulk || priority >= URGENT_PRIORITY
+        !self.bulk || priority >= URGENT_PRIORITY || !self.overloaded()
     }
 
     fn handle(&self, priority: u8) -> Option<&Handle> {
@@ -154,6 +172,14 @@ mod tests {
     #[tokio::test]
     async fn bulk_work_runs_on_niced_threads_and_urgent_work_on_the_callers_runtime() {
         let lanes = Lanes::here();
+        assert!(lanes.urgent(0), "not overloaded: one lane");
+        assert!(
+            !lanes
+                .spawn(0, async { on_bulk() })
+                .await
+                .expect("not overloaded")
+        );
+        lanes.clone().set_overloaded(true);
         assert!(lanes.urgent(7) && !lanes.urgent(6));
         let urgent = lanes.spawn(7, async { on_bulk() }).await.expect("urgent");
         assert!(!urgent);
