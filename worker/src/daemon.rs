@@ -594,29 +594,23 @@ impl Daemon {
         }
     }
 
-    /// Turns the bulk lane on while the machine's CPU is saturated (at least `LANE_ON` busy,
-    /// niced work included, over the last sample) and off once it is below `LANE_OFF`: with
-    /// spare CPU every object is matched and pushed at one priority, so niced threads never
-    /// lengthen the tail of a load the node keeps up with.
+    /// Drives the bulk lane from the outbox backlog ([`lane_switch`]).
     async fn lane_switch(self) {
-        const LANE_ON: f64 = 0.9;
-        const LANE_OFF: f64 = 0.75;
-        let mut sampler = CpuSampler::default();
+        let mut calm = 0u32;
         let mut tick = tokio::time::interval(LANE_SAMPLE);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tick.tick().await;
-            let Some(share) = sampler.sample() else {
-                continue;
-            };
-            let cpu = share.busy + share.niced;
+            let backlog = self.inner.store.outbox_len();
             let lanes = &self.inner.lanes;
-            if cpu >= LANE_ON && !lanes.overloaded() {
-                tracing::debug!("cpu {cpu:.2}: bulk lane on");
-                lanes.set_overloaded(true);
-            } else if cpu < LANE_OFF && lanes.overloaded() {
-                tracing::debug!("cpu {cpu:.2}: bulk lane off");
-                lanes.set_overloaded(false);
+            let was = lanes.overloaded();
+            let now = lane_switch(was, backlog, &mut calm);
+            if now != was {
+                tracing::debug!(
+                    "{backlog} objects in the outbox: bulk lane {}",
+                    if now { "on" } else { "off" }
+                );
+                lanes.set_overloaded(now);
             }
         }
     }
@@ -1052,8 +1046,28 @@ impl Daemon {
 /// ones (and GPU matches, which wait on the device) on a blocking thread of their lane.
 const INLINE_OBJECTS: usize = 16;
 
-/// How often the bulk lane's switch samples the CPU.
+/// How often the bulk lane's switch looks at the outbox.
 const LANE_SAMPLE: Duration = Duration::from_millis(100);
+
+/// Whether the bulk lane should be on, given whether it is (`on`) and the objects in the
+/// outbox (put, not yet matched and delivered). On once a backlog built up (1,000 objects:
+/// the node is not keeping up, and the order in which the CPU serves work decides who
+/// waits); off only after a second of calm (10 samples under 250 objects), so it does not
+/// flap inside an overload. A busy CPU alone is no reason: without a backlog nothing waits
+/// for long, and while off every object runs at one priority, so niced threads never
+/// lengthen the tail of a load the node keeps up with.
+pub fn lane_switch(on: bool, backlog: usize, calm: &mut u32) -> bool {
+    if backlog >= 1_000 {
+        *calm = 0;
+        return true;
+    }
+    if backlog < 250 {
+        *calm += 1;
+    } else {
+        *calm = 0;
+    }
+    on && *calm < 10
+}
 
 /// A task's priority as the coordinator handed it out (0..=7).
 fn priority(req: &v1::AssignRequest) -> u8 {
@@ -1188,5 +1202,31 @@ impl v1::daemon_server::Daemon for Daemon {
     ) -> Result<Response<v1::MatchedResponse>, Status> {
         self.handoff(request.into_inner()).await?;
         Ok(Response::new(v1::MatchedResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lane_switch;
+
+    #[test]
+    fn the_bulk_lane_turns_on_with_a_backlog_and_off_after_a_second_of_calm() {
+        let mut calm = 0;
+        assert!(!lane_switch(false, 10, &mut calm), "no backlog");
+        assert!(!lane_switch(false, 500, &mut calm), "below the threshold");
+        assert!(lane_switch(false, 5_000, &mut calm), "a backlog");
+        // a dip inside an overload does not turn it off
+        let mut on = true;
+        for _ in 0..9 {
+            on = lane_switch(on, 10, &mut calm);
+            assert!(on);
+        }
+        on = lane_switch(on, 500, &mut calm);
+        assert!(on, "between the thresholds: calm starts over");
+        for _ in 0..9 {
+            on = lane_switch(on, 10, &mut calm);
+            assert!(on);
+        }
+        assert!(!lane_switch(on, 10, &mut calm), "a second of calm");
     }
 }
