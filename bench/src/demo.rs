@@ -78,9 +78,44 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn show(seen: &Shared, sub: u64, obj: ObjectId) {
+    show_all(seen, [(sub, obj)]);
+}
+
+/// Records deliveries the subscriber's application saw, under one lock.
+fn show_all(seen: &Shared, shown: impl IntoIterator<Item = (u64, ObjectId)>) {
+    let now = Instant::now();
     let mut s = lock(seen);
-    let e = s.pairs.entry((sub, obj)).or_insert((0, Instant::now()));
-    e.0 += 1;
+    for key in shown {
+        s.pairs.entry(key).or_insert((0, now)).0 += 1;
+    }
+}
+
+/// What the webhook subscriber reads of a CloudEvent (the rest is skipped unparsed).
+#[derive(serde::Deserialize)]
+struct EventFields<'a> {
+    #[serde(borrow)]
+    subject: std::borrow::Cow<'a, str>,
+    data: EventData,
+}
+
+#[derive(serde::Deserialize)]
+struct EventData {
+    #[serde(default)]
+    subscription: u64,
+}
+
+/// The (subscription, object) pairs of a webhook body: one event (structured mode) or a
+/// JSON array (batched mode); `None` if it is not that.
+fn webhook_events(body: &[u8]) -> Option<Vec<(u64, ObjectId)>> {
+    let events: Vec<EventFields<'_>> = if body.first() == Some(&b'[') {
+        serde_json::from_slice(body).ok()?
+    } else {
+        vec![serde_json::from_slice(body).ok()?]
+    };
+    events
+        .iter()
+        .map(|e| Some((e.data.subscription, parse_subject(&e.subject)?)))
+        .collect()
 }
 
 fn obj_key(d: &v1::Delivery) -> ObjectId {
@@ -128,9 +163,11 @@ impl v1::subscriber_server::Subscriber for GrpcSubscriber {
         &self,
         request: Request<v1::DeliveryBatch>,
     ) -> Result<Response<v1::DeliverBatchAck>, Status> {
-        for d in request.into_inner().deliveries {
-            show(&self.seen, d.subscription_id, obj_key(&d));
-        }
+        let ds = request.into_inner().deliveries;
+        show_all(
+            &self.seen,
+            ds.iter().map(|d| (d.subscription_id, obj_key(d))),
+        );
         Ok(Response::new(v1::DeliverBatchAck::default()))
     }
 
@@ -193,24 +230,9 @@ async fn webhook_endpoint(seen: Shared) -> anyhow::Result<String> {
                             let ok = ts
                                 .parse::<u64>()
                                 .is_ok_and(|t| sig == worker::deliver::sign(SECRET, t, &body));
-                            // one event (structured mode) or a JSON array (batched mode)
-                            let events = match serde_json::from_slice(&body) {
-                                Ok(serde_json::Value::Array(v)) => v,
-                                Ok(ev) => vec![ev],
-                                Err(_) => Vec::new(),
-                            };
-                            let parsed: Option<Vec<(u64, ObjectId)>> = events
-                                .iter()
-                                .map(|ev| {
-                                    let obj = ev["subject"].as_str().and_then(parse_subject)?;
-                                    Some((ev["data"]["subscription"].as_u64().unwrap_or(0), obj))
-                                })
-                                .collect();
-                            let status = match parsed {
+                            let status = match webhook_events(&body) {
                                 Some(shown) if ok && !shown.is_empty() => {
-                                    for (sub, obj) in shown {
-                                        show(&seen, sub, obj);
-                                    }
+                                    show_all(&seen, shown);
                                     hyper::StatusCode::OK
                                 }
                                 _ => {
@@ -641,6 +663,36 @@ pub fn print(r: &DemoReport) {
         println!(
             "    priority {p}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
             l.p50_ms, l.p99_ms, l.max_ms
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_webhook_subscriber_reads_single_and_batched_cloudevents() {
+        let d = |sub: u64, seq: u64| v1::Delivery {
+            subscription_id: sub,
+            object_id: Some(v1::ObjectId { node: 1, seq }),
+            delivery_id: format!("{sub}-1-{seq}"),
+            data: b"{\"x\": \"a\\\"b\"}".to_vec(),
+            ..v1::Delivery::default()
+        };
+        let one = worker::deliver::cloudevent(&d(7, 3), 1, 0);
+        let id = |seq| ObjectId { node: 1, seq };
+        assert_eq!(webhook_events(&one), Some(vec![(7, id(3))]));
+        let mut batch = b"[".to_vec();
+        batch.extend_from_slice(&one);
+        batch.push(b',');
+        batch.extend_from_slice(&worker::deliver::cloudevent(&d(8, 4), 1, 0));
+        batch.push(b']');
+        assert_eq!(webhook_events(&batch), Some(vec![(7, id(3)), (8, id(4))]));
+        assert_eq!(webhook_events(b"not json"), None);
+        assert_eq!(
+            webhook_events(b"[{\"subject\": \"x\", \"data\": {}}]"),
+            None
         );
     }
 }
