@@ -160,7 +160,7 @@ struct Loaded {
 }
 
 /// A test task's results: when they were computed, and one per object.
-type CachedResults = (Instant, Vec<v1::TestResult>);
+type CachedResults = (Instant, Vec<Arc<v1::TestResult>>);
 
 #[derive(Debug)]
 struct Slot {
@@ -742,6 +742,24 @@ impl Daemon {
         Ok(loaded)
     }
 
+    /// The cached test results of `tasks` for the objects `keys`, and the tasks with none.
+    fn cached_results(
+        &self,
+        nonce: u64,
+        tasks: &[u64],
+        keys: &HashSet<u64>,
+    ) -> (Vec<Arc<v1::TestResult>>, Vec<u64>) {
+        let cache = lock(&self.inner.results);
+        let (mut found, mut missing) = (Vec::new(), Vec::new());
+        for &t in tasks {
+            match cache.get(&(nonce, t)) {
+                Some((_, rs)) => found.extend(rs.iter().filter(|r| keys.contains(&r.key)).cloned()),
+                None => missing.push(t),
+            }
+        }
+        (found, missing)
+    }
+
     /// A client of a peer node's daemon, one per lane (a connection is driven by the runtime
     /// that opened it).
     fn peer(&self, endpoint: &str) -> Result<DaemonClient<Channel>, NodeError> {
@@ -817,6 +835,7 @@ impl Daemon {
             };
             results.extend(out);
         }
+        let results = results.into_iter().map(Arc::new).collect();
         lock(&self.inner.results).insert((req.nonce, req.task), (Instant::now(), results));
         Ok(())
     }
@@ -831,7 +850,8 @@ impl Daemon {
                 e.1.push(m.key);
             }
         }
-        let mut got: HashMap<(u64, u64), v1::TestResult> = HashMap::new();
+        let mut got: HashMap<(u64, u64), Arc<v1::TestResult>> =
+            HashMap::with_capacity(req.matches.iter().map(|m| m.sources.len()).sum());
         let mut calls = tokio::task::JoinSet::new();
         for (endpoint, (tasks, mut keys)) in per_node {
             keys.sort_unstable();
@@ -841,15 +861,17 @@ impl Daemon {
                 tasks: tasks.into_iter().collect(),
                 keys,
             };
+            if endpoint == self.inner.cfg.endpoint {
+                // this node's own cache: no call, no copies
+                let keys: HashSet<u64> = fetch.keys.iter().copied().collect();
+                let (rs, _) = self.cached_results(fetch.nonce, &fetch.tasks, &keys);
+                for t in rs {
+                    got.insert((t.task, t.key), t);
+                }
+                continue;
+            }
             let me = self.clone();
             calls.spawn(async move {
-                if endpoint == me.inner.cfg.endpoint {
-                    // this node's own cache: no call
-                    return v1::daemon_server::Daemon::fetch(&me, Request::new(fetch))
-                        .await
-                        .map(|r| r.into_inner())
-                        .ok();
-                }
                 let mut c = me.peer(&endpoint).ok()?;
                 c.fetch(fetch).await.map(|r| r.into_inner()).ok()
             });
@@ -857,13 +879,13 @@ impl Daemon {
         while let Some(r) = calls.join_next().await {
             if let Ok(Some(r)) = r {
                 for t in r.results {
-                    got.insert((t.task, t.key), t);
+                    got.insert((t.task, t.key), Arc::new(t));
                 }
             }
         }
         // assemble each object's filter and predicate ids; missing results fail the object
         let mut failed = Vec::new();
-        let mut by_version: BTreeMap<u64, Vec<(usize, Vec<v1::TestResult>)>> = BTreeMap::new();
+        let mut by_version: BTreeMap<u64, Vec<(usize, Vec<Arc<v1::TestResult>>)>> = BTreeMap::new();
         for (i, m) in req.matches.iter().enumerate() {
             let mut rs = Vec::with_capacity(m.sources.len());
             for s in &m.sources {
@@ -1047,26 +1069,26 @@ impl Daemon {
 const INLINE_OBJECTS: usize = 16;
 
 /// How often the bulk lane's switch looks at the outbox.
-const LANE_SAMPLE: Duration = Duration::from_millis(100);
+const LANE_SAMPLE: Duration = Duration::from_millis(20);
 
 /// Whether the bulk lane should be on, given whether it is (`on`) and the objects in the
-/// outbox (put, not yet matched and delivered). On once a backlog built up (1,000 objects:
-/// the node is not keeping up, and the order in which the CPU serves work decides who
-/// waits); off only after a second of calm (10 samples under 250 objects), so it does not
-/// flap inside an overload. A busy CPU alone is no reason: without a backlog nothing waits
+/// outbox (put, not yet matched and delivered), sampled every 20 ms. On once a backlog built
+/// up (300 objects: the node is not keeping up, and the order in which the CPU serves work
+/// decides who waits); off only after a second of calm (50 samples under 100 objects), so it
+/// does not flap inside an overload. A busy CPU alone is no reason: without a backlog nothing waits
 /// for long, and while off every object runs at one priority, so niced threads never
 /// lengthen the tail of a load the node keeps up with.
 pub fn lane_switch(on: bool, backlog: usize, calm: &mut u32) -> bool {
-    if backlog >= 1_000 {
+    if backlog >= 300 {
         *calm = 0;
         return true;
     }
-    if backlog < 250 {
+    if backlog < 100 {
         *calm += 1;
     } else {
         *calm = 0;
     }
-    on && *calm < 10
+    on && *calm < 50
 }
 
 /// A task's priority as the coordinator handed it out (0..=7).
@@ -1076,7 +1098,7 @@ fn priority(req: &v1::AssignRequest) -> u8 {
 
 fn match_objects(
     loaded: &Loaded,
-    objs: Vec<(usize, Vec<v1::TestResult>)>,
+    objs: Vec<(usize, Vec<Arc<v1::TestResult>>)>,
 ) -> Vec<(usize, Vec<u64>)> {
     let base = loaded.index.base();
     let w = base.filter_words();
@@ -1183,17 +1205,11 @@ impl v1::daemon_server::Daemon for Daemon {
     ) -> Result<Response<v1::FetchResponse>, Status> {
         let req = request.into_inner();
         let keys: HashSet<u64> = req.keys.iter().copied().collect();
-        let cache = lock(&self.inner.results);
-        let mut out = v1::FetchResponse::default();
-        for t in req.tasks {
-            match cache.get(&(req.nonce, t)) {
-                Some((_, rs)) => out
-                    .results
-                    .extend(rs.iter().filter(|r| keys.contains(&r.key)).cloned()),
-                None => out.missing.push(t),
-            }
-        }
-        Ok(Response::new(out))
+        let (rs, missing) = self.cached_results(req.nonce, &req.tasks, &keys);
+        Ok(Response::new(v1::FetchResponse {
+            results: rs.iter().map(|r| (**r).clone()).collect(),
+            missing,
+        }))
     }
 
     async fn matched(
@@ -1213,17 +1229,17 @@ mod tests {
     fn the_bulk_lane_turns_on_with_a_backlog_and_off_after_a_second_of_calm() {
         let mut calm = 0;
         assert!(!lane_switch(false, 10, &mut calm), "no backlog");
-        assert!(!lane_switch(false, 500, &mut calm), "below the threshold");
+        assert!(!lane_switch(false, 200, &mut calm), "below the threshold");
         assert!(lane_switch(false, 5_000, &mut calm), "a backlog");
         // a dip inside an overload does not turn it off
         let mut on = true;
-        for _ in 0..9 {
+        for _ in 0..49 {
             on = lane_switch(on, 10, &mut calm);
             assert!(on);
         }
-        on = lane_switch(on, 500, &mut calm);
+        on = lane_switch(on, 200, &mut calm);
         assert!(on, "between the thresholds: calm starts over");
-        for _ in 0..9 {
+        for _ in 0..49 {
             on = lane_switch(on, 10, &mut calm);
             assert!(on);
         }
