@@ -162,6 +162,9 @@ struct Loaded {
 /// A test task's results: when they were computed, and one per object.
 type CachedResults = (Instant, Vec<Arc<v1::TestResult>>);
 
+/// One object of a match task: its index in the task, and its test results.
+type ObjectResults = (usize, Vec<Arc<v1::TestResult>>);
+
 #[derive(Debug)]
 struct Slot {
     block: String,
@@ -885,7 +888,7 @@ impl Daemon {
         }
         // assemble each object's filter and predicate ids; missing results fail the object
         let mut failed = Vec::new();
-        let mut by_version: BTreeMap<u64, Vec<(usize, Vec<Arc<v1::TestResult>>)>> = BTreeMap::new();
+        let mut by_version: BTreeMap<u64, Vec<ObjectResults>> = BTreeMap::new();
         for (i, m) in req.matches.iter().enumerate() {
             let mut rs = Vec::with_capacity(m.sources.len());
             for s in &m.sources {
@@ -1096,10 +1099,7 @@ fn priority(req: &v1::AssignRequest) -> u8 {
     req.priority.min(7) as u8
 }
 
-fn match_objects(
-    loaded: &Loaded,
-    objs: Vec<(usize, Vec<Arc<v1::TestResult>>)>,
-) -> Vec<(usize, Vec<u64>)> {
+fn match_objects(loaded: &Loaded, objs: Vec<ObjectResults>) -> Vec<(usize, Vec<u64>)> {
     let base = loaded.index.base();
     let w = base.filter_words();
     let mut filters = vec![0u64; w * objs.len()];
