@@ -212,6 +212,8 @@ pub struct Coordinator {
     running: HashMap<TaskId, Running>,
     test_batches: BTreeMap<String, Batch>,
     match_batch: Batch,
+    /// When each block's last batch closed.
+    closed_at: HashMap<Block, u64>,
     /// Objects waiting for their tests: attributes still to test, priority.
     pending: HashMap<ObjectKey, (usize, u8)>,
     mean_test: Mean,
@@ -235,6 +237,7 @@ impl Coordinator {
             running: HashMap::new(),
             test_batches: BTreeMap::new(),
             match_batch: Batch::default(),
+            closed_at: HashMap::new(),
             pending: HashMap::new(),
             mean_test: Mean::default(),
             mean_match: Mean::default(),
@@ -422,11 +425,16 @@ impl Coordinator {
     }
 
     /// Whether an open batch of `block` closes now rather than on size or deadline: a worker
-    /// holding the block is idle and no task of the block waits or runs. So an idle cluster
-    /// adds no batching wait, and while a task of the block runs the next batch gathers
-    /// (its size follows the arrival rate times the task's time, up to the deadline).
+    /// holding the block is idle, no task of the block waits or runs, and the block's last
+    /// batch closed at least a deadline ago. So an object that finds the cluster idle waits
+    /// for no batch, while under a steady stream a block still starts at most one task per
+    /// deadline (messages per object stay as low as with deadlines alone).
     fn eager(&self, block: &Block) -> bool {
         self.cfg.eager_close
+            && self
+                .closed_at
+                .get(block)
+                .is_none_or(|t| self.now >= t + self.cfg.batch_deadline_ms)
             && self.idle.get(block).is_some_and(|q| !q.is_empty())
             && !self.waiting.iter().any(|t| t.block == *block)
             && !self.running.values().any(|r| r.task.block == *block)
@@ -446,12 +454,15 @@ impl Coordinator {
 
     fn close_test_batch(&mut self, attr: &str) {
         if let Some(b) = self.test_batches.remove(attr) {
-            self.enqueue(Block::Test(attr.to_string()), b, self.cfg.test_batch);
+            let block = Block::Test(attr.to_string());
+            self.closed_at.insert(block.clone(), self.now);
+            self.enqueue(block, b, self.cfg.test_batch);
         }
     }
 
     fn close_match_batch(&mut self) {
         let b = std::mem::take(&mut self.match_batch);
+        self.closed_at.insert(Block::Match, self.now);
         self.enqueue(Block::Match, b, self.cfg.match_batch);
     }
 

@@ -453,16 +453,19 @@ fn eager_close_starts_at_once_on_an_idle_cluster_and_gathers_while_a_task_runs()
     // while that task runs, the next objects gather (no idle worker of the block)
     assert!(assigns(&arrive(&mut c, 2, 101, 0, &["temp"])).is_empty());
     assert!(assigns(&arrive(&mut c, 2, 102, 3, &["temp"])).is_empty());
-    // the worker comes free and takes what gathered (higher priority first); the first
-    // object goes to match at once
-    let a = c.step(
-        3,
-        Event::TaskDone {
-            worker: 1,
-            task,
-            block: t("temp"),
-        },
-    );
+    // the worker comes free (a deadline after the last close) and takes what gathered
+    // (higher priority first); the first object goes to match at once
+    let done = |c: &mut Coordinator, now: u64, worker: WorkerId, task: TaskId| {
+        c.step(
+            now,
+            Event::TaskDone {
+                worker,
+                task,
+                block: t("temp"),
+            },
+        )
+    };
+    let a = done(&mut c, 6, 1, task);
     let mut got = assigns(&a);
     got.sort_by_key(|x| x.0);
     assert_eq!(
@@ -472,10 +475,44 @@ fn eager_close_starts_at_once_on_an_idle_cluster_and_gathers_while_a_task_runs()
             (2, Block::Match, vec![100], None)
         ]
     );
+    let t1 = task_of(&a);
     // a second idle worker of a block with a running task does not make it eager
-    join(&mut c, 3, 3, t("temp"));
-    assert!(assigns(&arrive(&mut c, 4, 103, 0, &["temp"])).is_empty());
+    join(&mut c, 6, 3, t("temp"));
+    assert!(assigns(&arrive(&mut c, 7, 103, 0, &["temp"])).is_empty());
     // ...and the deadline still closes it
-    let a = c.step(10, Event::Tick);
+    let a = c.step(12, Event::Tick);
     assert_eq!(assigns(&a), vec![(3, t("temp"), vec![103], None)]);
+    let t3 = task_of(&a);
+    // all idle again, but the block's last batch closed under a deadline ago: the next
+    // object gathers (at most one task per deadline under a steady stream)
+    done(&mut c, 13, 1, t1);
+    done(&mut c, 13, 3, t3);
+    assert!(assigns(&arrive(&mut c, 14, 104, 0, &["temp"])).is_empty());
+    let on_temp = |a: &[Action]| -> Vec<Vec<ObjectKey>> {
+        assigns(a)
+            .into_iter()
+            .filter(|x| x.1 == t("temp"))
+            .map(|x| x.2)
+            .collect()
+    };
+    let a = c.step(19, Event::Tick);
+    assert_eq!(on_temp(&a), vec![vec![104]]);
+    let (w, t4) = a
+        .iter()
+        .find_map(|x| match x {
+            Action::Assign {
+                worker,
+                task,
+                block,
+                ..
+            } if *block == t("temp") => Some((*worker, *task)),
+            _ => None,
+        })
+        .expect("the temp task");
+    done(&mut c, 20, w, t4);
+    // after a quiet spell an object starts at once again
+    assert_eq!(
+        on_temp(&arrive(&mut c, 40, 105, 0, &["temp"])),
+        vec![vec![105]]
+    );
 }

@@ -111,10 +111,11 @@ pub struct DaemonConfig {
     pub resend_after: Duration,
     /// Cached test results are dropped after this long.
     pub result_ttl: Duration,
-    /// Objects per `Arrived` message at most. The forwarder sends what has arrived at once
-    /// and gathers the rest while that send is answered, so an idle cluster adds no wait and
-    /// a busy one sends larger messages.
+    /// Objects per `Arrived` message at most, and the least time between two messages: an
+    /// object that arrives after a quiet spell is sent at once, while under a steady stream
+    /// the objects of one gap go together (few messages per object).
     pub forward_batch: usize,
+    pub forward_gap: Duration,
     /// Where match blocks run their subset scan.
     pub gpu: GpuUse,
     /// Match and push objects below the urgent priority on the lower-priority bulk lane
@@ -142,6 +143,7 @@ impl DaemonConfig {
             resend_after: Duration::from_secs(5),
             result_ttl: Duration::from_secs(60),
             forward_batch: 512,
+            forward_gap: Duration::from_millis(2),
             gpu: GpuUse::Hardware,
             bulk_lane: true,
             delivery: crate::deliver::DeliveryConfig::default(),
@@ -404,14 +406,23 @@ impl Daemon {
 
     async fn forwarder(self, mut rx: mpsc::Receiver<v1::ArrivedObject>) {
         let cfg = &self.inner.cfg;
+        let mut last: Option<tokio::time::Instant> = None;
         while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
+            let due = last.map(|t| t + cfg.forward_gap);
             while batch.len() < cfg.forward_batch {
-                match rx.try_recv() {
-                    Ok(o) => batch.push(o),
-                    Err(_) => break,
+                let next = match due {
+                    Some(due) if tokio::time::Instant::now() < due => {
+                        tokio::time::timeout_at(due, rx.recv()).await.ok().flatten()
+                    }
+                    _ => rx.try_recv().ok(),
+                };
+                match next {
+                    Some(o) => batch.push(o),
+                    None => break,
                 }
             }
+            last = Some(tokio::time::Instant::now());
             self.send_arrived(batch).await;
         }
     }
