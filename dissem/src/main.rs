@@ -408,9 +408,10 @@ struct WorkerFlags {
     /// pipeline, or when another system drains the delivery records).
     #[arg(long)]
     no_delivery: bool,
-    /// Run all matching and pushing at one OS priority. By default objects below priority 7
-    /// are matched and pushed on threads of lower OS priority (nice +10), so under overload
-    /// the CPU serves writes and priority-7 objects first.
+    /// Run all matching and pushing at one OS priority. By default, while the node has a
+    /// backlog (300 objects in its outbox), objects below priority 7 are matched and pushed
+    /// on threads of lower OS priority (nice +10), so the CPU serves writes and priority-7
+    /// objects first.
     #[arg(long)]
     no_bulk_lane: bool,
 }
