@@ -756,19 +756,32 @@ impl Daemon {
         Ok(loaded)
     }
 
-    /// The cached test results of `tasks` for the objects `keys`, and the tasks with none.
-    fn cached_results(
+    /// Takes the cached test results of `tasks` for the objects `keys` out of the cache (an
+    /// object's results serve one match; a match that runs again finds them gone and fails
+    /// the object back to the coordinator, which tests it again), and names the tasks with
+    /// none. Results nobody fetched expire after `result_ttl`.
+    fn take_results(
         &self,
         nonce: u64,
         tasks: &[u64],
         keys: &HashSet<u64>,
     ) -> (Vec<Arc<v1::TestResult>>, Vec<u64>) {
-        let cache = lock(&self.inner.results);
+        let mut cache = lock(&self.inner.results);
         let (mut found, mut missing) = (Vec::new(), Vec::new());
         for &t in tasks {
-            match cache.get(&(nonce, t)) {
-                Some((_, rs)) => found.extend(rs.iter().filter(|r| keys.contains(&r.key)).cloned()),
-                None => missing.push(t),
+            let Some((_, rs)) = cache.get_mut(&(nonce, t)) else {
+                missing.push(t);
+                continue;
+            };
+            rs.retain(|r| {
+                let take = keys.contains(&r.key);
+                if take {
+                    found.push(r.clone());
+                }
+                !take
+            });
+            if rs.is_empty() {
+                cache.remove(&(nonce, t));
             }
         }
         (found, missing)
@@ -878,7 +891,7 @@ impl Daemon {
             if endpoint == self.inner.cfg.endpoint {
                 // this node's own cache: no call, no copies
                 let keys: HashSet<u64> = fetch.keys.iter().copied().collect();
-                let (rs, _) = self.cached_results(fetch.nonce, &fetch.tasks, &keys);
+                let (rs, _) = self.take_results(fetch.nonce, &fetch.tasks, &keys);
                 for t in rs {
                     got.insert((t.task, t.key), t);
                 }
@@ -1216,7 +1229,7 @@ impl v1::daemon_server::Daemon for Daemon {
     ) -> Result<Response<v1::FetchResponse>, Status> {
         let req = request.into_inner();
         let keys: HashSet<u64> = req.keys.iter().copied().collect();
-        let (rs, missing) = self.cached_results(req.nonce, &req.tasks, &keys);
+        let (rs, missing) = self.take_results(req.nonce, &req.tasks, &keys);
         Ok(Response::new(v1::FetchResponse {
             results: rs.iter().map(|r| (**r).clone()).collect(),
             missing,
