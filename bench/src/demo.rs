@@ -480,8 +480,14 @@ impl Setup {
         let bar = progress.bar(events.len() as u64, label);
         let sent: Arc<Mutex<HashMap<ObjectId, (Instant, u8)>>> = Arc::default();
         let put_ms: Arc<Mutex<Vec<f64>>> = Arc::default();
-        // objects never repeat across phases: new distinct pairs are this phase's
-        let before = lock(&self.seen).pairs.len();
+        // objects never repeat across phases: new distinct pairs are this phase's; room for
+        // them is made now, so the subscribers never stall on growing the map mid-phase
+        let before = {
+            let mut seen = lock(&self.seen);
+            let want: usize = expected_subs.iter().map(Vec::len).sum();
+            seen.pairs.reserve(want);
+            seen.pairs.len()
+        };
         let ingest = v1::ingest_client::IngestClient::new(procs::channel(&self.url));
         let sem = Arc::new(tokio::sync::Semaphore::new(writers.max(1)));
         let t0 = Instant::now();

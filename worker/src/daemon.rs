@@ -1101,7 +1101,7 @@ const LANE_SAMPLE: Duration = Duration::from_millis(20);
 /// Whether the bulk lane should be on, given whether it is (`on`) and the objects in the
 /// outbox (put, not yet matched and delivered), sampled every 20 ms. On once a backlog built
 /// up (300 objects: the node is not keeping up, and the order in which the CPU serves work
-/// decides who waits); off only after a second of calm (50 samples under 100 objects), so it
+/// decides who waits); off only after 200 ms of calm (10 samples under 100 objects), so it
 /// does not flap inside an overload. A busy CPU alone is no reason: without a backlog nothing waits
 /// for long, and while off every object runs at one priority, so niced threads never
 /// lengthen the tail of a load the node keeps up with.
@@ -1115,7 +1115,7 @@ pub fn lane_switch(on: bool, backlog: usize, calm: &mut u32) -> bool {
     } else {
         *calm = 0;
     }
-    on && *calm < 50
+    on && *calm < 10
 }
 
 /// A task's priority as the coordinator handed it out (0..=7).
@@ -1250,23 +1250,23 @@ mod tests {
     use super::lane_switch;
 
     #[test]
-    fn the_bulk_lane_turns_on_with_a_backlog_and_off_after_a_second_of_calm() {
+    fn the_bulk_lane_turns_on_with_a_backlog_and_off_after_200_ms_of_calm() {
         let mut calm = 0;
         assert!(!lane_switch(false, 10, &mut calm), "no backlog");
         assert!(!lane_switch(false, 200, &mut calm), "below the threshold");
         assert!(lane_switch(false, 5_000, &mut calm), "a backlog");
         // a dip inside an overload does not turn it off
         let mut on = true;
-        for _ in 0..49 {
+        for _ in 0..9 {
             on = lane_switch(on, 10, &mut calm);
             assert!(on);
         }
         on = lane_switch(on, 200, &mut calm);
         assert!(on, "between the thresholds: calm starts over");
-        for _ in 0..49 {
+        for _ in 0..9 {
             on = lane_switch(on, 10, &mut calm);
             assert!(on);
         }
-        assert!(!lane_switch(on, 10, &mut calm), "a second of calm");
+        assert!(!lane_switch(on, 10, &mut calm), "200 ms of calm");
     }
 }
