@@ -143,6 +143,9 @@ struct CachedObject {
     stored: storage::StoredObject,
     metadata: Vec<v1::Attribute>,
     event: EventParts,
+    /// A `Delivery`'s object fields (metadata and data) as protobuf bytes, encoded once and
+    /// appended to each batched delivery of the object ([`BatchOut`]).
+    grpc_shared: Bytes,
 }
 
 /// Recently delivered objects, oldest evicted first.
@@ -231,7 +234,7 @@ struct Inner {
     streams: Mutex<HashMap<String, Vec<Session>>>,
     /// Clients per lane (`on_bulk()` as the index): a connection is driven by the runtime
     /// that opened it, so the lanes never share one.
-    grpc: Mutex<HashMap<(String, bool), SubscriberClient<Channel>>>,
+    grpc: Mutex<HashMap<(String, bool), Channel>>,
     http: [Client<HttpConnector, Full<Bytes>>; 2],
     lanes: Lanes,
     seq: AtomicU64,
@@ -723,10 +726,16 @@ impl Deliverer {
             &[]
         };
         let event = EventParts::new(&metadata, data, stored.received_unix_ms);
+        let grpc_shared = Bytes::from(prost::Message::encode_to_vec(&v1::Delivery {
+            metadata: metadata.clone(),
+            data: data.to_vec(),
+            ..v1::Delivery::default()
+        }));
         let o = Arc::new(CachedObject {
             stored,
             metadata,
             event,
+            grpc_shared,
         });
         let mut c = lock(&self.inner.objects);
         if c.map.insert(id, o.clone()).is_none() {
@@ -886,9 +895,7 @@ impl Deliverer {
                 continue;
             };
             match p.s.target.as_ref().and_then(|t| t.kind.as_ref()) {
-                Some(v1::target::Kind::Grpc(url))
-                    if p.s.qos != v1::Qos::ExactlyOnce as i32 && self.inner.cfg.push_batch > 1 =>
-                {
+                Some(v1::target::Kind::Grpc(url)) if self.batched_grpc(&p.s) => {
                     grpc.entry(url.clone()).or_default().push(p);
                 }
                 Some(v1::target::Kind::Webhook(url))
@@ -924,6 +931,15 @@ impl Deliverer {
             });
         }
         while set.join_next().await.is_some() {}
+    }
+
+    /// Whether deliveries to `s` go in `DeliverBatch` calls (gRPC, QoS 0/1, batching on).
+    fn batched_grpc(&self, s: &v1::Subscription) -> bool {
+        matches!(
+            s.target.as_ref().and_then(|t| t.kind.as_ref()),
+            Some(v1::target::Kind::Grpc(_))
+        ) && s.qos != v1::Qos::ExactlyOnce as i32
+            && self.inner.cfg.push_batch > 1
     }
 
     fn no_answer(&self) -> String {
@@ -1007,12 +1023,17 @@ impl Deliverer {
                 node: obj.node,
                 seq: obj.seq,
             }),
-            metadata: if webhook {
+            // webhooks write the event from the object's shared parts, and batched gRPC
+            // deliveries append its shared encoding: neither copies the object
+            metadata: if webhook || self.batched_grpc(&s) {
                 Vec::new()
             } else {
                 object.metadata.clone()
             },
-            data: if !webhook && object.stored.data.len() <= self.inner.cfg.max_data_bytes {
+            data: if !webhook
+                && !self.batched_grpc(&s)
+                && object.stored.data.len() <= self.inner.cfg.max_data_bytes
+            {
                 object.stored.data.clone()
             } else {
                 Vec::new()
@@ -1080,11 +1101,19 @@ impl Deliverer {
     /// QoS 0/1 deliveries to one gRPC endpoint in one `DeliverBatch` (one `Deliver` each
     /// where the endpoint does not take batches).
     async fn grpc_batch(&self, url: &str, mut ps: Vec<Prepared>) {
-        let deliveries: Vec<v1::Delivery> = ps
+        let deliveries: Vec<(v1::Delivery, Bytes)> = ps
             .iter_mut()
-            .map(|p| std::mem::take(&mut p.delivery))
+            .map(|p| {
+                (
+                    std::mem::take(&mut p.delivery),
+                    p.object.grpc_shared.clone(),
+                )
+            })
             .collect();
-        let sizes: Vec<usize> = deliveries.iter().map(prost::Message::encoded_len).collect();
+        let sizes: Vec<usize> = deliveries
+            .iter()
+            .map(|(d, shared)| prost::Message::encoded_len(d) + shared.len())
+            .collect();
         let mut outcomes = Vec::with_capacity(ps.len());
         let mut deliveries = deliveries.into_iter();
         for run in runs_by_size(&sizes, MAX_BATCH_BYTES) {
@@ -1108,31 +1137,28 @@ impl Deliverer {
     async fn send_grpc_batch(
         &self,
         url: &str,
-        deliveries: Vec<v1::Delivery>,
+        deliveries: Vec<(v1::Delivery, Bytes)>,
     ) -> Vec<Result<(), String>> {
         let n = deliveries.len();
         if let Err(e) = check_target(url, self.inner.cfg.allow_private_targets).await {
             return vec![Err(e); n];
         }
-        let c = match self.grpc_client(url) {
+        let ch = match self.grpc_channel(url) {
             Ok(c) => c,
             Err(e) => return vec![Err(e); n],
         };
+        let c = SubscriberClient::new(ch.clone());
         let support = lock(&self.inner.batch_support)
             .get(url)
             .copied()
             .unwrap_or(BatchSupport::Unknown);
         if support == BatchSupport::No || n == 1 {
-            return deliver_each(&c, deliveries).await;
+            return deliver_each(&c, deliveries.into_iter().map(whole).collect()).await;
         }
         // until the endpoint is known to take batches, keep the deliveries for one Deliver
         // each
         let fallback = (support != BatchSupport::Yes).then(|| deliveries.clone());
-        match c
-            .clone()
-            .deliver_batch(v1::DeliveryBatch { deliveries })
-            .await
-        {
+        match deliver_batch(ch, BatchOut(deliveries)).await {
             Ok(ack) => {
                 if support != BatchSupport::Yes {
                     lock(&self.inner.batch_support).insert(url.to_string(), BatchSupport::Yes);
@@ -1148,7 +1174,8 @@ impl Deliverer {
             Err(e) if e.code() == tonic::Code::Unimplemented && fallback.is_some() => {
                 tracing::info!("{url} does not take DeliverBatch; one Deliver per delivery");
                 lock(&self.inner.batch_support).insert(url.to_string(), BatchSupport::No);
-                deliver_each(&c, fallback.unwrap_or_default()).await
+                let each = fallback.unwrap_or_default().into_iter().map(whole);
+                deliver_each(&c, each.collect()).await
             }
             Err(e) => vec![Err(format!("DeliverBatch: {e}")); n],
         }
@@ -1356,15 +1383,18 @@ impl Deliverer {
     }
 
     fn grpc_client(&self, url: &str) -> Result<SubscriberClient<Channel>, String> {
+        self.grpc_channel(url).map(SubscriberClient::new)
+    }
+
+    fn grpc_channel(&self, url: &str) -> Result<Channel, String> {
         let key = (url.to_string(), on_bulk());
         let mut g = lock(&self.inner.grpc);
         if let Some(c) = g.get(&key) {
             return Ok(c.clone());
         }
         let ch = crate::daemon::channel(url).map_err(|e| e.to_string())?;
-        let c = SubscriberClient::new(ch);
-        g.insert(key, c.clone());
-        Ok(c)
+        g.insert(key, ch.clone());
+        Ok(ch)
     }
 
     /// One signed POST.
@@ -1421,6 +1451,77 @@ impl Deliverer {
 
 /// One `Deliver` per delivery, all at once (an endpoint without `DeliverBatch`); the
 /// outcomes in the deliveries' order.
+/// A `DeliveryBatch` on the wire, written from deliveries without their object fields plus
+/// each object's shared encoding of them (protobuf concatenates the fields of one message),
+/// so a batch copies no object per delivery. The subscriber decodes a plain `DeliveryBatch`.
+#[derive(Debug, Default)]
+struct BatchOut(Vec<(v1::Delivery, Bytes)>);
+
+impl BatchOut {
+    fn item_len((d, shared): &(v1::Delivery, Bytes)) -> usize {
+        prost::Message::encoded_len(d) + shared.len()
+    }
+}
+
+impl prost::Message for BatchOut {
+    fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+        for item in &self.0 {
+            prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, buf);
+            prost::encoding::encode_varint(BatchOut::item_len(item) as u64, buf);
+            item.0.encode_raw(buf);
+            buf.put_slice(&item.1);
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl prost::bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        // only ever encoded
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0
+            .iter()
+            .map(|item| {
+                let l = BatchOut::item_len(item);
+                prost::encoding::key_len(1) + prost::encoding::encoded_len_varint(l as u64) + l
+            })
+            .sum()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// `Subscriber.DeliverBatch` with a [`BatchOut`] as the request.
+async fn deliver_batch(
+    ch: Channel,
+    batch: BatchOut,
+) -> Result<Response<v1::DeliverBatchAck>, Status> {
+    let mut g = tonic::client::Grpc::new(ch);
+    g.ready()
+        .await
+        .map_err(|e| Status::unavailable(format!("the subscriber is not reachable: {e}")))?;
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/dissem.v1.Subscriber/DeliverBatch");
+    let codec = proto::codec::DissemCodec::<BatchOut, v1::DeliverBatchAck>::default();
+    g.unary(Request::new(batch), path, codec).await
+}
+
+/// A delivery with its object fields merged back from their shared encoding.
+fn whole((mut d, shared): (v1::Delivery, Bytes)) -> v1::Delivery {
+    if let Err(e) = prost::Message::merge(&mut d, shared) {
+        tracing::warn!("rebuilding delivery {}: {e}", d.delivery_id);
+    }
+    d
+}
+
 async fn deliver_each(
     c: &SubscriberClient<Channel>,
     deliveries: Vec<v1::Delivery>,
@@ -1549,6 +1650,56 @@ mod tests {
         assert!(e.contains("--allow-private-targets"), "{e}");
         assert!(check_target("http://127.0.0.1:9/hook", true).await.is_ok());
         assert!(check_target("not a url", false).await.is_err());
+    }
+
+    #[test]
+    fn a_batch_with_shared_object_fields_decodes_as_the_whole_deliveries() {
+        use prost::Message;
+        let metadata = vec![
+            v1::Attribute {
+                name: "temp".into(),
+                value: Some(v1::Value {
+                    kind: Some(v1::value::Kind::Number(21.5)),
+                }),
+            },
+            v1::Attribute {
+                name: "site".into(),
+                value: Some(v1::Value {
+                    kind: Some(v1::value::Kind::Text("lab".into())),
+                }),
+            },
+        ];
+        let shared = Bytes::from(
+            v1::Delivery {
+                metadata: metadata.clone(),
+                data: b"payload".to_vec(),
+                ..v1::Delivery::default()
+            }
+            .encode_to_vec(),
+        );
+        let bare = |sub: u64, seq: u64| v1::Delivery {
+            delivery_id: delivery_id(sub, ObjectId { node: 1, seq }),
+            subscription_id: sub,
+            object_id: Some(v1::ObjectId { node: 1, seq }),
+            priority: 7,
+            attempt: 2,
+            ..v1::Delivery::default()
+        };
+        let full = |sub, seq| v1::Delivery {
+            metadata: metadata.clone(),
+            data: b"payload".to_vec(),
+            ..bare(sub, seq)
+        };
+        let out = BatchOut(vec![
+            (bare(3, 10), shared.clone()),
+            (bare(4, 10), shared.clone()),
+            (bare(5, 11), Bytes::new()),
+        ]);
+        let wire = out.encode_to_vec();
+        assert_eq!(wire.len(), out.encoded_len());
+        let got = v1::DeliveryBatch::decode(wire.as_slice()).expect("decodes");
+        assert_eq!(got.deliveries, vec![full(3, 10), full(4, 10), bare(5, 11)]);
+        assert_eq!(whole((bare(3, 10), shared)), full(3, 10));
     }
 
     #[test]
