@@ -171,6 +171,8 @@ pub struct EvalCtx {
     flag_words: Vec<u32>,
     filter: Vec<u64>,
     scratch: Vec<u32>,
+    /// Satisfied predicate ids of one attribute test ([`Base::test_attribute_with`]).
+    ids: Vec<u32>,
 }
 
 impl EvalCtx {
@@ -1236,34 +1238,39 @@ impl Base {
             let Some(&a) = self.attr_ids.get(name) else {
                 continue;
             };
-            if ctx.rows[a as usize] != NO_ROW {
-                continue; // duplicate attribute in the event: the first value wins
-            }
-            ctx.touched.push(a);
-            let blk = &self.attrs[a as usize];
-            match v {
-                Value::Num(x) => {
-                    let r = blk.consts.as_ref().map_or(0, |t| t.row(*x));
-                    ctx.rows[a as usize] = r;
-                    if !blk.hit_rows.is_empty() {
-                        let s = blk.hit_rows.partition_point(|&h| h < r);
-                        let e = blk.hit_rows.partition_point(|&h| h <= r);
-                        for &f in &blk.hit_flags[s..e] {
-                            ctx.set_flag(f);
-                        }
+            self.load_attr(a, v, ctx);
+        }
+    }
+
+    /// Runs the test block of attribute `a` on `v` into a fitted context.
+    fn load_attr(&self, a: u32, v: &Value, ctx: &mut EvalCtx) {
+        if ctx.rows[a as usize] != NO_ROW {
+            return; // duplicate attribute in the event: the first value wins
+        }
+        ctx.touched.push(a);
+        let blk = &self.attrs[a as usize];
+        match v {
+            Value::Num(x) => {
+                let r = blk.consts.as_ref().map_or(0, |t| t.row(*x));
+                ctx.rows[a as usize] = r;
+                if !blk.hit_rows.is_empty() {
+                    let s = blk.hit_rows.partition_point(|&h| h < r);
+                    let e = blk.hit_rows.partition_point(|&h| h <= r);
+                    for &f in &blk.hit_flags[s..e] {
+                        ctx.set_flag(f);
                     }
                 }
-                Value::Str(s) => {
-                    ctx.rows[a as usize] = STR_ROW;
-                    if let Some(sb) = &blk.strings {
-                        let mut buf = std::mem::take(&mut ctx.scratch);
-                        sb.test(s, |f| buf.push(f));
-                        for &f in &buf {
-                            ctx.set_flag(f);
-                        }
-                        buf.clear();
-                        ctx.scratch = buf;
+            }
+            Value::Str(s) => {
+                ctx.rows[a as usize] = STR_ROW;
+                if let Some(sb) = &blk.strings {
+                    let mut buf = std::mem::take(&mut ctx.scratch);
+                    sb.test(s, |f| buf.push(f));
+                    for &f in &buf {
+                        ctx.set_flag(f);
                     }
+                    buf.clear();
+                    ctx.scratch = buf;
                 }
             }
         }
@@ -1403,6 +1410,18 @@ impl Base {
     /// This is what a test worker returns to the match worker.
     /// `None` when the shard was built without test ids (`ShardConfig::test_ids`).
     pub fn test_attribute(&self, attr: &str, value: Option<&Value>) -> Option<TestOutput> {
+        let mut ctx = self.new_ctx();
+        self.test_attribute_with(attr, value, &mut ctx)
+    }
+
+    /// [`Base::test_attribute`] with a context reused across values (one per batch: no
+    /// allocation per value).
+    pub fn test_attribute_with(
+        &self,
+        attr: &str,
+        value: Option<&Value>,
+        ctx: &mut EvalCtx,
+    ) -> Option<TestOutput> {
         if !self.cfg.test_ids {
             return None;
         }
@@ -1414,13 +1433,15 @@ impl Base {
             return Some(out);
         };
         let blk = &self.attrs[a as usize];
-        let mut ctx = self.new_ctx();
+        ctx.fit(self.attr_names.len(), self.n_flags as usize);
+        ctx.reset();
         if let Some(v) = value {
-            self.load(&Event::new([(attr.to_string(), v.clone())]), &mut ctx);
+            self.load_attr(a, v, ctx);
         }
         // gathered in a vector and sorted: building the bitmap from sorted ids is several
         // times cheaper than inserting them one by one in the index's order
-        let mut ids: Vec<u32> = Vec::new();
+        let mut ids = std::mem::take(&mut ctx.ids);
+        ids.clear();
         let r = ctx.rows[a as usize];
         if r == NO_ROW {
             if blk.not_exists_pred != NONE {
@@ -1461,7 +1482,9 @@ impl Base {
                 self.pred_filter_into(p, &mut out.filter);
             }
         }
-        out.ids = RoaringBitmap::from_sorted_iter(ids).unwrap_or_default();
+        out.ids = RoaringBitmap::from_sorted_iter(ids.iter().copied()).unwrap_or_default();
+        ctx.ids = ids;
+        ctx.reset();
         Some(out)
     }
 

@@ -160,13 +160,24 @@ fn check_engines(
     // the distributed path: per-attribute test outputs (filter + exact ids), union, Bloom
     // scan, verification by ids
     let base = index.base();
+    // one test context reused across every value, as a test worker does per batch
+    let mut tctx = base.new_ctx();
     for (e, w) in events.iter().zip(&want) {
         let mut filter = vec![0u64; base.filter_words()];
         let mut ids = roaring::RoaringBitmap::new();
         for name in base.attribute_names() {
             let out = base
+                .test_attribute_with(name, e.get(name), &mut tctx)
+                .ok_or_else(|| TestCaseError::fail("test ids enabled by default"))?;
+            let fresh = base
                 .test_attribute(name, e.get(name))
                 .ok_or_else(|| TestCaseError::fail("test ids enabled by default"))?;
+            prop_assert_eq!(
+                &out.ids,
+                &fresh.ids,
+                "a reused context tests as a fresh one"
+            );
+            prop_assert_eq!(&out.filter, &fresh.filter);
             for (f, o) in filter.iter_mut().zip(&out.filter) {
                 *f |= o;
             }

@@ -834,10 +834,11 @@ impl Daemon {
             let task = req.task;
             let test = move || {
                 let base = loaded.index.base();
+                let mut ctx = base.new_ctx();
                 items
                     .into_iter()
                     .filter_map(|(key, v)| {
-                        let o = base.test_attribute(&attr, Some(&v))?;
+                        let o = base.test_attribute_with(&attr, Some(&v), &mut ctx)?;
                         let mut ids = Vec::with_capacity(o.ids.serialized_size());
                         o.ids.serialize_into(&mut ids).ok()?;
                         Some(v1::TestResult {
