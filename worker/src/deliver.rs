@@ -605,10 +605,14 @@ impl Deliverer {
             }
             owed.insert(obj, (memory.len() + 1, false));
         }
+        self.inner
+            .counters
+            .queued
+            .fetch_add(memory.len() as u64, Ordering::Relaxed);
+        let mut known = Vec::with_capacity(memory.len());
         for (sub, cached) in memory {
-            self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
             match cached {
-                Some(s) => self.queue(&s, sub, obj, true, true),
+                Some(s) => known.push((s, sub)),
                 // not seen yet: looked up first (a QoS 1 one is pushed from memory)
                 None => {
                     let me = self.clone();
@@ -621,10 +625,48 @@ impl Deliverer {
                 }
             }
         }
+        self.queue_fresh(obj, known);
         Some(HandOff {
             to_record,
             held: true,
         })
+    }
+
+    /// Queues fresh in-memory deliveries of `obj` to known subscriptions: the object read
+    /// once, each endpoint's queue locked once and pumped once.
+    fn queue_fresh(&self, obj: ObjectId, subs: Vec<(Arc<v1::Subscription>, u64)>) {
+        if subs.is_empty() {
+            return;
+        }
+        let obj_priority = self
+            .object(obj)
+            .ok()
+            .flatten()
+            .map_or(0, |o| o.stored.priority);
+        let mut by_key: HashMap<String, Vec<Job>> = HashMap::new();
+        for (s, sub) in subs {
+            let job = Job {
+                priority: obj_priority.max(s.priority.min(7) as u8),
+                seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
+                sub,
+                obj,
+                fresh: true,
+                in_memory: true,
+            };
+            by_key.entry(endpoint_key(&s)).or_default().push(job);
+        }
+        {
+            let mut qs = lock(&self.inner.queues);
+            for (key, jobs) in &mut by_key {
+                qs.entry(key.clone())
+                    .or_default()
+                    .heap
+                    .extend(jobs.drain(..));
+            }
+        }
+        for key in by_key.keys() {
+            self.pump(key);
+        }
     }
 
     /// Gives back one share of `obj`: the last one takes the object out of the outbox.
