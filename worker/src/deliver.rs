@@ -932,8 +932,29 @@ impl Deliverer {
         let mut grpc: HashMap<String, Vec<Prepared>> = HashMap::new();
         let mut hooks: HashMap<(String, String), Vec<Prepared>> = HashMap::new();
         let mut single = Vec::new();
-        for job in jobs {
-            let Some(p) = self.prepare(job).await else {
+        // the subscriptions and objects of the call, each cache locked once
+        let (subs, objects): (Vec<_>, Vec<_>) = {
+            let cache = lock(&self.inner.cache);
+            let subs = jobs
+                .iter()
+                .map(|j| {
+                    cache
+                        .get(&j.sub)
+                        .filter(|(at, _)| at.elapsed() < SUB_CACHE)
+                        .and_then(|(_, s)| s.clone())
+                })
+                .collect();
+            drop(cache);
+            let objects = lock(&self.inner.objects);
+            (
+                subs,
+                jobs.iter()
+                    .map(|j| objects.map.get(&j.obj).cloned())
+                    .collect(),
+            )
+        };
+        for ((job, sub), object) in jobs.into_iter().zip(subs).zip(objects) {
+            let Some(p) = self.prepare(job, sub, object).await else {
                 continue;
             };
             match p.s.target.as_ref().and_then(|t| t.kind.as_ref()) {
@@ -994,7 +1015,13 @@ impl Deliverer {
     /// Reads what an attempt needs: the record's state, the subscription and the object.
     /// `None` when there is nothing to push now (finished meanwhile, or dead-lettered or
     /// rescheduled here).
-    async fn prepare(&self, job: Job) -> Option<Prepared> {
+    /// `known` and `cached`: the subscription and object when the caller has them at hand.
+    async fn prepare(
+        &self,
+        job: Job,
+        known: Option<Arc<v1::Subscription>>,
+        cached: Option<Arc<CachedObject>>,
+    ) -> Option<Prepared> {
         let (sub, obj) = (job.sub, job.obj);
         let state = if job.fresh {
             Ok(Some(DeliveryState::Pending {
@@ -1012,7 +1039,11 @@ impl Deliverer {
                 return None;
             }
         };
-        let s = match self.subscription(sub).await {
+        let looked_up = match known {
+            Some(s) => Ok(Some(s)),
+            None => self.subscription(sub).await,
+        };
+        let s = match looked_up {
             Ok(Some(s)) if job.in_memory && s.qos != v1::Qos::AtLeastOnce as i32 => {
                 // its QoS changed since it was last seen
                 self.to_record(sub, obj).await;
@@ -1035,7 +1066,7 @@ impl Deliverer {
                 return None;
             }
         };
-        let object = match self.object(obj) {
+        let object = match cached.map_or_else(|| self.object(obj), |o| Ok(Some(o))) {
             Ok(Some(o)) => o,
             Ok(None) => {
                 self.dead_letter(
