@@ -1103,9 +1103,9 @@ const LANE_SAMPLE: Duration = Duration::from_millis(20);
 /// outbox (put, not yet matched and delivered), sampled every 20 ms. On once a backlog built
 /// up (300 objects: the node is not keeping up, and the order in which the CPU serves work
 /// decides who waits); off only after 200 ms of calm (10 samples under 100 objects), so it
-/// does not flap inside an overload. A busy CPU alone is no reason: without a backlog nothing waits
-/// for long, and while off every object runs at one priority, so niced threads never
-/// lengthen the tail of a load the node keeps up with.
+/// does not flap inside an overload. A busy CPU alone is no reason: without a backlog
+/// nothing waits for long, and while off every object runs at one priority, so niced
+/// threads never lengthen the tail of a load the node keeps up with.
 pub fn lane_switch(on: bool, backlog: usize, calm: &mut u32) -> bool {
     if backlog >= 300 {
         *calm = 0;

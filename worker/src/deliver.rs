@@ -15,10 +15,11 @@
 //!
 //! Every target (endpoint) has its own queue, highest priority first, with a bounded number
 //! of calls in flight, so a slow or dead endpoint delays only itself; a call that frees up
-//! takes the front of the queue, so batches keep the priority order. Calls of urgent
-//! deliveries run on the node's runtime with their own in-flight bound and clients, the rest
-//! on the lower-priority bulk lane ([`crate::lanes`]), so a backlog never slows an urgent push. Records are durable:
-//! unfinished ones are resumed at start. A fresh QoS 1 match has no record at first: its
+//! takes the front of the queue, so batches keep the priority order. While the node has a
+//! backlog, calls of urgent deliveries run on the node's runtime with their own in-flight
+//! bound and clients, the rest on the lower-priority bulk lane ([`crate::lanes`]), so a
+//! backlog never slows an urgent push. Records are durable: unfinished ones are resumed at
+//! start. A fresh QoS 1 match has no record at first: its
 //! object stays in the outbox until the push is acknowledged (nothing written then) or its
 //! first attempt fails (its record written durably then), so a crash in between matches the
 //! object again at the next start. Targets that resolve to loopback, private or

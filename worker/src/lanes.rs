@@ -10,8 +10,9 @@
 //! the backlog is what waits, highest priority first in every queue as before.
 //!
 //! The bulk lane is used only while the node is overloaded ([`Lanes::set_overloaded`], which
-//! the node daemon drives from CPU samples): with spare CPU every object runs at one
-//! priority, so niced threads never lengthen the tail of a load the node keeps up with.
+//! the node daemon drives from its outbox backlog, `daemon::lane_switch`): while it keeps up,
+//! every object runs at one priority, so niced threads never lengthen the tail of a load the
+//! node keeps up with.
 //! The bulk runtime is one per process, started on first use. Where it cannot be built (or
 //! with [`Lanes::one_lane`]) everything runs on the caller's runtime, as before.
 
