@@ -11,7 +11,8 @@
 //! Waiting tasks are served highest priority first (0..=7), first come first served within a
 //! priority, with bounded aging so no level starves. Values of one attribute from many objects
 //! form one test task and many objects one match task; a batch closes on size or deadline, or
-//! at once when a worker holding its block is idle and no task of that block waits or runs.
+//! at once when a worker holding its block is idle, no task of that block waits or runs and
+//! its last batch closed at least a deadline ago.
 //! Faults: workers hold leases (renewed by heartbeats, checked before a task is handed out);
 //! a task that overruns a multiple of its kind's mean completion time is reassigned and its
 //! worker is considered dead and never gets another task. The coordinator's random nonce goes
@@ -51,8 +52,9 @@ pub struct Config {
     pub match_batch: usize,
     /// A batch closes this long after its first object at the latest.
     pub batch_deadline_ms: u64,
-    /// A batch also closes at once when a worker holding its block is idle and no task of
-    /// that block waits or runs (no batching wait while the cluster is idle).
+    /// A batch also closes at once when a worker holding its block is idle, no task of that
+    /// block waits or runs and its last batch closed at least a deadline ago (no batching
+    /// wait while the cluster is idle; at most one task per block and deadline otherwise).
     pub eager_close: bool,
     /// A task is overdue after this multiple of its kind's mean completion time...
     pub timeout_multiple: f64,

@@ -1112,7 +1112,7 @@ pub fn lane_switch(on: bool, backlog: usize, calm: &mut u32) -> bool {
         return true;
     }
     if backlog < 100 {
-        *calm += 1;
+        *calm = calm.saturating_add(1);
     } else {
         *calm = 0;
     }
