@@ -64,6 +64,40 @@ fn assigns(actions: &[Action]) -> Vec<(WorkerId, Block, Vec<ObjectKey>, Option<B
         .collect()
 }
 
+/// The tasks assigned for `block`: (worker, task, objects).
+fn tasks_on(actions: &[Action], block: &Block) -> Vec<(WorkerId, TaskId, Vec<ObjectKey>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Assign {
+                worker,
+                task,
+                block: b,
+                objects,
+                ..
+            } if b == block => Some((*worker, *task, objects.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn done(
+    c: &mut Coordinator,
+    now: u64,
+    worker: WorkerId,
+    task: TaskId,
+    block: Block,
+) -> Vec<Action> {
+    c.step(
+        now,
+        Event::TaskDone {
+            worker,
+            task,
+            block,
+        },
+    )
+}
+
 fn task_of(actions: &[Action]) -> TaskId {
     actions
         .iter()
@@ -376,10 +410,9 @@ fn a_batch_that_must_wait_is_split_by_priority_and_priority_7_always_goes_apart(
     join(&mut c, 0, 1, t("a"));
     join(&mut c, 0, 2, Block::Empty);
     let on_a = |out: &[Action]| -> Vec<(WorkerId, Vec<ObjectKey>)> {
-        assigns(out)
+        tasks_on(out, &t("a"))
             .into_iter()
-            .filter(|x| x.1 == t("a"))
-            .map(|x| (x.0, x.2))
+            .map(|(w, _, objects)| (w, objects))
             .collect()
     };
     // idle workers and nothing waiting: the batch starts at once, but its priority-7
@@ -389,15 +422,10 @@ fn a_batch_that_must_wait_is_split_by_priority_and_priority_7_always_goes_apart(
     arrive(&mut c, 0, 3, 0, &["a"]);
     let out = arrive(&mut c, 0, 4, 3, &["a"]);
     assert_eq!(on_a(&out), vec![(1, vec![2]), (2, vec![1, 3, 4])]);
-    let task_on = |out: &[Action], w: WorkerId| {
-        out.iter()
-            .find_map(|a| match a {
-                Action::Assign { worker, task, .. } if *worker == w => Some(*task),
-                _ => None,
-            })
-            .expect("an assignment")
+    let (t1, t2) = match tasks_on(&out, &t("a"))[..] {
+        [(1, t1, _), (2, t2, _)] => (t1, t2),
+        _ => panic!("two tasks on workers 1 and 2"),
     };
-    let (t1, t2) = (task_on(&out, 1), task_on(&out, 2));
     // saturated: the next mixed batch waits as one task per priority
     for (o, p) in [(10, 0), (11, 7), (12, 0), (13, 3)] {
         arrive(&mut c, 1, o, p, &["a"]);
@@ -407,23 +435,13 @@ fn a_batch_that_must_wait_is_split_by_priority_and_priority_7_always_goes_apart(
     arrive(&mut c, 2, 14, 7, &["a"]);
     c.step(10, Event::Tick);
     assert_eq!(c.snapshot().waiting_tasks, 3);
-    let done = |c: &mut Coordinator, now: u64, worker: WorkerId, task: TaskId| {
-        c.step(
-            now,
-            Event::TaskDone {
-                worker,
-                task,
-                block: t("a"),
-            },
-        )
-    };
-    let out = done(&mut c, 11, 1, t1);
+    let out = done(&mut c, 11, 1, t1, t("a"));
     assert_eq!(
         on_a(&out),
         vec![(1, vec![11, 14])],
         "priority 7 first, together, and not topped up from lower levels"
     );
-    let out = done(&mut c, 12, 2, t2);
+    let out = done(&mut c, 12, 2, t2, t("a"));
     assert_eq!(
         on_a(&out),
         vec![(2, vec![13, 10, 12])],
@@ -455,17 +473,7 @@ fn eager_close_starts_at_once_on_an_idle_cluster_and_gathers_while_a_task_runs()
     assert!(assigns(&arrive(&mut c, 2, 102, 3, &["temp"])).is_empty());
     // the worker comes free (a deadline after the last close) and takes what gathered
     // (higher priority first); the first object goes to match at once
-    let done = |c: &mut Coordinator, now: u64, worker: WorkerId, task: TaskId| {
-        c.step(
-            now,
-            Event::TaskDone {
-                worker,
-                task,
-                block: t("temp"),
-            },
-        )
-    };
-    let a = done(&mut c, 6, 1, task);
+    let a = done(&mut c, 6, 1, task, t("temp"));
     let mut got = assigns(&a);
     got.sort_by_key(|x| x.0);
     assert_eq!(
@@ -485,34 +493,17 @@ fn eager_close_starts_at_once_on_an_idle_cluster_and_gathers_while_a_task_runs()
     let t3 = task_of(&a);
     // all idle again, but the block's last batch closed under a deadline ago: the next
     // object gathers (at most one task per deadline under a steady stream)
-    done(&mut c, 13, 1, t1);
-    done(&mut c, 13, 3, t3);
+    done(&mut c, 13, 1, t1, t("temp"));
+    done(&mut c, 13, 3, t3, t("temp"));
     assert!(assigns(&arrive(&mut c, 14, 104, 0, &["temp"])).is_empty());
-    let on_temp = |a: &[Action]| -> Vec<Vec<ObjectKey>> {
-        assigns(a)
-            .into_iter()
-            .filter(|x| x.1 == t("temp"))
-            .map(|x| x.2)
-            .collect()
-    };
     let a = c.step(19, Event::Tick);
-    assert_eq!(on_temp(&a), vec![vec![104]]);
-    let (w, t4) = a
-        .iter()
-        .find_map(|x| match x {
-            Action::Assign {
-                worker,
-                task,
-                block,
-                ..
-            } if *block == t("temp") => Some((*worker, *task)),
-            _ => None,
-        })
-        .expect("the temp task");
-    done(&mut c, 20, w, t4);
+    let [(w, t4, objects)] = &tasks_on(&a, &t("temp"))[..] else {
+        panic!("one temp task: {a:?}");
+    };
+    assert_eq!(objects, &vec![104]);
+    done(&mut c, 20, *w, *t4, t("temp"));
     // after a quiet spell an object starts at once again
-    assert_eq!(
-        on_temp(&arrive(&mut c, 40, 105, 0, &["temp"])),
-        vec![vec![105]]
-    );
+    let a = arrive(&mut c, 40, 105, 0, &["temp"]);
+    let started: Vec<_> = tasks_on(&a, &t("temp")).into_iter().map(|x| x.2).collect();
+    assert_eq!(started, vec![vec![105]]);
 }

@@ -262,11 +262,7 @@ impl Daemon {
     /// Creates the daemon (nothing runs yet).
     pub fn new(cfg: DaemonConfig, store: Store, limits: Limits, coord: CoordLink) -> Daemon {
         let (tx, rx) = mpsc::channel(65_536);
-        let lanes = if cfg.bulk_lane {
-            Lanes::here()
-        } else {
-            Lanes::one_lane()
-        };
+        let lanes = Lanes::new(cfg.bulk_lane);
         let deliverer = crate::deliver::Deliverer::new(
             cfg.delivery,
             store.clone(),
@@ -579,10 +575,9 @@ impl Daemon {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tick.tick().await;
-            let Some(share) = sampler.sample() else {
+            let Some(cpu) = sampler.sample() else {
                 continue;
             };
-            let cpu = share.busy;
             *lock(&self.inner.cpu) = cpu;
             let views: Vec<WorkerView> = lock(&self.inner.workers)
                 .iter()
@@ -641,12 +636,18 @@ impl Daemon {
             }
             // the task runs on the lane of its priority: fetching results, matching and the
             // hand-off of a backlog never take the CPU from writes and urgent objects
-            let me = self.clone();
-            let run = self
-                .inner
-                .lanes
-                .spawn(priority(&req), async move { me.run_task(req).await });
-            let failed = match run.await {
+            let p = priority(&req);
+            let run = if self.inner.lanes.urgent(p) {
+                Ok(self.run_task(req).await) // this runtime: no hop
+            } else {
+                let me = self.clone();
+                let bulk = self
+                    .inner
+                    .lanes
+                    .spawn(p, async move { me.run_task(req).await });
+                bulk.await
+            };
+            let failed = match run {
                 Ok(Ok(f)) => f,
                 Ok(Err(e)) => {
                     tracing::warn!("worker {id:x}, task {task}: {e}");

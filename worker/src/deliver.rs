@@ -551,7 +551,7 @@ impl Deliverer {
             return self.enqueue(sub, obj);
         };
         self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
-        self.queue(&s, sub, obj, true, false);
+        self.queue(obj, vec![(s, sub)], true, false);
     }
 
     /// An in-memory delivery that must have a record after all (its subscription is not
@@ -619,23 +619,30 @@ impl Deliverer {
                     let me = self.clone();
                     tokio::spawn(async move {
                         match me.subscription(sub).await {
-                            Ok(Some(s)) if qos1(&s) => me.queue(&s, sub, obj, true, true),
+                            Ok(Some(s)) if qos1(&s) => me.queue(obj, vec![(s, sub)], true, true),
                             _ => me.to_record(sub, obj).await,
                         }
                     });
                 }
             }
         }
-        self.queue_fresh(obj, known);
+        self.queue(obj, known, true, true);
         Some(HandOff {
             to_record,
             held: true,
         })
     }
 
-    /// Queues fresh in-memory deliveries of `obj` to known subscriptions: the object read
-    /// once, each endpoint's queue locked once and pumped once.
-    fn queue_fresh(&self, obj: ObjectId, subs: Vec<(Arc<v1::Subscription>, u64)>) {
+    /// Puts due deliveries of `obj` in their endpoints' priority queues and starts what the
+    /// in-flight bounds allow: the object read once, each endpoint's queue locked once and
+    /// pumped once.
+    fn queue(
+        &self,
+        obj: ObjectId,
+        subs: Vec<(Arc<v1::Subscription>, u64)>,
+        fresh: bool,
+        in_memory: bool,
+    ) {
         if subs.is_empty() {
             return;
         }
@@ -644,17 +651,22 @@ impl Deliverer {
             .ok()
             .flatten()
             .map_or(0, |o| o.stored.priority);
-        let mut by_key: HashMap<String, Vec<Job>> = HashMap::new();
+        // an object's deliveries go to few endpoints
+        let mut by_key: Vec<(String, Vec<Job>)> = Vec::new();
         for (s, sub) in subs {
             let job = Job {
                 priority: obj_priority.max(s.priority.min(7) as u8),
                 seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
                 sub,
                 obj,
-                fresh: true,
-                in_memory: true,
+                fresh,
+                in_memory,
             };
-            by_key.entry(endpoint_key(&s)).or_default().push(job);
+            let key = endpoint_key(&s);
+            match by_key.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, jobs)) => jobs.push(job),
+                None => by_key.push((key, vec![job])),
+            }
         }
         {
             let mut qs = lock(&self.inner.queues);
@@ -665,7 +677,7 @@ impl Deliverer {
                     .extend(jobs.drain(..));
             }
         }
-        for key in by_key.keys() {
+        for (key, _) in &by_key {
             self.pump(key);
         }
     }
@@ -703,37 +715,9 @@ impl Deliverer {
         }
     }
 
-    /// Puts a due record in its endpoint's queue and starts what the in-flight bound allows.
-    fn queue(&self, s: &v1::Subscription, sub: u64, obj: ObjectId, fresh: bool, in_memory: bool) {
-        let obj_priority = self
-            .object(obj)
-            .ok()
-            .flatten()
-            .map_or(0, |o| o.stored.priority);
-        let priority = obj_priority.max(s.priority.min(7) as u8);
-        let key = endpoint_key(s);
-        let job = Job {
-            priority,
-            seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
-            sub,
-            obj,
-            fresh,
-            in_memory,
-        };
-        lock(&self.inner.queues)
-            .entry(key.clone())
-            .or_default()
-            .heap
-            .push(job);
-        self.pump(&key);
-    }
-
     /// A subscription looked up less than `SUB_CACHE` ago (`Some(None)`: it was not found).
     fn cached_subscription(&self, id: u64) -> Option<Option<Arc<v1::Subscription>>> {
-        lock(&self.inner.cache)
-            .get(&id)
-            .filter(|(at, _)| at.elapsed() < SUB_CACHE)
-            .map(|(_, s)| s.clone())
+        live(lock(&self.inner.cache).get(&id))
     }
 
     async fn subscription(&self, id: u64) -> Result<Option<Arc<v1::Subscription>>, Status> {
@@ -879,7 +863,7 @@ impl Deliverer {
                 .await;
             return;
         };
-        self.queue(&s, sub, obj, false, false);
+        self.queue(obj, vec![(s, sub)], false, false);
     }
 
     /// Starts calls to an endpoint up to its in-flight bound, highest priority first. A free
@@ -938,12 +922,7 @@ impl Deliverer {
             let cache = lock(&self.inner.cache);
             let subs = jobs
                 .iter()
-                .map(|j| {
-                    cache
-                        .get(&j.sub)
-                        .filter(|(at, _)| at.elapsed() < SUB_CACHE)
-                        .and_then(|(_, s)| s.clone())
-                })
+                .map(|j| live(cache.get(&j.sub)).flatten())
                 .collect();
             drop(cache);
             let objects = lock(&self.inner.objects);
@@ -1090,6 +1069,9 @@ impl Deliverer {
             s.target.as_ref().and_then(|t| t.kind.as_ref()),
             Some(v1::target::Kind::Webhook(_))
         );
+        // webhooks write the event from the object's shared parts, and batched gRPC
+        // deliveries append its shared encoding: neither copies the object
+        let shared = webhook || self.batched_grpc(&s);
         let delivery = v1::Delivery {
             delivery_id: delivery_id(sub, obj),
             subscription_id: sub,
@@ -1097,17 +1079,12 @@ impl Deliverer {
                 node: obj.node,
                 seq: obj.seq,
             }),
-            // webhooks write the event from the object's shared parts, and batched gRPC
-            // deliveries append its shared encoding: neither copies the object
-            metadata: if webhook || self.batched_grpc(&s) {
+            metadata: if shared {
                 Vec::new()
             } else {
                 object.metadata.clone()
             },
-            data: if !webhook
-                && !self.batched_grpc(&s)
-                && object.stored.data.len() <= self.inner.cfg.max_data_bytes
-            {
+            data: if !shared && object.stored.data.len() <= self.inner.cfg.max_data_bytes {
                 object.stored.data.clone()
             } else {
                 Vec::new()
@@ -1615,6 +1592,13 @@ async fn deliver_each(
         }
     }
     outcomes
+}
+
+/// A subscription cache entry younger than `SUB_CACHE` (`Some(None)`: it was not found).
+fn live(entry: Option<&CachedSub>) -> Option<Option<Arc<v1::Subscription>>> {
+    entry
+        .filter(|(at, _)| at.elapsed() < SUB_CACHE)
+        .map(|(_, s)| s.clone())
 }
 
 fn endpoint_key(s: &v1::Subscription) -> String {

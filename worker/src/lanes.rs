@@ -14,7 +14,7 @@
 //! every object runs at one priority, so niced threads never lengthen the tail of a load the
 //! node keeps up with.
 //! The bulk runtime is one per process, started on first use. Where it cannot be built (or
-//! with [`Lanes::one_lane`]) everything runs on the caller's runtime, as before.
+//! with `Lanes::new(false)`) everything runs on the caller's runtime, as before.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -99,20 +99,12 @@ pub struct Lanes {
 }
 
 impl Lanes {
-    /// Urgent work on the current runtime (if any), the rest on the bulk lane.
-    pub fn here() -> Lanes {
+    /// Urgent work on the current runtime (if any), the rest on the bulk lane while
+    /// overloaded; with `bulk` false everything on the current runtime.
+    pub fn new(bulk: bool) -> Lanes {
         Lanes {
             main: Handle::try_current().ok().filter(|_| !on_bulk()),
-            bulk: true,
-            overloaded: Arc::default(),
-        }
-    }
-
-    /// Everything on the current runtime: no bulk lane.
-    pub fn one_lane() -> Lanes {
-        Lanes {
-            main: Handle::try_current().ok().filter(|_| !on_bulk()),
-            bulk: false,
+            bulk,
             overloaded: Arc::default(),
         }
     }
@@ -172,7 +164,7 @@ mod tests {
 
     #[tokio::test]
     async fn bulk_work_runs_on_niced_threads_and_urgent_work_on_the_callers_runtime() {
-        let lanes = Lanes::here();
+        let lanes = Lanes::new(true);
         assert!(lanes.urgent(0), "not overloaded: one lane");
         assert!(
             !lanes
@@ -180,7 +172,7 @@ mod tests {
                 .await
                 .expect("not overloaded")
         );
-        lanes.clone().set_overloaded(true);
+        lanes.set_overloaded(true);
         assert!(lanes.urgent(7) && !lanes.urgent(6));
         let urgent = lanes.spawn(7, async { on_bulk() }).await.expect("urgent");
         assert!(!urgent);
@@ -210,7 +202,8 @@ mod tests {
             .expect("outer")
             .expect("inner");
         assert!(!back);
-        let one = Lanes::one_lane();
+        let one = Lanes::new(false);
+        one.set_overloaded(true);
         assert!(one.urgent(0));
         assert!(!one.spawn(0, async { on_bulk() }).await.expect("one lane"));
     }

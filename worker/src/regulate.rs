@@ -89,31 +89,13 @@ pub fn regulate(
 /// Node CPU utilisation from `/proc/stat`, between consecutive samples.
 #[derive(Debug, Default, Clone)]
 pub struct CpuSampler {
-    last: Option<CpuTimes>,
+    last: Option<(u64, u64)>,
 }
 
-/// CPU time counters (jiffies) of the aggregate `cpu` line of `/proc/stat`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CpuTimes {
-    /// Busy at normal or raised priority.
-    pub busy: u64,
-    /// Busy with niced work.
-    pub niced: u64,
-    pub total: u64,
-}
-
-/// Utilisation between two samples (0..=1 each).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct CpuShare {
-    /// At normal priority: what load regulation goes by (niced work, such as a node's own
-    /// bulk lane, yields the CPU to anything at normal priority).
-    pub busy: f64,
-    /// Niced.
-    pub niced: f64,
-}
-
-/// Parses the aggregate `cpu` line of `/proc/stat`.
-pub fn parse_proc_stat(text: &str) -> Option<CpuTimes> {
+/// Parses the aggregate `cpu` line of `/proc/stat` into (busy, total) jiffies. Niced time
+/// does not count as busy: niced work, such as a node's own bulk lane, yields the CPU to
+/// anything at normal priority.
+pub fn parse_proc_stat(text: &str) -> Option<(u64, u64)> {
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
     let v: Vec<u64> = line
         .split_whitespace()
@@ -124,34 +106,26 @@ pub fn parse_proc_stat(text: &str) -> Option<CpuTimes> {
         return None;
     }
     let total: u64 = v.iter().sum();
-    // idle + iowait are not busy
-    let idle = v[3] + v.get(4).copied().unwrap_or(0);
-    Some(CpuTimes {
-        busy: total - idle - v[1],
-        niced: v[1],
-        total,
-    })
+    // niced, idle and iowait are not busy
+    let idle = v[1] + v[3] + v.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
 }
 
 impl CpuSampler {
     /// Utilisation since the previous call (None on the first call or without `/proc`).
-    pub fn sample(&mut self) -> Option<CpuShare> {
+    pub fn sample(&mut self) -> Option<f64> {
         let now = parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)?;
         self.observe(now)
     }
 
-    /// Same from given counters.
-    pub fn observe(&mut self, now: CpuTimes) -> Option<CpuShare> {
+    /// Same from given (busy, total) counters.
+    pub fn observe(&mut self, now: (u64, u64)) -> Option<f64> {
         let prev = self.last.replace(now)?;
-        let total = now.total.checked_sub(prev.total)?;
+        let total = now.1.checked_sub(prev.1)?;
         if total == 0 {
             return None;
         }
-        let share = |a: u64, b: u64| a.saturating_sub(b) as f64 / total as f64;
-        Some(CpuShare {
-            busy: share(now.busy, prev.busy),
-            niced: share(now.niced, prev.niced),
-        })
+        Some((now.0.saturating_sub(prev.0)) as f64 / total as f64)
     }
 }
 
@@ -225,19 +199,18 @@ mod tests {
 
     #[test]
     fn cpu_sampling() {
-        let text = "cpu  100 50 100 650 100 0 0 0 0 0\ncpu0 1 2 3 4\n";
-        let t = |busy, niced, total| CpuTimes { busy, niced, total };
-        assert_eq!(parse_proc_stat(text), Some(t(200, 50, 1000)));
-        let mut s = CpuSampler::default();
-        assert_eq!(s.observe(t(200, 50, 1000)), None);
+        let text = "cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3 4\n";
+        assert_eq!(parse_proc_stat(text), Some((200, 1000)));
+        let niced = "cpu  100 50 100 650 100 0 0 0 0 0\n";
         assert_eq!(
-            s.observe(t(700, 150, 2000)),
-            Some(CpuShare {
-                busy: 0.5,
-                niced: 0.1
-            })
+            parse_proc_stat(niced),
+            Some((200, 1000)),
+            "niced time is free"
         );
-        assert_eq!(s.observe(t(700, 150, 2000)), None, "no time passed");
+        let mut s = CpuSampler::default();
+        assert_eq!(s.observe((200, 1000)), None);
+        assert_eq!(s.observe((700, 2000)), Some(0.5));
+        assert_eq!(s.observe((700, 2000)), None, "no time passed");
         if std::path::Path::new("/proc/stat").exists() {
             let mut real = CpuSampler::default();
             assert!(real.sample().is_none());
@@ -248,7 +221,7 @@ mod tests {
             }
             std::hint::black_box(x);
             if let Some(u) = real.sample() {
-                assert!((0.0..=1.0).contains(&(u.busy + u.niced)), "{u:?}");
+                assert!((0.0..=1.0).contains(&u), "{u}");
             }
         }
     }
