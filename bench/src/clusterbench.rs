@@ -253,6 +253,11 @@ async fn run_one(
                 i.to_string(),
                 "--coordinator".into(),
                 coord.clone(),
+                "--cluster-secret-file".into(),
+                dir.join("coordinator")
+                    .join("cluster.secret")
+                    .display()
+                    .to_string(),
                 // the matching pipeline only: matches become delivery records, no pushes
                 "--no-delivery".into(),
             ];

@@ -138,6 +138,11 @@ impl Cluster {
                     i.to_string(),
                     s("--coordinator"),
                     coordinator.url(),
+                    s("--cluster-secret-file"),
+                    dir.join("coordinator")
+                        .join("cluster.secret")
+                        .display()
+                        .to_string(),
                 ];
                 args.extend(node_args.iter().map(|a| s(a)));
                 Proc::start(bin, &args)

@@ -7,10 +7,17 @@
 //! (one or two comparisons), `exists`, `equals-ignore-case`, and `$or` (a list of patterns).
 //! Not supported, with an error naming them: `null`, booleans, `wildcard`, `cidr`, and
 //! case-insensitive prefix/suffix. Errors give the JSON path of the offending element.
+//!
+//! As AWS does, a pattern whose object repeats a key is refused (a JSON decoder would silently
+//! keep the last one). Objects and `$or` nest at most [`MAX_NESTING`] deep.
 
 use serde_json::Value as Json;
 
-use crate::formula::{Dnf, DnfError, Formula};
+use std::collections::HashSet;
+
+use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
+
+use crate::formula::{Dnf, DnfError, Formula, MAX_NESTING};
 use crate::num::Num;
 use crate::predicate::{Bound, Predicate, Test};
 
@@ -29,6 +36,8 @@ pub enum PatternError {
         expected: String,
         found: String,
     },
+    #[error("at {path}: patterns nest at most {MAX_NESTING} levels deep (the nesting limit)")]
+    TooDeep { path: String },
     #[error("at {path}: {what} is not supported")]
     Unsupported { path: String, what: String },
     #[error("{0}")]
@@ -72,20 +81,83 @@ fn str_of<'a>(path: &str, v: &'a Json) -> Result<&'a str, PatternError> {
 
 /// Parses an EventBridge pattern into conjunctions.
 pub fn parse_pattern(input: &str) -> Result<Dnf, PatternError> {
-    let json: Json = serde_json::from_str(input).map_err(|e| PatternError::Json {
+    let json_error = |e: serde_json::Error| PatternError::Json {
         line: e.line(),
         column: e.column(),
         msg: e.to_string(),
-    })?;
+    };
+    // serde_json bounds nesting itself (128 levels) before either pass recurses far
+    let mut de = serde_json::Deserializer::from_str(input);
+    UniqueKeys.deserialize(&mut de).map_err(json_error)?;
+    de.end().map_err(json_error)?;
+    let json: Json = serde_json::from_str(input).map_err(json_error)?;
     Ok(pattern_formula(&json)?.to_dnf()?)
 }
 
 /// Parses an already-decoded pattern into a formula.
 pub fn pattern_formula(json: &Json) -> Result<Formula, PatternError> {
-    object(json, "", "$")
+    object(json, "", "$", 0)
 }
 
-fn object(json: &Json, prefix: &str, path: &str) -> Result<Formula, PatternError> {
+/// A pass over the raw JSON that refuses an object repeating a key (decoding into a map keeps
+/// only the last one, silently).
+struct UniqueKeys;
+
+impl<'de> DeserializeSeed<'de> for UniqueKeys {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for UniqueKeys {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(UniqueKeys)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(A::Error::custom(format!(
+                    "duplicate key {}",
+                    crate::quote::quoted(&key)
+                )));
+            }
+            map.next_value_seed(UniqueKeys)?;
+        }
+        Ok(())
+    }
+}
+
+fn object(json: &Json, prefix: &str, path: &str, depth: usize) -> Result<Formula, PatternError> {
+    if depth >= MAX_NESTING {
+        return Err(PatternError::TooDeep {
+            path: crate::quote::clip(path),
+        });
+    }
     let Json::Object(map) = json else {
         return unexpected(path, "an object of attribute patterns", json);
     };
@@ -104,7 +176,7 @@ fn object(json: &Json, prefix: &str, path: &str) -> Result<Formula, PatternError
             }
             let mut ors = Vec::new();
             for (i, alt) in alts.iter().enumerate() {
-                ors.push(object(alt, prefix, &format!("{sub_path}[{i}]"))?);
+                ors.push(object(alt, prefix, &format!("{sub_path}[{i}]"), depth + 1)?);
             }
             items.push(Formula::Or(ors));
             continue;
@@ -123,7 +195,7 @@ fn object(json: &Json, prefix: &str, path: &str) -> Result<Formula, PatternError
         };
         let sub_path = format!("{path}.{key}");
         match val {
-            Json::Object(_) => items.push(object(val, &attr, &sub_path)?),
+            Json::Object(_) => items.push(object(val, &attr, &sub_path, depth + 1)?),
             Json::Array(list) => items.push(leaf(&attr, list, &sub_path)?),
             other => {
                 return unexpected(&sub_path, "an array of matchers or a nested object", other);

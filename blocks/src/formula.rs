@@ -8,6 +8,12 @@ use crate::predicate::{Event, Predicate};
 
 /// Most conjunctions one subscription may expand to; beyond that the filter is rejected.
 pub const MAX_CONJUNCTIONS: usize = 256;
+/// Deepest nesting of and/or groups a filter may have (text parentheses, EventBridge objects
+/// and `$or`): parsers recurse, and a filter of thousands of nested groups would overflow the
+/// stack of the thread parsing it.
+pub const MAX_NESTING: usize = 32;
+/// Most predicates a filter may write down (before expansion and deduplication).
+pub const MAX_FORMULA_PREDICATES: usize = 1024;
 /// Most predicates in one conjunction.
 pub const MAX_PREDICATES_PER_CONJUNCTION: usize = 64;
 
@@ -48,18 +54,30 @@ pub enum DnfError {
     TooManyConjunctions,
     #[error("a conjunction has more than {MAX_PREDICATES_PER_CONJUNCTION} predicates")]
     TooManyPredicates,
+    #[error("the filter has more than {MAX_FORMULA_PREDICATES} predicates")]
+    TooManyLeaves,
     #[error("the filter is empty; it must constrain at least one attribute")]
     Empty,
 }
 
 impl Formula {
     /// Expands the formula into DNF, deduplicating conjunctions.
+    ///
+    /// Predicates are interned first and the expansion works on their indices, keeping each
+    /// conjunction deduplicated as it grows, so the work is bounded by the limits (at most
+    /// [`MAX_FORMULA_PREDICATES`] leaves, [`MAX_CONJUNCTIONS`] conjunctions of
+    /// [`MAX_PREDICATES_PER_CONJUNCTION`]) rather than by the length of the input: a long
+    /// chain of one repeated predicate costs no more than a short one.
     pub fn to_dnf(&self) -> Result<Dnf, DnfError> {
-        let mut conjs = expand(self)?;
+        let mut interned = Interned::default();
+        let conjs = expand(self, &mut interned)?;
         if conjs.iter().any(|c| c.is_empty()) || conjs.is_empty() {
             return Err(DnfError::Empty);
         }
-        let mut out: Vec<Conjunction> = conjs.drain(..).map(Conjunction::new).collect();
+        let mut out: Vec<Conjunction> = conjs
+            .into_iter()
+            .map(|c| Conjunction::new(c.iter().map(|&i| interned.preds[i].clone()).collect()))
+            .collect();
         if out
             .iter()
             .any(|c| c.0.len() > MAX_PREDICATES_PER_CONJUNCTION)
@@ -72,13 +90,49 @@ impl Formula {
     }
 }
 
-fn expand(f: &Formula) -> Result<Vec<Vec<Predicate>>, DnfError> {
+/// Distinct predicates of a formula, by index.
+#[derive(Default)]
+struct Interned<'a> {
+    preds: Vec<&'a Predicate>,
+    index: std::collections::HashMap<&'a Predicate, usize>,
+    leaves: usize,
+}
+
+impl<'a> Interned<'a> {
+    fn id(&mut self, p: &'a Predicate) -> Result<usize, DnfError> {
+        self.leaves += 1;
+        if self.leaves > MAX_FORMULA_PREDICATES {
+            return Err(DnfError::TooManyLeaves);
+        }
+        let next = self.preds.len();
+        let id = *self.index.entry(p).or_insert(next);
+        if id == next {
+            self.preds.push(p);
+        }
+        Ok(id)
+    }
+}
+
+/// Sorts and deduplicates `c` once it grows past the per-conjunction limit; still past it
+/// is an error.
+fn bound(c: &mut Vec<usize>) -> Result<(), DnfError> {
+    if c.len() > MAX_PREDICATES_PER_CONJUNCTION {
+        c.sort_unstable();
+        c.dedup();
+        if c.len() > MAX_PREDICATES_PER_CONJUNCTION {
+            return Err(DnfError::TooManyPredicates);
+        }
+    }
+    Ok(())
+}
+
+fn expand<'a>(f: &'a Formula, ids: &mut Interned<'a>) -> Result<Vec<Vec<usize>>, DnfError> {
     match f {
-        Formula::Pred(p) => Ok(vec![vec![p.clone()]]),
+        Formula::Pred(p) => Ok(vec![vec![ids.id(p)?]]),
         Formula::Or(items) => {
             let mut out = Vec::new();
             for it in items {
-                out.extend(expand(it)?);
+                out.extend(expand(it, ids)?);
                 if out.len() > MAX_CONJUNCTIONS {
                     return Err(DnfError::TooManyConjunctions);
                 }
@@ -86,9 +140,9 @@ fn expand(f: &Formula) -> Result<Vec<Vec<Predicate>>, DnfError> {
             Ok(out)
         }
         Formula::And(items) => {
-            let mut acc: Vec<Vec<Predicate>> = vec![Vec::new()];
+            let mut acc: Vec<Vec<usize>> = vec![Vec::new()];
             for it in items {
-                let right = expand(it)?;
+                let right = expand(it, ids)?;
                 if acc.len().saturating_mul(right.len()) > MAX_CONJUNCTIONS {
                     return Err(DnfError::TooManyConjunctions);
                 }
@@ -96,7 +150,8 @@ fn expand(f: &Formula) -> Result<Vec<Vec<Predicate>>, DnfError> {
                 for l in &acc {
                     for r in &right {
                         let mut c = l.clone();
-                        c.extend(r.iter().cloned());
+                        c.extend_from_slice(r);
+                        bound(&mut c)?;
                         next.push(c);
                     }
                 }

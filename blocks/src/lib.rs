@@ -15,6 +15,7 @@ pub mod interval;
 pub mod num;
 pub mod numeric;
 pub mod predicate;
+pub mod quote;
 pub mod reference;
 pub mod shard;
 pub mod strings;

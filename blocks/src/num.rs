@@ -111,12 +111,12 @@ impl Num {
                 }
                 b'.' if !seen_dot => seen_dot = true,
                 b'e' | b'E' => break,
-                _ => return Err(NumError::Syntax(text.to_string())),
+                _ => return Err(NumError::Syntax(crate::quote::clip(text))),
             }
             i += 1;
         }
         if !seen_digit {
-            return Err(NumError::Syntax(text.to_string()));
+            return Err(NumError::Syntax(crate::quote::clip(text)));
         }
         let mut exp: i64 = 0;
         if i < bytes.len() {
@@ -124,9 +124,9 @@ impl Num {
             let e = &s[i + 1..];
             exp = e
                 .parse::<i64>()
-                .map_err(|_| NumError::Syntax(text.to_string()))?;
+                .map_err(|_| NumError::Syntax(crate::quote::clip(text)))?;
             if exp.abs() > 1000 {
-                return Err(NumError::OutOfRange(text.to_string()));
+                return Err(NumError::OutOfRange(crate::quote::clip(text)));
             }
         }
         // value = digits * 10^(exp - frac_len); we want units of 10^-18.
@@ -140,14 +140,14 @@ impl Num {
         }
         // digits dropped by a negative shift must be zeros
         if digits[keep as usize..].iter().any(|&d| d != 0) {
-            return Err(NumError::TooPrecise(text.to_string()));
+            return Err(NumError::TooPrecise(crate::quote::clip(text)));
         }
         let mut acc: i128 = 0;
         for &d in &digits[..keep as usize] {
             acc = acc
                 .checked_mul(10)
                 .and_then(|a| a.checked_add(d as i128))
-                .ok_or_else(|| NumError::OutOfRange(text.to_string()))?;
+                .ok_or_else(|| NumError::OutOfRange(crate::quote::clip(text)))?;
         }
         for _ in 0..shift.max(0) {
             if acc == 0 {
@@ -155,11 +155,11 @@ impl Num {
             }
             acc = acc
                 .checked_mul(10)
-                .ok_or_else(|| NumError::OutOfRange(text.to_string()))?;
+                .ok_or_else(|| NumError::OutOfRange(crate::quote::clip(text)))?;
         }
         let int_part = (acc / SCALE).unsigned_abs();
         if int_part > MAX_INT {
-            return Err(NumError::OutOfRange(text.to_string()));
+            return Err(NumError::OutOfRange(crate::quote::clip(text)));
         }
         Ok(Num(if neg { -acc } else { acc }))
     }

@@ -14,11 +14,15 @@
 //! string  := JSON string literal; number := decimal, optional exponent (exact, see `num`)
 //! ```
 //! Example: `temp > 30 && site prefix "kr/seoul/" || type in ["cam","lidar"]`.
-//! Errors carry the column (1-based, in characters) and say what was expected.
+//! Errors carry the column (1-based, in characters) and say what was expected; they quote at
+//! most [`crate::quote::QUOTE_CHARS`] characters of the input. Parentheses nest at most
+//! [`MAX_NESTING`] deep, so the recursive descent (and everything that walks the formula after
+//! it) has a bounded stack.
 
-use crate::formula::{Dnf, Formula};
+use crate::formula::{Dnf, Formula, MAX_NESTING};
 use crate::num::Num;
 use crate::predicate::{Bound, Predicate, Test};
+use crate::quote::{clip, quoted};
 
 /// A syntax error with its position.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,9 +54,9 @@ enum Tok {
 impl Tok {
     fn describe(&self) -> String {
         match self {
-            Tok::Ident(s) => format!("`{s}`"),
-            Tok::Str(s) => format!("string {s:?}"),
-            Tok::Num(s) => format!("number {s}"),
+            Tok::Ident(s) => format!("`{}`", clip(s)),
+            Tok::Str(s) => format!("string {}", quoted(s)),
+            Tok::Num(s) => format!("number {}", clip(s)),
             Tok::Sym(s) => format!("`{s}`"),
             Tok::End => "end of input".to_string(),
         }
@@ -138,7 +142,7 @@ fn lex(input: &str) -> Result<Lexer, ParseError> {
             let s: String = serde_json::from_str(raw).map_err(|e| ParseError {
                 column: col(start),
                 expected: "a valid string literal".into(),
-                found: format!("{raw} ({e})"),
+                found: format!("{} ({e})", clip(raw)),
             })?;
             toks.push((Tok::Str(s), col(start)));
             i = j + 1;
@@ -196,6 +200,8 @@ fn lex(input: &str) -> Result<Lexer, ParseError> {
 struct Parser {
     toks: Vec<(Tok, usize)>,
     pos: usize,
+    /// Parentheses open at the current position (bounded by [`MAX_NESTING`]).
+    depth: usize,
 }
 
 impl Parser {
@@ -264,9 +270,16 @@ impl Parser {
 
     fn atom(&mut self) -> Result<Formula, ParseError> {
         if *self.peek() == Tok::Sym("(") {
+            if self.depth >= MAX_NESTING {
+                return self.err(&format!(
+                    "at most {MAX_NESTING} levels of nested parentheses (the nesting limit)"
+                ));
+            }
+            self.depth += 1;
             self.bump();
             let f = self.filter()?;
             self.expect_sym(")")?;
+            self.depth -= 1;
             return Ok(f);
         }
         let attr = match self.peek().clone() {
@@ -473,7 +486,11 @@ fn leak(s: &str) -> &'static str {
 /// Parses a filter in the text syntax into a formula.
 pub fn parse_formula(input: &str) -> Result<Formula, ParseError> {
     let Lexer { toks } = lex(input)?;
-    let mut p = Parser { toks, pos: 0 };
+    let mut p = Parser {
+        toks,
+        pos: 0,
+        depth: 0,
+    };
     if *p.peek() == Tok::End {
         return p.err("a filter such as `temp > 30`");
     }

@@ -92,8 +92,12 @@ pub async fn run(
         ));
     }
     let max = worker::max_message(&limits);
-    worker::server()
-        .add_service(worker::reflection()?)
+    let listener = worker::listen::Listener::new(listener, limits.listen);
+    listener
+        .server()
+        .add_service(worker::reflection(
+            &[worker::PUBLIC_SERVICES, &[worker::STREAM_SERVICE]].concat(),
+        )?)
         .add_service(
             v1::ingest_server::IngestServer::new(node.clone()).max_decoding_message_size(max),
         )
@@ -105,7 +109,7 @@ pub async fn run(
         ))
         .add_service(stream)
         .add_service(v1::admin_server::AdminServer::new(admin))
-        .serve_with_incoming_shutdown(worker::incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(listener.incoming(), shutdown)
         .await
         .map_err(|e| NodeError::Startup(e.to_string()))
 }

@@ -18,7 +18,6 @@ use proto::v1::daemon_client::DaemonClient;
 use storage::Store;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 use worker::registry::Registry;
 use worker::{Limits, NodeError};
@@ -26,7 +25,7 @@ use worker::{Limits, NodeError};
 use crate::{Action, Block, Config, Coordinator, Event, ObjectKey, TaskId, WorkerId};
 
 /// Settings of the coordinator process.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub sched: Config,
     /// How often batches are checked for their deadline and tasks for being overdue.
@@ -38,6 +37,8 @@ pub struct ServerConfig {
     /// An object whose test results went missing this many times is left to its node's
     /// outbox resend.
     pub max_attempts: u32,
+    /// What the internal `Cluster` service demands and calls to nodes carry.
+    pub cluster_secret: worker::cluster_secret::ClusterSecret,
 }
 
 impl Default for ServerConfig {
@@ -48,6 +49,7 @@ impl Default for ServerConfig {
             publish_quiet: Duration::from_millis(50),
             publish_max_delay: Duration::from_millis(1000),
             max_attempts: 5,
+            cluster_secret: worker::cluster_secret::ClusterSecret::default(),
         }
     }
 }
@@ -102,7 +104,7 @@ struct Obj {
 /// How the coordinator reaches a node daemon: over gRPC, or in the same process.
 #[derive(Clone)]
 enum NodeLink {
-    Grpc(DaemonClient<Channel>),
+    Grpc(DaemonClient<worker::cluster_secret::Internal>),
     Local(Arc<dyn v1::daemon_server::Daemon>),
 }
 
@@ -223,7 +225,7 @@ impl Driver {
                     match worker::daemon::channel(&r.endpoint) {
                         Ok(ch) => {
                             let client = NodeLink::Grpc(
-                                DaemonClient::new(ch)
+                                DaemonClient::with_interceptor(ch, self.cfg.cluster_secret.stamp())
                                     .max_decoding_message_size(1 << 30)
                                     .max_encoding_message_size(1 << 30),
                             );
@@ -710,6 +712,7 @@ pub struct Started {
     registry: Registry,
     store: Store,
     limits: Limits,
+    cluster_secret: worker::cluster_secret::ClusterSecret,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -765,9 +768,11 @@ pub async fn start(store: Store, limits: Limits, cfg: ServerConfig) -> Result<St
     let nonce = worker::daemon::random_u64() | 1;
     tracing::info!("coordinator nonce {nonce:016x}");
     let (tx, rx) = mpsc::channel(8192);
+    let sched = cfg.sched;
+    let cluster_secret = cfg.cluster_secret.clone();
     let driver = Driver {
         cfg,
-        sched: Coordinator::new(cfg.sched, nonce, 0),
+        sched: Coordinator::new(sched, nonce, 0),
         nonce,
         t0: Instant::now(),
         registry: registry.clone(),
@@ -793,6 +798,7 @@ pub async fn start(store: Store, limits: Limits, cfg: ServerConfig) -> Result<St
         registry,
         store,
         limits,
+        cluster_secret,
         tasks: vec![publisher, driver],
     })
 }
@@ -817,18 +823,25 @@ pub async fn serve(
             },
         ));
     }
-    worker::server()
-        .add_service(worker::reflection()?)
-        .add_service(
+    let check = started.cluster_secret.check();
+    let listener = worker::listen::Listener::new(listener, limits.listen);
+    listener
+        .server()
+        .add_service(worker::reflection(&[
+            "dissem.v1.Subscriptions",
+            "dissem.v1.Admin",
+        ])?)
+        .add_service(tonic::service::interceptor::InterceptedService::new(
             v1::cluster_server::ClusterServer::new(started.handle.clone())
                 .max_decoding_message_size(1 << 30)
                 .max_encoding_message_size(1 << 30),
-        )
+            check,
+        ))
         .add_service(v1::subscriptions_server::SubscriptionsServer::new(
             started.subscriptions(),
         ))
         .add_service(v1::admin_server::AdminServer::new(started.handle.clone()))
-        .serve_with_incoming_shutdown(worker::incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(listener.incoming(), shutdown)
         .await
         .map_err(|e| NodeError::Startup(e.to_string()))
 }

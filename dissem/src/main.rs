@@ -198,6 +198,69 @@ struct UpArgs {
     /// Serve Prometheus metrics (`GET /metrics`) on this address.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    listen_flags: ListenFlags,
+}
+
+/// Connection limits of a gRPC listener (`up`, `node`, `coordinator`).
+#[derive(clap::Args, Debug)]
+struct ListenFlags {
+    /// Most client connections open at once (also bounded by the process's file descriptor
+    /// limit); past it new connections are closed at once.
+    #[arg(long, default_value_t = worker::listen::ListenConfig::default().max_connections)]
+    max_connections: usize,
+    /// A new connection must send its first bytes (the HTTP/2 preface) within this many ms.
+    #[arg(long, default_value_t = 10_000)]
+    handshake_timeout_ms: u64,
+    /// A connection with no request in flight for this many seconds is closed.
+    #[arg(long, default_value_t = 300)]
+    idle_timeout_s: u64,
+    /// HTTP/2 pings to a quiet client this often (s); one unanswered for 20 s closes the
+    /// connection (half-open peers).
+    #[arg(long, default_value_t = 30)]
+    keepalive_s: u64,
+    /// Serve on a non-loopback address even though callers are not authenticated (this
+    /// build has no client authentication yet, so the public API is open to anyone who can
+    /// reach the address).
+    #[arg(long)]
+    insecure: bool,
+}
+
+impl ListenFlags {
+    fn config(&self) -> anyhow::Result<worker::listen::ListenConfig> {
+        if self.max_connections == 0
+            || self.handshake_timeout_ms == 0
+            || self.idle_timeout_s == 0
+            || self.keepalive_s == 0
+        {
+            bail!(
+                "--max-connections, --handshake-timeout-ms, --idle-timeout-s and --keepalive-s \
+                 must be at least 1"
+            );
+        }
+        Ok(worker::listen::ListenConfig {
+            max_connections: self.max_connections,
+            handshake_timeout: std::time::Duration::from_millis(self.handshake_timeout_ms),
+            idle_timeout: std::time::Duration::from_secs(self.idle_timeout_s),
+            keepalive_interval: std::time::Duration::from_secs(self.keepalive_s),
+            ..worker::listen::ListenConfig::default()
+        })
+    }
+
+    /// Refuses a non-loopback address unless `--insecure` was given.
+    fn check_address(&self, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+        if addr.ip().is_loopback() {
+            return Ok(());
+        }
+        if !self.insecure {
+            bail!(
+                "refusing to listen on {addr}: callers would not be authenticated; listen on \
+                 127.0.0.1, or pass --insecure to serve this address anyway"
+            );
+        }
+        eprintln!("warning: serving {addr} with --insecure: callers are not authenticated");
+        Ok(())
+    }
 }
 
 /// Binds the metrics listener when asked for.
@@ -224,11 +287,14 @@ fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
         let store = storage::Store::open(&a.data, a.node)
             .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", a.data.display()))?;
         let pending = store.outbox_len();
+        a.listen_flags.check_address(a.listen)?;
         let (listener, addr) = worker::bind(a.listen).await?;
         let limits = worker::Limits {
             max_object_bytes: a.max_object_bytes,
             max_attributes: a.max_attributes,
             max_requests_per_second_per_connection: a.max_requests_per_second.max(1),
+            allow_private_targets: w.allow_private_targets,
+            listen: a.listen_flags.config()?,
             ..worker::Limits::default()
         };
         if a.retain_seconds > 0 || a.max_objects > 0 {
@@ -297,6 +363,15 @@ struct CoordinatorArgs {
     /// Serve Prometheus metrics (`GET /metrics`) on this address.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// The cluster secret that nodes present on internal calls (created with a random secret,
+    /// mode 0600, if missing). Default: cluster.secret in the data directory.
+    #[arg(long)]
+    cluster_secret_file: Option<PathBuf>,
+    /// Allow subscriptions whose targets are on loopback, private and link-local addresses.
+    #[arg(long)]
+    allow_private_targets: bool,
+    #[command(flatten)]
+    listen_flags: ListenFlags,
 }
 
 fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
@@ -316,6 +391,17 @@ fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
         })?;
         let store = storage::Store::open(&a.data, 0)
             .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", a.data.display()))?;
+        a.listen_flags.check_address(a.listen)?;
+        let secret_file = a
+            .cluster_secret_file
+            .clone()
+            .unwrap_or_else(|| a.data.join("cluster.secret"));
+        let cluster_secret = worker::cluster_secret::ClusterSecret::load_or_create(&secret_file)?;
+        let limits = worker::Limits {
+            allow_private_targets: a.allow_private_targets,
+            listen: a.listen_flags.config()?,
+            ..worker::Limits::default()
+        };
         let (listener, addr) = worker::bind(a.listen).await?;
         let cfg = coordinator::server::ServerConfig {
             sched: coordinator::Config {
@@ -328,11 +414,13 @@ fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
                 min_timeout_ms: a.min_timeout_ms,
                 ..coordinator::Config::default()
             },
+            cluster_secret,
             ..coordinator::server::ServerConfig::default()
         };
         println!(
-            "dissem coordinator listening on {addr} (data in {})",
-            a.data.display()
+            "dissem coordinator listening on {addr} (data in {}, cluster secret in {})",
+            a.data.display(),
+            secret_file.display()
         );
         use std::io::Write;
         std::io::stdout().flush()?;
@@ -340,15 +428,7 @@ fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
             let _ = tokio::signal::ctrl_c().await;
         };
         let metrics = metrics_listener(a.metrics_listen).await?;
-        coordinator::server::serve(
-            listener,
-            store,
-            worker::Limits::default(),
-            cfg,
-            metrics,
-            shutdown,
-        )
-        .await?;
+        coordinator::server::serve(listener, store, limits, cfg, metrics, shutdown).await?;
         Ok(true)
     })
 }
@@ -486,6 +566,10 @@ struct NodeArgs {
     /// The URL other processes reach this node at (default: http:// + the listen address).
     #[arg(long)]
     advertise: Option<String>,
+    /// The cluster secret that internal calls carry: the file the coordinator keeps
+    /// (`cluster.secret` in its data directory, or its --cluster-secret-file).
+    #[arg(long, env = "DISSEM_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
     #[command(flatten)]
     workers: WorkerFlags,
 }
@@ -500,11 +584,21 @@ fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
         })?;
         let store = storage::Store::open(&u.data, u.node)
             .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", u.data.display()))?;
+        u.listen_flags.check_address(u.listen)?;
+        let secret_file = a.cluster_secret_file.as_ref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "a cluster node needs its coordinator's cluster secret: pass \
+                 --cluster-secret-file (the coordinator writes it to cluster.secret in its data \
+                 directory)"
+            )
+        })?;
         let (listener, addr) = worker::bind(u.listen).await?;
         let limits = worker::Limits {
             max_object_bytes: u.max_object_bytes,
             max_attributes: u.max_attributes,
             max_requests_per_second_per_connection: u.max_requests_per_second.max(1),
+            allow_private_targets: a.workers.allow_private_targets,
+            listen: u.listen_flags.config()?,
             ..worker::Limits::default()
         };
         if u.retain_seconds > 0 || u.max_objects > 0 {
@@ -519,9 +613,10 @@ fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
             .advertise
             .clone()
             .unwrap_or_else(|| format!("http://{addr}"));
-        let cfg = a
+        let mut cfg = a
             .workers
             .daemon_config(u.node, a.coordinator.clone(), endpoint);
+        cfg.cluster_secret = worker::cluster_secret::ClusterSecret::load(secret_file)?;
         println!(
             "dissem node {} listening on {addr} (data in {}, coordinator {})",
             u.node,

@@ -160,13 +160,32 @@ fn seq_of(k: &[u8]) -> Option<u64> {
         .map(u64::from_be_bytes)
 }
 
+/// Opens sled in `path`. A store dropped in this same process releases its file lock only
+/// once sled's background flusher has stopped, a moment later: a lock that is still held is
+/// tried again for up to five seconds before it is an error.
+fn open_db(path: &std::path::Path) -> Result<sled::Db, StorageError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match sled::Config::new()
+            .path(path)
+            .mode(sled::Mode::HighThroughput)
+            .open()
+        {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
 impl Store {
     /// Opens (or creates) the store in `path` for node `node`.
     pub fn open(path: &std::path::Path, node: u32) -> Result<Store, StorageError> {
-        let db = sled::Config::new()
-            .path(path)
-            .mode(sled::Mode::HighThroughput)
-            .open()?;
+        let db = open_db(path)?;
         let meta = db.open_tree("meta")?;
         // ids reserved before a crash are skipped, never reused
         let reserved = meta

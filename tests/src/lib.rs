@@ -33,3 +33,12 @@ pub fn dissem_bin() -> PathBuf {
 pub fn start_cluster(dir: &Path, n: u32, coord_args: &[&str], node_args: &[&str]) -> Cluster {
     Cluster::start(&dissem_bin(), dir, n, coord_args, node_args)
 }
+
+/// The runtime a test drives its clients on: two worker threads, like the machine.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}

@@ -14,19 +14,11 @@ use bench::workload::{IotSpec, Workload};
 use blocks::{Event, ReferenceMatcher};
 use storage::ObjectId;
 use tests::{
-    Cluster, delivery_records, put_request, put_retrying, start_cluster, stats, subscribe_all,
-    temp_dir, wait_for, workers,
+    Cluster, delivery_records, put_request, put_retrying, runtime, start_cluster, stats,
+    subscribe_all, temp_dir, wait_for, workers,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 /// The reference matcher's (subscription, object) pairs, computed on a thread meanwhile.
 fn expected_pairs(

@@ -10,19 +10,11 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use proto::v1;
-use tests::{Proc, channel, dissem_bin, stats, temp_dir, wait_for};
+use tests::{Proc, channel, dissem_bin, runtime, stats, temp_dir, wait_for};
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

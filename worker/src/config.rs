@@ -1,6 +1,8 @@
-//! Limits on what one request may carry, with defaults; every one is a setting.
+//! Limits on what one request and one connection may carry, with defaults; every one is a
+//! setting.
 
-/// Per-request limits enforced before anything is stored.
+/// Per-request limits enforced before anything is stored, and the connection limits of the
+/// listener serving them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Largest object payload, bytes.
@@ -20,6 +22,11 @@ pub struct Limits {
     /// Requests per second one client connection may make (puts, announces, stream
     /// messages); above it requests get `ResourceExhausted`.
     pub max_requests_per_second_per_connection: u32,
+    /// Whether subscriptions may target loopback, private and link-local addresses (refused at
+    /// subscribe time otherwise, as delivery would refuse them).
+    pub allow_private_targets: bool,
+    /// Connection cap and timeouts of the listener.
+    pub listen: crate::listen::ListenConfig,
 }
 
 impl Default for Limits {
@@ -33,6 +40,8 @@ impl Default for Limits {
             max_external_id_bytes: 1024,
             max_filter_bytes: 64 << 10,
             max_requests_per_second_per_connection: 50_000,
+            allow_private_targets: false,
+            listen: crate::listen::ListenConfig::default(),
         }
     }
 }

@@ -20,6 +20,8 @@ use blocks::shard::TestOutput;
 use proto::v1;
 use proto::v1::cluster_client::ClusterClient;
 use proto::v1::daemon_client::DaemonClient;
+
+use crate::cluster_secret::Internal;
 use roaring::RoaringBitmap;
 use storage::{ObjectId, Store};
 use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
@@ -53,7 +55,7 @@ static NO_HARDWARE_GPU: std::sync::atomic::AtomicBool = std::sync::atomic::Atomi
 /// coordinator's service in the same process.
 #[derive(Clone)]
 pub enum CoordLink {
-    Grpc(ClusterClient<Channel>),
+    Grpc(ClusterClient<Internal>),
     Local(Arc<dyn v1::cluster_server::Cluster>),
 }
 
@@ -123,6 +125,8 @@ pub struct DaemonConfig {
     pub bulk_lane: bool,
     /// Pushing matches to subscribers.
     pub delivery: crate::deliver::DeliveryConfig,
+    /// What internal calls to and from this daemon carry (the coordinator's secret).
+    pub cluster_secret: crate::cluster_secret::ClusterSecret,
 }
 
 impl DaemonConfig {
@@ -147,6 +151,7 @@ impl DaemonConfig {
             gpu: GpuUse::Hardware,
             bulk_lane: true,
             delivery: crate::deliver::DeliveryConfig::default(),
+            cluster_secret: crate::cluster_secret::ClusterSecret::default(),
         }
     }
 }
@@ -205,7 +210,7 @@ struct Inner {
     changes: Mutex<Changes>,
     results: Mutex<HashMap<(u64, u64), CachedResults>>,
     images: AsyncMutex<BTreeMap<u64, Arc<Loaded>>>,
-    peers: Mutex<HashMap<(String, bool), DaemonClient<Channel>>>,
+    peers: Mutex<HashMap<(String, bool), DaemonClient<Internal>>>,
     /// When each outbox object was last sent to the coordinator.
     sent: Mutex<HashMap<ObjectId, Instant>>,
     forward: mpsc::Sender<v1::ArrivedObject>,
@@ -251,9 +256,10 @@ impl Daemon {
     /// A daemon that reaches its coordinator over gRPC at `cfg.coordinator`, started
     /// ([`Daemon::new`] then [`Daemon::spawn`]).
     pub fn start(cfg: DaemonConfig, store: Store, limits: Limits) -> Result<Daemon, NodeError> {
-        let coord = ClusterClient::new(channel(&cfg.coordinator)?)
-            .max_decoding_message_size(1 << 30)
-            .max_encoding_message_size(64 << 20);
+        let coord =
+            ClusterClient::with_interceptor(channel(&cfg.coordinator)?, cfg.cluster_secret.stamp())
+                .max_decoding_message_size(1 << 30)
+                .max_encoding_message_size(64 << 20);
         let d = Daemon::new(cfg, store, limits, CoordLink::Grpc(coord));
         d.spawn();
         Ok(d)
@@ -790,15 +796,18 @@ impl Daemon {
 
     /// A client of a peer node's daemon, one per lane (a connection is driven by the runtime
     /// that opened it).
-    fn peer(&self, endpoint: &str) -> Result<DaemonClient<Channel>, NodeError> {
+    fn peer(&self, endpoint: &str) -> Result<DaemonClient<Internal>, NodeError> {
         let key = (endpoint.to_string(), crate::lanes::on_bulk());
         let mut peers = lock(&self.inner.peers);
         if let Some(c) = peers.get(&key) {
             return Ok(c.clone());
         }
-        let c = DaemonClient::new(channel(endpoint)?)
-            .max_decoding_message_size(1 << 30)
-            .max_encoding_message_size(1 << 30);
+        let c = DaemonClient::with_interceptor(
+            channel(endpoint)?,
+            self.inner.cfg.cluster_secret.stamp(),
+        )
+        .max_decoding_message_size(1 << 30)
+        .max_encoding_message_size(1 << 30);
         peers.insert(key, c.clone());
         Ok(c)
     }

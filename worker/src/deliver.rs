@@ -1624,7 +1624,10 @@ impl v1::stream_server::Stream for Deliverer {
         let name = match input.next().await {
             Some(Ok(v1::StreamClientMessage {
                 kind: Some(v1::stream_client_message::Kind::Attach(name)),
-            })) if !name.is_empty() => name,
+            })) => {
+                crate::validate::stream_name("attach", &name)?;
+                name
+            }
             Some(Err(e)) => return Err(e),
             _ => {
                 return Err(Status::invalid_argument(

@@ -33,18 +33,33 @@ impl NodeError {
     }
 }
 
+/// Longest message a status carries: it travels in a header, and a client cannot read a
+/// multi-megabyte one (values are quoted short where they are named; this is the backstop).
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
+
+fn bounded(e: &NodeError) -> String {
+    let mut m = e.to_string();
+    if m.len() > MAX_STATUS_MESSAGE_BYTES {
+        let cut = m.floor_char_boundary(MAX_STATUS_MESSAGE_BYTES);
+        m.truncate(cut);
+        m.push_str("...");
+    }
+    m
+}
+
 impl From<NodeError> for tonic::Status {
     fn from(e: NodeError) -> tonic::Status {
+        let m = bounded(&e);
         match &e {
-            NodeError::InvalidArgument { .. } => tonic::Status::invalid_argument(e.to_string()),
-            NodeError::NotFound(_) => tonic::Status::not_found(e.to_string()),
-            NodeError::RateLimited(_) => tonic::Status::resource_exhausted(e.to_string()),
+            NodeError::InvalidArgument { .. } => tonic::Status::invalid_argument(m),
+            NodeError::NotFound(_) => tonic::Status::not_found(m),
+            NodeError::RateLimited(_) => tonic::Status::resource_exhausted(m),
             NodeError::Storage(_) => {
-                tracing::error!("storage failure: {e}");
-                tonic::Status::unavailable(e.to_string())
+                tracing::error!("storage failure: {m}");
+                tonic::Status::unavailable(m)
             }
-            NodeError::Startup(_) => tonic::Status::internal(e.to_string()),
-            NodeError::Unavailable(_) => tonic::Status::unavailable(e.to_string()),
+            NodeError::Startup(_) => tonic::Status::internal(m),
+            NodeError::Unavailable(_) => tonic::Status::unavailable(m),
         }
     }
 }

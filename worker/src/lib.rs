@@ -9,12 +9,14 @@
 //! `proxy` (a cluster node forwards subscription calls to the coordinator).
 
 pub mod client;
+pub mod cluster_secret;
 pub mod config;
 pub mod daemon;
 pub mod deliver;
 pub mod disseminate;
 pub mod error;
 pub mod lanes;
+pub mod listen;
 pub mod metrics;
 pub mod proxy;
 pub mod rate;
@@ -31,8 +33,6 @@ use proto::v1::objects_server::ObjectsServer;
 use proto::v1::subscriptions_server::SubscriptionsServer;
 use storage::Store;
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 
 pub use config::Limits;
 pub use error::NodeError;
@@ -66,13 +66,15 @@ pub async fn run(
     }
     let node = services::Node::new(store, limits, services::Sink::Embedded(dissem));
     let max = max_message(&limits);
-    server()
-        .add_service(reflection()?)
+    let listener = listen::Listener::new(listener, limits.listen);
+    listener
+        .server()
+        .add_service(reflection(PUBLIC_SERVICES)?)
         .add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
         .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
         .add_service(SubscriptionsServer::new(node.clone()))
         .add_service(AdminServer::new(node))
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(listener.incoming(), shutdown)
         .await
         .map_err(|e| NodeError::Startup(e.to_string()))
 }
@@ -89,6 +91,7 @@ pub async fn run_node(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
     let coordinator = daemon::channel(&cfg.coordinator)?;
+    let cluster_auth = cfg.cluster_secret.check();
     let daemon = daemon::Daemon::start(cfg, store.clone(), limits)?;
     let node = services::Node::new(store, limits, services::Sink::Cluster(daemon.clone()));
     if let Some(l) = metrics {
@@ -101,8 +104,10 @@ pub async fn run_node(
         ));
     }
     let max = max_message(&limits);
-    server()
-        .add_service(reflection()?)
+    let listener = listen::Listener::new(listener, limits.listen);
+    listener
+        .server()
+        .add_service(reflection(&[PUBLIC_SERVICES, &[STREAM_SERVICE]].concat())?)
         .add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
         .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
         .add_service(SubscriptionsServer::new(proxy::SubscriptionsProxy::new(
@@ -112,51 +117,48 @@ pub async fn run_node(
         .add_service(proto::v1::stream_server::StreamServer::new(
             daemon.deliverer().clone(),
         ))
-        .add_service(
+        .add_service(tonic::service::interceptor::InterceptedService::new(
             proto::v1::daemon_server::DaemonServer::new(daemon)
                 .max_decoding_message_size(1 << 30)
                 .max_encoding_message_size(1 << 30),
-        )
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+            cluster_auth,
+        ))
+        .serve_with_incoming_shutdown(listener.incoming(), shutdown)
         .await
         .map_err(|e| NodeError::Startup(e.to_string()))
 }
 
-/// gRPC server reflection over every `dissem.v1` file.
-pub fn reflection() -> Result<
+/// The public services a node serves (and server reflection describes).
+pub const PUBLIC_SERVICES: &[&str] = &[
+    "dissem.v1.Ingest",
+    "dissem.v1.Objects",
+    "dissem.v1.Subscriptions",
+    "dissem.v1.Admin",
+];
+/// The stream-subscriber service (a node with delivery serves it).
+pub const STREAM_SERVICE: &str = "dissem.v1.Stream";
+
+/// gRPC server reflection over the `dissem.v1` files, advertising exactly `services` (the
+/// public ones a port serves; internal services are never advertised).
+pub fn reflection(
+    services: &[&str],
+) -> Result<
     tonic_reflection::server::v1::ServerReflectionServer<
         impl tonic_reflection::server::v1::ServerReflection,
     >,
     NodeError,
 > {
-    tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| NodeError::Startup(e.to_string()))
-}
-
-/// A server builder with large flow-control windows (objects up to the size limit).
-pub fn server() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(16 << 20))
+    let mut b = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET);
+    for s in services {
+        b = b.with_service_name(*s);
+    }
+    b.build_v1().map_err(|e| NodeError::Startup(e.to_string()))
 }
 
 /// The largest request the public API accepts under `limits`.
 pub fn max_message(limits: &Limits) -> usize {
     limits.max_object_bytes + 64 * 1024 + limits.max_attributes * (limits.max_string_bytes + 256)
-}
-
-/// Accepted connections with Nagle off (small request/response exchanges).
-pub fn incoming(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    TcpListenerStream::new(listener).map(|s| {
-        if let Ok(s) = &s {
-            let _ = s.set_nodelay(true);
-        }
-        s
-    })
 }
 
 /// Binds `addr` (port 0 picks a free one) and returns the listener and its address.

@@ -361,6 +361,7 @@ impl v1::subscriptions_server::Subscriptions for Node {
             .subscription
             .ok_or_else(|| NodeError::invalid("subscription", "required"))?;
         let dnf = validate::subscription(&s, &self.limits)?;
+        validate::target_address(&s, &self.limits).await?;
         s.id = self.store.next_subscription_id().map_err(NodeError::from)?;
         Ok(Response::new(self.save_subscription(s, dnf).await?))
     }
@@ -414,6 +415,7 @@ impl v1::subscriptions_server::Subscriptions for Node {
             return Err(NodeError::invalid("subscription.id", "required for an update").into());
         }
         let dnf = validate::subscription(&s, &self.limits)?;
+        validate::target_address(&s, &self.limits).await?;
         if self
             .store
             .get_subscription(s.id)

@@ -197,9 +197,106 @@ pub fn filter(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeError> {
     }
 }
 
-/// The rest of a subscription: target, priority, retry policy.
+/// Longest target URL, bytes.
+pub const MAX_URL_BYTES: usize = 2048;
+/// Longest stream name, bytes (subscriptions and `Stream.Open` alike).
+pub const MAX_STREAM_NAME_BYTES: usize = 256;
+/// Longest webhook secret, bytes.
+pub const MAX_SECRET_BYTES: usize = 1024;
+
+/// A stream name as a subscription targets it and a subscriber attaches to it.
+pub fn stream_name(field: &str, name: &str) -> Result<(), NodeError> {
+    if name.is_empty() || name.len() > MAX_STREAM_NAME_BYTES {
+        return Err(NodeError::invalid(
+            field,
+            format!(
+                "a stream name of 1..={MAX_STREAM_NAME_BYTES} bytes is required, got {} bytes",
+                name.len()
+            ),
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(NodeError::invalid(
+            field,
+            "stream names cannot hold control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// An http URL target: `http://` only (this build has no TLS client, so an `https://` target
+/// could never be reached), a host, bounded length.
+fn url_target(field: &str, u: &str) -> Result<(), NodeError> {
+    if u.len() > MAX_URL_BYTES {
+        return Err(NodeError::invalid(
+            field,
+            format!(
+                "URL of {} bytes exceeds the limit of {MAX_URL_BYTES}",
+                u.len()
+            ),
+        ));
+    }
+    if u.starts_with("https://") {
+        return Err(NodeError::invalid(
+            field,
+            "https targets are not supported by this build yet (no TLS client); use http://",
+        ));
+    }
+    if !u.starts_with("http://") {
+        return Err(NodeError::invalid(
+            field,
+            format!("{} is not an http:// URL", blocks::quote::quoted(u)),
+        ));
+    }
+    let uri: hyper::Uri = u.parse().map_err(|e| {
+        NodeError::invalid(
+            field,
+            format!("{} is not a URL: {e}", blocks::quote::quoted(u)),
+        )
+    })?;
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(NodeError::invalid(field, "the URL has no host"));
+    }
+    Ok(())
+}
+
+/// Every attribute a filter names must be one a `Put` could carry (same charset and length),
+/// or the subscription could never match.
+fn filter_names(dnf: &Dnf, field: &str, limits: &Limits) -> Result<(), NodeError> {
+    for p in dnf.0.iter().flat_map(|c| c.0.iter()) {
+        if p.attr.len() > limits.max_name_bytes {
+            return Err(NodeError::invalid(
+                field,
+                format!(
+                    "attribute name of {} bytes exceeds the limit of {} that puts allow",
+                    p.attr.len(),
+                    limits.max_name_bytes
+                ),
+            ));
+        }
+        if !valid_name(&p.attr) {
+            return Err(NodeError::invalid(
+                field,
+                format!(
+                    "attribute name {} can never be put (letters, digits, `_ . - / :`, \
+                     starting with a letter or `_`)",
+                    blocks::quote::quoted(&p.attr)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rest of a subscription: target, QoS, priority, retry policy, secret, and the names
+/// its filter uses.
 pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeError> {
     let dnf = filter(s, limits)?;
+    let filter_field = match s.filter {
+        Some(v1::subscription::Filter::Eventbridge(_)) => "subscription.filter.eventbridge",
+        _ => "subscription.filter.text",
+    };
+    filter_names(&dnf, filter_field, limits)?;
     use v1::target::Kind;
     match s.target.as_ref().and_then(|t| t.kind.as_ref()) {
         None => {
@@ -208,26 +305,29 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeEr
                 "a grpc, webhook or stream target is required",
             ));
         }
-        Some(Kind::Grpc(u)) | Some(Kind::Webhook(u))
-            if !(u.starts_with("http://") || u.starts_with("https://")) =>
-        {
-            return Err(NodeError::invalid(
-                "subscription.target",
-                format!("{u:?} is not an http(s) URL"),
-            ));
-        }
-        Some(Kind::Stream(n)) if n.is_empty() || n.len() > 256 => {
-            return Err(NodeError::invalid(
-                "subscription.target.stream",
-                "a stream name of 1..=256 bytes is required",
-            ));
-        }
-        Some(_) => {}
+        Some(Kind::Grpc(u)) => url_target("subscription.target.grpc", u)?,
+        Some(Kind::Webhook(u)) => url_target("subscription.target.webhook", u)?,
+        Some(Kind::Stream(n)) => stream_name("subscription.target.stream", n)?,
+    }
+    if v1::Qos::try_from(s.qos).is_err() {
+        return Err(NodeError::invalid(
+            "subscription.qos",
+            format!("{} is not a QoS level (0, 1 or 2)", s.qos),
+        ));
     }
     if s.priority > 7 {
         return Err(NodeError::invalid(
             "subscription.priority",
             format!("{} is not in 0..=7", s.priority),
+        ));
+    }
+    if s.webhook_secret.len() > MAX_SECRET_BYTES {
+        return Err(NodeError::invalid(
+            "subscription.webhook_secret",
+            format!(
+                "{} bytes exceed the limit of {MAX_SECRET_BYTES}",
+                s.webhook_secret.len()
+            ),
         ));
     }
     if let Some(r) = &s.retry
@@ -240,6 +340,21 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeEr
         ));
     }
     Ok(dnf)
+}
+
+/// The address rule for a subscription's URL target, checked when it is created or updated:
+/// a target that resolves to a loopback, private or link-local address is refused unless
+/// the node allows private targets (delivery would refuse it on every attempt).
+pub async fn target_address(s: &v1::Subscription, limits: &Limits) -> Result<(), NodeError> {
+    use v1::target::Kind;
+    let (field, url) = match s.target.as_ref().and_then(|t| t.kind.as_ref()) {
+        Some(Kind::Grpc(u)) => ("subscription.target.grpc", u),
+        Some(Kind::Webhook(u)) => ("subscription.target.webhook", u),
+        _ => return Ok(()),
+    };
+    crate::deliver::check_target(url, limits.allow_private_targets)
+        .await
+        .map_err(|e| NodeError::invalid(field, e))
 }
 
 /// A metadata value as sent on the wire (numbers as exact decimal text).
