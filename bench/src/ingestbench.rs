@@ -209,6 +209,7 @@ async fn run_dissem(
     let flush_counter = store.clone();
     let (listener, addr) = worker::bind("127.0.0.1:0".parse()?).await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let listener = worker::listen::Listener::new(listener, worker::Limits::default().listen);
     let server = tokio::spawn(worker::run(
         listener,
         store,

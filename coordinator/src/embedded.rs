@@ -62,7 +62,7 @@ impl v1::admin_server::Admin for EmbeddedAdmin {
 /// Runs the embedded cluster on `listener` until `shutdown` resolves. Objects still in the
 /// outbox from an earlier run are matched once the node daemon has registered.
 pub async fn run(
-    listener: TcpListener,
+    listener: worker::listen::Listener,
     store: Store,
     limits: Limits,
     cfg: ServerConfig,
@@ -92,7 +92,6 @@ pub async fn run(
         ));
     }
     let max = worker::max_message(&limits);
-    let listener = worker::listen::Listener::new(listener, limits.listen);
     listener
         .server()
         .add_service(worker::reflection(

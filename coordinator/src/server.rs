@@ -806,7 +806,7 @@ pub async fn start(store: Store, limits: Limits, cfg: ServerConfig) -> Result<St
 /// Runs the coordinator on `listener` until `shutdown` resolves: the registry over `store`
 /// (subscriptions and their images), the driver, and the gRPC services.
 pub async fn serve(
-    listener: TcpListener,
+    listener: worker::listen::Listener,
     store: Store,
     limits: Limits,
     cfg: ServerConfig,
@@ -824,7 +824,6 @@ pub async fn serve(
         ));
     }
     let check = started.cluster_secret.check();
-    let listener = worker::listen::Listener::new(listener, limits.listen);
     listener
         .server()
         .add_service(worker::reflection(&[

@@ -134,6 +134,11 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Manages the tokens of an auth file.
+    Token {
+        #[command(subcommand)]
+        which: TokenCmd,
+    },
     /// Benchmarks that print figures and optionally write JSON.
     Bench {
         #[command(subcommand)]
@@ -150,16 +155,19 @@ struct NodeArg {
         env = "DISSEM_NODE_URL"
     )]
     url: String,
+    /// The bearer token to present (a node with --auth-file requires one).
+    #[arg(long, env = "DISSEM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
-fn client<F, Fut>(url: &str, f: F) -> anyhow::Result<bool>
+fn client<F, Fut>(node: &NodeArg, f: F) -> anyhow::Result<bool>
 where
     F: FnOnce(worker::client::Channel) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<String>, worker::NodeError>>,
 {
     let rt = tokio::runtime::Runtime::new()?;
     let lines = rt.block_on(async {
-        let ch = worker::client::connect(url).await?;
+        let ch = worker::client::connect(&node.url, node.token.as_deref()).await?;
         f(ch).await
     })?;
     for l in lines {
@@ -219,9 +227,12 @@ struct ListenFlags {
     /// connection (half-open peers).
     #[arg(long, default_value_t = 30)]
     keepalive_s: u64,
-    /// Serve on a non-loopback address even though callers are not authenticated (this
-    /// build has no client authentication yet, so the public API is open to anyone who can
-    /// reach the address).
+    /// Authenticate callers with the tokens of this file (TOML; `dissem token create` adds
+    /// tokens). Without it every caller may do everything.
+    #[arg(long, env = "DISSEM_AUTH_FILE")]
+    auth_file: Option<PathBuf>,
+    /// Serve on a non-loopback address without --auth-file (the public API is then open to
+    /// anyone who can reach the address).
     #[arg(long)]
     insecure: bool,
 }
@@ -247,19 +258,40 @@ impl ListenFlags {
         })
     }
 
-    /// Refuses a non-loopback address unless `--insecure` was given.
+    /// Refuses a non-loopback address without authentication unless `--insecure` was given.
     fn check_address(&self, addr: std::net::SocketAddr) -> anyhow::Result<()> {
-        if addr.ip().is_loopback() {
+        if addr.ip().is_loopback() || self.auth_file.is_some() {
             return Ok(());
         }
         if !self.insecure {
             bail!(
-                "refusing to listen on {addr}: callers would not be authenticated; listen on \
-                 127.0.0.1, or pass --insecure to serve this address anyway"
+                "refusing to listen on {addr} without authentication: pass --auth-file FILE, \
+                 listen on 127.0.0.1, or pass --insecure to serve this address to anyone"
             );
         }
         eprintln!("warning: serving {addr} with --insecure: callers are not authenticated");
         Ok(())
+    }
+
+    /// The guarded listener: connection limits and, with --auth-file, authentication.
+    fn listener(
+        &self,
+        tcp: tokio::net::TcpListener,
+        limits: &worker::Limits,
+    ) -> anyhow::Result<worker::listen::Listener> {
+        let auth = match &self.auth_file {
+            None => None,
+            Some(p) => {
+                let a = worker::auth::Auth::load(p)?;
+                eprintln!(
+                    "authenticating callers with {} tokens of {}",
+                    a.len(),
+                    p.display()
+                );
+                Some(std::sync::Arc::new(a))
+            }
+        };
+        Ok(worker::listen::Listener::new(tcp, limits.listen).with_auth(auth))
     }
 }
 
@@ -318,6 +350,7 @@ fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
         };
         let daemon = w.daemon_config(a.node, String::new(), String::new());
         let metrics = metrics_listener(a.metrics_listen).await?;
+        let listener = a.listen_flags.listener(listener, &limits)?;
         coordinator::embedded::run(
             listener,
             store,
@@ -428,6 +461,7 @@ fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
             let _ = tokio::signal::ctrl_c().await;
         };
         let metrics = metrics_listener(a.metrics_listen).await?;
+        let listener = a.listen_flags.listener(listener, &limits)?;
         coordinator::server::serve(listener, store, limits, cfg, metrics, shutdown).await?;
         Ok(true)
     })
@@ -629,9 +663,30 @@ fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
             let _ = tokio::signal::ctrl_c().await;
         };
         let metrics = metrics_listener(u.metrics_listen).await?;
+        let listener = u.listen_flags.listener(listener, &limits)?;
         worker::run_node(listener, store, limits, cfg, metrics, shutdown).await?;
         Ok(true)
     })
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCmd {
+    /// Creates a token: prints it once and stores only its SHA-256 in the auth file (created,
+    /// mode 0600, if missing). Nodes read the file at start.
+    Create {
+        /// The auth file (TOML).
+        #[arg(long, env = "DISSEM_AUTH_FILE")]
+        auth_file: PathBuf,
+        /// The token's name (letters, digits, _ . -), unique in the file.
+        #[arg(long)]
+        name: String,
+        /// The tenant it acts for.
+        #[arg(long)]
+        tenant: String,
+        /// Comma-separated roles among ingest, subscribe, read, admin.
+        #[arg(long, value_delimiter = ',', required = true)]
+        roles: Vec<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -996,7 +1051,25 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Up { up: a, workers } => up(a, workers),
         Command::Coordinator(a) => coordinator_cmd(a),
-        Command::Workers { node } => client(&node.url, worker::client::workers),
+        Command::Workers { node } => client(&node, worker::client::workers),
+        Command::Token {
+            which:
+                TokenCmd::Create {
+                    auth_file,
+                    name,
+                    tenant,
+                    roles,
+                },
+        } => worker::auth::create_token(&auth_file, &name, &tenant, &roles)
+            .map(|token| {
+                eprintln!(
+                    "token {name:?} for tenant {tenant:?} added to {} (shown once; only its hash is stored)",
+                    auth_file.display()
+                );
+                println!("{token}");
+                true
+            })
+            .map_err(anyhow::Error::from),
         Command::Demo {
             subs,
             objects,
@@ -1008,7 +1081,7 @@ fn main() -> ExitCode {
             node,
             limit,
             redrive_all,
-        } => client(&node.url, |ch| async move {
+        } => client(&node, |ch| async move {
             if redrive_all {
                 worker::client::redrive_all(ch).await
             } else {
@@ -1021,7 +1094,7 @@ fn main() -> ExitCode {
             attrs,
             data,
             priority,
-        } => client(&node.url, |ch| async move {
+        } => client(&node, |ch| async move {
             Ok(vec![
                 worker::client::put(ch, data.into_bytes(), &attrs, priority).await?,
             ])
@@ -1032,19 +1105,19 @@ fn main() -> ExitCode {
             target,
             qos,
             priority,
-        } => client(&node.url, |ch| async move {
+        } => client(&node, |ch| async move {
             Ok(vec![
                 worker::client::subscribe(ch, &filter, &target, qos, priority)
                     .await?
                     .to_string(),
             ])
         }),
-        Command::Unsubscribe { node, id } => client(&node.url, |ch| async move {
+        Command::Unsubscribe { node, id } => client(&node, |ch| async move {
             worker::client::unsubscribe(ch, id).await?;
             Ok(vec![format!("deleted {id}")])
         }),
-        Command::Subscriptions { node } => client(&node.url, worker::client::subscriptions),
-        Command::Stats { node } => client(&node.url, worker::client::stats),
+        Command::Subscriptions { node } => client(&node, worker::client::subscriptions),
+        Command::Stats { node } => client(&node, worker::client::stats),
         Command::Bench {
             which: Bench::Match(a),
         } => bench_match(a),

@@ -2,17 +2,61 @@
 //! `unsubscribe`, `subscriptions`, `stats`): argument forms to API messages and back to text.
 
 use proto::v1;
-pub use tonic::transport::Channel;
+use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::error::NodeError;
 
-/// Connects to a node (e.g. `http://127.0.0.1:7700`).
-pub async fn connect(url: &str) -> Result<Channel, NodeError> {
-    Channel::from_shared(url.to_string())
+/// Adds the caller's bearer token (if any) to every call.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Bearer(..)"
+        } else {
+            "Bearer(none)"
+        })
+    }
+}
+
+impl Bearer {
+    /// `token` as an `authorization: Bearer` header (`None`: no header).
+    pub fn new(token: Option<&str>) -> Result<Bearer, NodeError> {
+        token
+            .map(|t| {
+                MetadataValue::try_from(format!("Bearer {}", t.trim()))
+                    .map_err(|_| NodeError::invalid("--token", "not a valid header value"))
+            })
+            .transpose()
+            .map(Bearer)
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A connection whose calls carry the caller's token.
+pub type Channel =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>;
+
+/// Connects to a node (e.g. `http://127.0.0.1:7700`), presenting `token` if given.
+pub async fn connect(url: &str, token: Option<&str>) -> Result<Channel, NodeError> {
+    let bearer = Bearer::new(token)?;
+    let ch = tonic::transport::Channel::from_shared(url.to_string())
         .map_err(|e| NodeError::invalid("--node-url", e.to_string()))?
         .connect()
         .await
-        .map_err(|e| NodeError::Startup(format!("connecting to {url}: {e}")))
+        .map_err(|e| NodeError::Startup(format!("connecting to {url}: {e}")))?;
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        ch, bearer,
+    ))
 }
 
 fn status(e: tonic::Status) -> NodeError {

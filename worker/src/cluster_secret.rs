@@ -50,7 +50,7 @@ fn digest(b: &[u8]) -> [u8; 32] {
 }
 
 /// 32 random bytes as hex (the kernel's generator; std's randomly keyed hasher if it fails).
-fn random_hex() -> String {
+pub(crate) fn random_hex() -> String {
     use std::io::Read;
     let mut b = [0u8; 32];
     let ok = std::fs::File::open("/dev/urandom")

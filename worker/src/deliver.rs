@@ -257,6 +257,15 @@ pub struct Deliverer {
 }
 
 /// The delivery id of (subscription, object): the same on every retry.
+/// The key of a tenant's named stream (the name itself without authentication).
+pub fn stream_key(tenant: &str, name: &str) -> String {
+    if tenant.is_empty() {
+        name.to_string()
+    } else {
+        format!("{tenant}\u{0}{name}")
+    }
+}
+
 pub fn delivery_id(sub: u64, obj: ObjectId) -> String {
     format!("{sub}-{}-{}", obj.node, obj.seq)
 }
@@ -718,6 +727,11 @@ impl Deliverer {
     /// A subscription looked up less than `SUB_CACHE` ago (`Some(None)`: it was not found).
     fn cached_subscription(&self, id: u64) -> Option<Option<Arc<v1::Subscription>>> {
         live(lock(&self.inner.cache).get(&id))
+    }
+
+    /// The tenant owning subscription `id` (`None`: no such subscription).
+    pub async fn subscription_tenant(&self, id: u64) -> Result<Option<String>, Status> {
+        Ok(self.subscription(id).await?.map(|s| s.tenant.clone()))
     }
 
     async fn subscription(&self, id: u64) -> Result<Option<Arc<v1::Subscription>>, Status> {
@@ -1427,7 +1441,7 @@ impl Deliverer {
                 Ok(Outcome::Done)
             }
             v1::target::Kind::Stream(name) => {
-                self.to_stream(name, d).await?;
+                self.to_stream(&stream_key(&s.tenant, name), d).await?;
                 Ok(Outcome::Done)
             }
         }
@@ -1620,13 +1634,16 @@ impl v1::stream_server::Stream for Deliverer {
         request: Request<Streaming<v1::StreamClientMessage>>,
     ) -> Result<Response<Self::OpenStream>, Status> {
         use tokio_stream::StreamExt;
+        let caller = crate::auth::caller(&request);
         let mut input = request.into_inner();
         let name = match input.next().await {
             Some(Ok(v1::StreamClientMessage {
                 kind: Some(v1::stream_client_message::Kind::Attach(name)),
             })) => {
                 crate::validate::stream_name("attach", &name)?;
-                name
+                // a tenant's streams are its own: the same name of another tenant is another
+                // stream
+                stream_key(caller.tenant(), &name)
             }
             Some(Err(e)) => return Err(e),
             _ => {

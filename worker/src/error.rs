@@ -14,6 +14,9 @@ pub enum NodeError {
         "this connection exceeds {0} requests per second; slow down or open another connection"
     )]
     RateLimited(u32),
+    /// A tenant's quota (subscriptions, puts per second) is used up.
+    #[error("{0}")]
+    Quota(String),
     #[error(transparent)]
     Storage(#[from] StorageError),
     #[error("startup: {0}")]
@@ -53,7 +56,7 @@ impl From<NodeError> for tonic::Status {
         match &e {
             NodeError::InvalidArgument { .. } => tonic::Status::invalid_argument(m),
             NodeError::NotFound(_) => tonic::Status::not_found(m),
-            NodeError::RateLimited(_) => tonic::Status::resource_exhausted(m),
+            NodeError::RateLimited(_) | NodeError::Quota(_) => tonic::Status::resource_exhausted(m),
             NodeError::Storage(_) => {
                 tracing::error!("storage failure: {m}");
                 tonic::Status::unavailable(m)

@@ -8,6 +8,7 @@
 //! adapters), `registry` (the coordinator's subscription registry and image publisher),
 //! `proxy` (a cluster node forwards subscription calls to the coordinator).
 
+pub mod auth;
 pub mod client;
 pub mod cluster_secret;
 pub mod config;
@@ -53,7 +54,7 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Serves the node API on `listener` until `shutdown` resolves.
 pub async fn run(
-    listener: TcpListener,
+    listener: listen::Listener,
     store: Store,
     limits: Limits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -66,7 +67,6 @@ pub async fn run(
     }
     let node = services::Node::new(store, limits, services::Sink::Embedded(dissem));
     let max = max_message(&limits);
-    let listener = listen::Listener::new(listener, limits.listen);
     listener
         .server()
         .add_service(reflection(PUBLIC_SERVICES)?)
@@ -83,7 +83,7 @@ pub async fn run(
 /// to the coordinator for matching, subscription calls are forwarded to it) and the internal
 /// `Daemon` service of its workers.
 pub async fn run_node(
-    listener: TcpListener,
+    listener: listen::Listener,
     store: Store,
     limits: Limits,
     cfg: daemon::DaemonConfig,
@@ -104,7 +104,6 @@ pub async fn run_node(
         ));
     }
     let max = max_message(&limits);
-    let listener = listen::Listener::new(listener, limits.listen);
     listener
         .server()
         .add_service(reflection(&[PUBLIC_SERVICES, &[STREAM_SERVICE]].concat())?)

@@ -348,24 +348,41 @@ fn server(cfg: &ListenConfig) -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
 }
 
-/// The server type [`Listener::server`] builds.
-pub type GuardedServer =
-    tonic::transport::Server<tower_layer::Stack<ActivityLayer, tower_layer::Identity>>;
+/// The server type [`Listener::server`] builds: authentication inside the activity count.
+pub type GuardedServer = tonic::transport::Server<
+    tower_layer::Stack<
+        crate::auth::AuthLayer,
+        tower_layer::Stack<ActivityLayer, tower_layer::Identity>,
+    >,
+>;
 
-/// A bound listener with its connection table.
+/// A bound listener with its connection table and who may call it.
 #[derive(Debug)]
 pub struct Listener {
     pub listener: TcpListener,
     pub conns: Connections,
+    auth: Option<Arc<crate::auth::Auth>>,
 }
 
 impl Listener {
-    /// Guards `listener` under `cfg`.
+    /// Guards `listener` under `cfg`; every caller is an open admin until [`Listener::with_auth`].
     pub fn new(listener: TcpListener, cfg: ListenConfig) -> Listener {
         Listener {
             listener,
             conns: Connections::new(cfg),
+            auth: None,
         }
+    }
+
+    /// Callers must present a token of `auth` (`None`: no authentication).
+    pub fn with_auth(mut self, auth: Option<Arc<crate::auth::Auth>>) -> Listener {
+        self.auth = auth;
+        self
+    }
+
+    /// Whether callers are authenticated.
+    pub fn authenticated(&self) -> bool {
+        self.auth.is_some()
     }
 
     /// The layer counting this listener's requests per connection.
@@ -375,7 +392,9 @@ impl Listener {
 
     /// A server builder under this listener's settings, with its activity layer.
     pub fn server(&self) -> GuardedServer {
-        server(&self.conns.inner.cfg).layer(self.layer())
+        server(&self.conns.inner.cfg)
+            .layer(self.layer())
+            .layer(crate::auth::AuthLayer::new(self.auth.clone()))
     }
 
     /// The guarded connections, for `serve_with_incoming`.

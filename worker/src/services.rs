@@ -10,6 +10,7 @@ use storage::{ObjectId, Store};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{self, Caller};
 use crate::config::Limits;
 use crate::error::NodeError;
 use crate::validate;
@@ -45,6 +46,8 @@ pub struct Node {
     rejected: Arc<AtomicU64>,
     rate: Arc<crate::rate::RateLimiter>,
     sink: Sink,
+    /// Subscriptions per tenant, counted once on the first create under a quota.
+    tenant_subs: Arc<std::sync::Mutex<Option<std::collections::HashMap<String, u64>>>>,
 }
 
 impl Node {
@@ -59,6 +62,7 @@ impl Node {
             rate: Arc::new(crate::rate::RateLimiter::new(
                 limits.max_requests_per_second_per_connection,
             )),
+            tenant_subs: Arc::default(),
         }
     }
 
@@ -79,13 +83,114 @@ impl Node {
         Ok(s)
     }
 
-    fn admit(&self, peer: Option<std::net::SocketAddr>) -> Result<(), NodeError> {
-        if self.rate.allow(peer, std::time::Instant::now()) {
-            Ok(())
-        } else {
-            Err(NodeError::RateLimited(
+    /// Admits one request of `caller` from `peer`: the connection's rate, then the tenant's
+    /// puts-per-second quota.
+    fn admit(&self, peer: Option<std::net::SocketAddr>, caller: &Caller) -> Result<(), NodeError> {
+        if !self.rate.allow(peer, std::time::Instant::now()) {
+            return Err(NodeError::RateLimited(
                 self.limits.max_requests_per_second_per_connection,
-            ))
+            ));
+        }
+        caller.tenant.charge_puts(1)
+    }
+
+    /// The stored subscription `id` if `caller` may see it (another tenant's is not found).
+    fn owned_subscription(&self, caller: &Caller, id: u64) -> Result<v1::Subscription, NodeError> {
+        let s = stored_subscription(&self.store, id)?;
+        if caller.sees(&s.tenant) {
+            Ok(s)
+        } else {
+            Err(NodeError::NotFound(format!("subscription {id}")))
+        }
+    }
+
+    /// The tenant owning subscription `id`, wherever subscriptions live (this store, or the
+    /// coordinator's registry for a cluster node); `None` if it is gone.
+    async fn owner(&self, id: u64) -> Result<Option<String>, NodeError> {
+        if let Some(b) = self.store.get_subscription(id)? {
+            return Ok(Some(decode_stored(id, &b)?.tenant));
+        }
+        match &self.sink {
+            Sink::Cluster(d) => d
+                .deliverer()
+                .subscription_tenant(id)
+                .await
+                .map_err(|e| NodeError::Unavailable(e.message().to_string())),
+            _ => Ok(None),
+        }
+    }
+
+    /// The first `limit` of `items` whose subscription (`sub_of`) belongs to `caller`'s tenant.
+    async fn keep_own<T>(
+        &self,
+        caller: &Caller,
+        items: Vec<T>,
+        sub_of: impl Fn(&T) -> u64,
+        limit: usize,
+    ) -> Result<Vec<T>, NodeError> {
+        let mut mine = Vec::new();
+        let mut owners: std::collections::HashMap<u64, bool> = std::collections::HashMap::new();
+        for it in items {
+            if mine.len() == limit {
+                break;
+            }
+            let sub = sub_of(&it);
+            let own = match owners.get(&sub) {
+                Some(o) => *o,
+                None => {
+                    let o = self.owner(sub).await?.as_deref() == Some(caller.tenant());
+                    owners.insert(sub, o);
+                    o
+                }
+            };
+            if own {
+                mine.push(it);
+            }
+        }
+        Ok(mine)
+    }
+
+    /// Reserves room for one more subscription of `caller`'s tenant under its quota.
+    fn reserve_subscription(&self, caller: &Caller) -> Result<(), NodeError> {
+        let Some(max) = caller.tenant.quota.max_subscriptions else {
+            return Ok(());
+        };
+        let mut counts = crate::lock(&self.tenant_subs);
+        if counts.is_none() {
+            let mut m = std::collections::HashMap::new();
+            let mut after = 0;
+            loop {
+                let page = self.store.list_subscriptions(after, 1000)?;
+                let Some(last) = page.last().map(|p| p.0) else {
+                    break;
+                };
+                for (id, b) in &page {
+                    *m.entry(decode_stored(*id, b)?.tenant).or_insert(0u64) += 1;
+                }
+                after = last;
+            }
+            *counts = Some(m);
+        }
+        let n = counts
+            .as_mut()
+            .map(|m| m.entry(caller.tenant().to_string()).or_insert(0))
+            .ok_or_else(|| NodeError::Unavailable("subscription counts".into()))?;
+        if *n >= max {
+            return Err(NodeError::Quota(format!(
+                "tenant {:?} has {n} subscriptions, its quota",
+                caller.tenant()
+            )));
+        }
+        *n += 1;
+        Ok(())
+    }
+
+    /// Gives back what [`Node::reserve_subscription`] took (a failed create, a delete).
+    fn release_subscription(&self, tenant: &str) {
+        if let Some(m) = crate::lock(&self.tenant_subs).as_mut()
+            && let Some(n) = m.get_mut(tenant)
+        {
+            *n = n.saturating_sub(1);
         }
     }
 
@@ -208,7 +313,7 @@ impl v1::ingest_server::Ingest for Node {
         &self,
         request: Request<v1::PutRequest>,
     ) -> Result<Response<v1::PutResponse>, Status> {
-        let admitted = self.admit(request.remote_addr());
+        let admitted = self.admit(request.remote_addr(), &auth::caller(&request));
         let obj = admitted.and_then(|()| validate::put(request.into_inner(), &self.limits));
         Ok(Response::new(self.put_object(obj).await?))
     }
@@ -221,6 +326,7 @@ impl v1::ingest_server::Ingest for Node {
         request: Request<Streaming<v1::PutRequest>>,
     ) -> Result<Response<Self::PutStreamStream>, Status> {
         let peer = request.remote_addr();
+        let caller = auth::caller(&request);
         let mut input = request.into_inner();
         let node = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BATCH);
@@ -248,7 +354,7 @@ impl v1::ingest_server::Ingest for Node {
                     .into_iter()
                     .flatten()
                     .map(|req| {
-                        node.admit(peer)
+                        node.admit(peer, &caller)
                             .and_then(|()| validate::put(req, &node.limits))
                     })
                     .collect();
@@ -288,7 +394,7 @@ impl v1::ingest_server::Ingest for Node {
         &self,
         request: Request<v1::AnnounceRequest>,
     ) -> Result<Response<v1::PutResponse>, Status> {
-        let admitted = self.admit(request.remote_addr());
+        let admitted = self.admit(request.remote_addr(), &auth::caller(&request));
         let obj = admitted.and_then(|()| validate::announce(request.into_inner(), &self.limits));
         Ok(Response::new(self.put_object(obj).await?))
     }
@@ -356,21 +462,34 @@ impl v1::subscriptions_server::Subscriptions for Node {
         &self,
         request: Request<v1::CreateSubscriptionRequest>,
     ) -> Result<Response<v1::Subscription>, Status> {
+        let caller = auth::caller(&request);
         let mut s = request
             .into_inner()
             .subscription
             .ok_or_else(|| NodeError::invalid("subscription", "required"))?;
         let dnf = validate::subscription(&s, &self.limits)?;
         validate::target_address(&s, &self.limits).await?;
-        s.id = self.store.next_subscription_id().map_err(NodeError::from)?;
-        Ok(Response::new(self.save_subscription(s, dnf).await?))
+        s.tenant = caller.tenant().to_string();
+        self.reserve_subscription(&caller)?;
+        let saved = match self.store.next_subscription_id() {
+            Ok(id) => {
+                s.id = id;
+                self.save_subscription(s, dnf).await
+            }
+            Err(e) => Err(e.into()),
+        };
+        if saved.is_err() {
+            self.release_subscription(caller.tenant());
+        }
+        Ok(Response::new(saved?))
     }
 
     async fn get(
         &self,
         request: Request<v1::GetSubscriptionRequest>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        let mut s = stored_subscription(&self.store, request.into_inner().id)?;
+        let caller = auth::caller(&request);
+        let mut s = self.owned_subscription(&caller, request.into_inner().id)?;
         s.webhook_secret.clear(); // write-only
         Ok(Response::new(s))
     }
@@ -379,6 +498,7 @@ impl v1::subscriptions_server::Subscriptions for Node {
         &self,
         request: Request<v1::ListSubscriptionsRequest>,
     ) -> Result<Response<v1::ListSubscriptionsResponse>, Status> {
+        let caller = auth::caller(&request);
         let r = request.into_inner();
         let limit = match r.limit {
             0 => 100,
@@ -387,18 +507,34 @@ impl v1::subscriptions_server::Subscriptions for Node {
             }
             l => l as usize,
         };
-        let page = self
-            .store
-            .list_subscriptions(r.after_id, limit)
-            .map_err(NodeError::from)?;
-        let next = if page.len() == limit {
-            page.last().map_or(0, |p| p.0)
-        } else {
-            0
-        };
-        let mut subs = Vec::with_capacity(page.len());
-        for (id, b) in page {
-            subs.push(decode_sub(id, &b)?);
+        // pages of the store, keeping the caller's own, until a page of them is full or the
+        // store ends (a tenant sees only its own; admins see all)
+        let mut subs = Vec::with_capacity(limit);
+        let mut after = r.after_id;
+        let mut next = 0;
+        loop {
+            let page = self
+                .store
+                .list_subscriptions(after, limit)
+                .map_err(NodeError::from)?;
+            let full_page = page.len() == limit;
+            for (id, b) in page {
+                after = id;
+                let s = decode_sub(id, &b)?;
+                if caller.sees(&s.tenant) {
+                    subs.push(s);
+                    if subs.len() == limit {
+                        break;
+                    }
+                }
+            }
+            if subs.len() == limit {
+                next = after;
+                break;
+            }
+            if !full_page {
+                break;
+            }
         }
         Ok(Response::new(v1::ListSubscriptionsResponse {
             subscriptions: subs,
@@ -410,20 +546,15 @@ impl v1::subscriptions_server::Subscriptions for Node {
         &self,
         request: Request<v1::Subscription>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        let s = request.into_inner();
+        let caller = auth::caller(&request);
+        let mut s = request.into_inner();
         if s.id == 0 {
             return Err(NodeError::invalid("subscription.id", "required for an update").into());
         }
         let dnf = validate::subscription(&s, &self.limits)?;
         validate::target_address(&s, &self.limits).await?;
-        if self
-            .store
-            .get_subscription(s.id)
-            .map_err(NodeError::from)?
-            .is_none()
-        {
-            return Err(NodeError::NotFound(format!("subscription {}", s.id)).into());
-        }
+        // the owner stays: an update never moves a subscription between tenants
+        s.tenant = self.owned_subscription(&caller, s.id)?.tenant;
         Ok(Response::new(self.save_subscription(s, dnf).await?))
     }
 
@@ -431,7 +562,9 @@ impl v1::subscriptions_server::Subscriptions for Node {
         &self,
         request: Request<v1::DeleteSubscriptionRequest>,
     ) -> Result<Response<v1::DeleteSubscriptionResponse>, Status> {
+        let caller = auth::caller(&request);
         let id = request.into_inner().id;
+        let owner = self.owned_subscription(&caller, id)?.tenant;
         if !self
             .store
             .delete_subscription(id)
@@ -440,6 +573,7 @@ impl v1::subscriptions_server::Subscriptions for Node {
         {
             return Err(NodeError::NotFound(format!("subscription {id}")).into());
         }
+        self.release_subscription(&owner);
         match &self.sink {
             Sink::Embedded(d) => d.remove(id),
             Sink::Registry(r) => r.remove(id),
@@ -510,6 +644,7 @@ impl v1::admin_server::Admin for Node {
         &self,
         request: Request<v1::DeadLettersRequest>,
     ) -> Result<Response<v1::DeadLettersResponse>, Status> {
+        let caller = auth::caller(&request);
         let limit = match request.into_inner().limit {
             0 => 100,
             l if l > 10_000 => {
@@ -517,7 +652,13 @@ impl v1::admin_server::Admin for Node {
             }
             l => l as usize,
         };
-        let dead = self.store.dead_letters(limit).map_err(NodeError::from)?;
+        let mut dead = self
+            .store
+            .dead_letters(if caller.is_admin() { limit } else { usize::MAX })
+            .map_err(NodeError::from)?;
+        if !caller.is_admin() {
+            dead = self.keep_own(&caller, dead, |d| d.0, limit).await?;
+        }
         Ok(Response::new(v1::DeadLettersResponse {
             dead_letters: dead
                 .into_iter()
@@ -540,8 +681,9 @@ impl v1::admin_server::Admin for Node {
         &self,
         request: Request<v1::RedriveRequest>,
     ) -> Result<Response<v1::RedriveResponse>, Status> {
+        let caller = auth::caller(&request);
         let r = request.into_inner();
-        let keys: Vec<(u64, ObjectId)> = if r.all {
+        let mut keys: Vec<(u64, ObjectId)> = if r.all {
             self.store
                 .dead_letters(usize::MAX)
                 .map_err(NodeError::from)?
@@ -564,6 +706,10 @@ impl v1::admin_server::Admin for Node {
             }
             keys
         };
+        if !caller.is_admin() {
+            // another tenant's dead letters are left alone (and not reported)
+            keys = self.keep_own(&caller, keys, |k| k.0, usize::MAX).await?;
+        }
         let now = crate::now_ms();
         let mut redriven = 0;
         for (sub, obj) in keys {

@@ -45,6 +45,7 @@ async fn start_with(name: &str, limits: worker::Limits) -> Node {
         .expect("bind");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let kept = store.clone();
+    let listener = worker::listen::Listener::new(listener, limits.listen);
     tokio::spawn(worker::run(listener, store, limits, async move {
         let _ = rx.await;
     }));
@@ -360,6 +361,7 @@ async fn subscription_crud_and_errors() {
         retry: None,
         priority: 5,
         webhook_secret: "s3cret".into(),
+        tenant: String::new(),
     };
     let mut created = Vec::new();
     for i in 0..5 {

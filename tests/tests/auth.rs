@@ -1,0 +1,382 @@
+//! Authentication, roles and tenancy end to end: tokens made with the real `dissem token
+//! create`, a real `dissem up --auth-file` on loopback, and clients with and without tokens.
+//! Anonymous and wrong tokens are refused on every RPC, roles are enforced, a tenant sees
+//! nothing of another's subscriptions or streams, and quotas answer `RESOURCE_EXHAUSTED`.
+
+use std::io::Write;
+use std::time::Duration;
+
+use proto::v1;
+use tests::{Proc, channel, dissem_bin, runtime, temp_dir, wait_for};
+use tonic::{Code, Request};
+
+/// Runs `dissem token create` and returns the printed token.
+fn token(file: &std::path::Path, name: &str, tenant: &str, roles: &str) -> String {
+    let out = std::process::Command::new(dissem_bin())
+        .args(["token", "create", "--auth-file"])
+        .arg(file)
+        .args(["--name", name, "--tenant", tenant, "--roles", roles])
+        .output()
+        .expect("dissem token create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(t.starts_with("dsm_"), "{t}");
+    t
+}
+
+/// `msg` with `token` as a bearer token (none for `""`).
+fn req<T>(msg: T, token: &str) -> Request<T> {
+    let mut r = Request::new(msg);
+    if !token.is_empty() {
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("header"),
+        );
+    }
+    r
+}
+
+fn put(temp: i64) -> v1::PutRequest {
+    v1::PutRequest {
+        metadata: vec![v1::Attribute {
+            name: "temp".into(),
+            value: Some(v1::Value {
+                kind: Some(v1::value::Kind::Integer(temp)),
+            }),
+        }],
+        ..Default::default()
+    }
+}
+
+fn stream_sub(filter: &str, stream: &str) -> v1::CreateSubscriptionRequest {
+    v1::CreateSubscriptionRequest {
+        subscription: Some(v1::Subscription {
+            filter: Some(v1::subscription::Filter::Text(filter.into())),
+            target: Some(v1::Target {
+                kind: Some(v1::target::Kind::Stream(stream.into())),
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Every public RPC called with `token`; each must fail with `code`.
+async fn every_rpc_fails(url: &str, token: &str, code: Code) {
+    let ch = channel(url);
+    let mut results: Vec<(&str, Result<(), tonic::Status>)> = Vec::new();
+    let mut ingest = v1::ingest_client::IngestClient::new(ch.clone());
+    results.push(("Put", ingest.put(req(put(1), token)).await.map(drop)));
+    results.push((
+        "PutStream",
+        ingest
+            .put_stream(req(tokio_stream::iter(vec![put(1)]), token))
+            .await
+            .map(drop),
+    ));
+    results.push((
+        "Announce",
+        ingest
+            .announce(req(v1::AnnounceRequest::default(), token))
+            .await
+            .map(drop),
+    ));
+    results.push((
+        "Objects.Get",
+        v1::objects_client::ObjectsClient::new(ch.clone())
+            .get(req(v1::GetObjectRequest::default(), token))
+            .await
+            .map(drop),
+    ));
+    let mut subs = v1::subscriptions_client::SubscriptionsClient::new(ch.clone());
+    results.push((
+        "Create",
+        subs.create(req(stream_sub("temp > 1", "s"), token))
+            .await
+            .map(drop),
+    ));
+    results.push((
+        "Get",
+        subs.get(req(v1::GetSubscriptionRequest { id: 1 }, token))
+            .await
+            .map(drop),
+    ));
+    results.push((
+        "List",
+        subs.list(req(v1::ListSubscriptionsRequest::default(), token))
+            .await
+            .map(drop),
+    ));
+    results.push((
+        "Update",
+        subs.update(req(v1::Subscription::default(), token))
+            .await
+            .map(drop),
+    ));
+    results.push((
+        "Delete",
+        subs.delete(req(v1::DeleteSubscriptionRequest { id: 1 }, token))
+            .await
+            .map(drop),
+    ));
+    let mut admin = v1::admin_client::AdminClient::new(ch.clone());
+    results.push((
+        "Stats",
+        admin.stats(req(v1::StatsRequest {}, token)).await.map(drop),
+    ));
+    results.push((
+        "Workers",
+        admin
+            .workers(req(v1::WorkersRequest {}, token))
+            .await
+            .map(drop),
+    ));
+    results.push((
+        "DeadLetters",
+        admin
+            .dead_letters(req(v1::DeadLettersRequest::default(), token))
+            .await
+            .map(drop),
+    ));
+    results.push((
+        "Redrive",
+        admin
+            .redrive(req(v1::RedriveRequest::default(), token))
+            .await
+            .map(drop),
+    ));
+    let attach = v1::StreamClientMessage {
+        kind: Some(v1::stream_client_message::Kind::Attach("s".into())),
+    };
+    results.push((
+        "Stream.Open",
+        v1::stream_client::StreamClient::new(ch.clone())
+            .open(req(tokio_stream::iter(vec![attach]), token))
+            .await
+            .map(drop),
+    ));
+    {
+        use tonic_reflection::pb::v1::ServerReflectionRequest;
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+        let r = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        results.push((
+            "reflection",
+            ServerReflectionClient::new(ch.clone())
+                .server_reflection_info(req(tokio_stream::iter(vec![r]), token))
+                .await
+                .map(drop),
+        ));
+    }
+    for (rpc, r) in results {
+        match r {
+            Ok(()) => panic!("{rpc} with token {token:?} succeeded"),
+            Err(e) => assert_eq!(e.code(), code, "{rpc}: {e:?}"),
+        }
+    }
+}
+
+#[test]
+fn tokens_roles_and_tenants() {
+    let dir = temp_dir("auth");
+    let file = dir.join("auth.toml");
+    let acme_in = token(&file, "acme-gw", "acme", "ingest");
+    let acme_sub = token(&file, "acme-app", "acme", "subscribe,read");
+    let globex = token(&file, "globex-app", "globex", "subscribe,ingest");
+    let admin = token(&file, "ops", "ops", "admin");
+    let text = std::fs::read_to_string(&file).expect("auth file");
+    for t in [&acme_in, &acme_sub, &globex, &admin] {
+        assert!(!text.contains(t.as_str()), "tokens are not stored");
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .and_then(|mut f| {
+            f.write_all(b"\n[tenants.globex]\nmax_subscriptions = 2\nmax_puts_per_second = 5\n")
+        })
+        .expect("quota");
+    let node = Proc::start(
+        &dissem_bin(),
+        &[
+            "up".to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--gpu".into(),
+            "off".into(),
+            "--auth-file".into(),
+            file.display().to_string(),
+            "--data".into(),
+            dir.join("data").display().to_string(),
+        ],
+    );
+    let url = node.url();
+    runtime().block_on(async {
+        every_rpc_fails(&url, "", Code::Unauthenticated).await;
+        every_rpc_fails(&url, "dsm_not-a-token", Code::Unauthenticated).await;
+
+        let ch = channel(&url);
+        let mut subs = v1::subscriptions_client::SubscriptionsClient::new(ch.clone());
+        // roles
+        let e = subs
+            .list(req(v1::ListSubscriptionsRequest::default(), &acme_in))
+            .await
+            .expect_err("ingest cannot list");
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("subscribe"), "{e:?}");
+        let e = v1::admin_client::AdminClient::new(ch.clone())
+            .stats(req(v1::StatsRequest {}, &acme_sub))
+            .await
+            .expect_err("stats is for admins");
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+
+        // tenancy
+        let mine = subs
+            .create(req(stream_sub("temp > 30", "alerts"), &acme_sub))
+            .await
+            .expect("create")
+            .into_inner();
+        assert_eq!(mine.tenant, "acme");
+        let theirs = subs
+            .list(req(v1::ListSubscriptionsRequest::default(), &globex))
+            .await
+            .expect("list")
+            .into_inner();
+        assert!(theirs.subscriptions.is_empty(), "{theirs:?}");
+        for e in [
+            subs.get(req(v1::GetSubscriptionRequest { id: mine.id }, &globex))
+                .await
+                .map(drop),
+            subs.delete(req(v1::DeleteSubscriptionRequest { id: mine.id }, &globex))
+                .await
+                .map(drop),
+            subs.update(req(
+                stream_sub("temp > 0", "mine-now")
+                    .subscription
+                    .map(|mut s| {
+                        s.id = mine.id;
+                        s
+                    })
+                    .expect("sub"),
+                &globex,
+            ))
+            .await
+            .map(drop),
+        ] {
+            assert_eq!(e.expect_err("other tenant").code(), Code::NotFound);
+        }
+        let own = subs
+            .list(req(v1::ListSubscriptionsRequest::default(), &acme_sub))
+            .await
+            .expect("list")
+            .into_inner();
+        assert_eq!(own.subscriptions.len(), 1);
+        let all = subs
+            .list(req(v1::ListSubscriptionsRequest::default(), &admin))
+            .await
+            .expect("admin list")
+            .into_inner();
+        assert_eq!(all.subscriptions.len(), 1, "admins see every tenant");
+
+        // streams are per tenant: globex attaching "alerts" gets none of acme's deliveries
+        wait_for(
+            "the subscription to be published",
+            Duration::from_secs(30),
+            || {
+                let ch = ch.clone();
+                let admin = admin.clone();
+                async move {
+                    let st = v1::admin_client::AdminClient::new(ch)
+                        .stats(req(v1::StatsRequest {}, &admin))
+                        .await
+                        .ok()?
+                        .into_inner();
+                    (st.cluster?.image_subscriptions == 1).then_some(())
+                }
+            },
+        )
+        .await;
+        let open = |tok: String| {
+            let ch = ch.clone();
+            async move {
+                let (tx, rx) = tokio::sync::mpsc::channel(4);
+                tx.send(v1::StreamClientMessage {
+                    kind: Some(v1::stream_client_message::Kind::Attach("alerts".into())),
+                })
+                .await
+                .expect("attach");
+                let down = v1::stream_client::StreamClient::new(ch)
+                    .open(req(tokio_stream::wrappers::ReceiverStream::new(rx), &tok))
+                    .await
+                    .expect("open")
+                    .into_inner();
+                (tx, down)
+            }
+        };
+        let (_keep_a, mut acme_stream) = open(acme_sub.clone()).await;
+        let (_keep_g, mut globex_stream) = open(globex.clone()).await;
+        let mut ingest = v1::ingest_client::IngestClient::new(ch.clone());
+        ingest.put(req(put(31), &acme_in)).await.expect("put");
+        let got = tokio::time::timeout(Duration::from_secs(20), acme_stream.message())
+            .await
+            .expect("acme's delivery in time")
+            .expect("stream")
+            .expect("a delivery");
+        assert_eq!(got.subscription_id, mine.id);
+        let leaked = tokio::time::timeout(Duration::from_secs(1), globex_stream.message()).await;
+        assert!(leaked.is_err(), "globex received {leaked:?}");
+
+        // quotas
+        for i in 0..2 {
+            subs.create(req(stream_sub(&format!("temp > {i}"), "q"), &globex))
+                .await
+                .expect("within quota");
+        }
+        let e = subs
+            .create(req(stream_sub("temp > 9", "q"), &globex))
+            .await
+            .expect_err("over the subscription quota");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        let mut limited = 0;
+        for _ in 0..20 {
+            if let Err(e) = ingest.put(req(put(1), &globex)).await {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+                limited += 1;
+            }
+        }
+        assert!(limited >= 10, "only {limited} of 20 puts limited");
+    });
+
+    // the CLI takes --token (or DISSEM_TOKEN)
+    let cli = |tok: Option<&str>| {
+        let mut c = std::process::Command::new(dissem_bin());
+        c.args(["subscriptions", "--node-url", &url]);
+        if let Some(t) = tok {
+            c.env("DISSEM_TOKEN", t);
+        } else {
+            c.env_remove("DISSEM_TOKEN");
+        }
+        c.output().expect("dissem subscriptions")
+    };
+    let out = cli(Some(&acme_sub));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("temp > 30"));
+    let out = cli(None);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("token is required"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
+}
