@@ -212,6 +212,9 @@ async fn webhook_endpoint(seen: Shared) -> anyhow::Result<String> {
                     move |req: hyper::Request<hyper::body::Incoming>| {
                         let seen = seen.clone();
                         async move {
+                            if let Some(r) = worker::push_http::consent_response(&req) {
+                                return Ok::<_, std::convert::Infallible>(r);
+                            }
                             let header = |n: &str| {
                                 req.headers()
                                     .get(n)

@@ -5,6 +5,10 @@
 //! 127.0.0.1:0 over a fresh sled directory; `writers` concurrent clients put objects until
 //! the time is up; every put counts only once acknowledged (durable). Latency is measured per
 //! put, from send to acknowledgement.
+//!
+//! The secured rows run the same paths against a node that serves only TLS (a certificate
+//! of a CA made for the run) and authenticates every call (a bearer token of an auth file
+//! made for the run): their ratio to the plain rows is what TLS and authentication cost.
 
 use std::time::{Duration, Instant};
 
@@ -58,7 +62,56 @@ pub struct IngestReport {
     pub stream_ratios: Vec<(usize, usize, f64)>,
     /// The same for the PutStream path with `window` puts in flight per writer.
     pub pipelined_ratios: Vec<(usize, usize, f64)>,
+    /// (object bytes, writers, path, secured objects/s divided by plain objects/s).
+    pub secure_ratios: Vec<(usize, usize, String, f64)>,
     pub window: usize,
+}
+
+/// What the secured rows need: a directory with a CA, a server certificate for `localhost`,
+/// and an auth file holding one ingest token.
+#[derive(Debug)]
+struct Secure {
+    dir: std::path::PathBuf,
+    ca_pem: Vec<u8>,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    auth: std::sync::Arc<worker::auth::Auth>,
+    token: String,
+}
+
+impl Secure {
+    fn make() -> anyhow::Result<Secure> {
+        let dir = temp_dir("secure");
+        std::fs::create_dir_all(&dir)?;
+        let ca_key = rcgen::KeyPair::generate()?;
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate()?;
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])?
+            .signed_by(&key, &issuer)?;
+        let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
+        std::fs::write(&cert_path, cert.pem())?;
+        std::fs::write(&key_path, key.serialize_pem())?;
+        let auth_path = dir.join("auth.toml");
+        let token =
+            worker::auth::create_token(&auth_path, "bench", "bench", &["ingest".to_string()])?;
+        Ok(Secure {
+            ca_pem: ca_cert.pem().into_bytes(),
+            cert: cert_path,
+            key: key_path,
+            auth: std::sync::Arc::new(worker::auth::Auth::load(&auth_path)?),
+            token,
+            dir,
+        })
+    }
+}
+
+impl Drop for Secure {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -125,8 +178,11 @@ fn put_request(writer: usize, i: u64, data: &[u8]) -> v1::PutRequest {
 }
 
 /// One writer on unary puts until `end`: each put's latency.
+/// The writers' client: a channel whose calls carry the bench's token (if any).
+type Client = v1::ingest_client::IngestClient<worker::client::Channel>;
+
 async fn unary_writer(
-    mut client: v1::ingest_client::IngestClient<tonic::transport::Channel>,
+    mut client: Client,
     writer: usize,
     data: Vec<u8>,
     end: Instant,
@@ -145,7 +201,7 @@ async fn unary_writer(
 /// One writer on its own `PutStream` until `end`, keeping up to `window` puts unanswered:
 /// each put's latency from send to acknowledgement (acks come back in order).
 async fn stream_writer(
-    mut client: v1::ingest_client::IngestClient<tonic::transport::Channel>,
+    mut client: Client,
     writer: usize,
     data: Vec<u8>,
     end: Instant,
@@ -203,13 +259,25 @@ async fn run_dissem(
     writers: usize,
     seconds: f64,
     api: Api,
+    secure: Option<&Secure>,
 ) -> anyhow::Result<IngestRow> {
     let dir = temp_dir(&format!("node-{size}-{writers}"));
     let store = storage::Store::open(&dir, 1).context("opening the store")?;
     let flush_counter = store.clone();
     let (listener, addr) = worker::bind("127.0.0.1:0".parse()?).await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let listener = worker::listen::Listener::new(listener, worker::Limits::default().listen);
+    let limits = worker::Limits::default();
+    let mut listener = worker::listen::Listener::new(listener, limits.listen);
+    if let Some(sec) = secure {
+        let id = worker::tls::identity(&sec.cert, &sec.key)?;
+        listener = listener
+            .with_tls(Some(worker::tls::server(
+                id,
+                None,
+                limits.listen.handshake_timeout,
+            )))
+            .with_auth(Some(sec.auth.clone()));
+    }
     let server = tokio::spawn(worker::run(
         listener,
         store,
@@ -218,18 +286,26 @@ async fn run_dissem(
             let _ = stopped.await;
         },
     ));
-    let url = format!("http://{addr}");
+    let url = match secure {
+        None => format!("http://{addr}"),
+        Some(_) => format!("https://localhost:{}", addr.port()),
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut channels = Vec::new();
     for _ in 0..writers.clamp(1, 8) {
         let ch = loop {
-            match tonic::transport::Channel::from_shared(url.clone())?
+            let mut endpoint = tonic::transport::Channel::from_shared(url.clone())?
                 .tcp_nodelay(true)
                 .initial_stream_window_size(Some(4 << 20))
-                .initial_connection_window_size(Some(16 << 20))
-                .connect()
-                .await
-            {
+                .initial_connection_window_size(Some(16 << 20));
+            if let Some(sec) = secure {
+                endpoint = endpoint.tls_config(
+                    tonic::transport::ClientTlsConfig::new()
+                        .ca_certificate(tonic::transport::Certificate::from_pem(&sec.ca_pem))
+                        .domain_name("localhost"),
+                )?;
+            }
+            match endpoint.connect().await {
                 Ok(c) => break c,
                 Err(e) if Instant::now() > deadline => {
                     return Err(e).context("connecting to the node");
@@ -243,9 +319,14 @@ async fn run_dissem(
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let start = Instant::now();
     let mut tasks = Vec::new();
+    let bearer = worker::client::Bearer::new(secure.map(|s| s.token.as_str()))
+        .map_err(anyhow::Error::from)?;
     for w in 0..writers {
-        let client = v1::ingest_client::IngestClient::new(channels[w % channels.len()].clone())
-            .max_encoding_message_size(usize::MAX);
+        let client = v1::ingest_client::IngestClient::with_interceptor(
+            channels[w % channels.len()].clone(),
+            bearer.clone(),
+        )
+        .max_encoding_message_size(usize::MAX);
         let data = data.clone();
         tasks.push(tokio::spawn(async move {
             match api {
@@ -262,10 +343,13 @@ async fn run_dissem(
     let _ = stop.send(());
     let _ = server.await;
     let flushes = flush_counter.flushes();
-    let path = match api {
+    let mut path = match api {
         Api::Put => "dissem gRPC Put (durable)".to_string(),
         Api::PutStream { window } => format!("dissem gRPC PutStream x{window} (durable)"),
     };
+    if secure.is_some() {
+        path = path.replace("(durable)", "+ TLS + auth");
+    }
     let mut r = row(size, writers, &path, lat, secs);
     r.flushes_per_object = Some(flushes as f64 / r.objects.max(1) as f64);
     drop(flush_counter);
@@ -326,27 +410,37 @@ pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
     let mut ratios = Vec::new();
     let mut stream_ratios = Vec::new();
     let mut pipelined_ratios = Vec::new();
+    let mut secure_ratios = Vec::new();
+    let secure = Secure::make()?;
     for &size in &opts.sizes {
         for &writers in &opts.writers {
             eprintln!(
                 "ingest: {size} B objects, {writers} writers, {:.0} s each path",
                 opts.seconds
             );
-            let ours = rt.block_on(run_dissem(size, writers, opts.seconds, Api::Put))?;
+            let ours = rt.block_on(run_dissem(size, writers, opts.seconds, Api::Put, None))?;
             let streamed = rt.block_on(run_dissem(
                 size,
                 writers,
                 opts.seconds,
                 Api::PutStream { window: 1 },
+                None,
             ))?;
-            let pipelined = rt.block_on(run_dissem(
-                size,
-                writers,
-                opts.seconds,
-                Api::PutStream {
-                    window: opts.window,
-                },
-            ))?;
+            let piped = Api::PutStream {
+                window: opts.window,
+            };
+            let pipelined = rt.block_on(run_dissem(size, writers, opts.seconds, piped, None))?;
+            for (plain, api) in [(&ours, Api::Put), (&pipelined, piped)] {
+                let sec =
+                    rt.block_on(run_dissem(size, writers, opts.seconds, api, Some(&secure)))?;
+                secure_ratios.push((
+                    size,
+                    writers,
+                    plain.path.clone(),
+                    sec.objects_per_second / plain.objects_per_second.max(1e-9),
+                ));
+                rows.push(sec);
+            }
             let base = run_baseline(size, writers, opts.seconds)?;
             let b = base.objects_per_second.max(1e-9);
             ratios.push((size, writers, ours.objects_per_second / b));
@@ -363,6 +457,7 @@ pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
         ratios,
         stream_ratios,
         pipelined_ratios,
+        secure_ratios,
         window: opts.window,
     })
 }
@@ -397,6 +492,13 @@ pub fn print(r: &IngestReport) {
             "{size} B, {writers} writers: dissem Put {ratio:.2}x, PutStream {stream:.2}x, \
              PutStream x{} {piped:.2}x the flush-per-write baseline",
             r.window
+        );
+    }
+    for (size, writers, path, ratio) in &r.secure_ratios {
+        println!(
+            "{size} B, {writers} writers: {path} with TLS + auth runs at {ratio:.2}x its plain rate \
+             (costs {:.0}%)",
+            (1.0 - ratio) * 100.0
         );
     }
 }

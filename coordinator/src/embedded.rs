@@ -72,7 +72,7 @@ pub async fn run(
 ) -> Result<(), NodeError> {
     let coordinator = Arc::new(crate::server::start(store.clone(), limits, cfg).await?);
     daemon_cfg.endpoint = LOCAL_ENDPOINT.into();
-    let daemon = Daemon::new(daemon_cfg, store.clone(), limits, coordinator.link());
+    let daemon = Daemon::new(daemon_cfg, store.clone(), limits, coordinator.link())?;
     coordinator.set_local(Arc::new(daemon.clone())).await;
     daemon.spawn();
     let stream = v1::stream_server::StreamServer::new(daemon.deliverer().clone());
@@ -93,7 +93,7 @@ pub async fn run(
     }
     let max = worker::max_message(&limits);
     listener
-        .server()
+        .server()?
         .add_service(worker::reflection(
             &[worker::PUBLIC_SERVICES, &[worker::STREAM_SERVICE]].concat(),
         )?)

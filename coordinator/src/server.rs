@@ -825,7 +825,7 @@ pub async fn serve(
     }
     let check = started.cluster_secret.check();
     listener
-        .server()
+        .server()?
         .add_service(worker::reflection(&[
             "dissem.v1.Subscriptions",
             "dissem.v1.Admin",

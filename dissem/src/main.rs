@@ -158,6 +158,10 @@ struct NodeArg {
     /// The bearer token to present (a node with --auth-file requires one).
     #[arg(long, env = "DISSEM_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// The CA certificate (PEM) an `https://` node's certificate is verified against
+    /// (default: the bundled web roots).
+    #[arg(long, env = "DISSEM_TLS_CA")]
+    tls_ca: Option<PathBuf>,
 }
 
 fn client<F, Fut>(node: &NodeArg, f: F) -> anyhow::Result<bool>
@@ -167,7 +171,8 @@ where
 {
     let rt = tokio::runtime::Runtime::new()?;
     let lines = rt.block_on(async {
-        let ch = worker::client::connect(&node.url, node.token.as_deref()).await?;
+        let ch = worker::client::connect(&node.url, node.token.as_deref(), node.tls_ca.as_deref())
+            .await?;
         f(ch).await
     })?;
     for l in lines {
@@ -235,6 +240,19 @@ struct ListenFlags {
     /// anyone who can reach the address).
     #[arg(long)]
     insecure: bool,
+    /// Serve only TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Demand client certificates signed by this CA (PEM): mutual TLS.
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// The CA (PEM) that signed the other processes of the cluster, for this process's own
+    /// calls to `https://` peers (it presents --tls-cert to them).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
 }
 
 impl ListenFlags {
@@ -291,7 +309,41 @@ impl ListenFlags {
                 Some(std::sync::Arc::new(a))
             }
         };
-        Ok(worker::listen::Listener::new(tcp, limits.listen).with_auth(auth))
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => {
+                let id = worker::tls::identity(c, k)?;
+                let client_ca = self
+                    .tls_client_ca
+                    .as_deref()
+                    .map(worker::tls::ca)
+                    .transpose()?;
+                Some(worker::tls::server(
+                    id,
+                    client_ca,
+                    limits.listen.handshake_timeout,
+                ))
+            }
+            _ => None,
+        };
+        // this process's calls to https:// peers of the cluster
+        let peer_ca = self.tls_ca.as_deref().map(worker::tls::ca).transpose()?;
+        let own = match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => Some(worker::tls::identity(c, k)?),
+            _ => None,
+        };
+        worker::tls::set_client(worker::tls::client(peer_ca, own));
+        Ok(worker::listen::Listener::new(tcp, limits.listen)
+            .with_auth(auth)
+            .with_tls(tls))
+    }
+
+    /// The scheme this listener is reached by.
+    fn scheme(&self) -> &'static str {
+        if self.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        }
     }
 }
 
@@ -348,7 +400,7 @@ fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        let daemon = w.daemon_config(a.node, String::new(), String::new());
+        let daemon = w.daemon_config(a.node, String::new(), String::new())?;
         let metrics = metrics_listener(a.metrics_listen).await?;
         let listener = a.listen_flags.listener(listener, &limits)?;
         coordinator::embedded::run(
@@ -518,6 +570,15 @@ struct WorkerFlags {
     /// `Subscriber.DeliverBatch` for QoS 0/1); 1 sends each delivery on its own.
     #[arg(long, alias = "webhook-batch", default_value_t = 64)]
     push_batch: usize,
+    /// Extra CA certificates (PEM) that HTTPS webhooks may be signed by, besides the bundled
+    /// web roots.
+    #[arg(long)]
+    webhook_ca: Option<PathBuf>,
+    /// Push to new webhook URLs without first asking them to consent (the CloudEvents
+    /// abuse-protection handshake: OPTIONS with WebHook-Request-Origin), for receivers that
+    /// cannot answer it.
+    #[arg(long)]
+    skip_webhook_validation: bool,
     /// Record matches as pending deliveries without pushing them (benchmarks of the matching
     /// pipeline, or when another system drains the delivery records).
     #[arg(long)]
@@ -560,8 +621,16 @@ impl WorkerFlags {
         node: u32,
         coordinator: String,
         endpoint: String,
-    ) -> worker::daemon::DaemonConfig {
+    ) -> anyhow::Result<worker::daemon::DaemonConfig> {
         let mut cfg = worker::daemon::DaemonConfig::new(node, coordinator, endpoint);
+        if let Some(p) = &self.webhook_ca {
+            let pem = std::fs::read(p)
+                .map_err(|e| anyhow::anyhow!("reading --webhook-ca {}: {e}", p.display()))?;
+            // checked now, so a bad file is named at start
+            worker::push_http::webhook_tls(Some(&pem))?;
+            cfg.delivery.webhook_ca_pem = Some(std::sync::Arc::new(pem));
+        }
+        cfg.delivery.skip_webhook_validation = self.skip_webhook_validation;
         cfg.initial_workers = self.workers;
         cfg.regulator = worker::regulate::RegulatorConfig {
             upper: self.cpu_high,
@@ -582,7 +651,7 @@ impl WorkerFlags {
             GpuArg::On => worker::daemon::GpuUse::Any,
             GpuArg::Off => worker::daemon::GpuUse::Off,
         };
-        cfg
+        Ok(cfg)
     }
 }
 
@@ -646,10 +715,10 @@ fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
         let endpoint = a
             .advertise
             .clone()
-            .unwrap_or_else(|| format!("http://{addr}"));
+            .unwrap_or_else(|| format!("{}://{addr}", u.listen_flags.scheme()));
         let mut cfg = a
             .workers
-            .daemon_config(u.node, a.coordinator.clone(), endpoint);
+            .daemon_config(u.node, a.coordinator.clone(), endpoint)?;
         cfg.cluster_secret = worker::cluster_secret::ClusterSecret::load(secret_file)?;
         println!(
             "dissem node {} listening on {addr} (data in {}, coordinator {})",

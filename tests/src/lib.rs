@@ -42,3 +42,55 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("runtime")
 }
+
+/// Runs `dissem token create` on `file` and returns the printed token.
+pub fn token_create(file: &Path, name: &str, tenant: &str, roles: &str) -> String {
+    let out = Command::new(dissem_bin())
+        .args(["token", "create", "--auth-file"])
+        .arg(file)
+        .args(["--name", name, "--tenant", tenant, "--roles", roles])
+        .output()
+        .expect("dissem token create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(t.starts_with("dsm_"), "{t}");
+    t
+}
+
+/// `msg` carrying `token` as a bearer token (none for `""`).
+pub fn bearer<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if !token.is_empty() {
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("header"),
+        );
+    }
+    r
+}
+
+/// Waits until the image of the node behind `ch` holds `n` subscriptions (asked with the
+/// admin token `admin`).
+pub async fn wait_image(ch: tonic::transport::Channel, admin: &str, n: u64) {
+    wait_for(
+        "the subscriptions to be published",
+        std::time::Duration::from_secs(30),
+        || {
+            let ch = ch.clone();
+            let admin = admin.to_string();
+            async move {
+                let st = proto::v1::admin_client::AdminClient::new(ch)
+                    .stats(bearer(proto::v1::StatsRequest {}, &admin))
+                    .await
+                    .ok()?
+                    .into_inner();
+                (st.cluster?.image_subscriptions == n).then_some(())
+            }
+        },
+    )
+    .await;
+}

@@ -7,38 +7,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use proto::v1;
-use tests::{Proc, channel, dissem_bin, runtime, temp_dir, wait_for};
-use tonic::{Code, Request};
-
-/// Runs `dissem token create` and returns the printed token.
-fn token(file: &std::path::Path, name: &str, tenant: &str, roles: &str) -> String {
-    let out = std::process::Command::new(dissem_bin())
-        .args(["token", "create", "--auth-file"])
-        .arg(file)
-        .args(["--name", name, "--tenant", tenant, "--roles", roles])
-        .output()
-        .expect("dissem token create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(t.starts_with("dsm_"), "{t}");
-    t
-}
-
-/// `msg` with `token` as a bearer token (none for `""`).
-fn req<T>(msg: T, token: &str) -> Request<T> {
-    let mut r = Request::new(msg);
-    if !token.is_empty() {
-        r.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {token}").parse().expect("header"),
-        );
-    }
-    r
-}
+use tests::{Proc, bearer, channel, dissem_bin, runtime, temp_dir, token_create, wait_image};
+use tonic::Code;
 
 fn put(temp: i64) -> v1::PutRequest {
     v1::PutRequest {
@@ -69,82 +39,85 @@ async fn every_rpc_fails(url: &str, token: &str, code: Code) {
     let ch = channel(url);
     let mut results: Vec<(&str, Result<(), tonic::Status>)> = Vec::new();
     let mut ingest = v1::ingest_client::IngestClient::new(ch.clone());
-    results.push(("Put", ingest.put(req(put(1), token)).await.map(drop)));
+    results.push(("Put", ingest.put(bearer(put(1), token)).await.map(drop)));
     results.push((
         "PutStream",
         ingest
-            .put_stream(req(tokio_stream::iter(vec![put(1)]), token))
+            .put_stream(bearer(tokio_stream::iter(vec![put(1)]), token))
             .await
             .map(drop),
     ));
     results.push((
         "Announce",
         ingest
-            .announce(req(v1::AnnounceRequest::default(), token))
+            .announce(bearer(v1::AnnounceRequest::default(), token))
             .await
             .map(drop),
     ));
     results.push((
         "Objects.Get",
         v1::objects_client::ObjectsClient::new(ch.clone())
-            .get(req(v1::GetObjectRequest::default(), token))
+            .get(bearer(v1::GetObjectRequest::default(), token))
             .await
             .map(drop),
     ));
     let mut subs = v1::subscriptions_client::SubscriptionsClient::new(ch.clone());
     results.push((
         "Create",
-        subs.create(req(stream_sub("temp > 1", "s"), token))
+        subs.create(bearer(stream_sub("temp > 1", "s"), token))
             .await
             .map(drop),
     ));
     results.push((
         "Get",
-        subs.get(req(v1::GetSubscriptionRequest { id: 1 }, token))
+        subs.get(bearer(v1::GetSubscriptionRequest { id: 1 }, token))
             .await
             .map(drop),
     ));
     results.push((
         "List",
-        subs.list(req(v1::ListSubscriptionsRequest::default(), token))
+        subs.list(bearer(v1::ListSubscriptionsRequest::default(), token))
             .await
             .map(drop),
     ));
     results.push((
         "Update",
-        subs.update(req(v1::Subscription::default(), token))
+        subs.update(bearer(v1::Subscription::default(), token))
             .await
             .map(drop),
     ));
     results.push((
         "Delete",
-        subs.delete(req(v1::DeleteSubscriptionRequest { id: 1 }, token))
+        subs.delete(bearer(v1::DeleteSubscriptionRequest { id: 1 }, token))
             .await
             .map(drop),
     ));
     let mut admin = v1::admin_client::AdminClient::new(ch.clone());
     results.push((
         "Stats",
-        admin.stats(req(v1::StatsRequest {}, token)).await.map(drop),
+        admin
+            .stats(bearer(v1::StatsRequest {}, token))
+            .await
+            .map(drop),
     ));
     results.push((
         "Workers",
         admin
-            .workers(req(v1::WorkersRequest {}, token))
+            .workers(bearer(v1::WorkersRequest {}, token))
             .await
             .map(drop),
     ));
     results.push((
         "DeadLetters",
         admin
-            .dead_letters(req(v1::DeadLettersRequest::default(), token))
+            .dead_letters(bearer(v1::DeadLettersRequest::default(), token))
             .await
             .map(drop),
     ));
     results.push((
         "Redrive",
         admin
-            .redrive(req(v1::RedriveRequest::default(), token))
+            .redrive(bearer(v1::RedriveRequest::default(), token))
             .await
             .map(drop),
     ));
@@ -154,7 +127,7 @@ async fn every_rpc_fails(url: &str, token: &str, code: Code) {
     results.push((
         "Stream.Open",
         v1::stream_client::StreamClient::new(ch.clone())
-            .open(req(tokio_stream::iter(vec![attach]), token))
+            .open(bearer(tokio_stream::iter(vec![attach]), token))
             .await
             .map(drop),
     ));
@@ -169,7 +142,7 @@ async fn every_rpc_fails(url: &str, token: &str, code: Code) {
         results.push((
             "reflection",
             ServerReflectionClient::new(ch.clone())
-                .server_reflection_info(req(tokio_stream::iter(vec![r]), token))
+                .server_reflection_info(bearer(tokio_stream::iter(vec![r]), token))
                 .await
                 .map(drop),
         ));
@@ -186,10 +159,10 @@ async fn every_rpc_fails(url: &str, token: &str, code: Code) {
 fn tokens_roles_and_tenants() {
     let dir = temp_dir("auth");
     let file = dir.join("auth.toml");
-    let acme_in = token(&file, "acme-gw", "acme", "ingest");
-    let acme_sub = token(&file, "acme-app", "acme", "subscribe,read");
-    let globex = token(&file, "globex-app", "globex", "subscribe,ingest");
-    let admin = token(&file, "ops", "ops", "admin");
+    let acme_in = token_create(&file, "acme-gw", "acme", "ingest");
+    let acme_sub = token_create(&file, "acme-app", "acme", "subscribe,read");
+    let globex = token_create(&file, "globex-app", "globex", "subscribe,ingest");
+    let admin = token_create(&file, "ops", "ops", "admin");
     let text = std::fs::read_to_string(&file).expect("auth file");
     for t in [&acme_in, &acme_sub, &globex, &admin] {
         assert!(!text.contains(t.as_str()), "tokens are not stored");
@@ -224,38 +197,41 @@ fn tokens_roles_and_tenants() {
         let mut subs = v1::subscriptions_client::SubscriptionsClient::new(ch.clone());
         // roles
         let e = subs
-            .list(req(v1::ListSubscriptionsRequest::default(), &acme_in))
+            .list(bearer(v1::ListSubscriptionsRequest::default(), &acme_in))
             .await
             .expect_err("ingest cannot list");
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
         assert!(e.message().contains("subscribe"), "{e:?}");
         let e = v1::admin_client::AdminClient::new(ch.clone())
-            .stats(req(v1::StatsRequest {}, &acme_sub))
+            .stats(bearer(v1::StatsRequest {}, &acme_sub))
             .await
             .expect_err("stats is for admins");
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
 
         // tenancy
         let mine = subs
-            .create(req(stream_sub("temp > 30", "alerts"), &acme_sub))
+            .create(bearer(stream_sub("temp > 30", "alerts"), &acme_sub))
             .await
             .expect("create")
             .into_inner();
         assert_eq!(mine.tenant, "acme");
         let theirs = subs
-            .list(req(v1::ListSubscriptionsRequest::default(), &globex))
+            .list(bearer(v1::ListSubscriptionsRequest::default(), &globex))
             .await
             .expect("list")
             .into_inner();
         assert!(theirs.subscriptions.is_empty(), "{theirs:?}");
         for e in [
-            subs.get(req(v1::GetSubscriptionRequest { id: mine.id }, &globex))
+            subs.get(bearer(v1::GetSubscriptionRequest { id: mine.id }, &globex))
                 .await
                 .map(drop),
-            subs.delete(req(v1::DeleteSubscriptionRequest { id: mine.id }, &globex))
-                .await
-                .map(drop),
-            subs.update(req(
+            subs.delete(bearer(
+                v1::DeleteSubscriptionRequest { id: mine.id },
+                &globex,
+            ))
+            .await
+            .map(drop),
+            subs.update(bearer(
                 stream_sub("temp > 0", "mine-now")
                     .subscription
                     .map(|mut s| {
@@ -271,36 +247,20 @@ fn tokens_roles_and_tenants() {
             assert_eq!(e.expect_err("other tenant").code(), Code::NotFound);
         }
         let own = subs
-            .list(req(v1::ListSubscriptionsRequest::default(), &acme_sub))
+            .list(bearer(v1::ListSubscriptionsRequest::default(), &acme_sub))
             .await
             .expect("list")
             .into_inner();
         assert_eq!(own.subscriptions.len(), 1);
         let all = subs
-            .list(req(v1::ListSubscriptionsRequest::default(), &admin))
+            .list(bearer(v1::ListSubscriptionsRequest::default(), &admin))
             .await
             .expect("admin list")
             .into_inner();
         assert_eq!(all.subscriptions.len(), 1, "admins see every tenant");
 
         // streams are per tenant: globex attaching "alerts" gets none of acme's deliveries
-        wait_for(
-            "the subscription to be published",
-            Duration::from_secs(30),
-            || {
-                let ch = ch.clone();
-                let admin = admin.clone();
-                async move {
-                    let st = v1::admin_client::AdminClient::new(ch)
-                        .stats(req(v1::StatsRequest {}, &admin))
-                        .await
-                        .ok()?
-                        .into_inner();
-                    (st.cluster?.image_subscriptions == 1).then_some(())
-                }
-            },
-        )
-        .await;
+        wait_image(ch.clone(), &admin, 1).await;
         let open = |tok: String| {
             let ch = ch.clone();
             async move {
@@ -311,7 +271,10 @@ fn tokens_roles_and_tenants() {
                 .await
                 .expect("attach");
                 let down = v1::stream_client::StreamClient::new(ch)
-                    .open(req(tokio_stream::wrappers::ReceiverStream::new(rx), &tok))
+                    .open(bearer(
+                        tokio_stream::wrappers::ReceiverStream::new(rx),
+                        &tok,
+                    ))
                     .await
                     .expect("open")
                     .into_inner();
@@ -321,7 +284,7 @@ fn tokens_roles_and_tenants() {
         let (_keep_a, mut acme_stream) = open(acme_sub.clone()).await;
         let (_keep_g, mut globex_stream) = open(globex.clone()).await;
         let mut ingest = v1::ingest_client::IngestClient::new(ch.clone());
-        ingest.put(req(put(31), &acme_in)).await.expect("put");
+        ingest.put(bearer(put(31), &acme_in)).await.expect("put");
         let got = tokio::time::timeout(Duration::from_secs(20), acme_stream.message())
             .await
             .expect("acme's delivery in time")
@@ -333,18 +296,18 @@ fn tokens_roles_and_tenants() {
 
         // quotas
         for i in 0..2 {
-            subs.create(req(stream_sub(&format!("temp > {i}"), "q"), &globex))
+            subs.create(bearer(stream_sub(&format!("temp > {i}"), "q"), &globex))
                 .await
                 .expect("within quota");
         }
         let e = subs
-            .create(req(stream_sub("temp > 9", "q"), &globex))
+            .create(bearer(stream_sub("temp > 9", "q"), &globex))
             .await
             .expect_err("over the subscription quota");
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
         let mut limited = 0;
         for _ in 0..20 {
-            if let Err(e) = ingest.put(req(put(1), &globex)).await {
+            if let Err(e) = ingest.put(bearer(put(1), &globex)).await {
                 assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
                 limited += 1;
             }

@@ -238,12 +238,12 @@ fn subscriptions_that_can_never_work_are_refused() {
             &url,
             sub(
                 text("temp > 1"),
-                v1::target::Kind::Webhook("https://example.com/hook".into()),
+                v1::target::Kind::Grpc("https://example.com:443".into()),
             ),
         )
         .await
-        .expect_err("https");
-        invalid(&e, &["subscription.target.webhook", "https"]);
+        .expect_err("https grpc");
+        invalid(&e, &["subscription.target.grpc", "https"]);
         let mut q = sub(text("temp > 1"), stream("s"));
         q.qos = 3;
         let e = create(&url, q).await.expect_err("qos 3");

@@ -46,11 +46,23 @@ impl tonic::service::Interceptor for Bearer {
 pub type Channel =
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>;
 
-/// Connects to a node (e.g. `http://127.0.0.1:7700`), presenting `token` if given.
-pub async fn connect(url: &str, token: Option<&str>) -> Result<Channel, NodeError> {
+/// Connects to a node (e.g. `http://127.0.0.1:7700`, or `https://` verified against `ca`,
+/// else the bundled web roots), presenting `token` if given.
+pub async fn connect(
+    url: &str,
+    token: Option<&str>,
+    ca: Option<&std::path::Path>,
+) -> Result<Channel, NodeError> {
     let bearer = Bearer::new(token)?;
-    let ch = tonic::transport::Channel::from_shared(url.to_string())
-        .map_err(|e| NodeError::invalid("--node-url", e.to_string()))?
+    let mut endpoint = tonic::transport::Channel::from_shared(url.to_string())
+        .map_err(|e| NodeError::invalid("--node-url", e.to_string()))?;
+    if url.starts_with("https://") {
+        let ca = ca.map(crate::tls::ca).transpose()?;
+        endpoint = endpoint
+            .tls_config(crate::tls::client(ca, None))
+            .map_err(|e| NodeError::invalid("--node-url", e.to_string()))?;
+    }
+    let ch = endpoint
         .connect()
         .await
         .map_err(|e| NodeError::Startup(format!("connecting to {url}: {e}")))?;

@@ -243,13 +243,15 @@ pub fn random_u64() -> u64 {
     h.finish()
 }
 
+/// A lazily connected channel to another process of the cluster (TLS for `https://`, with
+/// the process's client settings of [`crate::tls`]).
 pub fn channel(url: &str) -> Result<Channel, NodeError> {
-    Ok(Endpoint::from_shared(url.to_string())
+    let endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|e| NodeError::invalid("endpoint", format!("{url:?}: {e}")))?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(30))
-        .tcp_nodelay(true)
-        .connect_lazy())
+        .tcp_nodelay(true);
+    Ok(crate::tls::apply(endpoint, url)?.connect_lazy())
 }
 
 impl Daemon {
@@ -260,22 +262,28 @@ impl Daemon {
             ClusterClient::with_interceptor(channel(&cfg.coordinator)?, cfg.cluster_secret.stamp())
                 .max_decoding_message_size(1 << 30)
                 .max_encoding_message_size(64 << 20);
-        let d = Daemon::new(cfg, store, limits, CoordLink::Grpc(coord));
+        let d = Daemon::new(cfg, store, limits, CoordLink::Grpc(coord))?;
         d.spawn();
         Ok(d)
     }
 
-    /// Creates the daemon (nothing runs yet).
-    pub fn new(cfg: DaemonConfig, store: Store, limits: Limits, coord: CoordLink) -> Daemon {
+    /// Creates the daemon (nothing runs yet); fails on bad delivery settings (a webhook CA
+    /// that does not parse).
+    pub fn new(
+        cfg: DaemonConfig,
+        store: Store,
+        limits: Limits,
+        coord: CoordLink,
+    ) -> Result<Daemon, NodeError> {
         let (tx, rx) = mpsc::channel(65_536);
         let lanes = Lanes::new(cfg.bulk_lane);
         let deliverer = crate::deliver::Deliverer::new(
-            cfg.delivery,
+            cfg.delivery.clone(),
             store.clone(),
             coord.clone(),
             lanes.clone(),
-        );
-        Daemon {
+        )?;
+        Ok(Daemon {
             inner: Arc::new(Inner {
                 coord,
                 nonce: AtomicU64::new(0),
@@ -298,7 +306,7 @@ impl Daemon {
                 deliverer,
                 lanes,
             }),
-        }
+        })
     }
 
     /// Starts the initial workers and the background loops (registration and heartbeats,

@@ -26,15 +26,12 @@
 //! link-local addresses are refused unless `allow_private_targets` is set.
 
 use std::collections::{BinaryHeap, HashMap};
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use proto::v1;
 use proto::v1::subscriber_client::SubscriberClient;
 use storage::{DeliveryState, ObjectId, Store};
@@ -48,7 +45,7 @@ use crate::validate;
 use crate::{lock, now_ms};
 
 /// Settings of delivery.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct DeliveryConfig {
     /// Push matches to subscribers. Off, matches are only recorded as pending delivery
     /// records (benchmarks of the matching pipeline, or another system drains the records).
@@ -67,6 +64,11 @@ pub struct DeliveryConfig {
     /// mode), or one `Subscriber.DeliverBatch` for gRPC QoS 0/1. 1 sends every delivery on
     /// its own.
     pub push_batch: usize,
+    /// Extra CAs (PEM) that HTTPS webhooks may be signed by, besides the bundled web roots.
+    pub webhook_ca_pem: Option<Arc<Vec<u8>>>,
+    /// Send events to a new webhook URL without first asking it to consent (the CloudEvents
+    /// abuse-protection handshake), for receivers that cannot answer it.
+    pub skip_webhook_validation: bool,
 }
 
 impl Default for DeliveryConfig {
@@ -78,6 +80,8 @@ impl Default for DeliveryConfig {
             attempt_timeout: Duration::from_secs(5),
             max_data_bytes: 1 << 20,
             push_batch: 64,
+            webhook_ca_pem: None,
+            skip_webhook_validation: false,
         }
     }
 }
@@ -236,7 +240,9 @@ struct Inner {
     /// Clients per lane (`on_bulk()` as the index): a connection is driven by the runtime
     /// that opened it, so the lanes never share one.
     grpc: Mutex<HashMap<(String, bool), Channel>>,
-    http: [Client<HttpConnector, Full<Bytes>>; 2],
+    http: [crate::push_http::WebhookClient; 2],
+    /// Webhooks' answers to the validation handshake.
+    consents: crate::push_http::Consents,
     lanes: Lanes,
     seq: AtomicU64,
     counters: DeliveryCounters,
@@ -270,69 +276,8 @@ pub fn delivery_id(sub: u64, obj: ObjectId) -> String {
     format!("{sub}-{}-{}", obj.node, obj.seq)
 }
 
-/// Whether an address is one the cluster must not be made to call by default.
-pub fn is_private(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || o[0] == 0
-                || (o[0] == 100 && (o[1] & 0xc0) == 64) // 100.64.0.0/10
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_private(IpAddr::V4(v4));
-            }
-            let s = v6.segments();
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (s[0] & 0xfe00) == 0xfc00 // unique local
-                || (s[0] & 0xffc0) == 0xfe80 // link-local
-        }
-    }
-}
-
-/// Checks that an http(s) target does not resolve to a private address (unless allowed).
-pub async fn check_target(url: &str, allow_private: bool) -> Result<(), String> {
-    let uri: hyper::Uri = url
-        .parse()
-        .map_err(|e| format!("target {url:?} is not a URL: {e}"))?;
-    let host = uri
-        .host()
-        .ok_or_else(|| format!("target {url:?} has no host"))?
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string();
-    if allow_private {
-        return Ok(());
-    }
-    let port = uri
-        .port_u16()
-        .unwrap_or(if uri.scheme_str() == Some("https") {
-            443
-        } else {
-            80
-        });
-    let addrs = tokio::net::lookup_host((host.as_str(), port))
-        .await
-        .map_err(|e| format!("resolving {host}: {e}"))?;
-    for a in addrs {
-        if is_private(a.ip()) {
-            return Err(format!(
-                "target {host} resolves to {}, a loopback, private or link-local address; \
-                 refused unless the node allows private targets (--allow-private-targets)",
-                a.ip()
-            ));
-        }
-    }
-    Ok(())
-}
+use crate::target_guard::check_literal;
+pub use crate::target_guard::{check_target, is_private};
 
 /// Formats unix ms as RFC 3339 UTC (CloudEvents `time`).
 pub fn rfc3339(ms: u64) -> String {
@@ -481,13 +426,16 @@ enum Outcome {
 impl Deliverer {
     /// The delivery loop over `store`, looking subscriptions up through `subs`. Call
     /// [`Deliverer::resume`] once the node is up to pick up unfinished records.
-    pub fn new(cfg: DeliveryConfig, store: Store, subs: CoordLink, lanes: Lanes) -> Deliverer {
-        let http = || {
-            Client::builder(hyper_util::rt::TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build_http()
-        };
-        Deliverer {
+    pub fn new(
+        cfg: DeliveryConfig,
+        store: Store,
+        subs: CoordLink,
+        lanes: Lanes,
+    ) -> Result<Deliverer, crate::error::NodeError> {
+        let tls = crate::push_http::webhook_tls(cfg.webhook_ca_pem.as_deref().map(Vec::as_slice))?;
+        let allow = cfg.allow_private_targets;
+        let http = || crate::push_http::webhook_client(allow, tls.clone());
+        Ok(Deliverer {
             inner: Arc::new(Inner {
                 cfg,
                 store,
@@ -500,12 +448,25 @@ impl Deliverer {
                 streams: Mutex::new(HashMap::new()),
                 grpc: Mutex::new(HashMap::new()),
                 http: [http(), http()],
+                consents: crate::push_http::Consents::default(),
                 lanes,
                 seq: AtomicU64::new(0),
                 counters: DeliveryCounters::default(),
                 per_sub: Mutex::new(HashMap::new()),
             }),
+        })
+    }
+
+    /// Whether webhook `url` consents to this node's events (the validation handshake, unless
+    /// skipped).
+    async fn consented(&self, url: &str) -> Result<(), String> {
+        if self.inner.cfg.skip_webhook_validation {
+            return Ok(());
         }
+        self.inner
+            .consents
+            .check(&self.inner.http[usize::from(on_bulk())], url)
+            .await
     }
 
     /// Counters for the admin API.
@@ -955,9 +916,7 @@ impl Deliverer {
                 Some(v1::target::Kind::Grpc(url)) if self.batched_grpc(&p.s) => {
                     grpc.entry(url.clone()).or_default().push(p);
                 }
-                Some(v1::target::Kind::Webhook(url))
-                    if self.inner.cfg.push_batch > 1 && !url.starts_with("https:") =>
-                {
+                Some(v1::target::Kind::Webhook(url)) if self.inner.cfg.push_batch > 1 => {
                     hooks
                         .entry((url.clone(), p.s.webhook_secret.clone()))
                         .or_default()
@@ -1205,7 +1164,7 @@ impl Deliverer {
         deliveries: Vec<(v1::Delivery, Bytes)>,
     ) -> Vec<Result<(), String>> {
         let n = deliveries.len();
-        if let Err(e) = check_target(url, self.inner.cfg.allow_private_targets).await {
+        if let Err(e) = check_literal(url, self.inner.cfg.allow_private_targets) {
             return vec![Err(e); n];
         }
         let ch = match self.grpc_channel(url) {
@@ -1262,7 +1221,8 @@ impl Deliverer {
         for run in runs_by_size(&sizes, MAX_BATCH_BYTES) {
             let part = &events[run.clone()];
             let send = async {
-                check_target(url, self.inner.cfg.allow_private_targets).await?;
+                check_literal(url, self.inner.cfg.allow_private_targets)?;
+                self.consented(url).await?;
                 let (body, ctype) = if part.len() == 1 {
                     (part[0].clone(), CLOUDEVENT)
                 } else {
@@ -1389,7 +1349,7 @@ impl Deliverer {
         let exactly_once = s.qos == v1::Qos::ExactlyOnce as i32;
         match target {
             v1::target::Kind::Grpc(url) => {
-                check_target(url, self.inner.cfg.allow_private_targets).await?;
+                check_literal(url, self.inner.cfg.allow_private_targets)?;
                 let mut c = self.grpc_client(url)?;
                 let id = d.delivery_id.clone();
                 let (sub, attempts) = (d.subscription_id, d.attempt.saturating_sub(1));
@@ -1428,12 +1388,8 @@ impl Deliverer {
                 Ok(Outcome::Done)
             }
             v1::target::Kind::Webhook(url) => {
-                check_target(url, self.inner.cfg.allow_private_targets).await?;
-                if url.starts_with("https:") {
-                    return Err(
-                        "https webhooks are not supported by this build (no TLS client)".into(),
-                    );
-                }
+                check_literal(url, self.inner.cfg.allow_private_targets)?;
+                self.consented(url).await?;
                 let node = d.object_id.map_or(0, |o| o.node);
                 let event = event_json(&object.event, &d, node);
                 self.send_post(url, &s.webhook_secret, event, CLOUDEVENT)
@@ -1457,7 +1413,13 @@ impl Deliverer {
         if let Some(c) = g.get(&key) {
             return Ok(c.clone());
         }
-        let ch = crate::daemon::channel(url).map_err(|e| e.to_string())?;
+        let ch = tonic::transport::Endpoint::from_shared(url.to_string())
+            .map_err(|e| format!("target {}: {e}", blocks::quote::quoted(url)))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(30))
+            .connect_with_connector_lazy(crate::push_http::grpc_connector(
+                self.inner.cfg.allow_private_targets,
+            ));
         g.insert(key, ch.clone());
         Ok(ch)
     }
@@ -1696,38 +1658,6 @@ mod tests {
         assert_eq!(runs_by_size(&[20, 1, 1], 10), vec![0..1, 1..3]);
         assert_eq!(runs_by_size(&[1, 20, 1], 10), vec![0..1, 1..2, 2..3]);
         assert_eq!(runs_by_size(&[5, 5], 10), vec![0..2]);
-    }
-
-    #[test]
-    fn private_addresses_are_recognised() {
-        for a in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "0.0.0.0",
-            "100.64.0.1",
-            "::1",
-            "fe80::1",
-            "fd00::1",
-            "::ffff:127.0.0.1",
-        ] {
-            assert!(is_private(a.parse().expect("ip")), "{a}");
-        }
-        for a in ["8.8.8.8", "1.1.1.1", "2606:4700::1111", "172.32.0.1"] {
-            assert!(!is_private(a.parse().expect("ip")), "{a}");
-        }
-    }
-
-    #[tokio::test]
-    async fn private_targets_are_refused_unless_allowed() {
-        let e = check_target("http://127.0.0.1:9/hook", false)
-            .await
-            .expect_err("loopback refused");
-        assert!(e.contains("--allow-private-targets"), "{e}");
-        assert!(check_target("http://127.0.0.1:9/hook", true).await.is_ok());
-        assert!(check_target("not a url", false).await.is_err());
     }
 
     #[test]

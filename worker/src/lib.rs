@@ -20,10 +20,13 @@ pub mod lanes;
 pub mod listen;
 pub mod metrics;
 pub mod proxy;
+pub mod push_http;
 pub mod rate;
 pub mod registry;
 pub mod regulate;
 pub mod services;
+pub mod target_guard;
+pub mod tls;
 pub mod validate;
 
 use std::net::SocketAddr;
@@ -68,7 +71,7 @@ pub async fn run(
     let node = services::Node::new(store, limits, services::Sink::Embedded(dissem));
     let max = max_message(&limits);
     listener
-        .server()
+        .server()?
         .add_service(reflection(PUBLIC_SERVICES)?)
         .add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
         .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
@@ -105,7 +108,7 @@ pub async fn run_node(
     }
     let max = max_message(&limits);
     listener
-        .server()
+        .server()?
         .add_service(reflection(&[PUBLIC_SERVICES, &[STREAM_SERVICE]].concat())?)
         .add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
         .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))

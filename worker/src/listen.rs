@@ -362,6 +362,7 @@ pub struct Listener {
     pub listener: TcpListener,
     pub conns: Connections,
     auth: Option<Arc<crate::auth::Auth>>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 impl Listener {
@@ -371,7 +372,19 @@ impl Listener {
             listener,
             conns: Connections::new(cfg),
             auth: None,
+            tls: None,
         }
+    }
+
+    /// Serves only TLS under `tls` (`None`: plain HTTP/2).
+    pub fn with_tls(mut self, tls: Option<tonic::transport::ServerTlsConfig>) -> Listener {
+        self.tls = tls;
+        self
+    }
+
+    /// Whether the listener speaks TLS.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// Callers must present a token of `auth` (`None`: no authentication).
@@ -391,10 +404,15 @@ impl Listener {
     }
 
     /// A server builder under this listener's settings, with its activity layer.
-    pub fn server(&self) -> GuardedServer {
-        server(&self.conns.inner.cfg)
-            .layer(self.layer())
-            .layer(crate::auth::AuthLayer::new(self.auth.clone()))
+    pub fn server(&self) -> Result<GuardedServer, crate::error::NodeError> {
+        let mut s = server(&self.conns.inner.cfg);
+        if let Some(tls) = &self.tls {
+            s = s
+                .tls_config(tls.clone())
+                .map_err(|e| crate::error::NodeError::Startup(format!("TLS: {e}")))?;
+        }
+        Ok(s.layer(self.layer())
+            .layer(crate::auth::AuthLayer::new(self.auth.clone())))
     }
 
     /// The guarded connections, for `serve_with_incoming`.

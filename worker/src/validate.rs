@@ -224,9 +224,10 @@ pub fn stream_name(field: &str, name: &str) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// An http URL target: `http://` only (this build has no TLS client, so an `https://` target
-/// could never be reached), a host, bounded length.
-fn url_target(field: &str, u: &str) -> Result<(), NodeError> {
+/// A URL target: a host, bounded length; `http://` or, for webhooks, `https://` (gRPC
+/// subscribers are reached over plain HTTP/2 only, so an `https://` one could never be
+/// reached).
+fn url_target(field: &str, u: &str, https: bool) -> Result<(), NodeError> {
     if u.len() > MAX_URL_BYTES {
         return Err(NodeError::invalid(
             field,
@@ -236,16 +237,16 @@ fn url_target(field: &str, u: &str) -> Result<(), NodeError> {
             ),
         ));
     }
-    if u.starts_with("https://") {
+    if u.starts_with("https://") && !https {
         return Err(NodeError::invalid(
             field,
-            "https targets are not supported by this build yet (no TLS client); use http://",
+            "https gRPC targets are not supported yet (plain http:// only; webhooks may be https)",
         ));
     }
-    if !u.starts_with("http://") {
+    if !(u.starts_with("http://") || (https && u.starts_with("https://"))) {
         return Err(NodeError::invalid(
             field,
-            format!("{} is not an http:// URL", blocks::quote::quoted(u)),
+            format!("{} is not an http(s):// URL", blocks::quote::quoted(u)),
         ));
     }
     let uri: hyper::Uri = u.parse().map_err(|e| {
@@ -305,8 +306,8 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeEr
                 "a grpc, webhook or stream target is required",
             ));
         }
-        Some(Kind::Grpc(u)) => url_target("subscription.target.grpc", u)?,
-        Some(Kind::Webhook(u)) => url_target("subscription.target.webhook", u)?,
+        Some(Kind::Grpc(u)) => url_target("subscription.target.grpc", u, false)?,
+        Some(Kind::Webhook(u)) => url_target("subscription.target.webhook", u, true)?,
         Some(Kind::Stream(n)) => stream_name("subscription.target.stream", n)?,
     }
     if v1::Qos::try_from(s.qos).is_err() {

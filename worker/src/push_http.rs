@@ -1,0 +1,162 @@
+//! The HTTP(S) client of webhook pushes and the gRPC connector of subscriber pushes: every
+//! connection resolves through the [`GuardedResolver`] (one checked lookup, connected to
+//! exactly the addresses checked), HTTPS verifies the certificate and host name against the
+//! bundled web roots plus any `--webhook-ca`, and redirects are never followed (a 3xx is a
+//! failed attempt). Before the first event to a webhook URL the node asks it to consent with
+//! the CloudEvents abuse-protection handshake (an `OPTIONS` request carrying
+//! `WebHook-Request-Origin`, answered with `WebHook-Allowed-Origin`), as Azure Event Grid
+//! does; the answer is remembered for [`CONSENT_TTL`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+
+use crate::error::NodeError;
+use crate::lock;
+use crate::target_guard::GuardedResolver;
+
+/// The origin a node names in the validation handshake.
+pub const REQUEST_ORIGIN: &str = "dissem";
+/// How long a webhook's consent (or refusal) is remembered.
+pub const CONSENT_TTL: Duration = Duration::from_secs(600);
+
+/// The connector of gRPC subscriber channels (plain HTTP/2 through the guarded resolver).
+pub fn grpc_connector(allow_private: bool) -> HttpConnector<GuardedResolver> {
+    let mut c = HttpConnector::new_with_resolver(GuardedResolver::new(allow_private));
+    c.set_nodelay(true);
+    c.set_connect_timeout(Some(Duration::from_secs(2)));
+    c
+}
+
+/// The rustls client settings of HTTPS webhooks: web roots, plus the CAs in `extra_pem`.
+pub fn webhook_tls(extra_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, NodeError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(pem) = extra_pem {
+        let mut n = 0;
+        for c in CertificateDer::pem_slice_iter(pem) {
+            let c = c.map_err(|e| NodeError::invalid("--webhook-ca", e.to_string()))?;
+            roots
+                .add(c)
+                .map_err(|e| NodeError::invalid("--webhook-ca", e.to_string()))?;
+            n += 1;
+        }
+        if n == 0 {
+            return Err(NodeError::invalid(
+                "--webhook-ca",
+                "the file holds no PEM certificate",
+            ));
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| NodeError::Startup(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// The webhook client type.
+pub type WebhookClient = Client<HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
+
+/// A webhook client under the address rule and TLS settings.
+pub fn webhook_client(allow_private: bool, tls: rustls::ClientConfig) -> WebhookClient {
+    let mut http = HttpConnector::new_with_resolver(GuardedResolver::new(allow_private));
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(2)));
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(https)
+}
+
+/// What a webhook answered to the handshake, and when.
+type Consent = (Instant, Result<(), String>);
+
+/// Webhook URLs' answers to the validation handshake.
+#[derive(Debug, Default)]
+pub struct Consents {
+    answers: Mutex<HashMap<String, Consent>>,
+}
+
+impl Consents {
+    /// Whether `url` consents to events from this node, asking it (at most once per
+    /// [`CONSENT_TTL`]) with `client`.
+    pub async fn check(&self, client: &WebhookClient, url: &str) -> Result<(), String> {
+        if let Some((at, answer)) = lock(&self.answers).get(url)
+            && at.elapsed() < CONSENT_TTL
+        {
+            return answer.clone();
+        }
+        let answer = handshake(client, url).await;
+        if let Err(e) = &answer {
+            tracing::warn!("webhook {url}: {e}");
+        }
+        let mut answers = lock(&self.answers);
+        if answers.len() > 100_000 {
+            answers.retain(|_, (at, _)| at.elapsed() < CONSENT_TTL);
+        }
+        answers.insert(url.to_string(), (Instant::now(), answer.clone()));
+        answer
+    }
+}
+
+/// One CloudEvents abuse-protection handshake.
+async fn handshake(client: &WebhookClient, url: &str) -> Result<(), String> {
+    let req = hyper::Request::builder()
+        .method(hyper::Method::OPTIONS)
+        .uri(url)
+        .header("WebHook-Request-Origin", REQUEST_ORIGIN)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| format!("building the validation request: {e}"))?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+        .await
+        .map_err(|_| "webhook validation: no answer to OPTIONS within 10 s".to_string())?
+        .map_err(|e| format!("webhook validation: OPTIONS {url}: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!(
+            "webhook validation: OPTIONS answered HTTP {}; the receiver must consent with \
+             WebHook-Allowed-Origin (or the node runs with --skip-webhook-validation)",
+            resp.status()
+        ));
+    }
+    let allowed = resp
+        .headers()
+        .get("WebHook-Allowed-Origin")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if allowed == "*" || allowed.eq_ignore_ascii_case(REQUEST_ORIGIN) {
+        Ok(())
+    } else {
+        Err(format!(
+            "webhook validation: the receiver did not consent (WebHook-Allowed-Origin {:?}, \
+             expected {REQUEST_ORIGIN:?} or \"*\")",
+            blocks::quote::clip(allowed)
+        ))
+    }
+}
+
+/// The receiver's side of the handshake, for Rust receivers (the demo's and the tests'): the
+/// consenting answer when `req` is a validation request, `None` otherwise.
+pub fn consent_response<B>(req: &hyper::Request<B>) -> Option<hyper::Response<Full<Bytes>>> {
+    if req.method() != hyper::Method::OPTIONS {
+        return None;
+    }
+    let origin = req.headers().get("WebHook-Request-Origin")?.clone();
+    let mut resp = hyper::Response::new(Full::new(Bytes::new()));
+    resp.headers_mut().insert("WebHook-Allowed-Origin", origin);
+    Some(resp)
+}

@@ -1,0 +1,101 @@
+//! TLS for the gRPC listeners and the cluster's own clients (rustls, no OpenSSL).
+//!
+//! A listener given a certificate and key (`--tls-cert`, `--tls-key`) speaks only TLS; with
+//! `--tls-client-ca` it also demands a client certificate signed by that CA (mutual TLS). The
+//! cluster's internal clients (node -> coordinator, coordinator -> node, node -> node) reach
+//! `https://` endpoints with the process's client settings, set once at start by the binary
+//! ([`set_client`]): the CA that signed the servers (`--tls-ca`) and, for mutual TLS, this
+//! process's own certificate.
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+
+use crate::error::NodeError;
+
+fn read(path: &Path, what: &str) -> Result<Vec<u8>, NodeError> {
+    std::fs::read(path)
+        .map_err(|e| NodeError::Startup(format!("reading the {what} {}: {e}", path.display())))
+}
+
+/// Checks that `pem` holds at least one PEM block of `label` (CERTIFICATE, PRIVATE KEY), so a
+/// wrong file is named at start rather than failing every handshake.
+fn check_pem(pem: &[u8], path: &Path, what: &str, label: &str) -> Result<(), NodeError> {
+    let text = String::from_utf8_lossy(pem);
+    if text.contains("-----BEGIN ") && text.contains(label) {
+        Ok(())
+    } else {
+        Err(NodeError::Startup(format!(
+            "the {what} {} holds no PEM {label}",
+            path.display()
+        )))
+    }
+}
+
+/// A server's identity from PEM files.
+pub fn identity(cert: &Path, key: &Path) -> Result<Identity, NodeError> {
+    let c = read(cert, "TLS certificate")?;
+    check_pem(&c, cert, "TLS certificate", "CERTIFICATE")?;
+    let k = read(key, "TLS key")?;
+    check_pem(&k, key, "TLS key", "PRIVATE KEY")?;
+    Ok(Identity::from_pem(c, k))
+}
+
+/// A CA certificate from a PEM file.
+pub fn ca(path: &Path) -> Result<Certificate, NodeError> {
+    let c = read(path, "CA certificate")?;
+    check_pem(&c, path, "CA certificate", "CERTIFICATE")?;
+    Ok(Certificate::from_pem(c))
+}
+
+/// Server TLS: `identity`, client certificates signed by `client_ca` required when given,
+/// the handshake bounded by `handshake_timeout`.
+pub fn server(
+    identity: Identity,
+    client_ca: Option<Certificate>,
+    handshake_timeout: Duration,
+) -> ServerTlsConfig {
+    let mut cfg = ServerTlsConfig::new()
+        .identity(identity)
+        .timeout(handshake_timeout);
+    if let Some(ca) = client_ca {
+        cfg = cfg.client_ca_root(ca);
+    }
+    cfg
+}
+
+/// Client TLS: servers verified against `ca` (and the bundled web roots when `None`), this
+/// process's `identity` presented for mutual TLS.
+pub fn client(ca: Option<Certificate>, identity: Option<Identity>) -> ClientTlsConfig {
+    let mut cfg = ClientTlsConfig::new().timeout(Duration::from_secs(10));
+    cfg = match ca {
+        Some(ca) => cfg.ca_certificate(ca),
+        None => cfg.with_webpki_roots(),
+    };
+    if let Some(id) = identity {
+        cfg = cfg.identity(id);
+    }
+    cfg
+}
+
+static CLIENT: OnceLock<ClientTlsConfig> = OnceLock::new();
+
+/// Sets the TLS settings of this process's clients of `https://` endpoints (once; later calls
+/// are ignored).
+pub fn set_client(cfg: ClientTlsConfig) {
+    let _ = CLIENT.set(cfg);
+}
+
+/// `endpoint` with TLS when `url` is `https://` (the process's settings, or the bundled web
+/// roots if none were set).
+pub fn apply(endpoint: Endpoint, url: &str) -> Result<Endpoint, NodeError> {
+    if !url.starts_with("https://") {
+        return Ok(endpoint);
+    }
+    let cfg = CLIENT.get().cloned().unwrap_or_else(|| client(None, None));
+    endpoint
+        .tls_config(cfg)
+        .map_err(|e| NodeError::invalid("endpoint", format!("{url:?}: {e}")))
+}
