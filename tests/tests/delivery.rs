@@ -910,10 +910,11 @@ fn make_certs(
     let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let key = rcgen::KeyPair::generate().expect("key");
-    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
-        .expect("params")
-        .signed_by(&key, &issuer)
-        .expect("cert");
+    let cert =
+        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("cert");
     let (ca, c, k) = (
         dir.join("ca.pem"),
         dir.join("cert.pem"),
@@ -1081,6 +1082,270 @@ fn a_secured_node_pushes_over_https_to_a_verified_webhook() {
         assert!(h.validations >= 1, "the webhook was asked to consent first");
         drop(h);
         assert!(sub.id > 0);
+    });
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A multi-process cluster locked down: the coordinator and the node speak only TLS and
+/// demand client certificates of the cluster's CA (mutual TLS), carry the cluster secret, and
+/// authenticate callers with one auth file. A subscription made through the node (its proxy
+/// forwards the caller's token) receives a put made through the node; a client without a
+/// certificate gets nowhere.
+#[test]
+fn a_mutual_tls_cluster_with_tokens_delivers_end_to_end() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-mtls");
+    let (ca, cert, key) = make_certs(&dir);
+    let auth = dir.join("auth.toml");
+    let ingest = tests::token_create(&auth, "gw", "acme", "ingest");
+    let app = tests::token_create(&auth, "app", "acme", "subscribe");
+    let ops = tests::token_create(&auth, "ops", "ops", "admin");
+    let s = |p: &std::path::Path| p.display().to_string();
+    let secured = |extra: &[String]| {
+        let mut a: Vec<String> = [
+            "--listen",
+            "127.0.0.1:0",
+            "--auth-file",
+            &s(&auth),
+            "--tls-cert",
+            &s(&cert),
+            "--tls-key",
+            &s(&key),
+            "--tls-client-ca",
+            &s(&ca),
+            "--tls-ca",
+            &s(&ca),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        a.extend(extra.iter().cloned());
+        a
+    };
+    let mut cargs = vec!["coordinator".to_string()];
+    cargs.extend(secured(&["--data".into(), s(&dir.join("coordinator"))]));
+    let coordinator = Proc::start(&dissem_bin(), &cargs);
+    let cport = coordinator
+        .addr
+        .rsplit(':')
+        .next()
+        .expect("port")
+        .to_string();
+    let mut nargs = vec!["node".to_string()];
+    nargs.extend(secured(&[
+        "--data".into(),
+        s(&dir.join("node1")),
+        "--node".into(),
+        "1".into(),
+        "--gpu".into(),
+        "off".into(),
+        "--coordinator".into(),
+        format!("https://localhost:{cport}"),
+        "--cluster-secret-file".into(),
+        s(&dir.join("coordinator").join("cluster.secret")),
+    ]));
+    let node = Proc::start(&dissem_bin(), &nargs);
+    let nport = node.addr.rsplit(':').next().expect("port").to_string();
+    runtime().block_on(async {
+        let pem = |p: &std::path::Path| std::fs::read(p).expect("pem");
+        let connect = |port: String, with_cert: bool| {
+            let mut tls = tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(pem(&ca)))
+                .domain_name("localhost");
+            if with_cert {
+                tls = tls.identity(tonic::transport::Identity::from_pem(pem(&cert), pem(&key)));
+            }
+            async move {
+                tonic::transport::Channel::from_shared(format!("https://localhost:{port}"))
+                    .expect("url")
+                    .tls_config(tls)
+                    .expect("tls")
+                    .connect()
+                    .await
+            }
+        };
+        // no client certificate: the handshake fails, or the first call does
+        if let Ok(ch) = connect(nport.clone(), false).await {
+            let r = v1::admin_client::AdminClient::new(ch)
+                .stats(bearer(v1::StatsRequest {}, &ops))
+                .await;
+            assert!(
+                r.is_err(),
+                "a client without a certificate was served: {r:?}"
+            );
+        }
+        let node_ch = connect(nport.clone(), true)
+            .await
+            .expect("mTLS to the node");
+        let coord_ch = connect(cport.clone(), true)
+            .await
+            .expect("mTLS to the coordinator");
+        // the node registered over mutual TLS with the secret
+        wait_for(
+            "the node's workers at the coordinator",
+            Duration::from_secs(30),
+            || {
+                let ch = coord_ch.clone();
+                let ops = ops.clone();
+                async move {
+                    let w = v1::admin_client::AdminClient::new(ch)
+                        .workers(bearer(v1::WorkersRequest {}, &ops))
+                        .await
+                        .ok()?
+                        .into_inner();
+                    (!w.workers.is_empty()).then_some(())
+                }
+            },
+        )
+        .await;
+        let sub = v1::subscriptions_client::SubscriptionsClient::new(node_ch.clone())
+            .create(bearer(
+                v1::CreateSubscriptionRequest {
+                    subscription: Some(v1::Subscription {
+                        filter: Some(v1::subscription::Filter::Text("temp > 30".into())),
+                        target: Some(v1::Target {
+                            kind: Some(v1::target::Kind::Stream("alerts".into())),
+                        }),
+                        ..Default::default()
+                    }),
+                },
+                &app,
+            ))
+            .await
+            .expect("create through the node's proxy")
+            .into_inner();
+        assert_eq!(sub.tenant, "acme", "the proxy forwarded the caller's token");
+        wait_image(coord_ch.clone(), &ops, 1).await;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(v1::StreamClientMessage {
+            kind: Some(v1::stream_client_message::Kind::Attach("alerts".into())),
+        })
+        .await
+        .expect("attach");
+        let mut down = v1::stream_client::StreamClient::new(node_ch.clone())
+            .open(bearer(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+                &app,
+            ))
+            .await
+            .expect("open")
+            .into_inner();
+        // the node's image may lag the coordinator's: put until one is delivered
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let got = loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no delivery over the locked-down cluster in 60 s"
+            );
+            v1::ingest_client::IngestClient::new(node_ch.clone())
+                .put(bearer(
+                    v1::PutRequest {
+                        metadata: vec![v1::Attribute {
+                            name: "temp".into(),
+                            value: Some(v1::Value {
+                                kind: Some(v1::value::Kind::Integer(31)),
+                            }),
+                        }],
+                        ..Default::default()
+                    },
+                    &ingest,
+                ))
+                .await
+                .expect("put through the node");
+            if let Ok(Ok(Some(d))) =
+                tokio::time::timeout(Duration::from_secs(2), down.message()).await
+            {
+                break d;
+            }
+        };
+        assert_eq!(got.subscription_id, sub.id);
+        drop(tx);
+    });
+    drop(node);
+    drop(coordinator);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A webhook that does not consent to the validation handshake is never sent an event: its
+/// deliveries are dead-lettered with the reason.
+#[test]
+fn a_webhook_that_does_not_consent_gets_no_events() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-consent");
+    let node = start_node(&dir, &[]);
+    runtime().block_on(async {
+        let url = node.url();
+        let posts = Arc::new(AtomicU64::new(0));
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let hook = format!("http://{}/hook", l.local_addr().expect("addr"));
+        let p = posts.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = l.accept().await {
+                let p = p.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            // no WebHook-Allowed-Origin: this receiver never consents
+                            let status = if req.method() == hyper::Method::OPTIONS {
+                                405
+                            } else {
+                                p.fetch_add(1, Ordering::SeqCst);
+                                200
+                            };
+                            async move {
+                                Ok::<_, hyper::Error>(
+                                    hyper::Response::builder()
+                                        .status(status)
+                                        .body(http_body_util::Full::new(hyper::body::Bytes::new()))
+                                        .unwrap_or_default(),
+                                )
+                            }
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        create(
+            &url,
+            Sub {
+                filter: "temp > 0",
+                target: v1::target::Kind::Webhook(hook),
+                qos: v1::Qos::AtLeastOnce,
+                retry: Some(v1::RetryPolicy {
+                    max_attempts: 2,
+                    ttl_ms: 0,
+                    initial_backoff_ms: 20,
+                    max_backoff_ms: 50,
+                }),
+                secret: "",
+            },
+        )
+        .await;
+        wait_published(&url, 1).await;
+        put_temps(&url, &[5], 0).await;
+        let dead = wait_for("the dead letter", Duration::from_secs(30), || {
+            let u = url.clone();
+            async move {
+                let d = v1::admin_client::AdminClient::new(channel(&u))
+                    .dead_letters(v1::DeadLettersRequest { limit: 0 })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .dead_letters;
+                (!d.is_empty()).then_some(d)
+            }
+        })
+        .await;
+        assert!(
+            dead[0].reason.contains("webhook validation"),
+            "{:?}",
+            dead[0].reason
+        );
+        assert_eq!(posts.load(Ordering::SeqCst), 0, "no event was POSTed");
     });
     drop(node);
     let _ = std::fs::remove_dir_all(&dir);
