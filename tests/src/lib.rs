@@ -94,3 +94,16 @@ pub async fn wait_image(ch: tonic::transport::Channel, admin: &str, n: u64) {
     )
     .await;
 }
+
+/// A put of one object with `temp` = `t`.
+pub fn temp_put(t: i64) -> proto::v1::PutRequest {
+    proto::v1::PutRequest {
+        metadata: vec![proto::v1::Attribute {
+            name: "temp".into(),
+            value: Some(proto::v1::Value {
+                kind: Some(proto::v1::value::Kind::Integer(t)),
+            }),
+        }],
+        ..Default::default()
+    }
+}

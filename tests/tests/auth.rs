@@ -7,20 +7,11 @@ use std::io::Write;
 use std::time::Duration;
 
 use proto::v1;
-use tests::{Proc, bearer, channel, dissem_bin, runtime, temp_dir, token_create, wait_image};
+use tests::{
+    Proc, bearer, channel, dissem_bin, runtime, temp_dir, temp_put, token_create, wait_for,
+    wait_image,
+};
 use tonic::Code;
-
-fn put(temp: i64) -> v1::PutRequest {
-    v1::PutRequest {
-        metadata: vec![v1::Attribute {
-            name: "temp".into(),
-            value: Some(v1::Value {
-                kind: Some(v1::value::Kind::Integer(temp)),
-            }),
-        }],
-        ..Default::default()
-    }
-}
 
 fn stream_sub(filter: &str, stream: &str) -> v1::CreateSubscriptionRequest {
     v1::CreateSubscriptionRequest {
@@ -39,11 +30,14 @@ async fn every_rpc_fails(url: &str, token: &str, code: Code) {
     let ch = channel(url);
     let mut results: Vec<(&str, Result<(), tonic::Status>)> = Vec::new();
     let mut ingest = v1::ingest_client::IngestClient::new(ch.clone());
-    results.push(("Put", ingest.put(bearer(put(1), token)).await.map(drop)));
+    results.push((
+        "Put",
+        ingest.put(bearer(temp_put(1), token)).await.map(drop),
+    ));
     results.push((
         "PutStream",
         ingest
-            .put_stream(bearer(tokio_stream::iter(vec![put(1)]), token))
+            .put_stream(bearer(tokio_stream::iter(vec![temp_put(1)]), token))
             .await
             .map(drop),
     ));
@@ -180,6 +174,7 @@ fn tokens_roles_and_tenants() {
             "up".to_string(),
             "--listen".into(),
             "127.0.0.1:0".into(),
+            "--allow-private-targets".into(),
             "--gpu".into(),
             "off".into(),
             "--auth-file".into(),
@@ -284,7 +279,10 @@ fn tokens_roles_and_tenants() {
         let (_keep_a, mut acme_stream) = open(acme_sub.clone()).await;
         let (_keep_g, mut globex_stream) = open(globex.clone()).await;
         let mut ingest = v1::ingest_client::IngestClient::new(ch.clone());
-        ingest.put(bearer(put(31), &acme_in)).await.expect("put");
+        ingest
+            .put(bearer(temp_put(31), &acme_in))
+            .await
+            .expect("put");
         let got = tokio::time::timeout(Duration::from_secs(20), acme_stream.message())
             .await
             .expect("acme's delivery in time")
@@ -307,12 +305,98 @@ fn tokens_roles_and_tenants() {
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
         let mut limited = 0;
         for _ in 0..20 {
-            if let Err(e) = ingest.put(bearer(put(1), &globex)).await {
+            if let Err(e) = ingest.put(bearer(temp_put(1), &globex)).await {
                 assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
                 limited += 1;
             }
         }
         assert!(limited >= 10, "only {limited} of 20 puts limited");
+
+        // dead letters and redrive: a tenant sees and redrives only its own
+        let gone = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let dead_url = format!("http://{}/hook", gone.local_addr().expect("addr"));
+        drop(gone);
+        let dead_sub = subs
+            .create(bearer(
+                v1::CreateSubscriptionRequest {
+                    subscription: Some(v1::Subscription {
+                        filter: Some(v1::subscription::Filter::Text("temp > 100".into())),
+                        target: Some(v1::Target {
+                            kind: Some(v1::target::Kind::Webhook(dead_url)),
+                        }),
+                        qos: v1::Qos::AtLeastOnce as i32,
+                        retry: Some(v1::RetryPolicy {
+                            max_attempts: 1,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                },
+                &acme_sub,
+            ))
+            .await
+            .expect("create")
+            .into_inner();
+        wait_image(ch.clone(), &admin, 4).await;
+        ingest
+            .put(bearer(temp_put(101), &acme_in))
+            .await
+            .expect("put");
+        let adm = v1::admin_client::AdminClient::new(ch.clone());
+        let dead_of = |tok: String| {
+            let mut a = adm.clone();
+            async move {
+                a.dead_letters(bearer(v1::DeadLettersRequest::default(), &tok))
+                    .await
+                    .expect("dead letters")
+                    .into_inner()
+                    .dead_letters
+            }
+        };
+        wait_for("acme's dead letter", Duration::from_secs(30), || {
+            let f = dead_of(acme_sub.clone());
+            async move { (!f.await.is_empty()).then_some(()) }
+        })
+        .await;
+        assert!(
+            dead_of(acme_sub.clone())
+                .await
+                .iter()
+                .all(|d| d.subscription_id == dead_sub.id)
+        );
+        // globex sees only its own (its unattached QoS 0 streams' misses, if any)
+        let theirs = dead_of(globex.clone()).await;
+        assert!(
+            !theirs.iter().any(|d| d.subscription_id == dead_sub.id),
+            "globex sees acme's dead letter: {theirs:?}"
+        );
+        let redrive = |tok: String| {
+            let mut a = adm.clone();
+            async move {
+                a.redrive(bearer(
+                    v1::RedriveRequest {
+                        dead_letters: Vec::new(),
+                        all: true,
+                    },
+                    &tok,
+                ))
+                .await
+                .expect("redrive")
+                .into_inner()
+                .redriven
+            }
+        };
+        redrive(globex.clone()).await;
+        assert!(
+            dead_of(acme_sub.clone())
+                .await
+                .iter()
+                .any(|d| d.subscription_id == dead_sub.id),
+            "globex's redrive left acme's dead letter alone"
+        );
+        assert!(redrive(acme_sub.clone()).await >= 1);
     });
 
     // the CLI takes --token (or DISSEM_TOKEN)

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use proto::v1;
-use tests::{Proc, bearer, channel, dissem_bin, runtime, stats, temp_dir, wait_for, wait_image};
+use tests::{
+    Proc, bearer, channel, dissem_bin, runtime, stats, temp_dir, temp_put, wait_for, wait_image,
+};
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
@@ -1048,18 +1050,7 @@ fn a_secured_node_pushes_over_https_to_a_verified_webhook() {
         assert!(seen.subscriptions.is_empty(), "another tenant sees nothing");
         wait_image(ch.clone(), &ops, 1).await;
         let put = v1::ingest_client::IngestClient::new(ch.clone())
-            .put(bearer(
-                v1::PutRequest {
-                    metadata: vec![v1::Attribute {
-                        name: "temp".into(),
-                        value: Some(v1::Value {
-                            kind: Some(v1::value::Kind::Integer(31)),
-                        }),
-                    }],
-                    ..Default::default()
-                },
-                &ingest,
-            ))
+            .put(bearer(temp_put(31), &ingest))
             .await
             .expect("put")
             .into_inner();
@@ -1239,18 +1230,7 @@ fn a_mutual_tls_cluster_with_tokens_delivers_end_to_end() {
                 "no delivery over the locked-down cluster in 60 s"
             );
             v1::ingest_client::IngestClient::new(node_ch.clone())
-                .put(bearer(
-                    v1::PutRequest {
-                        metadata: vec![v1::Attribute {
-                            name: "temp".into(),
-                            value: Some(v1::Value {
-                                kind: Some(v1::value::Kind::Integer(31)),
-                            }),
-                        }],
-                        ..Default::default()
-                    },
-                    &ingest,
-                ))
+                .put(bearer(temp_put(31), &ingest))
                 .await
                 .expect("put through the node");
             if let Ok(Ok(Some(d))) =

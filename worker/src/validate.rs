@@ -409,6 +409,44 @@ mod tests {
     use proptest::prelude::*;
     use prost::Message;
 
+    /// Deeply nested protobuf (unknown groups inside groups, nested messages of nested
+    /// messages) is refused by the decoder's recursion limit, on a small stack.
+    #[test]
+    fn deeply_nested_protobuf_is_refused_on_a_small_stack() {
+        let out = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(|| {
+                // field 15, wire type 3 (start group), 100,000 times
+                let groups = vec![0x7bu8; 100_000];
+                let a = v1::PutRequest::decode(groups.as_slice()).is_err();
+                let b = v1::Subscription::decode(groups.as_slice()).is_err();
+                // metadata[0].value.kind ... nested length-delimited fields, each claiming the
+                // rest of the buffer
+                let mut nested = Vec::new();
+                for _ in 0..10_000 {
+                    let mut outer = vec![0x12u8]; // field 2 (metadata), length-delimited
+                    let mut len = nested.len() as u64;
+                    loop {
+                        let byte = (len & 0x7f) as u8;
+                        len >>= 7;
+                        if len == 0 {
+                            outer.push(byte);
+                            break;
+                        }
+                        outer.push(byte | 0x80);
+                    }
+                    outer.extend_from_slice(&nested);
+                    nested = outer;
+                }
+                let c = v1::PutRequest::decode(nested.as_slice()).is_err();
+                (a, b, c)
+            })
+            .expect("spawn")
+            .join()
+            .expect("the decoder did not overflow its stack");
+        assert_eq!(out, (true, true, true));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
