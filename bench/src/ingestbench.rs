@@ -430,6 +430,7 @@ pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
                 window: opts.window,
             };
             let pipelined = rt.block_on(run_dissem(size, writers, opts.seconds, piped, None))?;
+            let mut secured = Vec::new();
             for (plain, api) in [(&ours, Api::Put), (&pipelined, piped)] {
                 let sec =
                     rt.block_on(run_dissem(size, writers, opts.seconds, api, Some(&secure)))?;
@@ -439,7 +440,7 @@ pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
                     plain.path.clone(),
                     sec.objects_per_second / plain.objects_per_second.max(1e-9),
                 ));
-                rows.push(sec);
+                secured.push(sec);
             }
             let base = run_baseline(size, writers, opts.seconds)?;
             let b = base.objects_per_second.max(1e-9);
@@ -449,6 +450,7 @@ pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
             rows.push(ours);
             rows.push(streamed);
             rows.push(pipelined);
+            rows.extend(secured);
             rows.push(base);
         }
     }
