@@ -1074,6 +1074,91 @@ fn a_secured_node_pushes_over_https_to_a_verified_webhook() {
         drop(h);
         assert!(sub.id > 0);
     });
+    // the CLI reaches the TLS node with --tls-ca and a token
+    let out = std::process::Command::new(dissem_bin())
+        .args(["subscriptions", "--node-url", &url, "--tls-ca"])
+        .arg(&ca)
+        .env("DISSEM_TOKEN", &app)
+        .output()
+        .expect("dissem subscriptions");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("temp > 30"));
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A webhook that answers with a redirect is not followed: the redirect target never gets
+/// the event and the delivery fails with the status.
+#[test]
+fn webhook_redirects_are_not_followed() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-redirect");
+    let node = start_node(&dir, &["--skip-webhook-validation"]);
+    runtime().block_on(async {
+        let url = node.url();
+        let (target_url, target) = start_webhook("", Duration::ZERO).await;
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let hook = format!("http://{}/hook", l.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = l.accept().await {
+                let to = target_url.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(
+                        move |_req: hyper::Request<hyper::body::Incoming>| {
+                            let to = to.clone();
+                            async move {
+                                Ok::<_, hyper::Error>(
+                                    hyper::Response::builder()
+                                        .status(307)
+                                        .header("location", to)
+                                        .body(http_body_util::Full::new(hyper::body::Bytes::new()))
+                                        .unwrap_or_default(),
+                                )
+                            }
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        create(
+            &url,
+            Sub {
+                filter: "temp > 0",
+                target: v1::target::Kind::Webhook(hook),
+                qos: v1::Qos::AtLeastOnce,
+                retry: Some(v1::RetryPolicy {
+                    max_attempts: 1,
+                    ..Default::default()
+                }),
+                secret: "",
+            },
+        )
+        .await;
+        wait_published(&url, 1).await;
+        put_temps(&url, &[5], 0).await;
+        let dead = wait_for("the dead letter", Duration::from_secs(30), || {
+            let u = url.clone();
+            async move {
+                let d = v1::admin_client::AdminClient::new(channel(&u))
+                    .dead_letters(v1::DeadLettersRequest { limit: 0 })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .dead_letters;
+                (!d.is_empty()).then_some(d)
+            }
+        })
+        .await;
+        assert!(dead[0].reason.contains("307"), "{:?}", dead[0].reason);
+        assert_eq!(lock(&target).posts, 0, "the redirect was not followed");
+    });
     drop(node);
     let _ = std::fs::remove_dir_all(&dir);
 }
