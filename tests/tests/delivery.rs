@@ -1101,32 +1101,14 @@ fn webhook_redirects_are_not_followed() {
     runtime().block_on(async {
         let url = node.url();
         let (target_url, target) = start_webhook("", Duration::ZERO).await;
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let hook = format!("http://{}/hook", l.local_addr().expect("addr"));
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = l.accept().await {
-                let to = target_url.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(
-                        move |_req: hyper::Request<hyper::body::Incoming>| {
-                            let to = to.clone();
-                            async move {
-                                Ok::<_, hyper::Error>(
-                                    hyper::Response::builder()
-                                        .status(307)
-                                        .header("location", to)
-                                        .body(http_body_util::Full::new(hyper::body::Bytes::new()))
-                                        .unwrap_or_default(),
-                                )
-                            }
-                        },
-                    );
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
-        });
+        let hook = serve_answers(move |_| {
+            hyper::Response::builder()
+                .status(307)
+                .header("location", target_url.clone())
+                .body(http_body_util::Full::new(hyper::body::Bytes::new()))
+                .unwrap_or_default()
+        })
+        .await;
         create(
             &url,
             Sub {
@@ -1143,19 +1125,7 @@ fn webhook_redirects_are_not_followed() {
         .await;
         wait_published(&url, 1).await;
         put_temps(&url, &[5], 0).await;
-        let dead = wait_for("the dead letter", Duration::from_secs(30), || {
-            let u = url.clone();
-            async move {
-                let d = v1::admin_client::AdminClient::new(channel(&u))
-                    .dead_letters(v1::DeadLettersRequest { limit: 0 })
-                    .await
-                    .ok()?
-                    .into_inner()
-                    .dead_letters;
-                (!d.is_empty()).then_some(d)
-            }
-        })
-        .await;
+        let dead = first_dead_letters(&url).await;
         assert!(dead[0].reason.contains("307"), "{:?}", dead[0].reason);
         assert_eq!(lock(&target).posts, 0, "the redirect was not followed");
     });
@@ -1342,38 +1312,21 @@ fn a_webhook_that_does_not_consent_gets_no_events() {
     runtime().block_on(async {
         let url = node.url();
         let posts = Arc::new(AtomicU64::new(0));
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let hook = format!("http://{}/hook", l.local_addr().expect("addr"));
         let p = posts.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = l.accept().await {
-                let p = p.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(
-                        move |req: hyper::Request<hyper::body::Incoming>| {
-                            // no WebHook-Allowed-Origin: this receiver never consents
-                            let status = if req.method() == hyper::Method::OPTIONS {
-                                405
-                            } else {
-                                p.fetch_add(1, Ordering::SeqCst);
-                                200
-                            };
-                            async move {
-                                Ok::<_, hyper::Error>(
-                                    hyper::Response::builder()
-                                        .status(status)
-                                        .body(http_body_util::Full::new(hyper::body::Bytes::new()))
-                                        .unwrap_or_default(),
-                                )
-                            }
-                        },
-                    );
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
-        });
+        // no WebHook-Allowed-Origin: this receiver never consents
+        let hook = serve_answers(move |method| {
+            let status = if *method == hyper::Method::OPTIONS {
+                405
+            } else {
+                p.fetch_add(1, Ordering::SeqCst);
+                200
+            };
+            hyper::Response::builder()
+                .status(status)
+                .body(http_body_util::Full::new(hyper::body::Bytes::new()))
+                .unwrap_or_default()
+        })
+        .await;
         create(
             &url,
             Sub {
@@ -1392,19 +1345,7 @@ fn a_webhook_that_does_not_consent_gets_no_events() {
         .await;
         wait_published(&url, 1).await;
         put_temps(&url, &[5], 0).await;
-        let dead = wait_for("the dead letter", Duration::from_secs(30), || {
-            let u = url.clone();
-            async move {
-                let d = v1::admin_client::AdminClient::new(channel(&u))
-                    .dead_letters(v1::DeadLettersRequest { limit: 0 })
-                    .await
-                    .ok()?
-                    .into_inner()
-                    .dead_letters;
-                (!d.is_empty()).then_some(d)
-            }
-        })
-        .await;
+        let dead = first_dead_letters(&url).await;
         assert!(
             dead[0].reason.contains("webhook validation"),
             "{:?}",
@@ -1414,4 +1355,50 @@ fn a_webhook_that_does_not_consent_gets_no_events() {
     });
     drop(node);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A webhook receiver on loopback answering every request with `answer(method)`; its URL.
+async fn serve_answers(
+    answer: impl Fn(&hyper::Method) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>>
+    + Clone
+    + Send
+    + Sync
+    + 'static,
+) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let hook = format!("http://{}/hook", l.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = l.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let resp = answer(req.method());
+                        async move { Ok::<_, hyper::Error>(resp) }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    hook
+}
+
+/// The node's dead letters, once there is at least one.
+async fn first_dead_letters(url: &str) -> Vec<v1::DeadLetter> {
+    wait_for("the dead letter", Duration::from_secs(30), || {
+        let u = url.to_string();
+        async move {
+            let d = v1::admin_client::AdminClient::new(channel(&u))
+                .dead_letters(v1::DeadLettersRequest { limit: 0 })
+                .await
+                .ok()?
+                .into_inner()
+                .dead_letters;
+            (!d.is_empty()).then_some(d)
+        }
+    })
+    .await
 }
