@@ -75,7 +75,7 @@ struct Secure {
     ca_pem: Vec<u8>,
     cert: std::path::PathBuf,
     key: std::path::PathBuf,
-    auth: std::sync::Arc<worker::auth::Auth>,
+    auth: std::sync::Arc<runtime::auth::Auth>,
     token: String,
 }
 
@@ -96,12 +96,12 @@ impl Secure {
         std::fs::write(&key_path, key.serialize_pem())?;
         let auth_path = dir.join("auth.toml");
         let token =
-            worker::auth::create_token(&auth_path, "bench", "bench", &["ingest".to_string()])?;
+            runtime::auth::create_token(&auth_path, "bench", "bench", &["ingest".to_string()])?;
         Ok(Secure {
             ca_pem: ca_cert.pem().into_bytes(),
             cert: cert_path,
             key: key_path,
-            auth: std::sync::Arc::new(worker::auth::Auth::load(&auth_path)?),
+            auth: std::sync::Arc::new(runtime::auth::Auth::load(&auth_path)?),
             token,
             dir,
         })
@@ -264,14 +264,14 @@ async fn run_dissem(
     let dir = temp_dir(&format!("node-{size}-{writers}"));
     let store = storage::Store::open(&dir, 1).context("opening the store")?;
     let flush_counter = store.clone();
-    let (listener, addr) = worker::bind("127.0.0.1:0".parse()?).await?;
+    let (listener, addr) = runtime::bind("127.0.0.1:0".parse()?).await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let limits = worker::Limits::default();
-    let mut listener = worker::listen::Listener::new(listener, limits.listen);
+    let limits = runtime::Limits::default();
+    let mut listener = runtime::listen::Listener::new(listener, limits.listen);
     if let Some(sec) = secure {
-        let id = worker::tls::identity(&sec.cert, &sec.key)?;
+        let id = runtime::tls::identity(&sec.cert, &sec.key)?;
         listener = listener
-            .with_tls(Some(worker::tls::server(
+            .with_tls(Some(runtime::tls::server(
                 id,
                 None,
                 limits.listen.handshake_timeout,
@@ -281,7 +281,7 @@ async fn run_dissem(
     let server = tokio::spawn(worker::run(
         listener,
         store,
-        worker::Limits::default(),
+        runtime::Limits::default(),
         async move {
             let _ = stopped.await;
         },

@@ -267,7 +267,7 @@ pub async fn subscribe_all(url: &str, filters: &[String], concurrency: usize) ->
 pub fn put_request(event: &blocks::Event, message_id: String) -> v1::PutRequest {
     v1::PutRequest {
         data: Vec::new(),
-        metadata: worker::validate::attributes_to_proto(&event.attrs),
+        metadata: runtime::validate::attributes_to_proto(&event.attrs),
         priority: 0,
         message_id,
     }

@@ -22,7 +22,7 @@
 //! [`server`] is the I/O around it: the gRPC `Cluster` service, one driver task that owns the
 //! state machine, and the calls to the node daemons.
 
-pub mod embedded;
+pub mod registry;
 pub mod server;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};

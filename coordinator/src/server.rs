@@ -13,14 +13,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::registry::Registry;
 use proto::v1;
 use proto::v1::daemon_client::DaemonClient;
+use runtime::link::{ToCoordinator, ToNode};
+use runtime::metrics::MetricsSource;
+use runtime::serve::internal;
+use runtime::subscriptions::Subscriptions;
+use runtime::{Limits, ServiceError};
 use storage::Store;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
-use worker::registry::Registry;
-use worker::{Limits, NodeError};
 
 use crate::{Action, Block, Config, Coordinator, Event, ObjectKey, TaskId, WorkerId};
 
@@ -38,7 +42,7 @@ pub struct ServerConfig {
     /// outbox resend.
     pub max_attempts: u32,
     /// What the internal `Cluster` service demands and calls to nodes carry.
-    pub cluster_secret: worker::cluster_secret::ClusterSecret,
+    pub cluster_secret: runtime::cluster_secret::ClusterSecret,
 }
 
 impl Default for ServerConfig {
@@ -49,7 +53,7 @@ impl Default for ServerConfig {
             publish_quiet: Duration::from_millis(50),
             publish_max_delay: Duration::from_millis(1000),
             max_attempts: 5,
-            cluster_secret: worker::cluster_secret::ClusterSecret::default(),
+            cluster_secret: runtime::cluster_secret::ClusterSecret::default(),
         }
     }
 }
@@ -101,32 +105,9 @@ struct Obj {
     received_unix_ms: u64,
 }
 
-/// How the coordinator reaches a node daemon: over gRPC, or in the same process.
-#[derive(Clone)]
-enum NodeLink {
-    Grpc(DaemonClient<worker::cluster_secret::Internal>),
-    Local(Arc<dyn v1::daemon_server::Daemon>),
-}
-
-impl NodeLink {
-    async fn assign(&self, r: v1::AssignRequest) -> Result<(), Status> {
-        match self {
-            NodeLink::Grpc(c) => c.clone().assign(r).await.map(|_| ()),
-            NodeLink::Local(d) => d.assign(Request::new(r)).await.map(|_| ()),
-        }
-    }
-
-    async fn hello(&self, r: v1::HelloRequest) -> Result<(), Status> {
-        match self {
-            NodeLink::Grpc(c) => c.clone().hello(r).await.map(|_| ()),
-            NodeLink::Local(d) => d.hello(Request::new(r)).await.map(|_| ()),
-        }
-    }
-}
-
 struct NodeInfo {
     endpoint: String,
-    client: NodeLink,
+    client: ToNode,
 }
 
 #[derive(Debug, Default)]
@@ -208,7 +189,7 @@ impl Driver {
             Msg::Register(r, reply) => {
                 self.counters.messages.fetch_add(1, Ordering::Relaxed);
                 let known = self.nodes.get(&r.node).map(|n| n.endpoint.as_str());
-                if r.endpoint == worker::daemon::LOCAL_ENDPOINT {
+                if r.endpoint == runtime::link::LOCAL_ENDPOINT {
                     let Some(local) = self.local.clone() else {
                         tracing::warn!("node {} claims to share this process", r.node);
                         let _ = reply.send(self.nonce);
@@ -218,13 +199,13 @@ impl Driver {
                         r.node,
                         NodeInfo {
                             endpoint: r.endpoint.clone(),
-                            client: NodeLink::Local(local),
+                            client: ToNode::Local(local),
                         },
                     );
                 } else if known != Some(r.endpoint.as_str()) {
-                    match worker::daemon::channel(&r.endpoint) {
+                    match runtime::channel(&r.endpoint) {
                         Ok(ch) => {
-                            let client = NodeLink::Grpc(
+                            let client = ToNode::Grpc(
                                 DaemonClient::with_interceptor(ch, self.cfg.cluster_secret.stamp())
                                     .max_decoding_message_size(1 << 30)
                                     .max_encoding_message_size(1 << 30),
@@ -380,7 +361,7 @@ impl Driver {
             } else if let Some(o) = self.objects.remove(&k) {
                 self.by_id.remove(&(o.id.node, o.id.seq));
                 self.counters.matched.fetch_add(1, Ordering::Relaxed);
-                let ms = worker::now_ms().saturating_sub(o.received_unix_ms) as u32;
+                let ms = runtime::now_ms().saturating_sub(o.received_unix_ms) as u32;
                 if self.latencies.len() < LATENCY_SAMPLES {
                     self.latencies.push(ms);
                 } else {
@@ -601,7 +582,7 @@ impl v1::cluster_server::Cluster for Handle {
     ) -> Result<Response<v1::RegisterResponse>, Status> {
         let r = request.into_inner();
         if r.endpoint.is_empty() {
-            return Err(NodeError::invalid("endpoint", "required").into());
+            return Err(ServiceError::invalid("endpoint", "required").into());
         }
         let nonce = self.ask(|tx| Msg::Register(r, tx)).await?;
         Ok(Response::new(v1::RegisterResponse { nonce }))
@@ -640,7 +621,7 @@ impl v1::cluster_server::Cluster for Handle {
         &self,
         request: Request<v1::SubscriptionRecordRequest>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        let s = worker::services::stored_subscription(&self.store, request.into_inner().id)?;
+        let s = runtime::subscriptions::stored_subscription(&self.store, request.into_inner().id)?;
         Ok(Response::new(s))
     }
 
@@ -655,7 +636,7 @@ impl v1::cluster_server::Cluster for Handle {
             .map_err(|e| Status::internal(e.to_string()))??;
         match img {
             Some((version, image)) => Ok(Response::new(v1::ImageResponse { version, image })),
-            None => Err(NodeError::NotFound(format!("image version {v}")).into()),
+            None => Err(ServiceError::NotFound(format!("image version {v}")).into()),
         }
     }
 }
@@ -712,28 +693,28 @@ pub struct Started {
     registry: Registry,
     store: Store,
     limits: Limits,
-    cluster_secret: worker::cluster_secret::ClusterSecret,
+    cluster_secret: runtime::cluster_secret::ClusterSecret,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Started {
     /// The `Cluster` service, for a node daemon in the same process.
-    pub fn link(&self) -> worker::daemon::CoordLink {
-        worker::daemon::CoordLink::Local(Arc::new(self.handle.clone()))
+    pub fn link(&self) -> ToCoordinator {
+        ToCoordinator::Local(Arc::new(self.handle.clone()))
     }
 
     /// Tells the coordinator about the node daemon in the same process (before it registers
-    /// with [`worker::daemon::LOCAL_ENDPOINT`]).
+    /// with [`runtime::link::LOCAL_ENDPOINT`]).
     pub async fn set_local(&self, d: Arc<dyn v1::daemon_server::Daemon>) {
         let _ = self.handle.tx.send(Msg::Local(d)).await;
     }
 
     /// The public `Subscriptions` service over the registry.
-    pub fn subscriptions(&self) -> worker::services::Node {
-        worker::services::Node::new(
+    pub fn subscriptions(&self) -> Subscriptions {
+        Subscriptions::new(
             self.store.clone(),
             self.limits,
-            worker::services::Sink::Registry(self.registry.clone()),
+            Arc::new(self.registry.clone()),
         )
     }
 
@@ -758,14 +739,18 @@ impl Drop for Started {
 
 /// Starts the coordinator over `store`: loads the registry (subscriptions and their images),
 /// spawns the publisher and the driver.
-pub async fn start(store: Store, limits: Limits, cfg: ServerConfig) -> Result<Started, NodeError> {
+pub async fn start(
+    store: Store,
+    limits: Limits,
+    cfg: ServerConfig,
+) -> Result<Started, ServiceError> {
     let registry = Registry::load(store.clone(), &limits).await?;
     let publisher = tokio::spawn(
         registry
             .clone()
             .publisher(cfg.publish_quiet, cfg.publish_max_delay),
     );
-    let nonce = worker::daemon::random_u64() | 1;
+    let nonce = runtime::random_u64() | 1;
     tracing::info!("coordinator nonce {nonce:016x}");
     let (tx, rx) = mpsc::channel(8192);
     let sched = cfg.sched;
@@ -806,41 +791,41 @@ pub async fn start(store: Store, limits: Limits, cfg: ServerConfig) -> Result<St
 /// Runs the coordinator on `listener` until `shutdown` resolves: the registry over `store`
 /// (subscriptions and their images), the driver, and the gRPC services.
 pub async fn serve(
-    listener: worker::listen::Listener,
+    listener: runtime::listen::Listener,
     store: Store,
     limits: Limits,
     cfg: ServerConfig,
     metrics: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), NodeError> {
+) -> Result<(), ServiceError> {
     let started = start(store, limits, cfg).await?;
-    if let Some(l) = metrics {
-        tokio::spawn(worker::metrics::serve(
+    let metrics = metrics.map(|l| {
+        (
             l,
-            worker::metrics::MetricsSource {
+            MetricsSource {
                 admin: Arc::new(started.handle.clone()),
-                deliverer: None,
+                deliveries: None,
             },
-        ));
-    }
+        )
+    });
     let check = started.cluster_secret.check();
-    listener
-        .server()?
-        .add_service(worker::reflection(&[
-            "dissem.v1.Subscriptions",
-            "dissem.v1.Admin",
-        ])?)
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            v1::cluster_server::ClusterServer::new(started.handle.clone())
-                .max_decoding_message_size(1 << 30)
-                .max_encoding_message_size(1 << 30),
-            check,
-        ))
-        .add_service(v1::subscriptions_server::SubscriptionsServer::new(
-            started.subscriptions(),
-        ))
-        .add_service(v1::admin_server::AdminServer::new(started.handle.clone()))
-        .serve_with_incoming_shutdown(listener.incoming(), shutdown)
-        .await
-        .map_err(|e| NodeError::Startup(e.to_string()))
+    runtime::serve::serve(
+        listener,
+        runtime::COORDINATOR_SERVICES,
+        metrics,
+        |r| {
+            r.add_service(internal(
+                v1::cluster_server::ClusterServer::new(started.handle.clone())
+                    .max_decoding_message_size(1 << 30)
+                    .max_encoding_message_size(1 << 30),
+                check,
+            ))
+            .add_service(v1::subscriptions_server::SubscriptionsServer::new(
+                started.subscriptions(),
+            ))
+            .add_service(v1::admin_server::AdminServer::new(started.handle.clone()))
+        },
+        shutdown,
+    )
+    .await
 }

@@ -17,6 +17,7 @@ use bench::{Strategy, StrategyChoice};
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 mod config;
+mod embedded;
 
 /// A storage-integrated content dissemination cluster.
 #[derive(Parser, Debug)]
@@ -167,7 +168,7 @@ struct NodeArg {
 fn client<F, Fut>(node: &NodeArg, f: F) -> anyhow::Result<bool>
 where
     F: FnOnce(worker::client::Channel) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<String>, worker::NodeError>>,
+    Fut: std::future::Future<Output = Result<Vec<String>, runtime::ServiceError>>,
 {
     let rt = tokio::runtime::Runtime::new()?;
     let lines = rt.block_on(async {
@@ -193,13 +194,13 @@ struct UpArgs {
     #[arg(long, default_value_t = 1)]
     node: u32,
     /// Largest object payload in bytes.
-    #[arg(long, default_value_t = worker::Limits::default().max_object_bytes)]
+    #[arg(long, default_value_t = runtime::Limits::default().max_object_bytes)]
     max_object_bytes: usize,
     /// Most metadata attributes per object.
-    #[arg(long, default_value_t = worker::Limits::default().max_attributes)]
+    #[arg(long, default_value_t = runtime::Limits::default().max_attributes)]
     max_attributes: usize,
     /// Requests per second one client connection may make.
-    #[arg(long, default_value_t = worker::Limits::default().max_requests_per_second_per_connection)]
+    #[arg(long, default_value_t = runtime::Limits::default().max_requests_per_second_per_connection)]
     max_requests_per_second: u32,
     /// Delete objects whose dissemination is finished, acknowledged deliveries and dead
     /// letters once older than this many seconds (0 keeps them forever). Checked every minute.
@@ -220,7 +221,7 @@ struct UpArgs {
 struct ListenFlags {
     /// Most client connections open at once (also bounded by the process's file descriptor
     /// limit); past it new connections are closed at once.
-    #[arg(long, default_value_t = worker::listen::ListenConfig::default().max_connections)]
+    #[arg(long, default_value_t = runtime::listen::ListenConfig::default().max_connections)]
     max_connections: usize,
     /// A new connection must send its first bytes (the HTTP/2 preface) within this many ms.
     #[arg(long, default_value_t = 10_000)]
@@ -256,7 +257,7 @@ struct ListenFlags {
 }
 
 impl ListenFlags {
-    fn config(&self) -> anyhow::Result<worker::listen::ListenConfig> {
+    fn config(&self) -> anyhow::Result<runtime::listen::ListenConfig> {
         if self.max_connections == 0
             || self.handshake_timeout_ms == 0
             || self.idle_timeout_s == 0
@@ -267,12 +268,12 @@ impl ListenFlags {
                  must be at least 1"
             );
         }
-        Ok(worker::listen::ListenConfig {
+        Ok(runtime::listen::ListenConfig {
             max_connections: self.max_connections,
             handshake_timeout: std::time::Duration::from_millis(self.handshake_timeout_ms),
             idle_timeout: std::time::Duration::from_secs(self.idle_timeout_s),
             keepalive_interval: std::time::Duration::from_secs(self.keepalive_s),
-            ..worker::listen::ListenConfig::default()
+            ..runtime::listen::ListenConfig::default()
         })
     }
 
@@ -295,12 +296,12 @@ impl ListenFlags {
     fn listener(
         &self,
         tcp: tokio::net::TcpListener,
-        limits: &worker::Limits,
-    ) -> anyhow::Result<worker::listen::Listener> {
+        limits: &runtime::Limits,
+    ) -> anyhow::Result<runtime::listen::Listener> {
         let auth = match &self.auth_file {
             None => None,
             Some(p) => {
-                let a = worker::auth::Auth::load(p)?;
+                let a = runtime::auth::Auth::load(p)?;
                 eprintln!(
                     "authenticating callers with {} tokens of {}",
                     a.len(),
@@ -311,13 +312,13 @@ impl ListenFlags {
         };
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(c), Some(k)) => {
-                let id = worker::tls::identity(c, k)?;
+                let id = runtime::tls::identity(c, k)?;
                 let client_ca = self
                     .tls_client_ca
                     .as_deref()
-                    .map(worker::tls::ca)
+                    .map(runtime::tls::ca)
                     .transpose()?;
-                Some(worker::tls::server(
+                Some(runtime::tls::server(
                     id,
                     client_ca,
                     limits.listen.handshake_timeout,
@@ -326,13 +327,13 @@ impl ListenFlags {
             _ => None,
         };
         // this process's calls to https:// peers of the cluster
-        let peer_ca = self.tls_ca.as_deref().map(worker::tls::ca).transpose()?;
+        let peer_ca = self.tls_ca.as_deref().map(runtime::tls::ca).transpose()?;
         let own = match (&self.tls_cert, &self.tls_key) {
-            (Some(c), Some(k)) => Some(worker::tls::identity(c, k)?),
+            (Some(c), Some(k)) => Some(runtime::tls::identity(c, k)?),
             _ => None,
         };
-        worker::tls::set_client(worker::tls::client(peer_ca, own));
-        Ok(worker::listen::Listener::new(tcp, limits.listen)
+        runtime::tls::set_client(runtime::tls::client(peer_ca, own));
+        Ok(runtime::listen::Listener::new(tcp, limits.listen)
             .with_auth(auth)
             .with_tls(tls))
     }
@@ -354,7 +355,7 @@ async fn metrics_listener(
     match addr {
         None => Ok(None),
         Some(a) => {
-            let (l, bound) = worker::bind(a).await?;
+            let (l, bound) = runtime::bind(a).await?;
             eprintln!("metrics on http://{bound}/metrics");
             Ok(Some(l))
         }
@@ -372,14 +373,14 @@ fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
             .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", a.data.display()))?;
         let pending = store.outbox_len();
         a.listen_flags.check_address(a.listen)?;
-        let (listener, addr) = worker::bind(a.listen).await?;
-        let limits = worker::Limits {
+        let (listener, addr) = runtime::bind(a.listen).await?;
+        let limits = runtime::Limits {
             max_object_bytes: a.max_object_bytes,
             max_attributes: a.max_attributes,
             max_requests_per_second_per_connection: a.max_requests_per_second.max(1),
             allow_private_targets: w.allow_private_targets,
             listen: a.listen_flags.config()?,
-            ..worker::Limits::default()
+            ..runtime::Limits::default()
         };
         if a.retain_seconds > 0 || a.max_objects > 0 {
             tokio::spawn(worker::retain(
@@ -403,7 +404,7 @@ fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
         let daemon = w.daemon_config(a.node, String::new(), String::new())?;
         let metrics = metrics_listener(a.metrics_listen).await?;
         let listener = a.listen_flags.listener(listener, &limits)?;
-        coordinator::embedded::run(
+        embedded::run(
             listener,
             store,
             limits,
@@ -481,13 +482,13 @@ fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
             .cluster_secret_file
             .clone()
             .unwrap_or_else(|| a.data.join("cluster.secret"));
-        let cluster_secret = worker::cluster_secret::ClusterSecret::load_or_create(&secret_file)?;
-        let limits = worker::Limits {
+        let cluster_secret = runtime::cluster_secret::ClusterSecret::load_or_create(&secret_file)?;
+        let limits = runtime::Limits {
             allow_private_targets: a.allow_private_targets,
             listen: a.listen_flags.config()?,
-            ..worker::Limits::default()
+            ..runtime::Limits::default()
         };
-        let (listener, addr) = worker::bind(a.listen).await?;
+        let (listener, addr) = runtime::bind(a.listen).await?;
         let cfg = coordinator::server::ServerConfig {
             sched: coordinator::Config {
                 test_batch: a.batch,
@@ -695,14 +696,14 @@ fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
                  directory)"
             )
         })?;
-        let (listener, addr) = worker::bind(u.listen).await?;
-        let limits = worker::Limits {
+        let (listener, addr) = runtime::bind(u.listen).await?;
+        let limits = runtime::Limits {
             max_object_bytes: u.max_object_bytes,
             max_attributes: u.max_attributes,
             max_requests_per_second_per_connection: u.max_requests_per_second.max(1),
             allow_private_targets: a.workers.allow_private_targets,
             listen: u.listen_flags.config()?,
-            ..worker::Limits::default()
+            ..runtime::Limits::default()
         };
         if u.retain_seconds > 0 || u.max_objects > 0 {
             tokio::spawn(worker::retain(
@@ -719,7 +720,7 @@ fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
         let mut cfg = a
             .workers
             .daemon_config(u.node, a.coordinator.clone(), endpoint)?;
-        cfg.cluster_secret = worker::cluster_secret::ClusterSecret::load(secret_file)?;
+        cfg.cluster_secret = runtime::cluster_secret::ClusterSecret::load(secret_file)?;
         println!(
             "dissem node {} listening on {addr} (data in {}, coordinator {})",
             u.node,
@@ -903,11 +904,11 @@ struct IngestArgs {
 fn bench_ingest(a: IngestArgs) -> anyhow::Result<bool> {
     if a.sizes
         .iter()
-        .any(|&s| s == 0 || s > worker::Limits::default().max_object_bytes)
+        .any(|&s| s == 0 || s > runtime::Limits::default().max_object_bytes)
     {
         bail!(
             "--sizes must be between 1 and {} bytes",
-            worker::Limits::default().max_object_bytes
+            runtime::Limits::default().max_object_bytes
         );
     }
     if a.writers.iter().any(|&w| w == 0 || w > 1024) {
@@ -1129,7 +1130,7 @@ fn main() -> ExitCode {
                     tenant,
                     roles,
                 },
-        } => worker::auth::create_token(&auth_file, &name, &tenant, &roles)
+        } => runtime::auth::create_token(&auth_file, &name, &tenant, &roles)
             .map(|token| {
                 eprintln!(
                     "token {name:?} for tenant {tenant:?} added to {} (shown once; only its hash is stored)",

@@ -4,7 +4,7 @@
 use proto::v1;
 use tonic::metadata::{Ascii, MetadataValue};
 
-use crate::error::NodeError;
+use runtime::error::ServiceError;
 
 /// Adds the caller's bearer token (if any) to every call.
 #[derive(Clone)]
@@ -22,11 +22,11 @@ impl std::fmt::Debug for Bearer {
 
 impl Bearer {
     /// `token` as an `authorization: Bearer` header (`None`: no header).
-    pub fn new(token: Option<&str>) -> Result<Bearer, NodeError> {
+    pub fn new(token: Option<&str>) -> Result<Bearer, ServiceError> {
         token
             .map(|t| {
                 MetadataValue::try_from(format!("Bearer {}", t.trim()))
-                    .map_err(|_| NodeError::invalid("--token", "not a valid header value"))
+                    .map_err(|_| ServiceError::invalid("--token", "not a valid header value"))
             })
             .transpose()
             .map(Bearer)
@@ -52,34 +52,34 @@ pub async fn connect(
     url: &str,
     token: Option<&str>,
     ca: Option<&std::path::Path>,
-) -> Result<Channel, NodeError> {
+) -> Result<Channel, ServiceError> {
     let bearer = Bearer::new(token)?;
     let mut endpoint = tonic::transport::Channel::from_shared(url.to_string())
-        .map_err(|e| NodeError::invalid("--node-url", e.to_string()))?;
+        .map_err(|e| ServiceError::invalid("--node-url", e.to_string()))?;
     if url.starts_with("https://") {
-        let ca = ca.map(crate::tls::ca).transpose()?;
+        let ca = ca.map(runtime::tls::ca).transpose()?;
         endpoint = endpoint
-            .tls_config(crate::tls::client(ca, None))
-            .map_err(|e| NodeError::invalid("--node-url", e.to_string()))?;
+            .tls_config(runtime::tls::client(ca, None))
+            .map_err(|e| ServiceError::invalid("--node-url", e.to_string()))?;
     }
     let ch = endpoint
         .connect()
         .await
-        .map_err(|e| NodeError::Startup(format!("connecting to {url}: {e}")))?;
+        .map_err(|e| ServiceError::Startup(format!("connecting to {url}: {e}")))?;
     Ok(tonic::service::interceptor::InterceptedService::new(
         ch, bearer,
     ))
 }
 
-fn status(e: tonic::Status) -> NodeError {
-    NodeError::Startup(format!("{}: {}", e.code(), e.message()))
+fn status(e: tonic::Status) -> ServiceError {
+    ServiceError::Startup(format!("{}: {}", e.code(), e.message()))
 }
 
 /// Parses `name=value` metadata: numbers (exact decimals) unless quoted or not numeric.
-pub fn parse_attribute(arg: &str) -> Result<v1::Attribute, NodeError> {
+pub fn parse_attribute(arg: &str) -> Result<v1::Attribute, ServiceError> {
     let (name, value) = arg
         .split_once('=')
-        .ok_or_else(|| NodeError::invalid("--attr", format!("{arg:?} is not name=value")))?;
+        .ok_or_else(|| ServiceError::invalid("--attr", format!("{arg:?} is not name=value")))?;
     let kind = if let Some(q) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
         v1::value::Kind::Text(q.to_string())
     } else if blocks::Num::parse(value).is_ok() {
@@ -99,7 +99,7 @@ pub async fn put(
     data: Vec<u8>,
     attrs: &[String],
     priority: u32,
-) -> Result<String, NodeError> {
+) -> Result<String, ServiceError> {
     let metadata = attrs
         .iter()
         .map(|a| parse_attribute(a))
@@ -119,16 +119,16 @@ pub async fn put(
 }
 
 /// A subscription target from `grpc:URL`, `webhook:URL` or `stream:NAME`.
-pub fn parse_target(arg: &str) -> Result<v1::Target, NodeError> {
+pub fn parse_target(arg: &str) -> Result<v1::Target, ServiceError> {
     let (kind, rest) = arg.split_once(':').ok_or_else(|| {
-        NodeError::invalid("--target", "expected grpc:URL, webhook:URL or stream:NAME")
+        ServiceError::invalid("--target", "expected grpc:URL, webhook:URL or stream:NAME")
     })?;
     let kind = match kind {
         "grpc" => v1::target::Kind::Grpc(rest.to_string()),
         "webhook" => v1::target::Kind::Webhook(rest.to_string()),
         "stream" => v1::target::Kind::Stream(rest.to_string()),
         other => {
-            return Err(NodeError::invalid(
+            return Err(ServiceError::invalid(
                 "--target",
                 format!("unknown target kind {other:?}: expected grpc, webhook or stream"),
             ));
@@ -145,7 +145,7 @@ pub async fn subscribe(
     target: &str,
     qos: u32,
     priority: u32,
-) -> Result<u64, NodeError> {
+) -> Result<u64, ServiceError> {
     let filter = if filter.trim_start().starts_with('{') {
         v1::subscription::Filter::Eventbridge(filter.to_string())
     } else {
@@ -155,7 +155,12 @@ pub async fn subscribe(
         0 => v1::Qos::AtMostOnce,
         1 => v1::Qos::AtLeastOnce,
         2 => v1::Qos::ExactlyOnce,
-        q => return Err(NodeError::invalid("--qos", format!("{q} is not 0, 1 or 2"))),
+        q => {
+            return Err(ServiceError::invalid(
+                "--qos",
+                format!("{q} is not 0, 1 or 2"),
+            ));
+        }
     };
     let s = v1::subscriptions_client::SubscriptionsClient::new(ch)
         .create(v1::CreateSubscriptionRequest {
@@ -174,7 +179,7 @@ pub async fn subscribe(
 }
 
 /// Deletes a subscription.
-pub async fn unsubscribe(ch: Channel, id: u64) -> Result<(), NodeError> {
+pub async fn unsubscribe(ch: Channel, id: u64) -> Result<(), ServiceError> {
     v1::subscriptions_client::SubscriptionsClient::new(ch)
         .delete(v1::DeleteSubscriptionRequest { id })
         .await
@@ -183,7 +188,7 @@ pub async fn unsubscribe(ch: Channel, id: u64) -> Result<(), NodeError> {
 }
 
 /// Every subscription, one line each: `id  filter  -> target`.
-pub async fn subscriptions(ch: Channel) -> Result<Vec<String>, NodeError> {
+pub async fn subscriptions(ch: Channel) -> Result<Vec<String>, ServiceError> {
     let mut client = v1::subscriptions_client::SubscriptionsClient::new(ch);
     let mut out = Vec::new();
     let mut after = 0;
@@ -218,7 +223,7 @@ pub async fn subscriptions(ch: Channel) -> Result<Vec<String>, NodeError> {
 }
 
 /// The node's counters as `name value` lines.
-pub async fn stats(ch: Channel) -> Result<Vec<String>, NodeError> {
+pub async fn stats(ch: Channel) -> Result<Vec<String>, ServiceError> {
     let s = v1::admin_client::AdminClient::new(ch)
         .stats(v1::StatsRequest {})
         .await
@@ -274,7 +279,7 @@ pub async fn stats(ch: Channel) -> Result<Vec<String>, NodeError> {
 }
 
 /// The workers a node hosts, or (asked of the coordinator) every worker of the cluster.
-pub async fn workers(ch: Channel) -> Result<Vec<String>, NodeError> {
+pub async fn workers(ch: Channel) -> Result<Vec<String>, ServiceError> {
     let w = v1::admin_client::AdminClient::new(ch)
         .workers(v1::WorkersRequest {})
         .await
@@ -287,7 +292,7 @@ pub async fn workers(ch: Channel) -> Result<Vec<String>, NodeError> {
 }
 
 /// A node's dead letters, one line each: subscription, object, when, why.
-pub async fn dead_letters(ch: Channel, limit: u32) -> Result<Vec<String>, NodeError> {
+pub async fn dead_letters(ch: Channel, limit: u32) -> Result<Vec<String>, ServiceError> {
     let r = v1::admin_client::AdminClient::new(ch)
         .dead_letters(v1::DeadLettersRequest { limit })
         .await
@@ -310,7 +315,7 @@ pub async fn dead_letters(ch: Channel, limit: u32) -> Result<Vec<String>, NodeEr
 }
 
 /// Redrives every dead letter of a node.
-pub async fn redrive_all(ch: Channel) -> Result<Vec<String>, NodeError> {
+pub async fn redrive_all(ch: Channel) -> Result<Vec<String>, ServiceError> {
     let r = v1::admin_client::AdminClient::new(ch)
         .redrive(v1::RedriveRequest {
             dead_letters: Vec::new(),

@@ -21,20 +21,21 @@ use proto::v1;
 use proto::v1::cluster_client::ClusterClient;
 use proto::v1::daemon_client::DaemonClient;
 
-use crate::cluster_secret::Internal;
 use roaring::RoaringBitmap;
+use runtime::cluster_secret::Internal;
+use runtime::link::ToCoordinator;
 use storage::{ObjectId, Store};
 use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
-use tonic::transport::{Channel, Endpoint};
+
 use tonic::{Request, Response, Status};
 
-use crate::config::Limits;
-use crate::error::NodeError;
 use crate::lanes::Lanes;
-use crate::registry::cluster_shard_config;
 use crate::regulate::{CpuSampler, Regulation, RegulatorConfig, WorkerView, regulate};
-use crate::validate;
-use crate::{lock, now_ms};
+use runtime::cluster_shard_config;
+use runtime::config::Limits;
+use runtime::error::ServiceError;
+use runtime::validate;
+use runtime::{lock, now_ms};
 
 /// Where match blocks run their subset scan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,50 +51,6 @@ pub enum GpuUse {
 
 /// Set once `GpuUse::Hardware` found no hardware adapter: later images do not probe again.
 static NO_HARDWARE_GPU: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// How a node daemon reaches its coordinator: over gRPC, or (embedded mode) by calling the
-/// coordinator's service in the same process.
-#[derive(Clone)]
-pub enum CoordLink {
-    Grpc(ClusterClient<Internal>),
-    Local(Arc<dyn v1::cluster_server::Cluster>),
-}
-
-impl std::fmt::Debug for CoordLink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            CoordLink::Grpc(_) => "CoordLink::Grpc",
-            CoordLink::Local(_) => "CoordLink::Local",
-        })
-    }
-}
-
-macro_rules! coord_call {
-    ($name:ident, $req:ty, $resp:ty) => {
-        pub async fn $name(&self, r: $req) -> Result<$resp, Status> {
-            match self {
-                CoordLink::Grpc(c) => c.clone().$name(r).await.map(|x| x.into_inner()),
-                CoordLink::Local(h) => h.$name(Request::new(r)).await.map(|x| x.into_inner()),
-            }
-        }
-    };
-}
-
-impl CoordLink {
-    coord_call!(register, v1::RegisterRequest, v1::RegisterResponse);
-    coord_call!(heartbeat, v1::HeartbeatRequest, v1::HeartbeatResponse);
-    coord_call!(arrived, v1::ArrivedRequest, v1::ArrivedResponse);
-    coord_call!(done, v1::DoneRequest, v1::DoneResponse);
-    coord_call!(image, v1::ImageRequest, v1::ImageResponse);
-    coord_call!(
-        subscription,
-        v1::SubscriptionRecordRequest,
-        v1::Subscription
-    );
-}
-
-/// The endpoint name of the node daemon that shares the coordinator's process.
-pub const LOCAL_ENDPOINT: &str = "local:";
 
 /// Settings of a node daemon.
 #[derive(Debug, Clone)]
@@ -126,7 +83,7 @@ pub struct DaemonConfig {
     /// Pushing matches to subscribers.
     pub delivery: crate::deliver::DeliveryConfig,
     /// What internal calls to and from this daemon carry (the coordinator's secret).
-    pub cluster_secret: crate::cluster_secret::ClusterSecret,
+    pub cluster_secret: runtime::cluster_secret::ClusterSecret,
 }
 
 impl DaemonConfig {
@@ -151,7 +108,7 @@ impl DaemonConfig {
             gpu: GpuUse::Hardware,
             bulk_lane: true,
             delivery: crate::deliver::DeliveryConfig::default(),
-            cluster_secret: crate::cluster_secret::ClusterSecret::default(),
+            cluster_secret: runtime::cluster_secret::ClusterSecret::default(),
         }
     }
 }
@@ -202,7 +159,7 @@ struct Inner {
     cfg: DaemonConfig,
     store: Store,
     limits: Limits,
-    coord: CoordLink,
+    coord: ToCoordinator,
     /// The nonce of the coordinator this node registered with (0: not registered).
     nonce: AtomicU64,
     reregister: Notify,
@@ -229,40 +186,17 @@ pub struct Daemon {
     inner: Arc<Inner>,
 }
 
-/// A random 64-bit value (std's randomly keyed hasher; no extra dependency).
-pub fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
-/// A lazily connected channel to another process of the cluster (TLS for `https://`, with
-/// the process's client settings of [`crate::tls`]).
-pub fn channel(url: &str) -> Result<Channel, NodeError> {
-    let endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| NodeError::invalid("endpoint", format!("{url:?}: {e}")))?
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(30))
-        .tcp_nodelay(true);
-    Ok(crate::tls::apply(endpoint, url)?.connect_lazy())
-}
-
 impl Daemon {
     /// A daemon that reaches its coordinator over gRPC at `cfg.coordinator`, started
     /// ([`Daemon::new`] then [`Daemon::spawn`]).
-    pub fn start(cfg: DaemonConfig, store: Store, limits: Limits) -> Result<Daemon, NodeError> {
-        let coord =
-            ClusterClient::with_interceptor(channel(&cfg.coordinator)?, cfg.cluster_secret.stamp())
-                .max_decoding_message_size(1 << 30)
-                .max_encoding_message_size(64 << 20);
-        let d = Daemon::new(cfg, store, limits, CoordLink::Grpc(coord))?;
+    pub fn start(cfg: DaemonConfig, store: Store, limits: Limits) -> Result<Daemon, ServiceError> {
+        let coord = ClusterClient::with_interceptor(
+            runtime::channel(&cfg.coordinator)?,
+            cfg.cluster_secret.stamp(),
+        )
+        .max_decoding_message_size(1 << 30)
+        .max_encoding_message_size(64 << 20);
+        let d = Daemon::new(cfg, store, limits, ToCoordinator::Grpc(coord))?;
         d.spawn();
         Ok(d)
     }
@@ -273,8 +207,8 @@ impl Daemon {
         cfg: DaemonConfig,
         store: Store,
         limits: Limits,
-        coord: CoordLink,
-    ) -> Result<Daemon, NodeError> {
+        coord: ToCoordinator,
+    ) -> Result<Daemon, ServiceError> {
         let (tx, rx) = mpsc::channel(65_536);
         let lanes = Lanes::new(cfg.bulk_lane);
         let deliverer = crate::deliver::Deliverer::new(
@@ -295,7 +229,8 @@ impl Daemon {
                 peers: Mutex::new(HashMap::new()),
                 sent: Mutex::new(HashMap::new()),
                 forward: tx,
-                id_prefix: ((cfg.node as u64 & 0xffff) << 48) | ((random_u64() & 0xffff) << 32),
+                id_prefix: ((cfg.node as u64 & 0xffff) << 48)
+                    | ((runtime::random_u64() & 0xffff) << 32),
                 next_worker: AtomicU64::new(1),
                 counters: DaemonCounters::default(),
                 cpu: Mutex::new(0.0),
@@ -698,7 +633,7 @@ impl Daemon {
     }
 
     /// The compiled image `version`, fetched from the coordinator on first use.
-    async fn image(&self, version: u64) -> Result<Arc<Loaded>, NodeError> {
+    async fn image(&self, version: u64) -> Result<Arc<Loaded>, ServiceError> {
         let mut images = self.inner.images.lock().await;
         if let Some(l) = images.get(&version) {
             return Ok(l.clone());
@@ -708,7 +643,7 @@ impl Daemon {
             .coord
             .image(v1::ImageRequest { version })
             .await
-            .map_err(|e| NodeError::Unavailable(format!("fetching image {version}: {e}")))?;
+            .map_err(|e| ServiceError::Unavailable(format!("fetching image {version}: {e}")))?;
         let use_gpu = self.inner.cfg.gpu;
         let loaded = tokio::task::spawn_blocking(move || {
             let index = MatchIndex::from_image(cluster_shard_config(), &resp.image)?;
@@ -761,8 +696,8 @@ impl Daemon {
             })
         })
         .await
-        .map_err(|e| NodeError::Unavailable(format!("image build task: {e}")))?
-        .map_err(|e| NodeError::Unavailable(format!("image {version}: {e}")))?;
+        .map_err(|e| ServiceError::Unavailable(format!("image build task: {e}")))?
+        .map_err(|e| ServiceError::Unavailable(format!("image {version}: {e}")))?;
         let loaded = Arc::new(loaded);
         images.insert(version, loaded.clone());
         while images.len() > 3 {
@@ -804,14 +739,14 @@ impl Daemon {
 
     /// A client of a peer node's daemon, one per lane (a connection is driven by the runtime
     /// that opened it).
-    fn peer(&self, endpoint: &str) -> Result<DaemonClient<Internal>, NodeError> {
+    fn peer(&self, endpoint: &str) -> Result<DaemonClient<Internal>, ServiceError> {
         let key = (endpoint.to_string(), crate::lanes::on_bulk());
         let mut peers = lock(&self.inner.peers);
         if let Some(c) = peers.get(&key) {
             return Ok(c.clone());
         }
         let c = DaemonClient::with_interceptor(
-            channel(endpoint)?,
+            runtime::channel(endpoint)?,
             self.inner.cfg.cluster_secret.stamp(),
         )
         .max_decoding_message_size(1 << 30)
@@ -821,21 +756,21 @@ impl Daemon {
     }
 
     /// Runs one task; returns the objects of a match task whose results were missing.
-    async fn run_task(&self, req: v1::AssignRequest) -> Result<Vec<u64>, NodeError> {
+    async fn run_task(&self, req: v1::AssignRequest) -> Result<Vec<u64>, ServiceError> {
         if let Some(attr) = req.block.strip_prefix("test:") {
             self.run_test(&req, attr).await?;
             Ok(Vec::new())
         } else if req.block == "match" {
             self.run_match(req).await
         } else {
-            Err(NodeError::invalid(
+            Err(ServiceError::invalid(
                 "block",
                 format!("{:?} is no block", req.block),
             ))
         }
     }
 
-    async fn run_test(&self, req: &v1::AssignRequest, attr: &str) -> Result<(), NodeError> {
+    async fn run_test(&self, req: &v1::AssignRequest, attr: &str) -> Result<(), ServiceError> {
         let mut by_version: BTreeMap<u64, Vec<(u64, blocks::Value)>> = BTreeMap::new();
         for (i, t) in req.tests.iter().enumerate() {
             let v = validate::value(
@@ -877,7 +812,7 @@ impl Daemon {
                     .lanes
                     .spawn_blocking(priority(req), test)
                     .await
-                    .map_err(|e| NodeError::Unavailable(format!("test task: {e}")))?
+                    .map_err(|e| ServiceError::Unavailable(format!("test task: {e}")))?
             };
             results.extend(out);
         }
@@ -886,7 +821,7 @@ impl Daemon {
         Ok(())
     }
 
-    async fn run_match(&self, req: v1::AssignRequest) -> Result<Vec<u64>, NodeError> {
+    async fn run_match(&self, req: v1::AssignRequest) -> Result<Vec<u64>, ServiceError> {
         // collect the test results from the test workers' nodes, one call per node
         let mut per_node: HashMap<String, (HashSet<u64>, Vec<u64>)> = HashMap::new();
         for m in &req.matches {
@@ -963,7 +898,7 @@ impl Daemon {
                     .lanes
                     .spawn_blocking(priority(&req), move || match_objects(&loaded, objs))
                     .await
-                    .map_err(|e| NodeError::Unavailable(format!("match task: {e}")))?
+                    .map_err(|e| ServiceError::Unavailable(format!("match task: {e}")))?
             };
             matched.extend(out);
         }
@@ -992,7 +927,7 @@ impl Daemon {
                             .matched(req)
                             .await
                             .map(|_| ())
-                            .map_err(|e| NodeError::Unavailable(e.to_string())),
+                            .map_err(|e| ServiceError::Unavailable(e.to_string())),
                         Err(e) => Err(e),
                     }
                 };
@@ -1013,17 +948,17 @@ impl Daemon {
     /// while the records are flushed. The object leaves the outbox once its records are
     /// flushed and its in-memory deliveries settled. A hand-off of an object that left the
     /// outbox, or whose in-memory deliveries run, is a repeat and changes nothing.
-    pub async fn handoff(&self, req: v1::MatchedRequest) -> Result<(), NodeError> {
+    pub async fn handoff(&self, req: v1::MatchedRequest) -> Result<(), ServiceError> {
         let mut objects = Vec::with_capacity(req.objects.len());
         for o in req.objects {
             let id =
-                o.id.ok_or_else(|| NodeError::invalid("objects.id", "required"))?;
+                o.id.ok_or_else(|| ServiceError::invalid("objects.id", "required"))?;
             let id = ObjectId {
                 node: id.node,
                 seq: id.seq,
             };
             if id.node != self.inner.cfg.node {
-                return Err(NodeError::invalid(
+                return Err(ServiceError::invalid(
                     "objects.id.node",
                     format!(
                         "object of node {} sent to node {}",
@@ -1227,7 +1162,7 @@ impl v1::daemon_server::Daemon for Daemon {
             let mut ws = lock(&self.inner.workers);
             let slot = ws
                 .get_mut(&req.worker)
-                .ok_or_else(|| NodeError::NotFound(format!("worker {:x}", req.worker)))?;
+                .ok_or_else(|| ServiceError::NotFound(format!("worker {:x}", req.worker)))?;
             slot.busy = true;
             slot.tx.clone()
         };

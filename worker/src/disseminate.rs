@@ -12,9 +12,9 @@ use std::sync::{Arc, RwLock};
 use blocks::{Event, MatchIndex, ShardConfig};
 use storage::{ObjectId, StorageError, Store};
 
-use crate::config::Limits;
-use crate::error::NodeError;
-use crate::validate;
+use runtime::config::Limits;
+use runtime::error::ServiceError;
+use runtime::validate;
 
 /// The node's subscription index, kept in step with the registry.
 #[derive(Debug, Clone)]
@@ -23,16 +23,27 @@ pub struct Disseminator {
     index: Arc<RwLock<MatchIndex>>,
 }
 
+impl runtime::subscriptions::SubscriptionIndex for Disseminator {
+    fn upsert(&self, id: u64, dnf: blocks::Dnf) {
+        Disseminator::upsert(self, id, dnf)
+    }
+
+    fn remove(&self, id: u64) {
+        Disseminator::remove(self, id)
+    }
+}
+
 impl Disseminator {
     /// Builds the index from every stored subscription.
-    pub fn load(store: Store, limits: &Limits) -> Result<Disseminator, NodeError> {
+    pub fn load(store: Store, limits: &Limits) -> Result<Disseminator, ServiceError> {
         let subs = validate::stored_subscriptions(&store, limits)?;
         let cfg = ShardConfig {
             bloom_tables: false,
             test_ids: false,
             ..ShardConfig::default()
         };
-        let index = MatchIndex::build(cfg, subs).map_err(|e| NodeError::Startup(e.to_string()))?;
+        let index =
+            MatchIndex::build(cfg, subs).map_err(|e| ServiceError::Startup(e.to_string()))?;
         Ok(Disseminator {
             store,
             index: Arc::new(RwLock::new(index)),

@@ -17,9 +17,9 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 
-use crate::error::NodeError;
-use crate::lock;
-use crate::target_guard::GuardedResolver;
+use runtime::error::ServiceError;
+use runtime::lock;
+use runtime::target_guard::GuardedResolver;
 
 /// The origin a node names in the validation handshake.
 pub const REQUEST_ORIGIN: &str = "dissem";
@@ -35,7 +35,7 @@ pub fn grpc_connector(allow_private: bool) -> HttpConnector<GuardedResolver> {
 }
 
 /// The rustls client settings of HTTPS webhooks: web roots, plus the CAs in `extra_pem`.
-pub fn webhook_tls(extra_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, NodeError> {
+pub fn webhook_tls(extra_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, ServiceError> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
@@ -43,14 +43,14 @@ pub fn webhook_tls(extra_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, Nod
     if let Some(pem) = extra_pem {
         let mut n = 0;
         for c in CertificateDer::pem_slice_iter(pem) {
-            let c = c.map_err(|e| NodeError::invalid("--webhook-ca", e.to_string()))?;
+            let c = c.map_err(|e| ServiceError::invalid("--webhook-ca", e.to_string()))?;
             roots
                 .add(c)
-                .map_err(|e| NodeError::invalid("--webhook-ca", e.to_string()))?;
+                .map_err(|e| ServiceError::invalid("--webhook-ca", e.to_string()))?;
             n += 1;
         }
         if n == 0 {
-            return Err(NodeError::invalid(
+            return Err(ServiceError::invalid(
                 "--webhook-ca",
                 "the file holds no PEM certificate",
             ));
@@ -59,7 +59,7 @@ pub fn webhook_tls(extra_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, Nod
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| NodeError::Startup(format!("TLS: {e}")))?
+        .map_err(|e| ServiceError::Startup(format!("TLS: {e}")))?
         .with_root_certificates(roots)
         .with_no_client_auth())
 }

@@ -1,19 +1,19 @@
-//! Thin gRPC adapters: validate, call the store, convert back. All state lives in the store.
+//! The node's public services as thin gRPC adapters (`Ingest`, `Objects`, `Admin`): validate,
+//! call the store, hand on to the sink, convert back. All state lives in the store; the
+//! `Subscriptions` service is `runtime::subscriptions` (a single node) or the proxy to the
+//! coordinator (a cluster node).
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use prost::Message;
 use proto::v1;
 use storage::{ObjectId, Store};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::{self, Caller};
-use crate::config::Limits;
-use crate::error::NodeError;
-use crate::validate;
+use runtime::auth::{self, Caller};
+use runtime::{Limits, ServiceError, validate};
 
 /// Where stored objects and subscription changes go.
 #[derive(Debug, Clone)]
@@ -23,8 +23,6 @@ pub enum Sink {
     /// A cluster node: objects go to the coordinator through the node daemon (subscriptions
     /// are served by [`crate::proxy`], not here).
     Cluster(crate::daemon::Daemon),
-    /// The coordinator: keeps the subscription registry and publishes its images.
-    Registry(crate::registry::Registry),
 }
 
 impl Sink {
@@ -32,7 +30,6 @@ impl Sink {
         match self {
             Sink::Embedded(_) => "embedded",
             Sink::Cluster(_) => "node",
-            Sink::Registry(_) => "coordinator",
         }
     }
 }
@@ -44,10 +41,8 @@ pub struct Node {
     limits: Limits,
     accepted: Arc<AtomicU64>,
     rejected: Arc<AtomicU64>,
-    rate: Arc<crate::rate::RateLimiter>,
+    rate: Arc<runtime::rate::RateLimiter>,
     sink: Sink,
-    /// Subscriptions per tenant, counted once on the first create under a quota.
-    tenant_subs: Arc<std::sync::Mutex<Option<std::collections::HashMap<String, u64>>>>,
 }
 
 impl Node {
@@ -59,63 +54,39 @@ impl Node {
             limits,
             accepted: Arc::new(AtomicU64::new(0)),
             rejected: Arc::new(AtomicU64::new(0)),
-            rate: Arc::new(crate::rate::RateLimiter::new(
+            rate: Arc::new(runtime::rate::RateLimiter::new(
                 limits.max_requests_per_second_per_connection,
             )),
-            tenant_subs: Arc::default(),
         }
-    }
-
-    /// Stores a validated subscription durably, puts it in the match index, and returns it
-    /// without its write-only secret.
-    async fn save_subscription(
-        &self,
-        mut s: v1::Subscription,
-        dnf: blocks::Dnf,
-    ) -> Result<v1::Subscription, NodeError> {
-        self.store.put_subscription(s.id, s.encode_to_vec()).await?;
-        match &self.sink {
-            Sink::Embedded(d) => d.upsert(s.id, dnf),
-            Sink::Registry(r) => r.upsert(s.id, dnf),
-            Sink::Cluster(_) => {}
-        }
-        s.webhook_secret.clear();
-        Ok(s)
     }
 
     /// Admits one request of `caller` from `peer`: the connection's rate, then the tenant's
     /// puts-per-second quota.
-    fn admit(&self, peer: Option<std::net::SocketAddr>, caller: &Caller) -> Result<(), NodeError> {
+    fn admit(
+        &self,
+        peer: Option<std::net::SocketAddr>,
+        caller: &Caller,
+    ) -> Result<(), ServiceError> {
         if !self.rate.allow(peer, std::time::Instant::now()) {
-            return Err(NodeError::RateLimited(
+            return Err(ServiceError::RateLimited(
                 self.limits.max_requests_per_second_per_connection,
             ));
         }
         caller.tenant.charge_puts(1)
     }
 
-    /// The stored subscription `id` if `caller` may see it (another tenant's is not found).
-    fn owned_subscription(&self, caller: &Caller, id: u64) -> Result<v1::Subscription, NodeError> {
-        let s = stored_subscription(&self.store, id)?;
-        if caller.sees(&s.tenant) {
-            Ok(s)
-        } else {
-            Err(NodeError::NotFound(format!("subscription {id}")))
-        }
-    }
-
     /// The tenant owning subscription `id`, wherever subscriptions live (this store, or the
     /// coordinator's registry for a cluster node); `None` if it is gone.
-    async fn owner(&self, id: u64) -> Result<Option<String>, NodeError> {
+    async fn owner(&self, id: u64) -> Result<Option<String>, ServiceError> {
         if let Some(b) = self.store.get_subscription(id)? {
-            return Ok(Some(decode_stored(id, &b)?.tenant));
+            return Ok(Some(runtime::subscriptions::decode_stored(id, &b)?.tenant));
         }
         match &self.sink {
             Sink::Cluster(d) => d
                 .deliverer()
                 .subscription_tenant(id)
                 .await
-                .map_err(|e| NodeError::Unavailable(e.message().to_string())),
+                .map_err(|e| ServiceError::Unavailable(e.message().to_string())),
             _ => Ok(None),
         }
     }
@@ -127,7 +98,7 @@ impl Node {
         items: Vec<T>,
         sub_of: impl Fn(&T) -> u64,
         limit: usize,
-    ) -> Result<Vec<T>, NodeError> {
+    ) -> Result<Vec<T>, ServiceError> {
         let mut mine = Vec::new();
         let mut owners: std::collections::HashMap<u64, bool> = std::collections::HashMap::new();
         for it in items {
@@ -150,67 +121,24 @@ impl Node {
         Ok(mine)
     }
 
-    /// Reserves room for one more subscription of `caller`'s tenant under its quota.
-    fn reserve_subscription(&self, caller: &Caller) -> Result<(), NodeError> {
-        let Some(max) = caller.tenant.quota.max_subscriptions else {
-            return Ok(());
-        };
-        let mut counts = crate::lock(&self.tenant_subs);
-        if counts.is_none() {
-            let mut m = std::collections::HashMap::new();
-            let mut after = 0;
-            loop {
-                let page = self.store.list_subscriptions(after, 1000)?;
-                let Some(last) = page.last().map(|p| p.0) else {
-                    break;
-                };
-                for (id, b) in &page {
-                    *m.entry(decode_stored(*id, b)?.tenant).or_insert(0u64) += 1;
-                }
-                after = last;
-            }
-            *counts = Some(m);
-        }
-        let n = counts
-            .as_mut()
-            .map(|m| m.entry(caller.tenant().to_string()).or_insert(0))
-            .ok_or_else(|| NodeError::Unavailable("subscription counts".into()))?;
-        if *n >= max {
-            return Err(NodeError::Quota(format!(
-                "tenant {:?} has {n} subscriptions, its quota",
-                caller.tenant()
-            )));
-        }
-        *n += 1;
-        Ok(())
-    }
-
-    /// Gives back what [`Node::reserve_subscription`] took (a failed create, a delete).
-    fn release_subscription(&self, tenant: &str) {
-        if let Some(m) = crate::lock(&self.tenant_subs).as_mut()
-            && let Some(n) = m.get_mut(tenant)
-        {
-            *n = n.saturating_sub(1);
-        }
-    }
-
     async fn put_object(
         &self,
-        obj: Result<storage::NewObject, NodeError>,
-    ) -> Result<v1::PutResponse, NodeError> {
-        self.put_objects(vec![obj])
-            .await
-            .pop()
-            .unwrap_or_else(|| Err(NodeError::Unavailable("the put produced no result".into())))
+        obj: Result<storage::NewObject, ServiceError>,
+    ) -> Result<v1::PutResponse, ServiceError> {
+        self.put_objects(vec![obj]).await.pop().unwrap_or_else(|| {
+            Err(ServiceError::Unavailable(
+                "the put produced no result".into(),
+            ))
+        })
     }
 
     /// Stores validated objects with one shared flush and hands each new one to the sink;
     /// answers one result per input, in order (a rejected input does not stop the others).
     async fn put_objects(
         &self,
-        objs: Vec<Result<storage::NewObject, NodeError>>,
-    ) -> Vec<Result<v1::PutResponse, NodeError>> {
-        let mut results: Vec<Option<Result<v1::PutResponse, NodeError>>> =
+        objs: Vec<Result<storage::NewObject, ServiceError>>,
+    ) -> Vec<Result<v1::PutResponse, ServiceError>> {
+        let mut results: Vec<Option<Result<v1::PutResponse, ServiceError>>> =
             Vec::with_capacity(objs.len());
         let mut valid = Vec::with_capacity(objs.len());
         let mut metas = Vec::with_capacity(objs.len());
@@ -239,7 +167,7 @@ impl Node {
                 let reason = format!("storage: {e}");
                 return results
                     .into_iter()
-                    .map(|r| r.unwrap_or_else(|| Err(NodeError::Unavailable(reason.clone()))))
+                    .map(|r| r.unwrap_or_else(|| Err(ServiceError::Unavailable(reason.clone()))))
                     .collect();
             }
         };
@@ -251,7 +179,9 @@ impl Node {
                     return r;
                 }
                 let Some((out, meta)) = stored.next() else {
-                    return Err(NodeError::Unavailable("the put produced no result".into()));
+                    return Err(ServiceError::Unavailable(
+                        "the put produced no result".into(),
+                    ));
                 };
                 let out = out?;
                 self.accepted.fetch_add(1, Ordering::Relaxed);
@@ -409,7 +339,7 @@ impl v1::objects_server::Objects for Node {
         let id = request
             .into_inner()
             .id
-            .ok_or_else(|| NodeError::invalid("id", "an object id is required"))?;
+            .ok_or_else(|| ServiceError::invalid("id", "an object id is required"))?;
         let id = ObjectId {
             node: id.node,
             seq: id.seq,
@@ -417,8 +347,8 @@ impl v1::objects_server::Objects for Node {
         let o = self
             .store
             .get(id)
-            .map_err(NodeError::from)?
-            .ok_or_else(|| NodeError::NotFound(format!("object {}:{}", id.node, id.seq)))?;
+            .map_err(ServiceError::from)?
+            .ok_or_else(|| ServiceError::NotFound(format!("object {}:{}", id.node, id.seq)))?;
         Ok(Response::new(v1::StoredObject {
             id: Some(id_to_proto(o.id)),
             data: o.data,
@@ -428,158 +358,6 @@ impl v1::objects_server::Objects for Node {
             message_id: o.message_id,
             received_unix_ms: o.received_unix_ms,
         }))
-    }
-}
-
-/// A stored subscription as it is returned to clients: the write-only secret removed.
-fn decode_sub(id: u64, bytes: &[u8]) -> Result<v1::Subscription, NodeError> {
-    let mut s = decode_stored(id, bytes)?;
-    s.webhook_secret.clear(); // write-only
-    Ok(s)
-}
-
-fn decode_stored(id: u64, bytes: &[u8]) -> Result<v1::Subscription, NodeError> {
-    v1::Subscription::decode(bytes).map_err(|e| {
-        tracing::error!("stored subscription {id} does not decode: {e}");
-        NodeError::Storage(storage::StorageError::Corrupt {
-            tree: "subscriptions",
-            source: storage::CodecError::Truncated,
-        })
-    })
-}
-
-/// A stored subscription with its webhook secret, for delivery inside the cluster.
-pub fn stored_subscription(store: &Store, id: u64) -> Result<v1::Subscription, NodeError> {
-    let bytes = store
-        .get_subscription(id)?
-        .ok_or_else(|| NodeError::NotFound(format!("subscription {id}")))?;
-    decode_stored(id, &bytes)
-}
-
-#[tonic::async_trait]
-impl v1::subscriptions_server::Subscriptions for Node {
-    async fn create(
-        &self,
-        request: Request<v1::CreateSubscriptionRequest>,
-    ) -> Result<Response<v1::Subscription>, Status> {
-        let caller = auth::caller(&request);
-        let mut s = request
-            .into_inner()
-            .subscription
-            .ok_or_else(|| NodeError::invalid("subscription", "required"))?;
-        let dnf = validate::subscription(&s, &self.limits)?;
-        validate::target_address(&s, &self.limits).await?;
-        s.tenant = caller.tenant().to_string();
-        self.reserve_subscription(&caller)?;
-        let saved = match self.store.next_subscription_id() {
-            Ok(id) => {
-                s.id = id;
-                self.save_subscription(s, dnf).await
-            }
-            Err(e) => Err(e.into()),
-        };
-        if saved.is_err() {
-            self.release_subscription(caller.tenant());
-        }
-        Ok(Response::new(saved?))
-    }
-
-    async fn get(
-        &self,
-        request: Request<v1::GetSubscriptionRequest>,
-    ) -> Result<Response<v1::Subscription>, Status> {
-        let caller = auth::caller(&request);
-        let mut s = self.owned_subscription(&caller, request.into_inner().id)?;
-        s.webhook_secret.clear(); // write-only
-        Ok(Response::new(s))
-    }
-
-    async fn list(
-        &self,
-        request: Request<v1::ListSubscriptionsRequest>,
-    ) -> Result<Response<v1::ListSubscriptionsResponse>, Status> {
-        let caller = auth::caller(&request);
-        let r = request.into_inner();
-        let limit = match r.limit {
-            0 => 100,
-            l if l > 1000 => {
-                return Err(NodeError::invalid("limit", format!("{l} exceeds 1000")).into());
-            }
-            l => l as usize,
-        };
-        // pages of the store, keeping the caller's own, until a page of them is full or the
-        // store ends (a tenant sees only its own; admins see all)
-        let mut subs = Vec::with_capacity(limit);
-        let mut after = r.after_id;
-        let mut next = 0;
-        loop {
-            let page = self
-                .store
-                .list_subscriptions(after, limit)
-                .map_err(NodeError::from)?;
-            let full_page = page.len() == limit;
-            for (id, b) in page {
-                after = id;
-                let s = decode_sub(id, &b)?;
-                if caller.sees(&s.tenant) {
-                    subs.push(s);
-                    if subs.len() == limit {
-                        break;
-                    }
-                }
-            }
-            if subs.len() == limit {
-                next = after;
-                break;
-            }
-            if !full_page {
-                break;
-            }
-        }
-        Ok(Response::new(v1::ListSubscriptionsResponse {
-            subscriptions: subs,
-            next_after_id: next,
-        }))
-    }
-
-    async fn update(
-        &self,
-        request: Request<v1::Subscription>,
-    ) -> Result<Response<v1::Subscription>, Status> {
-        let caller = auth::caller(&request);
-        let mut s = request.into_inner();
-        if s.id == 0 {
-            return Err(NodeError::invalid("subscription.id", "required for an update").into());
-        }
-        let dnf = validate::subscription(&s, &self.limits)?;
-        validate::target_address(&s, &self.limits).await?;
-        // the owner stays: an update never moves a subscription between tenants
-        s.tenant = self.owned_subscription(&caller, s.id)?.tenant;
-        Ok(Response::new(self.save_subscription(s, dnf).await?))
-    }
-
-    async fn delete(
-        &self,
-        request: Request<v1::DeleteSubscriptionRequest>,
-    ) -> Result<Response<v1::DeleteSubscriptionResponse>, Status> {
-        let caller = auth::caller(&request);
-        let id = request.into_inner().id;
-        let owner = self.owned_subscription(&caller, id)?.tenant;
-        if !self
-            .store
-            .delete_subscription(id)
-            .await
-            .map_err(NodeError::from)?
-        {
-            return Err(NodeError::NotFound(format!("subscription {id}")).into());
-        }
-        self.release_subscription(&owner);
-        match &self.sink {
-            Sink::Embedded(d) => d.remove(id),
-            Sink::Registry(r) => r.remove(id),
-            Sink::Cluster(_) => {}
-        }
-        Ok(Response::new(v1::DeleteSubscriptionResponse {}))
     }
 }
 
@@ -648,14 +426,14 @@ impl v1::admin_server::Admin for Node {
         let limit = match request.into_inner().limit {
             0 => 100,
             l if l > 10_000 => {
-                return Err(NodeError::invalid("limit", format!("{l} exceeds 10000")).into());
+                return Err(ServiceError::invalid("limit", format!("{l} exceeds 10000")).into());
             }
             l => l as usize,
         };
         let mut dead = self
             .store
             .dead_letters(if caller.is_admin() { limit } else { usize::MAX })
-            .map_err(NodeError::from)?;
+            .map_err(ServiceError::from)?;
         if !caller.is_admin() {
             dead = self.keep_own(&caller, dead, |d| d.0, limit).await?;
         }
@@ -686,7 +464,7 @@ impl v1::admin_server::Admin for Node {
         let mut keys: Vec<(u64, ObjectId)> = if r.all {
             self.store
                 .dead_letters(usize::MAX)
-                .map_err(NodeError::from)?
+                .map_err(ServiceError::from)?
                 .into_iter()
                 .map(|(s, o, _)| (s, o))
                 .collect()
@@ -694,7 +472,7 @@ impl v1::admin_server::Admin for Node {
             let mut keys = Vec::with_capacity(r.dead_letters.len());
             for (i, d) in r.dead_letters.iter().enumerate() {
                 let o = d.object_id.ok_or_else(|| {
-                    NodeError::invalid(format!("dead_letters[{i}].object_id"), "required")
+                    ServiceError::invalid(format!("dead_letters[{i}].object_id"), "required")
                 })?;
                 keys.push((
                     d.subscription_id,
@@ -710,14 +488,14 @@ impl v1::admin_server::Admin for Node {
             // another tenant's dead letters are left alone (and not reported)
             keys = self.keep_own(&caller, keys, |k| k.0, usize::MAX).await?;
         }
-        let now = crate::now_ms();
+        let now = runtime::now_ms();
         let mut redriven = 0;
         for (sub, obj) in keys {
             if self
                 .store
                 .redrive(sub, obj, now)
                 .await
-                .map_err(NodeError::from)?
+                .map_err(ServiceError::from)?
             {
                 redriven += 1;
                 if let Sink::Cluster(d) = &self.sink {

@@ -29,23 +29,23 @@ impl Drop for Node {
 
 async fn start(name: &str) -> Node {
     // the tests' webhook targets are on loopback
-    let limits = worker::Limits {
+    let limits = runtime::Limits {
         allow_private_targets: true,
-        ..worker::Limits::default()
+        ..runtime::Limits::default()
     };
     start_with(name, limits).await
 }
 
-async fn start_with(name: &str, limits: worker::Limits) -> Node {
+async fn start_with(name: &str, limits: runtime::Limits) -> Node {
     let dir = std::env::temp_dir().join(format!("dissem-api-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let store = storage::Store::open(&dir, 7).expect("open store");
-    let (listener, addr) = worker::bind("127.0.0.1:0".parse().expect("addr"))
+    let (listener, addr) = runtime::bind("127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("bind");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let kept = store.clone();
-    let listener = worker::listen::Listener::new(listener, limits.listen);
+    let listener = runtime::listen::Listener::new(listener, limits.listen);
     tokio::spawn(worker::run(listener, store, limits, async move {
         let _ = rx.await;
     }));
@@ -613,9 +613,9 @@ async fn reflection_lists_every_service() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_rate_is_limited_per_connection() {
-    let limits = worker::Limits {
+    let limits = runtime::Limits {
         max_requests_per_second_per_connection: 5,
-        ..worker::Limits::default()
+        ..runtime::Limits::default()
     };
     let node = start_with("rate", limits).await;
     let ch = channel(node.addr).await;

@@ -7,7 +7,7 @@ use proto::v1;
 use storage::NewObject;
 
 use crate::config::Limits;
-use crate::error::NodeError;
+use crate::error::ServiceError;
 
 /// Whether an attribute name is allowed: 1.. bytes of letters, digits, `_ . - / :`,
 /// starting with a letter or `_`.
@@ -17,22 +17,22 @@ pub fn valid_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/' | ':'))
 }
 
-pub fn value(v: Option<&v1::Value>, field: &str, limits: &Limits) -> Result<Value, NodeError> {
+pub fn value(v: Option<&v1::Value>, field: &str, limits: &Limits) -> Result<Value, ServiceError> {
     use v1::value::Kind;
     let kind = v
         .and_then(|v| v.kind.as_ref())
-        .ok_or_else(|| NodeError::invalid(field, "a value is required"))?;
+        .ok_or_else(|| ServiceError::invalid(field, "a value is required"))?;
     Ok(match kind {
         Kind::Decimal(s) => {
-            Value::Num(Num::parse(s).map_err(|e| NodeError::invalid(field, e.to_string()))?)
+            Value::Num(Num::parse(s).map_err(|e| ServiceError::invalid(field, e.to_string()))?)
         }
         Kind::Number(f) => {
-            Value::Num(Num::from_f64(*f).map_err(|e| NodeError::invalid(field, e.to_string()))?)
+            Value::Num(Num::from_f64(*f).map_err(|e| ServiceError::invalid(field, e.to_string()))?)
         }
         Kind::Integer(i) => Value::Num(Num::from(*i)),
         Kind::Text(s) => {
             if s.len() > limits.max_string_bytes {
-                return Err(NodeError::invalid(
+                return Err(ServiceError::invalid(
                     field,
                     format!(
                         "string of {} bytes exceeds the limit of {}",
@@ -50,9 +50,9 @@ pub fn value(v: Option<&v1::Value>, field: &str, limits: &Limits) -> Result<Valu
 pub fn metadata(
     attrs: &[v1::Attribute],
     limits: &Limits,
-) -> Result<Vec<(String, Value)>, NodeError> {
+) -> Result<Vec<(String, Value)>, ServiceError> {
     if attrs.len() > limits.max_attributes {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             "metadata",
             format!(
                 "{} attributes exceed the limit of {}",
@@ -65,10 +65,13 @@ pub fn metadata(
     for (i, a) in attrs.iter().enumerate() {
         let field = format!("metadata[{i}].name");
         if a.name.is_empty() {
-            return Err(NodeError::invalid(field, "attribute names cannot be empty"));
+            return Err(ServiceError::invalid(
+                field,
+                "attribute names cannot be empty",
+            ));
         }
         if a.name.len() > limits.max_name_bytes {
-            return Err(NodeError::invalid(
+            return Err(ServiceError::invalid(
                 field,
                 format!(
                     "name of {} bytes exceeds the limit of {}",
@@ -78,7 +81,7 @@ pub fn metadata(
             ));
         }
         if !valid_name(&a.name) {
-            return Err(NodeError::invalid(
+            return Err(ServiceError::invalid(
                 field,
                 format!(
                     "{:?}: names start with a letter or `_` and use letters, digits and `_ . - / :`",
@@ -87,7 +90,7 @@ pub fn metadata(
             ));
         }
         if out.iter().any(|(n, _)| *n == a.name) {
-            return Err(NodeError::invalid(
+            return Err(ServiceError::invalid(
                 field,
                 format!("duplicate attribute name {:?}", a.name),
             ));
@@ -98,16 +101,16 @@ pub fn metadata(
     Ok(out)
 }
 
-fn priority(p: u32) -> Result<u8, NodeError> {
+fn priority(p: u32) -> Result<u8, ServiceError> {
     u8::try_from(p)
         .ok()
         .filter(|p| *p <= 7)
-        .ok_or_else(|| NodeError::invalid("priority", format!("{p} is not in 0..=7")))
+        .ok_or_else(|| ServiceError::invalid("priority", format!("{p} is not in 0..=7")))
 }
 
-fn message_id(m: &str, limits: &Limits) -> Result<String, NodeError> {
+fn message_id(m: &str, limits: &Limits) -> Result<String, ServiceError> {
     if m.len() > limits.max_message_id_bytes {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             "message_id",
             format!(
                 "{} bytes exceed the limit of {}",
@@ -120,9 +123,9 @@ fn message_id(m: &str, limits: &Limits) -> Result<String, NodeError> {
 }
 
 /// A put request.
-pub fn put(r: v1::PutRequest, limits: &Limits) -> Result<NewObject, NodeError> {
+pub fn put(r: v1::PutRequest, limits: &Limits) -> Result<NewObject, ServiceError> {
     if r.data.len() > limits.max_object_bytes {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             "data",
             format!(
                 "object of {} bytes exceeds the limit of {}",
@@ -141,15 +144,15 @@ pub fn put(r: v1::PutRequest, limits: &Limits) -> Result<NewObject, NodeError> {
 }
 
 /// An announce request.
-pub fn announce(r: v1::AnnounceRequest, limits: &Limits) -> Result<NewObject, NodeError> {
+pub fn announce(r: v1::AnnounceRequest, limits: &Limits) -> Result<NewObject, ServiceError> {
     if r.external_id.is_empty() {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             "external_id",
             "required for an announced object",
         ));
     }
     if r.external_id.len() > limits.max_external_id_bytes {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             "external_id",
             format!(
                 "{} bytes exceed the limit of {}",
@@ -168,10 +171,10 @@ pub fn announce(r: v1::AnnounceRequest, limits: &Limits) -> Result<NewObject, No
 }
 
 /// A subscription's filter, parsed into conjunctions.
-pub fn filter(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeError> {
+pub fn filter(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, ServiceError> {
     use v1::subscription::Filter;
     let f = s.filter.as_ref().ok_or_else(|| {
-        NodeError::invalid(
+        ServiceError::invalid(
             "subscription.filter",
             "a text or eventbridge filter is required",
         )
@@ -180,7 +183,7 @@ pub fn filter(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeError> {
         Filter::Text(t) | Filter::Eventbridge(t) => t,
     };
     if text.len() > limits.max_filter_bytes {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             "subscription.filter",
             format!(
                 "{} bytes exceed the limit of {}",
@@ -191,9 +194,9 @@ pub fn filter(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeError> {
     }
     match f {
         Filter::Text(t) => blocks::text::parse_text(t)
-            .map_err(|e| NodeError::invalid("subscription.filter.text", e.to_string())),
+            .map_err(|e| ServiceError::invalid("subscription.filter.text", e.to_string())),
         Filter::Eventbridge(j) => blocks::eventbridge::parse_pattern(j)
-            .map_err(|e| NodeError::invalid("subscription.filter.eventbridge", e.to_string())),
+            .map_err(|e| ServiceError::invalid("subscription.filter.eventbridge", e.to_string())),
     }
 }
 
@@ -205,9 +208,9 @@ pub const MAX_STREAM_NAME_BYTES: usize = 256;
 pub const MAX_SECRET_BYTES: usize = 1024;
 
 /// A stream name as a subscription targets it and a subscriber attaches to it.
-pub fn stream_name(field: &str, name: &str) -> Result<(), NodeError> {
+pub fn stream_name(field: &str, name: &str) -> Result<(), ServiceError> {
     if name.is_empty() || name.len() > MAX_STREAM_NAME_BYTES {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             field,
             format!(
                 "a stream name of 1..={MAX_STREAM_NAME_BYTES} bytes is required, got {} bytes",
@@ -216,7 +219,7 @@ pub fn stream_name(field: &str, name: &str) -> Result<(), NodeError> {
         ));
     }
     if name.chars().any(char::is_control) {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             field,
             "stream names cannot hold control characters",
         ));
@@ -227,9 +230,9 @@ pub fn stream_name(field: &str, name: &str) -> Result<(), NodeError> {
 /// A URL target: a host, bounded length; `http://` or, for webhooks, `https://` (gRPC
 /// subscribers are reached over plain HTTP/2 only, so an `https://` one could never be
 /// reached).
-fn url_target(field: &str, u: &str, https: bool) -> Result<(), NodeError> {
+fn url_target(field: &str, u: &str, https: bool) -> Result<(), ServiceError> {
     if u.len() > MAX_URL_BYTES {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             field,
             format!(
                 "URL of {} bytes exceeds the limit of {MAX_URL_BYTES}",
@@ -238,35 +241,35 @@ fn url_target(field: &str, u: &str, https: bool) -> Result<(), NodeError> {
         ));
     }
     if u.starts_with("https://") && !https {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             field,
             "https gRPC targets are not supported yet (plain http:// only; webhooks may be https)",
         ));
     }
     if !(u.starts_with("http://") || (https && u.starts_with("https://"))) {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             field,
             format!("{} is not an http(s):// URL", blocks::quote::quoted(u)),
         ));
     }
     let uri: hyper::Uri = u.parse().map_err(|e| {
-        NodeError::invalid(
+        ServiceError::invalid(
             field,
             format!("{} is not a URL: {e}", blocks::quote::quoted(u)),
         )
     })?;
     if uri.host().is_none_or(str::is_empty) {
-        return Err(NodeError::invalid(field, "the URL has no host"));
+        return Err(ServiceError::invalid(field, "the URL has no host"));
     }
     Ok(())
 }
 
 /// Every attribute a filter names must be one a `Put` could carry (same charset and length),
 /// or the subscription could never match.
-fn filter_names(dnf: &Dnf, field: &str, limits: &Limits) -> Result<(), NodeError> {
+fn filter_names(dnf: &Dnf, field: &str, limits: &Limits) -> Result<(), ServiceError> {
     for p in dnf.0.iter().flat_map(|c| c.0.iter()) {
         if p.attr.len() > limits.max_name_bytes {
-            return Err(NodeError::invalid(
+            return Err(ServiceError::invalid(
                 field,
                 format!(
                     "attribute name of {} bytes exceeds the limit of {} that puts allow",
@@ -276,7 +279,7 @@ fn filter_names(dnf: &Dnf, field: &str, limits: &Limits) -> Result<(), NodeError
             ));
         }
         if !valid_name(&p.attr) {
-            return Err(NodeError::invalid(
+            return Err(ServiceError::invalid(
                 field,
                 format!(
                     "attribute name {} can never be put (letters, digits, `_ . - / :`, \
@@ -291,7 +294,7 @@ fn filter_names(dnf: &Dnf, field: &str, limits: &Limits) -> Result<(), NodeError
 
 /// The rest of a subscription: target, QoS, priority, retry policy, secret, and the names
 /// its filter uses.
-pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeError> {
+pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, ServiceError> {
     let dnf = filter(s, limits)?;
     let filter_field = match s.filter {
         Some(v1::subscription::Filter::Eventbridge(_)) => "subscription.filter.eventbridge",
@@ -301,7 +304,7 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeEr
     use v1::target::Kind;
     match s.target.as_ref().and_then(|t| t.kind.as_ref()) {
         None => {
-            return Err(NodeError::invalid(
+            return Err(ServiceError::invalid(
                 "subscription.target",
                 "a grpc, webhook or stream target is required",
             ));
@@ -311,19 +314,19 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeEr
         Some(Kind::Stream(n)) => stream_name("subscription.target.stream", n)?,
     }
     if v1::Qos::try_from(s.qos).is_err() {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             "subscription.qos",
             format!("{} is not a QoS level (0, 1 or 2)", s.qos),
         ));
     }
     if s.priority > 7 {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             "subscription.priority",
             format!("{} is not in 0..=7", s.priority),
         ));
     }
     if s.webhook_secret.len() > MAX_SECRET_BYTES {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             "subscription.webhook_secret",
             format!(
                 "{} bytes exceed the limit of {MAX_SECRET_BYTES}",
@@ -335,7 +338,7 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeEr
         && r.max_backoff_ms > 0
         && r.initial_backoff_ms > r.max_backoff_ms
     {
-        return Err(NodeError::invalid(
+        return Err(ServiceError::invalid(
             "subscription.retry.initial_backoff_ms",
             "must not exceed max_backoff_ms",
         ));
@@ -346,16 +349,16 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, NodeEr
 /// The address rule for a subscription's URL target, checked when it is created or updated:
 /// a target that resolves to a loopback, private or link-local address is refused unless
 /// the node allows private targets (delivery would refuse it on every attempt).
-pub async fn target_address(s: &v1::Subscription, limits: &Limits) -> Result<(), NodeError> {
+pub async fn target_address(s: &v1::Subscription, limits: &Limits) -> Result<(), ServiceError> {
     use v1::target::Kind;
     let (field, url) = match s.target.as_ref().and_then(|t| t.kind.as_ref()) {
         Some(Kind::Grpc(u)) => ("subscription.target.grpc", u),
         Some(Kind::Webhook(u)) => ("subscription.target.webhook", u),
         _ => return Ok(()),
     };
-    crate::deliver::check_target(url, limits.allow_private_targets)
+    crate::target_guard::check_target(url, limits.allow_private_targets)
         .await
-        .map_err(|e| NodeError::invalid(field, e))
+        .map_err(|e| ServiceError::invalid(field, e))
 }
 
 /// A metadata value as sent on the wire (numbers as exact decimal text).
@@ -372,7 +375,7 @@ pub fn value_to_proto(v: &Value) -> v1::Value {
 pub fn stored_subscriptions(
     store: &storage::Store,
     limits: &Limits,
-) -> Result<Vec<(u64, blocks::Dnf)>, NodeError> {
+) -> Result<Vec<(u64, blocks::Dnf)>, ServiceError> {
     use prost::Message;
     let mut subs = Vec::new();
     let mut after = 0;
@@ -383,7 +386,7 @@ pub fn stored_subscriptions(
         };
         for (id, bytes) in page {
             let s = v1::Subscription::decode(bytes.as_slice()).map_err(|e| {
-                NodeError::Startup(format!("stored subscription {id} does not decode: {e}"))
+                ServiceError::Startup(format!("stored subscription {id} does not decode: {e}"))
             })?;
             subs.push((id, filter(&s, limits)?));
         }
@@ -481,7 +484,7 @@ mod tests {
             if let Ok(r) = v1::PutRequest::decode(&bytes[..cut]) {
                 match put(r, &Limits::default()) {
                     Ok(_) => {}
-                    Err(NodeError::InvalidArgument { .. }) => {}
+                    Err(ServiceError::InvalidArgument { .. }) => {}
                     Err(e) => prop_assert!(false, "unexpected error {e}"),
                 }
             }

@@ -348,13 +348,14 @@ fn server(cfg: &ListenConfig) -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
 }
 
-/// The server type [`Listener::server`] builds: authentication inside the activity count.
-pub type GuardedServer = tonic::transport::Server<
-    tower_layer::Stack<
-        crate::auth::AuthLayer,
-        tower_layer::Stack<ActivityLayer, tower_layer::Identity>,
-    >,
+/// The layers [`Listener::server`] stacks: authentication inside the activity count.
+pub type GuardedLayers = tower_layer::Stack<
+    crate::auth::AuthLayer,
+    tower_layer::Stack<ActivityLayer, tower_layer::Identity>,
 >;
+
+/// The server type [`Listener::server`] builds.
+pub type GuardedServer = tonic::transport::Server<GuardedLayers>;
 
 /// A bound listener with its connection table and who may call it.
 #[derive(Debug)]
@@ -404,12 +405,12 @@ impl Listener {
     }
 
     /// A server builder under this listener's settings, with its activity layer.
-    pub fn server(&self) -> Result<GuardedServer, crate::error::NodeError> {
+    pub fn server(&self) -> Result<GuardedServer, crate::ServiceError> {
         let mut s = server(&self.conns.inner.cfg);
         if let Some(tls) = &self.tls {
             s = s
                 .tls_config(tls.clone())
-                .map_err(|e| crate::error::NodeError::Startup(format!("TLS: {e}")))?;
+                .map_err(|e| crate::ServiceError::Startup(format!("TLS: {e}")))?;
         }
         Ok(s.layer(self.layer())
             .layer(crate::auth::AuthLayer::new(self.auth.clone())))

@@ -16,7 +16,7 @@ use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
-use crate::error::NodeError;
+use crate::error::ServiceError;
 
 /// The metadata key internal calls carry the secret in.
 pub const HEADER: &str = "x-dissem-cluster-secret";
@@ -58,7 +58,7 @@ pub(crate) fn random_hex() -> String {
         .is_ok();
     if !ok {
         for (i, chunk) in b.chunks_mut(8).enumerate() {
-            let r = crate::daemon::random_u64() ^ (i as u64).rotate_left(17);
+            let r = crate::random_u64() ^ (i as u64).rotate_left(17);
             chunk.copy_from_slice(&r.to_le_bytes());
         }
     }
@@ -67,22 +67,22 @@ pub(crate) fn random_hex() -> String {
 
 impl ClusterSecret {
     /// A secret from its text (printable ASCII, at least 16 bytes).
-    pub fn new(text: &str) -> Result<ClusterSecret, NodeError> {
+    pub fn new(text: &str) -> Result<ClusterSecret, ServiceError> {
         let text = text.trim();
         if text.len() < MIN_SECRET_BYTES {
-            return Err(NodeError::invalid(
+            return Err(ServiceError::invalid(
                 "cluster secret",
                 format!("must be at least {MIN_SECRET_BYTES} bytes"),
             ));
         }
         if !text.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(NodeError::invalid(
+            return Err(ServiceError::invalid(
                 "cluster secret",
                 "must be printable ASCII without spaces",
             ));
         }
         let value = MetadataValue::try_from(text)
-            .map_err(|e| NodeError::invalid("cluster secret", e.to_string()))?;
+            .map_err(|e| ServiceError::invalid("cluster secret", e.to_string()))?;
         Ok(ClusterSecret {
             value,
             digest: Arc::new(digest(text.as_bytes())),
@@ -103,21 +103,21 @@ impl ClusterSecret {
     }
 
     /// Reads the secret from `path`.
-    pub fn load(path: &Path) -> Result<ClusterSecret, NodeError> {
+    pub fn load(path: &Path) -> Result<ClusterSecret, ServiceError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            NodeError::Startup(format!(
+            ServiceError::Startup(format!(
                 "reading the cluster secret {}: {e}",
                 path.display()
             ))
         })?;
         ClusterSecret::new(&text).map_err(|e| {
-            NodeError::Startup(format!("the cluster secret in {}: {e}", path.display()))
+            ServiceError::Startup(format!("the cluster secret in {}: {e}", path.display()))
         })
     }
 
     /// Reads the secret from `path`, first writing a random one there (mode 0600) if the file
     /// does not exist.
-    pub fn load_or_create(path: &Path) -> Result<ClusterSecret, NodeError> {
+    pub fn load_or_create(path: &Path) -> Result<ClusterSecret, ServiceError> {
         if !path.exists() {
             use std::io::Write;
             let mut opts = std::fs::OpenOptions::new();
@@ -132,13 +132,13 @@ impl ClusterSecret {
                     f.write_all(format!("{}\n", random_hex()).as_bytes())
                         .and_then(|()| f.sync_all())
                         .map_err(|e| {
-                            NodeError::Startup(format!("writing {}: {e}", path.display()))
+                            ServiceError::Startup(format!("writing {}: {e}", path.display()))
                         })?;
                 }
                 // another process created it first: read theirs
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => {
-                    return Err(NodeError::Startup(format!(
+                    return Err(ServiceError::Startup(format!(
                         "creating the cluster secret {}: {e}",
                         path.display()
                     )));

@@ -13,14 +13,17 @@ use proto::v1;
 use tokio::net::TcpListener;
 use tonic::Request;
 
-use crate::deliver::Deliverer;
+/// Per-subscription push counters: (subscription, [acked, failed, dead-lettered]).
+pub trait SubscriptionCounters: Send + Sync {
+    fn per_subscription(&self) -> Vec<(u64, [u64; 3])>;
+}
 
 /// Where the figures come from.
 #[derive(Clone)]
 pub struct MetricsSource {
     pub admin: Arc<dyn v1::admin_server::Admin>,
     /// Per-subscription delivery counters (nodes only).
-    pub deliverer: Option<Deliverer>,
+    pub deliveries: Option<Arc<dyn SubscriptionCounters>>,
 }
 
 impl std::fmt::Debug for MetricsSource {
@@ -292,7 +295,7 @@ async fn scrape(src: &MetricsSource) -> Result<String, tonic::Status> {
         .into_inner()
         .workers;
     let per_sub = src
-        .deliverer
+        .deliveries
         .as_ref()
         .map(|d| d.per_subscription())
         .unwrap_or_default();

@@ -8,28 +8,16 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use blocks::{Dnf, ShardConfig};
+use blocks::Dnf;
+use runtime::{SHARD_IMAGE, cluster_shard_config};
 use storage::Store;
 
-use crate::config::Limits;
-use crate::error::NodeError;
-use crate::validate;
-
-/// The name images of the (single) subscription shard are stored under.
-pub const SHARD_IMAGE: &str = "shard";
+use runtime::Limits;
+use runtime::ServiceError;
+use runtime::validate;
 
 /// Image versions kept in storage for workers still loading older ones.
 const KEEP_VERSIONS: u64 = 8;
-
-/// The settings every worker compiles a shard image with: Bloom tables for the subset scan,
-/// exact predicate ids for the test blocks and verification.
-pub fn cluster_shard_config() -> ShardConfig {
-    ShardConfig {
-        bloom_tables: true,
-        test_ids: true,
-        ..ShardConfig::default()
-    }
-}
 
 /// What the newest published version holds.
 #[derive(Debug, Clone, Default)]
@@ -51,9 +39,19 @@ pub struct Registry {
     published: Arc<RwLock<Published>>,
 }
 
+impl runtime::subscriptions::SubscriptionIndex for Registry {
+    fn upsert(&self, id: u64, dnf: Dnf) {
+        Registry::upsert(self, id, dnf)
+    }
+
+    fn remove(&self, id: u64) {
+        Registry::remove(self, id)
+    }
+}
+
 impl Registry {
     /// Loads every stored subscription and publishes a new version of the image.
-    pub async fn load(store: Store, limits: &Limits) -> Result<Registry, NodeError> {
+    pub async fn load(store: Store, limits: &Limits) -> Result<Registry, ServiceError> {
         let subs: BTreeMap<u64, Dnf> = validate::stored_subscriptions(&store, limits)?
             .into_iter()
             .collect();
@@ -95,7 +93,7 @@ impl Registry {
 
     /// Writes a new image version if anything changed since the last one. Versions continue
     /// from the newest stored one, so they never repeat across restarts.
-    pub async fn publish(&self) -> Result<bool, NodeError> {
+    pub async fn publish(&self) -> Result<bool, ServiceError> {
         if !self.dirty.load(Ordering::Acquire) {
             return Ok(false);
         }
@@ -121,7 +119,7 @@ impl Registry {
             (n, attributes, image)
         })
         .await
-        .map_err(|e| NodeError::Startup(format!("image build task: {e}")))?;
+        .map_err(|e| ServiceError::Startup(format!("image build task: {e}")))?;
         let stored = async {
             store.put_image(SHARD_IMAGE, version, &image).await?;
             if version > KEEP_VERSIONS {
@@ -144,7 +142,7 @@ impl Registry {
     }
 
     /// One stored image version (0: the newest).
-    pub fn image(&self, version: u64) -> Result<Option<(u64, Vec<u8>)>, NodeError> {
+    pub fn image(&self, version: u64) -> Result<Option<(u64, Vec<u8>)>, ServiceError> {
         if version == 0 {
             return Ok(self.store.latest_image(SHARD_IMAGE)?);
         }

@@ -1,18 +1,22 @@
 //! Embedded mode (`dissem up`): storage, the coordinator and one node daemon in one process,
 //! talking through in-process calls (no gRPC to itself), sharing one store, and serving the
 //! public API on one listener. The same code paths as a multi-process cluster, minus sockets.
+//! The binary wires the two role crates together here, from above: each sees the other only
+//! through `runtime::link`.
 
 use std::sync::Arc;
 
+use coordinator::server::{ServerConfig, Started};
 use proto::v1;
+use runtime::link::LOCAL_ENDPOINT;
+use runtime::metrics::MetricsSource;
+use runtime::serve::serve;
+use runtime::{Limits, PUBLIC_SERVICES, STREAM_SERVICE, ServiceError, max_message};
 use storage::Store;
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
-use worker::daemon::{Daemon, DaemonConfig, LOCAL_ENDPOINT};
+use worker::daemon::{Daemon, DaemonConfig};
 use worker::services::{Node, Sink};
-use worker::{Limits, NodeError};
-
-use crate::server::{ServerConfig, Started};
 
 /// Admin of an embedded cluster: the node's counters plus the coordinator's.
 #[derive(Debug, Clone)]
@@ -62,15 +66,15 @@ impl v1::admin_server::Admin for EmbeddedAdmin {
 /// Runs the embedded cluster on `listener` until `shutdown` resolves. Objects still in the
 /// outbox from an earlier run are matched once the node daemon has registered.
 pub async fn run(
-    listener: worker::listen::Listener,
+    listener: runtime::listen::Listener,
     store: Store,
     limits: Limits,
     cfg: ServerConfig,
     mut daemon_cfg: DaemonConfig,
     metrics: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), NodeError> {
-    let coordinator = Arc::new(crate::server::start(store.clone(), limits, cfg).await?);
+) -> Result<(), ServiceError> {
+    let coordinator = Arc::new(coordinator::server::start(store.clone(), limits, cfg).await?);
     daemon_cfg.endpoint = LOCAL_ENDPOINT.into();
     let daemon = Daemon::new(daemon_cfg, store.clone(), limits, coordinator.link())?;
     coordinator.set_local(Arc::new(daemon.clone())).await;
@@ -82,33 +86,35 @@ pub async fn run(
         node: node.clone(),
         coordinator: coordinator.clone(),
     };
-    if let Some(l) = metrics {
-        tokio::spawn(worker::metrics::serve(
+    let metrics = metrics.map(|l| {
+        (
             l,
-            worker::metrics::MetricsSource {
+            MetricsSource {
                 admin: Arc::new(admin.clone()),
-                deliverer: Some(deliverer),
+                deliveries: Some(Arc::new(deliverer)),
             },
-        ));
-    }
-    let max = worker::max_message(&limits);
-    listener
-        .server()?
-        .add_service(worker::reflection(
-            &[worker::PUBLIC_SERVICES, &[worker::STREAM_SERVICE]].concat(),
-        )?)
-        .add_service(
-            v1::ingest_server::IngestServer::new(node.clone()).max_decoding_message_size(max),
         )
-        .add_service(
-            v1::objects_server::ObjectsServer::new(node.clone()).max_encoding_message_size(max),
-        )
-        .add_service(v1::subscriptions_server::SubscriptionsServer::new(
-            coordinator.subscriptions(),
-        ))
-        .add_service(stream)
-        .add_service(v1::admin_server::AdminServer::new(admin))
-        .serve_with_incoming_shutdown(listener.incoming(), shutdown)
-        .await
-        .map_err(|e| NodeError::Startup(e.to_string()))
+    });
+    let max = max_message(&limits);
+    let subscriptions = coordinator.subscriptions();
+    serve(
+        listener,
+        &[PUBLIC_SERVICES, &[STREAM_SERVICE]].concat(),
+        metrics,
+        |r| {
+            r.add_service(
+                v1::ingest_server::IngestServer::new(node.clone()).max_decoding_message_size(max),
+            )
+            .add_service(
+                v1::objects_server::ObjectsServer::new(node).max_encoding_message_size(max),
+            )
+            .add_service(v1::subscriptions_server::SubscriptionsServer::new(
+                subscriptions,
+            ))
+            .add_service(stream)
+            .add_service(v1::admin_server::AdminServer::new(admin))
+        },
+        shutdown,
+    )
+    .await
 }

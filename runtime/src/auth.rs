@@ -37,7 +37,7 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 use tonic::Status;
 
-use crate::error::NodeError;
+use crate::error::ServiceError;
 use crate::lock;
 
 /// What a token may do.
@@ -108,7 +108,7 @@ impl Tenant {
     }
 
     /// Charges `n` puts to the tenant's rate; `ResourceExhausted` past it.
-    pub fn charge_puts(&self, n: u32) -> Result<(), NodeError> {
+    pub fn charge_puts(&self, n: u32) -> Result<(), ServiceError> {
         let Some(rate) = self.quota.max_puts_per_second else {
             return Ok(());
         };
@@ -121,7 +121,7 @@ impl Tenant {
             b.0 -= f64::from(n);
             Ok(())
         } else {
-            Err(NodeError::Quota(format!(
+            Err(ServiceError::Quota(format!(
                 "tenant {:?} exceeds its quota of {rate} puts per second",
                 self.name
             )))
@@ -220,18 +220,18 @@ pub struct Auth {
 
 impl Auth {
     /// Parses an auth file's text; errors name the entry and field.
-    pub fn parse(text: &str, path: &str) -> Result<Auth, NodeError> {
+    pub fn parse(text: &str, path: &str) -> Result<Auth, ServiceError> {
         let doc: FileDoc = toml::from_str(text)
-            .map_err(|e| NodeError::invalid(format!("auth file {path}"), e.to_string()))?;
+            .map_err(|e| ServiceError::invalid(format!("auth file {path}"), e.to_string()))?;
         let bad = |i: usize, field: &str, why: String| {
-            NodeError::invalid(format!("auth file {path}: tokens[{i}].{field}"), why)
+            ServiceError::invalid(format!("auth file {path}: tokens[{i}].{field}"), why)
         };
         let mut tenants: HashMap<String, Arc<Tenant>> = HashMap::new();
         let mut by_hash = HashMap::new();
         let mut names = std::collections::HashSet::new();
         for (name, _) in doc.tenants.iter() {
             if !valid_label(name) {
-                return Err(NodeError::invalid(
+                return Err(ServiceError::invalid(
                     format!("auth file {path}: tenants"),
                     format!("{name:?} is not a tenant name (1..=64 of letters, digits, _ . -)"),
                 ));
@@ -286,9 +286,9 @@ impl Auth {
     }
 
     /// Loads the auth file at `path`.
-    pub fn load(path: &Path) -> Result<Auth, NodeError> {
+    pub fn load(path: &Path) -> Result<Auth, ServiceError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            NodeError::Startup(format!("reading the auth file {}: {e}", path.display()))
+            ServiceError::Startup(format!("reading the auth file {}: {e}", path.display()))
         })?;
         Auth::parse(&text, &path.display().to_string())
     }
@@ -334,12 +334,12 @@ pub fn create_token(
     name: &str,
     tenant: &str,
     roles: &[String],
-) -> Result<String, NodeError> {
+) -> Result<String, ServiceError> {
     let existing = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => {
-            return Err(NodeError::Startup(format!(
+            return Err(ServiceError::Startup(format!(
                 "reading the auth file {}: {e}",
                 path.display()
             )));
@@ -363,10 +363,10 @@ pub fn create_token(
 }
 
 /// Writes `text` to `path` through a temporary file renamed into place, mode 0600.
-fn write_private(path: &Path, text: &str) -> Result<(), NodeError> {
+fn write_private(path: &Path, text: &str) -> Result<(), ServiceError> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
-    let io = |e: std::io::Error| NodeError::Startup(format!("writing {}: {e}", path.display()));
+    let io = |e: std::io::Error| ServiceError::Startup(format!("writing {}: {e}", path.display()));
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);
     #[cfg(unix)]

@@ -13,21 +13,21 @@ use std::time::Duration;
 
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 
-use crate::error::NodeError;
+use crate::error::ServiceError;
 
-fn read(path: &Path, what: &str) -> Result<Vec<u8>, NodeError> {
+fn read(path: &Path, what: &str) -> Result<Vec<u8>, ServiceError> {
     std::fs::read(path)
-        .map_err(|e| NodeError::Startup(format!("reading the {what} {}: {e}", path.display())))
+        .map_err(|e| ServiceError::Startup(format!("reading the {what} {}: {e}", path.display())))
 }
 
 /// Checks that `pem` holds at least one PEM block of `label` (CERTIFICATE, PRIVATE KEY), so a
 /// wrong file is named at start rather than failing every handshake.
-fn check_pem(pem: &[u8], path: &Path, what: &str, label: &str) -> Result<(), NodeError> {
+fn check_pem(pem: &[u8], path: &Path, what: &str, label: &str) -> Result<(), ServiceError> {
     let text = String::from_utf8_lossy(pem);
     if text.contains("-----BEGIN ") && text.contains(label) {
         Ok(())
     } else {
-        Err(NodeError::Startup(format!(
+        Err(ServiceError::Startup(format!(
             "the {what} {} holds no PEM {label}",
             path.display()
         )))
@@ -35,7 +35,7 @@ fn check_pem(pem: &[u8], path: &Path, what: &str, label: &str) -> Result<(), Nod
 }
 
 /// A server's identity from PEM files.
-pub fn identity(cert: &Path, key: &Path) -> Result<Identity, NodeError> {
+pub fn identity(cert: &Path, key: &Path) -> Result<Identity, ServiceError> {
     let c = read(cert, "TLS certificate")?;
     check_pem(&c, cert, "TLS certificate", "CERTIFICATE")?;
     let k = read(key, "TLS key")?;
@@ -44,7 +44,7 @@ pub fn identity(cert: &Path, key: &Path) -> Result<Identity, NodeError> {
 }
 
 /// A CA certificate from a PEM file.
-pub fn ca(path: &Path) -> Result<Certificate, NodeError> {
+pub fn ca(path: &Path) -> Result<Certificate, ServiceError> {
     let c = read(path, "CA certificate")?;
     check_pem(&c, path, "CA certificate", "CERTIFICATE")?;
     Ok(Certificate::from_pem(c))
@@ -90,12 +90,12 @@ pub fn set_client(cfg: ClientTlsConfig) {
 
 /// `endpoint` with TLS when `url` is `https://` (the process's settings, or the bundled web
 /// roots if none were set).
-pub fn apply(endpoint: Endpoint, url: &str) -> Result<Endpoint, NodeError> {
+pub fn apply(endpoint: Endpoint, url: &str) -> Result<Endpoint, ServiceError> {
     if !url.starts_with("https://") {
         return Ok(endpoint);
     }
     let cfg = CLIENT.get().cloned().unwrap_or_else(|| client(None, None));
     endpoint
         .tls_config(cfg)
-        .map_err(|e| NodeError::invalid("endpoint", format!("{url:?}: {e}")))
+        .map_err(|e| ServiceError::invalid("endpoint", format!("{url:?}: {e}")))
 }

@@ -1,0 +1,111 @@
+//! The services' errors and their one mapping to gRPC status codes, and back (a peer's status
+//! passes through a node with its code).
+
+use storage::StorageError;
+
+/// Everything a request to a coordinator or a node can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Bad input: names the field and what is wrong with it.
+    #[error("{field}: {reason}")]
+    InvalidArgument { field: String, reason: String },
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error(
+        "this connection exceeds {0} requests per second; slow down or open another connection"
+    )]
+    RateLimited(u32),
+    /// A tenant's quota (subscriptions, puts per second) is used up.
+    #[error("{0}")]
+    Quota(String),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("startup: {0}")]
+    Startup(String),
+    /// Another process of the cluster (coordinator, peer node) cannot be reached.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// Another process's answer, passed on with its code (a node relaying the coordinator).
+    #[error("{message}")]
+    Peer { code: tonic::Code, message: String },
+}
+
+impl ServiceError {
+    /// Shorthand for an invalid field.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ServiceError {
+        ServiceError::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Longest message a status carries: it travels in a header, and a client cannot read a
+/// multi-megabyte one (values are quoted short where they are named; this is the backstop).
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
+
+fn bounded(e: &ServiceError) -> String {
+    let mut m = e.to_string();
+    if m.len() > MAX_STATUS_MESSAGE_BYTES {
+        let cut = m.floor_char_boundary(MAX_STATUS_MESSAGE_BYTES);
+        m.truncate(cut);
+        m.push_str("...");
+    }
+    m
+}
+
+impl From<ServiceError> for tonic::Status {
+    fn from(e: ServiceError) -> tonic::Status {
+        let m = bounded(&e);
+        match &e {
+            ServiceError::InvalidArgument { .. } => tonic::Status::invalid_argument(m),
+            ServiceError::NotFound(_) => tonic::Status::not_found(m),
+            ServiceError::RateLimited(_) | ServiceError::Quota(_) => {
+                tonic::Status::resource_exhausted(m)
+            }
+            ServiceError::Storage(_) => {
+                tracing::error!("storage failure: {m}");
+                tonic::Status::unavailable(m)
+            }
+            ServiceError::Startup(_) => tonic::Status::internal(m),
+            ServiceError::Unavailable(_) => tonic::Status::unavailable(m),
+            ServiceError::Peer { code, .. } => tonic::Status::new(*code, m),
+        }
+    }
+}
+
+impl From<tonic::Status> for ServiceError {
+    /// A peer's status: unreachable peers are [`ServiceError::Unavailable`], every other
+    /// answer keeps its code and message.
+    fn from(s: tonic::Status) -> ServiceError {
+        match s.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                ServiceError::Unavailable(s.message().to_string())
+            }
+            code => ServiceError::Peer {
+                code,
+                message: s.message().to_string(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_there_and_back() {
+        let e = ServiceError::invalid("filter", "no predicate");
+        let s = tonic::Status::from(e);
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        let back = ServiceError::from(s);
+        let again = tonic::Status::from(back);
+        assert_eq!(again.code(), tonic::Code::InvalidArgument);
+        assert_eq!(again.message(), "filter: no predicate");
+        let gone = ServiceError::from(tonic::Status::unavailable("coordinator down"));
+        assert!(matches!(gone, ServiceError::Unavailable(ref m) if m == "coordinator down"));
+        let long = ServiceError::NotFound("x".repeat(5000));
+        assert!(tonic::Status::from(long).message().len() <= MAX_STATUS_MESSAGE_BYTES + 3);
+    }
+}

@@ -1,0 +1,91 @@
+//! The links between the roles. A node daemon reaches its coordinator, and the coordinator
+//! its node daemons, either over gRPC (separate processes) or by calling the other role's
+//! service in the same process (`dissem up`). Each side sees only the generated service trait
+//! of the other (`Cluster` for the coordinator, `Daemon` for a node), so neither role's crate
+//! depends on the other's.
+
+use std::sync::Arc;
+
+use proto::v1;
+use proto::v1::cluster_client::ClusterClient;
+use proto::v1::daemon_client::DaemonClient;
+use tonic::{Request, Status};
+
+use crate::cluster_secret::Internal;
+
+/// The endpoint name of the node daemon that shares the coordinator's process.
+pub const LOCAL_ENDPOINT: &str = "local:";
+
+/// How a node daemon reaches its coordinator.
+#[derive(Clone)]
+pub enum ToCoordinator {
+    Grpc(ClusterClient<Internal>),
+    Local(Arc<dyn v1::cluster_server::Cluster>),
+}
+
+impl std::fmt::Debug for ToCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ToCoordinator::Grpc(_) => "ToCoordinator::Grpc",
+            ToCoordinator::Local(_) => "ToCoordinator::Local",
+        })
+    }
+}
+
+macro_rules! coord_call {
+    ($name:ident, $req:ty, $resp:ty) => {
+        pub async fn $name(&self, r: $req) -> Result<$resp, Status> {
+            match self {
+                ToCoordinator::Grpc(c) => c.clone().$name(r).await.map(|x| x.into_inner()),
+                ToCoordinator::Local(h) => h.$name(Request::new(r)).await.map(|x| x.into_inner()),
+            }
+        }
+    };
+}
+
+impl ToCoordinator {
+    coord_call!(register, v1::RegisterRequest, v1::RegisterResponse);
+    coord_call!(heartbeat, v1::HeartbeatRequest, v1::HeartbeatResponse);
+    coord_call!(arrived, v1::ArrivedRequest, v1::ArrivedResponse);
+    coord_call!(done, v1::DoneRequest, v1::DoneResponse);
+    coord_call!(image, v1::ImageRequest, v1::ImageResponse);
+    coord_call!(
+        subscription,
+        v1::SubscriptionRecordRequest,
+        v1::Subscription
+    );
+}
+
+/// How the coordinator reaches a node daemon.
+#[derive(Clone)]
+pub enum ToNode {
+    Grpc(DaemonClient<Internal>),
+    Local(Arc<dyn v1::daemon_server::Daemon>),
+}
+
+impl std::fmt::Debug for ToNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ToNode::Grpc(_) => "ToNode::Grpc",
+            ToNode::Local(_) => "ToNode::Local",
+        })
+    }
+}
+
+impl ToNode {
+    /// Hands a task to one of the node's workers.
+    pub async fn assign(&self, r: v1::AssignRequest) -> Result<(), Status> {
+        match self {
+            ToNode::Grpc(c) => c.clone().assign(r).await.map(|_| ()),
+            ToNode::Local(d) => d.assign(Request::new(r)).await.map(|_| ()),
+        }
+    }
+
+    /// Tells the node a (new) coordinator is there.
+    pub async fn hello(&self, r: v1::HelloRequest) -> Result<(), Status> {
+        match self {
+            ToNode::Grpc(c) => c.clone().hello(r).await.map(|_| ()),
+            ToNode::Local(d) => d.hello(Request::new(r)).await.map(|_| ()),
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! The server assembly, written once for every role: the guarded listener's server (TLS,
+//! connection activity, authentication), server reflection advertising exactly the public
+//! services of the port, the role's services, the optional metrics endpoint, and serving
+//! until shutdown.
+
+use std::future::Future;
+
+use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
+
+use crate::ServiceError;
+use crate::cluster_secret::Check;
+use crate::listen::{GuardedLayers, Listener};
+use crate::metrics::MetricsSource;
+
+/// The routes of a guarded server: add a role's services to it.
+pub type Routes = tonic::transport::server::Router<GuardedLayers>;
+
+/// gRPC server reflection over the `dissem.v1` files, advertising exactly `services` (the
+/// public ones a port serves; internal services are never advertised).
+pub fn reflection(
+    services: &[&str],
+) -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    ServiceError,
+> {
+    let mut b = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET);
+    for s in services {
+        b = b.with_service_name(*s);
+    }
+    b.build_v1()
+        .map_err(|e| ServiceError::Startup(e.to_string()))
+}
+
+/// An internal service (`Cluster`, `Daemon`): only callers with the cluster secret reach it.
+pub fn internal<S>(service: S, check: Check) -> InterceptedService<S, Check> {
+    InterceptedService::new(service, check)
+}
+
+/// Serves `public` (advertised by reflection) plus whatever `routes` adds on `listener`, and
+/// the metrics endpoint when given, until `shutdown` resolves.
+pub async fn serve(
+    listener: Listener,
+    public: &[&str],
+    metrics: Option<(TcpListener, MetricsSource)>,
+    routes: impl FnOnce(Routes) -> Routes,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServiceError> {
+    if let Some((l, source)) = metrics {
+        tokio::spawn(crate::metrics::serve(l, source));
+    }
+    let router = listener.server()?.add_service(reflection(public)?);
+    routes(router)
+        .serve_with_incoming_shutdown(listener.incoming(), shutdown)
+        .await
+        .map_err(|e| ServiceError::Startup(e.to_string()))
+}

@@ -1,0 +1,267 @@
+//! The public `Subscriptions` service: create, get, list, update and delete, each scoped to
+//! the caller's tenant (another tenant's subscription is not found; admins see all), under
+//! the tenant's subscription quota. Subscriptions are stored durably in the role's store and
+//! each change goes to a [`SubscriptionIndex`]: the coordinator's registry in a cluster, the
+//! in-process matcher of a single node.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use prost::Message;
+use proto::v1;
+use storage::Store;
+use tonic::{Request, Response, Status};
+
+use crate::auth::{self, Caller};
+use crate::config::Limits;
+use crate::error::ServiceError;
+use crate::validate;
+
+/// Where subscription changes go once they are stored.
+pub trait SubscriptionIndex: Send + Sync + std::fmt::Debug {
+    /// Subscription `id` now matches `dnf` (new or changed).
+    fn upsert(&self, id: u64, dnf: blocks::Dnf);
+    /// Subscription `id` is gone.
+    fn remove(&self, id: u64);
+}
+
+/// The service over one store and index.
+#[derive(Debug, Clone)]
+pub struct Subscriptions {
+    store: Store,
+    limits: Limits,
+    index: Arc<dyn SubscriptionIndex>,
+    /// Subscriptions per tenant, counted once on the first create under a quota.
+    tenant_subs: Arc<Mutex<Option<HashMap<String, u64>>>>,
+}
+
+impl Subscriptions {
+    /// The service over `store`, telling `index` of every change.
+    pub fn new(store: Store, limits: Limits, index: Arc<dyn SubscriptionIndex>) -> Subscriptions {
+        Subscriptions {
+            store,
+            limits,
+            index,
+            tenant_subs: Arc::default(),
+        }
+    }
+
+    /// Stores a validated subscription durably, puts it in the match index, and returns it
+    /// without its write-only secret.
+    async fn save_subscription(
+        &self,
+        mut s: v1::Subscription,
+        dnf: blocks::Dnf,
+    ) -> Result<v1::Subscription, ServiceError> {
+        self.store.put_subscription(s.id, s.encode_to_vec()).await?;
+        self.index.upsert(s.id, dnf);
+        s.webhook_secret.clear();
+        Ok(s)
+    }
+
+    /// The stored subscription `id` if `caller` may see it (another tenant's is not found).
+    fn owned_subscription(
+        &self,
+        caller: &Caller,
+        id: u64,
+    ) -> Result<v1::Subscription, ServiceError> {
+        let s = stored_subscription(&self.store, id)?;
+        if caller.sees(&s.tenant) {
+            Ok(s)
+        } else {
+            Err(ServiceError::NotFound(format!("subscription {id}")))
+        }
+    }
+
+    /// Reserves room for one more subscription of `caller`'s tenant under its quota.
+    fn reserve_subscription(&self, caller: &Caller) -> Result<(), ServiceError> {
+        let Some(max) = caller.tenant.quota.max_subscriptions else {
+            return Ok(());
+        };
+        let mut counts = crate::lock(&self.tenant_subs);
+        if counts.is_none() {
+            let mut m = HashMap::new();
+            let mut after = 0;
+            loop {
+                let page = self.store.list_subscriptions(after, 1000)?;
+                let Some(last) = page.last().map(|p| p.0) else {
+                    break;
+                };
+                for (id, b) in &page {
+                    *m.entry(decode_stored(*id, b)?.tenant).or_insert(0u64) += 1;
+                }
+                after = last;
+            }
+            *counts = Some(m);
+        }
+        let n = counts
+            .as_mut()
+            .map(|m| m.entry(caller.tenant().to_string()).or_insert(0))
+            .ok_or_else(|| ServiceError::Unavailable("subscription counts".into()))?;
+        if *n >= max {
+            return Err(ServiceError::Quota(format!(
+                "tenant {:?} has {n} subscriptions, its quota",
+                caller.tenant()
+            )));
+        }
+        *n += 1;
+        Ok(())
+    }
+
+    /// Gives back what [`Subscriptions::reserve_subscription`] took (a failed create, a delete).
+    fn release_subscription(&self, tenant: &str) {
+        if let Some(m) = crate::lock(&self.tenant_subs).as_mut()
+            && let Some(n) = m.get_mut(tenant)
+        {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+/// A stored subscription as it is returned to clients: the write-only secret removed.
+fn decode_sub(id: u64, bytes: &[u8]) -> Result<v1::Subscription, ServiceError> {
+    let mut s = decode_stored(id, bytes)?;
+    s.webhook_secret.clear(); // write-only
+    Ok(s)
+}
+
+pub fn decode_stored(id: u64, bytes: &[u8]) -> Result<v1::Subscription, ServiceError> {
+    v1::Subscription::decode(bytes).map_err(|e| {
+        tracing::error!("stored subscription {id} does not decode: {e}");
+        ServiceError::Storage(storage::StorageError::Corrupt {
+            tree: "subscriptions",
+            source: storage::CodecError::Truncated,
+        })
+    })
+}
+
+/// A stored subscription with its webhook secret, for delivery inside the cluster.
+pub fn stored_subscription(store: &Store, id: u64) -> Result<v1::Subscription, ServiceError> {
+    let bytes = store
+        .get_subscription(id)?
+        .ok_or_else(|| ServiceError::NotFound(format!("subscription {id}")))?;
+    decode_stored(id, &bytes)
+}
+
+#[tonic::async_trait]
+impl v1::subscriptions_server::Subscriptions for Subscriptions {
+    async fn create(
+        &self,
+        request: Request<v1::CreateSubscriptionRequest>,
+    ) -> Result<Response<v1::Subscription>, Status> {
+        let caller = auth::caller(&request);
+        let mut s = request
+            .into_inner()
+            .subscription
+            .ok_or_else(|| ServiceError::invalid("subscription", "required"))?;
+        let dnf = validate::subscription(&s, &self.limits)?;
+        validate::target_address(&s, &self.limits).await?;
+        s.tenant = caller.tenant().to_string();
+        self.reserve_subscription(&caller)?;
+        let saved = match self.store.next_subscription_id() {
+            Ok(id) => {
+                s.id = id;
+                self.save_subscription(s, dnf).await
+            }
+            Err(e) => Err(e.into()),
+        };
+        if saved.is_err() {
+            self.release_subscription(caller.tenant());
+        }
+        Ok(Response::new(saved?))
+    }
+
+    async fn get(
+        &self,
+        request: Request<v1::GetSubscriptionRequest>,
+    ) -> Result<Response<v1::Subscription>, Status> {
+        let caller = auth::caller(&request);
+        let mut s = self.owned_subscription(&caller, request.into_inner().id)?;
+        s.webhook_secret.clear(); // write-only
+        Ok(Response::new(s))
+    }
+
+    async fn list(
+        &self,
+        request: Request<v1::ListSubscriptionsRequest>,
+    ) -> Result<Response<v1::ListSubscriptionsResponse>, Status> {
+        let caller = auth::caller(&request);
+        let r = request.into_inner();
+        let limit = match r.limit {
+            0 => 100,
+            l if l > 1000 => {
+                return Err(ServiceError::invalid("limit", format!("{l} exceeds 1000")).into());
+            }
+            l => l as usize,
+        };
+        // pages of the store, keeping the caller's own, until a page of them is full or the
+        // store ends (a tenant sees only its own; admins see all)
+        let mut subs = Vec::with_capacity(limit);
+        let mut after = r.after_id;
+        let mut next = 0;
+        loop {
+            let page = self
+                .store
+                .list_subscriptions(after, limit)
+                .map_err(ServiceError::from)?;
+            let full_page = page.len() == limit;
+            for (id, b) in page {
+                after = id;
+                let s = decode_sub(id, &b)?;
+                if caller.sees(&s.tenant) {
+                    subs.push(s);
+                    if subs.len() == limit {
+                        break;
+                    }
+                }
+            }
+            if subs.len() == limit {
+                next = after;
+                break;
+            }
+            if !full_page {
+                break;
+            }
+        }
+        Ok(Response::new(v1::ListSubscriptionsResponse {
+            subscriptions: subs,
+            next_after_id: next,
+        }))
+    }
+
+    async fn update(
+        &self,
+        request: Request<v1::Subscription>,
+    ) -> Result<Response<v1::Subscription>, Status> {
+        let caller = auth::caller(&request);
+        let mut s = request.into_inner();
+        if s.id == 0 {
+            return Err(ServiceError::invalid("subscription.id", "required for an update").into());
+        }
+        let dnf = validate::subscription(&s, &self.limits)?;
+        validate::target_address(&s, &self.limits).await?;
+        // the owner stays: an update never moves a subscription between tenants
+        s.tenant = self.owned_subscription(&caller, s.id)?.tenant;
+        Ok(Response::new(self.save_subscription(s, dnf).await?))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<v1::DeleteSubscriptionRequest>,
+    ) -> Result<Response<v1::DeleteSubscriptionResponse>, Status> {
+        let caller = auth::caller(&request);
+        let id = request.into_inner().id;
+        let owner = self.owned_subscription(&caller, id)?.tenant;
+        if !self
+            .store
+            .delete_subscription(id)
+            .await
+            .map_err(ServiceError::from)?
+        {
+            return Err(ServiceError::NotFound(format!("subscription {id}")).into());
+        }
+        self.release_subscription(&owner);
+        self.index.remove(id);
+        Ok(Response::new(v1::DeleteSubscriptionResponse {}))
+    }
+}

@@ -1,0 +1,320 @@
+//! One attempt at a batch of deliveries of one endpoint: read each record and its object,
+//! build the delivery, push it by target kind, and settle the outcome in the record.
+
+use super::*;
+
+/// One attempt's inputs: the job, its subscription, the delivery to push and the record's
+/// state before the attempt.
+pub(super) struct Prepared {
+    pub(super) job: Job,
+    pub(super) s: Arc<v1::Subscription>,
+    pub(super) delivery: v1::Delivery,
+    pub(super) attempts: u32,
+    pub(super) received: bool,
+    pub(super) object: Arc<CachedObject>,
+}
+
+pub(super) enum Outcome {
+    Done,
+    /// QoS 2: received by the subscriber, release still owed.
+    Received,
+}
+
+impl Deliverer {
+    /// One attempt of each job: gRPC QoS 0/1 deliveries to one URL go in one
+    /// `DeliverBatch`, webhook events to one URL with one secret in one POST, the rest on
+    /// their own; then each job's outcome is recorded.
+    pub(super) async fn attempt(&self, jobs: Vec<Job>) {
+        let mut grpc: HashMap<String, Vec<Prepared>> = HashMap::new();
+        let mut hooks: HashMap<(String, String), Vec<Prepared>> = HashMap::new();
+        let mut single = Vec::new();
+        // the subscriptions and objects of the call, each cache locked once
+        let (subs, objects): (Vec<_>, Vec<_>) = {
+            let cache = lock(&self.inner.cache);
+            let subs = jobs
+                .iter()
+                .map(|j| live(cache.get(&j.sub)).flatten())
+                .collect();
+            drop(cache);
+            let objects = lock(&self.inner.objects);
+            (
+                subs,
+                jobs.iter()
+                    .map(|j| objects.map.get(&j.obj).cloned())
+                    .collect(),
+            )
+        };
+        for ((job, sub), object) in jobs.into_iter().zip(subs).zip(objects) {
+            let Some(p) = self.prepare(job, sub, object).await else {
+                continue;
+            };
+            match p.s.target.as_ref().and_then(|t| t.kind.as_ref()) {
+                Some(v1::target::Kind::Grpc(url)) if self.batched_grpc(&p.s) => {
+                    grpc.entry(url.clone()).or_default().push(p);
+                }
+                Some(v1::target::Kind::Webhook(url)) if self.inner.cfg.push_batch > 1 => {
+                    hooks
+                        .entry((url.clone(), p.s.webhook_secret.clone()))
+                        .or_default()
+                        .push(p);
+                }
+                _ => single.push(p),
+            }
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for (url, ps) in grpc {
+            let me = self.clone();
+            set.spawn(async move { me.grpc_batch(&url, ps).await });
+        }
+        for ((url, secret), ps) in hooks {
+            let me = self.clone();
+            set.spawn(async move { me.webhook_batch(&url, &secret, ps).await });
+        }
+        for mut p in single {
+            let me = self.clone();
+            set.spawn(async move {
+                let d = std::mem::take(&mut p.delivery);
+                let push = me.push(&p.s, d, p.received, &p.object);
+                let r = match tokio::time::timeout(me.inner.cfg.attempt_timeout, push).await {
+                    Ok(r) => r,
+                    Err(_) => Err(me.no_answer()),
+                };
+                me.settle(p, r).await;
+            });
+        }
+        while set.join_next().await.is_some() {}
+    }
+
+    pub(super) fn no_answer(&self) -> String {
+        format!(
+            "no answer within {} ms",
+            self.inner.cfg.attempt_timeout.as_millis()
+        )
+    }
+
+    /// Reads what an attempt needs: the record's state, the subscription and the object.
+    /// `None` when there is nothing to push now (finished meanwhile, or dead-lettered or
+    /// rescheduled here).
+    /// `known` and `cached`: the subscription and object when the caller has them at hand.
+    pub(super) async fn prepare(
+        &self,
+        job: Job,
+        known: Option<Arc<v1::Subscription>>,
+        cached: Option<Arc<CachedObject>>,
+    ) -> Option<Prepared> {
+        let (sub, obj) = (job.sub, job.obj);
+        let state = if job.fresh {
+            Ok(Some(DeliveryState::Pending {
+                attempts: 0,
+                next_attempt_unix_ms: 0,
+            }))
+        } else {
+            self.inner.store.delivery(sub, obj)
+        };
+        let (attempts, received) = match state {
+            Ok(Some(DeliveryState::Pending { attempts, .. })) => (attempts, false),
+            Ok(Some(DeliveryState::Received { attempts, .. })) => (attempts, true),
+            _ => {
+                self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                return None;
+            }
+        };
+        let looked_up = match known {
+            Some(s) => Ok(Some(s)),
+            None => self.subscription(sub).await,
+        };
+        let s = match looked_up {
+            Ok(Some(s)) if job.in_memory && s.qos != v1::Qos::AtLeastOnce as i32 => {
+                // its QoS changed since it was last seen
+                self.to_record(sub, obj).await;
+                return None;
+            }
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                self.dead_letter(
+                    sub,
+                    obj,
+                    format!("subscription {sub} was deleted"),
+                    job.in_memory,
+                )
+                .await;
+                return None;
+            }
+            Err(e) => {
+                self.retry_later(&job, attempts, received, None, format!("{e}"))
+                    .await;
+                return None;
+            }
+        };
+        let object = match cached.map_or_else(|| self.object(obj), |o| Ok(Some(o))) {
+            Ok(Some(o)) => o,
+            Ok(None) => {
+                self.dead_letter(
+                    sub,
+                    obj,
+                    "the object expired before delivery".into(),
+                    job.in_memory,
+                )
+                .await;
+                return None;
+            }
+            Err(e) => {
+                self.retry_later(&job, attempts, received, Some(&s), e.to_string())
+                    .await;
+                return None;
+            }
+        };
+        // a webhook event is written from the object's shared parts: no copy of the bytes
+        let webhook = matches!(
+            s.target.as_ref().and_then(|t| t.kind.as_ref()),
+            Some(v1::target::Kind::Webhook(_))
+        );
+        // webhooks write the event from the object's shared parts, and batched gRPC
+        // deliveries append its shared encoding: neither copies the object
+        let shared = webhook || self.batched_grpc(&s);
+        let delivery = v1::Delivery {
+            delivery_id: delivery_id(sub, obj),
+            subscription_id: sub,
+            object_id: Some(v1::ObjectId {
+                node: obj.node,
+                seq: obj.seq,
+            }),
+            metadata: if shared {
+                Vec::new()
+            } else {
+                object.metadata.clone()
+            },
+            data: if !shared && object.stored.data.len() <= self.inner.cfg.max_data_bytes {
+                object.stored.data.clone()
+            } else {
+                Vec::new()
+            },
+            priority: job.priority as u32,
+            attempt: attempts + 1,
+        };
+        Some(Prepared {
+            job,
+            s,
+            delivery,
+            attempts,
+            received,
+            object,
+        })
+    }
+
+    /// Records the outcome of one attempt.
+    pub(super) async fn settle(&self, p: Prepared, result: Result<Outcome, String>) {
+        let (sub, obj) = (p.job.sub, p.job.obj);
+        match result {
+            Ok(Outcome::Done) => {
+                self.count(sub, 0);
+                self.inner.counters.acked.fetch_add(1, Ordering::Relaxed);
+                self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                self.finish(
+                    sub,
+                    obj,
+                    DeliveryState::Acked {
+                        at_unix_ms: now_ms(),
+                    },
+                    p.job.in_memory,
+                )
+                .await;
+            }
+            Ok(Outcome::Received) => {
+                // the release failed after "received": only the release is retried
+                self.retry_later(
+                    &p.job,
+                    p.attempts,
+                    true,
+                    Some(&p.s),
+                    "release failed".into(),
+                )
+                .await;
+            }
+            Err(e) if p.s.qos == v1::Qos::AtMostOnce as i32 => {
+                self.count(sub, 1);
+                self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
+                self.dead_letter(
+                    sub,
+                    obj,
+                    format!("QoS 0 (at most once): the only attempt failed: {e}"),
+                    p.job.in_memory,
+                )
+                .await;
+            }
+            Err(e) => {
+                self.retry_later(&p.job, p.attempts, p.received, Some(&p.s), e)
+                    .await;
+            }
+        }
+    }
+
+    pub(super) async fn push(
+        &self,
+        s: &v1::Subscription,
+        d: v1::Delivery,
+        received: bool,
+        object: &CachedObject,
+    ) -> Result<Outcome, String> {
+        let target = s
+            .target
+            .as_ref()
+            .and_then(|t| t.kind.as_ref())
+            .ok_or("the subscription has no target")?;
+        let exactly_once = s.qos == v1::Qos::ExactlyOnce as i32;
+        match target {
+            v1::target::Kind::Grpc(url) => {
+                check_literal(url, self.inner.cfg.allow_private_targets)?;
+                let mut c = self.grpc_client(url)?;
+                let id = d.delivery_id.clone();
+                let (sub, attempts) = (d.subscription_id, d.attempt.saturating_sub(1));
+                let obj = d.object_id.map(|o| ObjectId {
+                    node: o.node,
+                    seq: o.seq,
+                });
+                if !received {
+                    c.deliver(d).await.map_err(|e| format!("Deliver: {e}"))?;
+                    if exactly_once && let Some(obj) = obj {
+                        // "received" is durable before the release goes out (as MQTT's
+                        // PUBREL state): after a crash only the release is repeated, never
+                        // the delivery the subscriber may already have shown
+                        self.finish(
+                            sub,
+                            obj,
+                            DeliveryState::Received {
+                                attempts,
+                                next_attempt_unix_ms: now_ms(),
+                            },
+                            false,
+                        )
+                        .await;
+                    }
+                }
+                if exactly_once
+                    && let Err(e) = c.release(v1::ReleaseRequest { delivery_id: id }).await
+                {
+                    if !received {
+                        // "received" is stored: the retry only releases
+                        tracing::debug!("Release: {e}");
+                        return Ok(Outcome::Received);
+                    }
+                    return Err(format!("Release: {e}"));
+                }
+                Ok(Outcome::Done)
+            }
+            v1::target::Kind::Webhook(url) => {
+                check_literal(url, self.inner.cfg.allow_private_targets)?;
+                self.consented(url).await?;
+                let node = d.object_id.map_or(0, |o| o.node);
+                let event = event_json(&object.event, &d, node);
+                self.send_post(url, &s.webhook_secret, event, CLOUDEVENT)
+                    .await?;
+                Ok(Outcome::Done)
+            }
+            v1::target::Kind::Stream(name) => {
+                self.to_stream(&stream_key(&s.tenant, name), d).await?;
+                Ok(Outcome::Done)
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! What delivery keeps in memory between attempts: subscriptions, looked up through the
+//! node's subscription source and kept for `SUB_CACHE`, and recently delivered objects with
+//! the parts of their deliveries that every subscriber shares.
+
+use super::*;
+
+/// What every delivery of one object shares, built once: the stored object, its attributes
+/// as gRPC sends them, and the subscription-independent parts of its CloudEvent.
+#[derive(Debug)]
+pub(super) struct CachedObject {
+    pub(super) stored: storage::StoredObject,
+    pub(super) metadata: Vec<v1::Attribute>,
+    pub(super) event: EventParts,
+    /// A `Delivery`'s object fields (metadata and data) as protobuf bytes, encoded once and
+    /// appended to each batched delivery of the object ([`BatchOut`]).
+    pub(super) grpc_shared: Bytes,
+}
+
+/// Recently delivered objects, oldest evicted first.
+#[derive(Default)]
+pub(super) struct ObjectCache {
+    pub(super) map: HashMap<ObjectId, Arc<CachedObject>>,
+    pub(super) order: std::collections::VecDeque<ObjectId>,
+}
+
+pub(super) type CachedSub = (Instant, Option<Arc<v1::Subscription>>);
+
+impl Deliverer {
+    /// A subscription looked up less than `SUB_CACHE` ago (`Some(None)`: it was not found).
+    pub(super) fn cached_subscription(&self, id: u64) -> Option<Option<Arc<v1::Subscription>>> {
+        live(lock(&self.inner.cache).get(&id))
+    }
+
+    /// The tenant owning subscription `id` (`None`: no such subscription).
+    pub async fn subscription_tenant(&self, id: u64) -> Result<Option<String>, Status> {
+        Ok(self.subscription(id).await?.map(|s| s.tenant.clone()))
+    }
+
+    pub(super) async fn subscription(
+        &self,
+        id: u64,
+    ) -> Result<Option<Arc<v1::Subscription>>, Status> {
+        if let Some(s) = self.cached_subscription(id) {
+            return Ok(s);
+        }
+        let s = match self
+            .inner
+            .subs
+            .subscription(v1::SubscriptionRecordRequest { id })
+            .await
+        {
+            Ok(s) => Some(Arc::new(s)),
+            Err(e) if e.code() == tonic::Code::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        lock(&self.inner.cache).insert(id, (Instant::now(), s.clone()));
+        Ok(s)
+    }
+
+    /// An object to deliver, read once for all its deliveries.
+    pub(super) fn object(
+        &self,
+        id: ObjectId,
+    ) -> Result<Option<Arc<CachedObject>>, storage::StorageError> {
+        if let Some(o) = lock(&self.inner.objects).map.get(&id) {
+            return Ok(Some(o.clone()));
+        }
+        let Some(stored) = self.inner.store.get(id)? else {
+            return Ok(None);
+        };
+        let metadata = validate::attributes_to_proto(&stored.metadata);
+        let data: &[u8] = if stored.data.len() <= self.inner.cfg.max_data_bytes {
+            &stored.data
+        } else {
+            &[]
+        };
+        let event = EventParts::new(&metadata, data, stored.received_unix_ms);
+        let grpc_shared = Bytes::from(prost::Message::encode_to_vec(&v1::Delivery {
+            metadata: metadata.clone(),
+            data: data.to_vec(),
+            ..v1::Delivery::default()
+        }));
+        let o = Arc::new(CachedObject {
+            stored,
+            metadata,
+            event,
+            grpc_shared,
+        });
+        let mut c = lock(&self.inner.objects);
+        if c.map.insert(id, o.clone()).is_none() {
+            c.order.push_back(id);
+            if c.order.len() > OBJECT_CACHE
+                && let Some(old) = c.order.pop_front()
+            {
+                c.map.remove(&old);
+            }
+        }
+        Ok(Some(o))
+    }
+}
+
+/// A subscription cache entry younger than `SUB_CACHE` (`Some(None)`: it was not found).
+pub(super) fn live(entry: Option<&CachedSub>) -> Option<Option<Arc<v1::Subscription>>> {
+    entry
+        .filter(|(at, _)| at.elapsed() < SUB_CACHE)
+        .map(|(_, s)| s.clone())
+}

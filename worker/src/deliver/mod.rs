@@ -1,0 +1,197 @@
+//! Delivery (DESIGN §6): pushes each matched (subscription, object) to the subscription's
+//! target with its QoS, from the node that took the write, where the delivery records live.
+//!
+//! Targets: gRPC push (`Subscriber.Deliver`, plus `Release` for QoS 2), HTTP webhooks
+//! (CloudEvents 1.0 structured JSON, HMAC-SHA256 signed with the subscription's secret and a
+//! timestamp), and named streams subscribers open to the node (`Stream.Open`, acks
+//! upstream). Deliveries that queue for one endpoint while all its calls are out go together
+//! in the next call: gRPC QoS 0/1 as one `DeliverBatch` (a subscriber that answers
+//! UNIMPLEMENTED gets one `Deliver` each), webhook events with one secret as one POST in
+//! CloudEvents' batched mode.
+//! QoS 0 is one attempt; QoS 1 retries with exponential backoff and jitter up to the
+//! subscription's max attempts and TTL, then dead-letters with the reason; QoS 2 over gRPC is
+//! the two-phase handshake, and the "received" phase is stored, so a retry after it only
+//! repeats the release and the subscriber never sees the delivery twice.
+//!
+//! Every target (endpoint) has its own queue, highest priority first, with a bounded number
+//! of calls in flight, so a slow or dead endpoint delays only itself; a call that frees up
+//! takes the front of the queue, so batches keep the priority order. While the node has a
+//! backlog, calls of urgent deliveries run on the node's runtime with their own in-flight
+//! bound and clients, the rest on the lower-priority bulk lane ([`crate::lanes`]), so a
+//! backlog never slows an urgent push. Records are durable: unfinished ones are resumed at
+//! start. A fresh QoS 1 match has no record at first: its
+//! object stays in the outbox until the push is acknowledged (nothing written then) or its
+//! first attempt fails (its record written durably then), so a crash in between matches the
+//! object again at the next start. Targets that resolve to loopback, private or
+//! link-local addresses are refused unless `allow_private_targets` is set.
+
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use proto::v1;
+use proto::v1::subscriber_client::SubscriberClient;
+use storage::{DeliveryState, ObjectId, Store};
+use tokio::sync::{mpsc, oneshot};
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::lanes::{Lanes, on_bulk};
+use runtime::link::ToCoordinator;
+use runtime::validate;
+use runtime::{lock, now_ms};
+
+mod attempt;
+mod cache;
+mod cloudevents;
+mod config;
+mod grpc_push;
+mod handoff;
+mod queue;
+mod retry;
+mod stream;
+mod webhook;
+
+pub use cloudevents::{SIGNATURE_HEADER, TIMESTAMP_HEADER, cloudevent, rfc3339, sign};
+pub use config::DeliveryConfig;
+pub use handoff::HandOff;
+pub use stream::stream_key;
+
+// what the parts share with each other (each part takes the whole module with `use super::*`)
+use attempt::{Outcome, Prepared};
+use cache::{CachedObject, CachedSub, ObjectCache, live};
+use cloudevents::{CLOUDEVENT, CLOUDEVENT_BATCH, EventParts, event_json};
+use config::*;
+use grpc_push::{BatchSupport, MAX_BATCH_BYTES, runs_by_size};
+use queue::{EndpointQueue, Job};
+use stream::Session;
+
+/// Counters for the admin API.
+#[derive(Debug, Default)]
+pub struct DeliveryCounters {
+    pub acked: AtomicU64,
+    pub failures: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    pub queued: AtomicU64,
+}
+
+struct Inner {
+    cfg: DeliveryConfig,
+    store: Store,
+    subs: ToCoordinator,
+    cache: Mutex<HashMap<u64, CachedSub>>,
+    objects: Mutex<ObjectCache>,
+    /// Which gRPC endpoints take `DeliverBatch`, by URL.
+    batch_support: Mutex<HashMap<String, BatchSupport>>,
+    /// Per object: in-memory deliveries not settled yet (plus one while its hand-off runs),
+    /// and whether the object must stay in the outbox anyway (its hand-off failed). The
+    /// object leaves the outbox when the count reaches zero.
+    owed: Mutex<HashMap<ObjectId, (usize, bool)>>,
+    queues: Mutex<HashMap<String, EndpointQueue>>,
+    streams: Mutex<HashMap<String, Vec<Session>>>,
+    /// Clients per lane (`on_bulk()` as the index): a connection is driven by the runtime
+    /// that opened it, so the lanes never share one.
+    grpc: Mutex<HashMap<(String, bool), Channel>>,
+    http: [crate::push_http::WebhookClient; 2],
+    /// Webhooks' answers to the validation handshake.
+    consents: crate::push_http::Consents,
+    lanes: Lanes,
+    seq: AtomicU64,
+    counters: DeliveryCounters,
+    /// Per subscription: acked, failed attempts, dead letters.
+    per_sub: Mutex<HashMap<u64, [u64; 3]>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deliverer").field("cfg", &self.cfg).finish()
+    }
+}
+
+/// The delivery loop of one node (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Deliverer {
+    inner: Arc<Inner>,
+}
+
+/// The delivery id of (subscription, object): the same on every retry.
+pub fn delivery_id(sub: u64, obj: ObjectId) -> String {
+    format!("{sub}-{}-{}", obj.node, obj.seq)
+}
+
+use runtime::target_guard::check_literal;
+
+impl runtime::metrics::SubscriptionCounters for Deliverer {
+    fn per_subscription(&self) -> Vec<(u64, [u64; 3])> {
+        Deliverer::per_subscription(self)
+    }
+}
+
+impl Deliverer {
+    /// The delivery loop over `store`, looking subscriptions up through `subs`. Call
+    /// [`Deliverer::resume`] once the node is up to pick up unfinished records.
+    pub fn new(
+        cfg: DeliveryConfig,
+        store: Store,
+        subs: ToCoordinator,
+        lanes: Lanes,
+    ) -> Result<Deliverer, runtime::error::ServiceError> {
+        let tls = crate::push_http::webhook_tls(cfg.webhook_ca_pem.as_deref().map(Vec::as_slice))?;
+        let allow = cfg.allow_private_targets;
+        let http = || crate::push_http::webhook_client(allow, tls.clone());
+        Ok(Deliverer {
+            inner: Arc::new(Inner {
+                cfg,
+                store,
+                subs,
+                cache: Mutex::new(HashMap::new()),
+                objects: Mutex::default(),
+                batch_support: Mutex::new(HashMap::new()),
+                owed: Mutex::new(HashMap::new()),
+                queues: Mutex::new(HashMap::new()),
+                streams: Mutex::new(HashMap::new()),
+                grpc: Mutex::new(HashMap::new()),
+                http: [http(), http()],
+                consents: crate::push_http::Consents::default(),
+                lanes,
+                seq: AtomicU64::new(0),
+                counters: DeliveryCounters::default(),
+                per_sub: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Counters for the admin API.
+    pub fn counters(&self) -> &DeliveryCounters {
+        &self.inner.counters
+    }
+
+    /// Per subscription: (id, [acked, failed attempts, dead letters]), by id.
+    pub fn per_subscription(&self) -> Vec<(u64, [u64; 3])> {
+        let mut v: Vec<_> = lock(&self.inner.per_sub)
+            .iter()
+            .map(|(k, c)| (*k, *c))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn count(&self, sub: u64, outcome: usize) {
+        lock(&self.inner.per_sub).entry(sub).or_default()[outcome] += 1;
+    }
+
+    /// Queues every unfinished delivery record (after a restart).
+    pub fn resume(&self) -> Result<usize, storage::StorageError> {
+        if !self.inner.cfg.enabled {
+            return Ok(0);
+        }
+        let recs = self.inner.store.unfinished_deliveries(usize::MAX)?;
+        for (sub, obj, _) in &recs {
+            self.enqueue(*sub, *obj);
+        }
+        Ok(recs.len())
+    }
+}

@@ -1,0 +1,217 @@
+//! One priority queue per endpoint with a bounded number of calls in flight per lane: jobs in,
+//! the pump starts a call whenever a slot is free, taking every due job of the endpoint up to
+//! the batch size from the front.
+
+use super::*;
+
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Job {
+    pub(super) priority: u8,
+    pub(super) seq: u64,
+    pub(super) sub: u64,
+    pub(super) obj: ObjectId,
+    /// A fresh match: its record was just written as pending with no attempt yet, so the
+    /// attempt need not read it back.
+    pub(super) fresh: bool,
+    /// A fresh match with no record at all: the object's outbox record stands for it until
+    /// it is acknowledged (then nothing is written) or fails once (then its record is
+    /// written, durably, and it goes on like any other).
+    pub(super) in_memory: bool,
+}
+
+impl Ord for Job {
+    fn cmp(&self, o: &Job) -> std::cmp::Ordering {
+        // highest priority first, then first come first served
+        self.priority.cmp(&o.priority).then(o.seq.cmp(&self.seq))
+    }
+}
+
+impl PartialOrd for Job {
+    fn partial_cmp(&self, o: &Job) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct EndpointQueue {
+    pub(super) heap: BinaryHeap<Job>,
+    /// Calls out, bulk and urgent (each bounded by `in_flight_per_endpoint`).
+    pub(super) in_flight: [usize; 2],
+}
+
+impl Deliverer {
+    /// A delivery record to push (due now or at its stored next attempt).
+    pub fn enqueue(&self, sub: u64, obj: ObjectId) {
+        if !self.inner.cfg.enabled {
+            return;
+        }
+        self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
+        let me = self.clone();
+        tokio::spawn(async move { me.schedule(sub, obj).await });
+    }
+
+    /// Queues a record just written as pending and due now (a fresh match). When its
+    /// subscription is cached it goes straight into its endpoint's priority queue, so under
+    /// overload a priority-7 delivery does not wait behind the backlog's lookups.
+    pub fn enqueue_new(&self, sub: u64, obj: ObjectId) {
+        if !self.inner.cfg.enabled {
+            return;
+        }
+        let Some(Some(s)) = self.cached_subscription(sub) else {
+            return self.enqueue(sub, obj);
+        };
+        self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
+        self.queue(obj, vec![(s, sub)], true, false);
+    }
+
+    /// An in-memory delivery that must have a record after all (its subscription is not
+    /// QoS 1, or was not cached): written durably, then the object's share is given back and
+    /// the record goes the usual way.
+    pub(super) async fn to_record(&self, sub: u64, obj: ObjectId) {
+        let state = DeliveryState::Pending {
+            attempts: 0,
+            next_attempt_unix_ms: now_ms(),
+        };
+        self.finish(sub, obj, state, true).await;
+        self.schedule(sub, obj).await;
+    }
+
+    /// Puts due deliveries of `obj` in their endpoints' priority queues and starts what the
+    /// in-flight bounds allow: the object read once, each endpoint's queue locked once and
+    /// pumped once.
+    pub(super) fn queue(
+        &self,
+        obj: ObjectId,
+        subs: Vec<(Arc<v1::Subscription>, u64)>,
+        fresh: bool,
+        in_memory: bool,
+    ) {
+        if subs.is_empty() {
+            return;
+        }
+        let obj_priority = self
+            .object(obj)
+            .ok()
+            .flatten()
+            .map_or(0, |o| o.stored.priority);
+        // an object's deliveries go to few endpoints
+        let mut by_key: Vec<(String, Vec<Job>)> = Vec::new();
+        for (s, sub) in subs {
+            let job = Job {
+                priority: obj_priority.max(s.priority.min(7) as u8),
+                seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
+                sub,
+                obj,
+                fresh,
+                in_memory,
+            };
+            let key = endpoint_key(&s);
+            match by_key.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, jobs)) => jobs.push(job),
+                None => by_key.push((key, vec![job])),
+            }
+        }
+        {
+            let mut qs = lock(&self.inner.queues);
+            for (key, jobs) in &mut by_key {
+                qs.entry(key.clone())
+                    .or_default()
+                    .heap
+                    .extend(jobs.drain(..));
+            }
+        }
+        for (key, _) in &by_key {
+            self.pump(key);
+        }
+    }
+
+    /// Waits until the record is due, then puts it in its endpoint's queue.
+    pub(super) async fn schedule(&self, sub: u64, obj: ObjectId) {
+        let due = match self.inner.store.delivery(sub, obj) {
+            Ok(Some(DeliveryState::Pending {
+                next_attempt_unix_ms,
+                ..
+            }))
+            | Ok(Some(DeliveryState::Received {
+                next_attempt_unix_ms,
+                ..
+            })) => next_attempt_unix_ms,
+            _ => {
+                self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                return; // finished meanwhile
+            }
+        };
+        let wait = due.saturating_sub(now_ms());
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        let s = loop {
+            match self.subscription(sub).await {
+                Ok(s) => break s,
+                Err(e) => {
+                    tracing::debug!("looking up subscription {sub}: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        };
+        let Some(s) = s else {
+            self.dead_letter(sub, obj, format!("subscription {sub} was deleted"), false)
+                .await;
+            return;
+        };
+        self.queue(obj, vec![(s, sub)], false, false);
+    }
+
+    /// Starts calls to an endpoint up to its in-flight bound, highest priority first. A free
+    /// call takes every due delivery up to `push_batch` (pushes that queued while all calls
+    /// were out), so batches form only under load and always from the front of the queue.
+    /// A call carries urgent deliveries only or bulk ones only, and runs on its lane; each
+    /// lane has its own in-flight bound, so urgent pushes never wait for a bulk call.
+    pub(super) fn pump(&self, key: &str) {
+        let batch = self.inner.cfg.push_batch.max(1);
+        let lanes = &self.inner.lanes;
+        let mut qs = lock(&self.inner.queues);
+        let Some(q) = qs.get_mut(key) else { return };
+        while let Some(top) = q.heap.peek() {
+            let priority = top.priority;
+            let lane = usize::from(lanes.urgent(priority));
+            if q.in_flight[lane] >= self.inner.cfg.in_flight_per_endpoint {
+                break; // what follows is of this lane or below
+            }
+            let mut jobs = Vec::with_capacity(q.heap.len().min(batch));
+            while jobs.len() < batch
+                && q.heap
+                    .peek()
+                    .is_some_and(|j| lanes.urgent(j.priority) == (lane == 1))
+                && let Some(job) = q.heap.pop()
+            {
+                jobs.push(job);
+            }
+            q.in_flight[lane] += 1;
+            let me = self.clone();
+            let key = key.to_string();
+            lanes.spawn(priority, async move {
+                me.attempt(jobs).await;
+                {
+                    let mut qs = lock(&me.inner.queues);
+                    if let Some(q) = qs.get_mut(&key) {
+                        q.in_flight[lane] -= 1;
+                        if q.in_flight == [0, 0] && q.heap.is_empty() {
+                            qs.remove(&key);
+                        }
+                    }
+                }
+                me.pump(&key);
+            });
+        }
+    }
+}
+
+pub(super) fn endpoint_key(s: &v1::Subscription) -> String {
+    match s.target.as_ref().and_then(|t| t.kind.as_ref()) {
+        Some(v1::target::Kind::Grpc(u)) => format!("grpc {u}"),
+        Some(v1::target::Kind::Webhook(u)) => format!("webhook {u}"),
+        Some(v1::target::Kind::Stream(n)) => format!("stream {n}"),
+        None => "none".into(),
+    }
+}

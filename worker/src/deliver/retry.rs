@@ -1,0 +1,150 @@
+//! After a failed attempt: backoff with jitter on tokio time, the attempt and TTL limits, and
+//! dead letters with the reason.
+
+use super::*;
+
+impl Deliverer {
+    /// Records a delivery's new state. Only the QoS 2 "received" phase must be durable
+    /// before the next step (a lost one would deliver again); the others are written without
+    /// waiting for a flush: after a crash an older state means one more attempt, which QoS 1
+    /// allows and QoS 2's delivery id absorbs. An in-memory delivery (`in_memory`) writes
+    /// nothing when acknowledged; any other state becomes its first record, durable before
+    /// the object's outbox record may go.
+    pub(super) fn finish(
+        &self,
+        sub: u64,
+        obj: ObjectId,
+        state: DeliveryState,
+        in_memory: bool,
+    ) -> impl Future<Output = ()> {
+        let me = self.clone();
+        async move {
+            let acked = matches!(state, DeliveryState::Acked { .. });
+            let durable = matches!(state, DeliveryState::Received { .. }) || in_memory;
+            let r = if in_memory && acked {
+                Ok(())
+            } else if durable {
+                me.inner.store.set_delivery(sub, obj, &state).await
+            } else {
+                me.inner.store.set_delivery_unflushed(sub, obj, &state)
+            };
+            match r {
+                Ok(()) if in_memory => me.release(obj),
+                Ok(()) => {}
+                // the object stays in the outbox: matched again at the next start
+                Err(e) => tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj)),
+            }
+        }
+    }
+
+    pub(super) async fn dead_letter(
+        &self,
+        sub: u64,
+        obj: ObjectId,
+        reason: String,
+        in_memory: bool,
+    ) {
+        tracing::info!("dead letter {}: {reason}", delivery_id(sub, obj));
+        self.count(sub, 2);
+        self.inner
+            .counters
+            .dead_lettered
+            .fetch_add(1, Ordering::Relaxed);
+        self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
+        self.finish(
+            sub,
+            obj,
+            DeliveryState::DeadLetter {
+                reason,
+                at_unix_ms: now_ms(),
+            },
+            in_memory,
+        )
+        .await;
+    }
+
+    /// Records a failed attempt: retried after a backoff, or dead-lettered at the limits.
+    pub(super) async fn retry_later(
+        &self,
+        job: &Job,
+        attempts: u32,
+        received: bool,
+        s: Option<&v1::Subscription>,
+        error: String,
+    ) {
+        let (sub, obj) = (job.sub, job.obj);
+        self.count(sub, 1);
+        self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
+        let attempts = attempts + 1;
+        let retry = s.and_then(|s| s.retry);
+        let max_attempts = retry
+            .map(|r| r.max_attempts)
+            .filter(|m| *m > 0)
+            .unwrap_or(DEFAULT_MAX_ATTEMPTS);
+        let ttl = retry
+            .map(|r| r.ttl_ms)
+            .filter(|t| *t > 0)
+            .unwrap_or(DEFAULT_TTL_MS);
+        let initial = retry
+            .map(|r| r.initial_backoff_ms)
+            .filter(|t| *t > 0)
+            .unwrap_or(DEFAULT_INITIAL_BACKOFF_MS);
+        let max_backoff = retry
+            .map(|r| r.max_backoff_ms)
+            .filter(|t| *t > 0)
+            .unwrap_or(DEFAULT_MAX_BACKOFF_MS);
+        let born = self
+            .inner
+            .store
+            .get(obj)
+            .ok()
+            .flatten()
+            .map_or(now_ms(), |o| o.received_unix_ms);
+        let now = now_ms();
+        if attempts >= max_attempts {
+            self.dead_letter(
+                sub,
+                obj,
+                format!("gave up after {attempts} attempts (max_attempts {max_attempts}): {error}"),
+                job.in_memory,
+            )
+            .await;
+            return;
+        }
+        if now.saturating_sub(born) >= ttl {
+            self.dead_letter(
+                sub,
+                obj,
+                format!("gave up after {attempts} attempts: TTL of {ttl} ms passed: {error}"),
+                job.in_memory,
+            )
+            .await;
+            return;
+        }
+        // exponential backoff with full jitter in its upper half
+        let exp = initial
+            .saturating_mul(1u64 << (attempts - 1).min(30))
+            .min(max_backoff);
+        let jitter = runtime::random_u64() % (exp / 2 + 1);
+        let next = now + exp / 2 + jitter;
+        tracing::debug!(
+            "delivery {} attempt {attempts} failed ({error}); next in {} ms",
+            delivery_id(sub, obj),
+            next - now
+        );
+        let state = if received {
+            DeliveryState::Received {
+                attempts,
+                next_attempt_unix_ms: next,
+            }
+        } else {
+            DeliveryState::Pending {
+                attempts,
+                next_attempt_unix_ms: next,
+            }
+        };
+        self.finish(sub, obj, state, job.in_memory).await;
+        let me = self.clone();
+        tokio::spawn(async move { me.schedule(sub, obj).await });
+    }
+}
