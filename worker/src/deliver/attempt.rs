@@ -214,7 +214,7 @@ impl Deliverer {
                     sub,
                     obj,
                     DeliveryState::Acked {
-                        at_unix_ms: now_ms(),
+                        at_unix_ms: self.now_ms(),
                     },
                     p.job.in_memory,
                 )
@@ -283,7 +283,7 @@ impl Deliverer {
                             obj,
                             DeliveryState::Received {
                                 attempts,
-                                next_attempt_unix_ms: now_ms(),
+                                next_attempt_unix_ms: self.now_ms(),
                             },
                             false,
                         )

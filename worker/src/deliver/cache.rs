@@ -23,6 +23,26 @@ pub(super) struct ObjectCache {
     pub(super) order: std::collections::VecDeque<ObjectId>,
 }
 
+/// Where delivery looks subscriptions up, with their write-only webhook secrets: the only
+/// thing delivery needs of the rest of the cluster.
+#[tonic::async_trait]
+pub trait SubscriptionSource: Send + Sync + 'static {
+    /// Subscription `id` (`None`: there is no such subscription).
+    async fn subscription(&self, id: u64) -> Result<Option<v1::Subscription>, Status>;
+}
+
+/// A cluster node's source: the coordinator's registry, over the node's link to it.
+#[tonic::async_trait]
+impl SubscriptionSource for ToCoordinator {
+    async fn subscription(&self, id: u64) -> Result<Option<v1::Subscription>, Status> {
+        match ToCoordinator::subscription(self, v1::SubscriptionRecordRequest { id }).await {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.code() == tonic::Code::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 pub(super) type CachedSub = (Instant, Option<Arc<v1::Subscription>>);
 
 impl Deliverer {
@@ -43,16 +63,7 @@ impl Deliverer {
         if let Some(s) = self.cached_subscription(id) {
             return Ok(s);
         }
-        let s = match self
-            .inner
-            .subs
-            .subscription(v1::SubscriptionRecordRequest { id })
-            .await
-        {
-            Ok(s) => Some(Arc::new(s)),
-            Err(e) if e.code() == tonic::Code::NotFound => None,
-            Err(e) => return Err(e),
-        };
+        let s = self.inner.subs.subscription(id).await?.map(Arc::new);
         lock(&self.inner.cache).insert(id, (Instant::now(), s.clone()));
         Ok(s)
     }

@@ -26,7 +26,7 @@ impl Deliverer {
     /// one more share of the object (`held`), which it gives back with
     /// [`Deliverer::release`] once the records of the others are durable. `None` (nothing
     /// started) when pushes of `obj` are in memory already: a repeated hand-off.
-    pub fn hand_off(&self, obj: ObjectId, subs: Vec<u64>) -> Option<HandOff> {
+    pub(super) fn hand_off(&self, obj: ObjectId, subs: Vec<u64>) -> Option<HandOff> {
         let qos1 = |s: &v1::Subscription| s.qos == v1::Qos::AtLeastOnce as i32;
         let mut memory = Vec::new();
         let mut to_record = Vec::new();
@@ -82,13 +82,13 @@ impl Deliverer {
     }
 
     /// Gives back one share of `obj`: the last one takes the object out of the outbox.
-    pub fn release(&self, obj: ObjectId) {
+    pub(super) fn release(&self, obj: ObjectId) {
         self.give_back(obj, false);
     }
 
     /// Gives back the hand-off's share of `obj` after its hand-off failed: the object stays
     /// in the outbox, to be matched again once its in-memory pushes settle.
-    pub fn abandon(&self, obj: ObjectId) {
+    pub(super) fn abandon(&self, obj: ObjectId) {
         self.give_back(obj, true);
     }
 
@@ -112,5 +112,97 @@ impl Deliverer {
         if retire && let Err(e) = self.inner.store.retire(obj) {
             tracing::warn!("retiring object {}:{}: {e}", obj.node, obj.seq);
         }
+    }
+}
+
+/// What [`Deliverer::accept`] did with a batch of matches.
+#[derive(Debug, Default)]
+pub struct Accepted {
+    /// Matches handed in.
+    pub handed: u64,
+    /// Of those, repeats that changed nothing (the object left the outbox, its pushes are in
+    /// memory, or its record exists).
+    pub repeated: u64,
+    /// Objects whose matches delivery took (recorded, or pushed from memory).
+    pub taken: Vec<ObjectId>,
+}
+
+impl Deliverer {
+    /// Takes the matches of objects this node stored, (object, subscriptions) each. A match
+    /// to a QoS 1 subscription (or one not seen yet, looked up first) is pushed at once
+    /// without a record: the object's outbox record stands for it until it is acknowledged
+    /// (a crash before that matches the object again at the next start); a failed attempt
+    /// writes its record. Every other match gets a pending record, pushed while the records
+    /// are flushed. The object leaves the outbox once its records are flushed and its
+    /// in-memory deliveries settled: delivery is the only part of the node that retires
+    /// outbox records. A match of an object that left the outbox, or whose in-memory
+    /// deliveries run, is a repeat and changes nothing. A storage failure leaves the objects
+    /// in the outbox (the resend matches them again).
+    pub async fn accept(
+        &self,
+        objects: Vec<(ObjectId, Vec<u64>)>,
+    ) -> (Accepted, Result<(), storage::StorageError>) {
+        let mut acc = Accepted::default();
+        let mut pairs = Vec::new();
+        let mut held = Vec::new();
+        let mut plain = Vec::new();
+        let store = &self.inner.store;
+        for (id, subs) in objects {
+            let n = subs.len() as u64;
+            acc.handed += n;
+            if !store.in_outbox(id) || self.owes(id) {
+                acc.repeated += n;
+                continue;
+            }
+            let Some(h) = self.hand_off(id, subs) else {
+                acc.repeated += n; // a concurrent hand-off of the object has its pushes in memory
+                continue;
+            };
+            pairs.extend(h.to_record.into_iter().map(|s| (s, id)));
+            if h.held {
+                held.push(id);
+            } else {
+                plain.push(id);
+            }
+        }
+        // the pushes start while the records are flushed: the objects stay in the outbox
+        // until the flush, so a crash before it matches them again (QoS 1 may repeat a
+        // push, and QoS 2's delivery id absorbs it; the durable "received" phase is
+        // flushed on its own)
+        let recorded = async {
+            let added = store.add_pending_deliveries_unflushed(&pairs).await?;
+            acc.repeated += (pairs.len() - added.len()) as u64;
+            let any = !added.is_empty();
+            for (s, id) in added {
+                self.enqueue_new(s, id);
+            }
+            if any {
+                store.commit().await?;
+            }
+            Ok::<_, storage::StorageError>(())
+        }
+        .await;
+        if let Err(e) = recorded {
+            // the records may be missing: the objects stay in the outbox, and once their
+            // in-memory pushes settle the resend matches them again
+            for id in held {
+                self.abandon(id);
+            }
+            return (acc, Err(e));
+        }
+        acc.taken = plain.iter().chain(&held).copied().collect();
+        for id in plain {
+            // a concurrent hand-off of the same object may have pushes in memory: the last
+            // of them retires it
+            if !self.owes(id)
+                && let Err(e) = store.retire(id)
+            {
+                return (acc, Err(e));
+            }
+        }
+        for id in held {
+            self.release(id);
+        }
+        (acc, Ok(()))
     }
 }

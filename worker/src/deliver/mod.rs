@@ -41,8 +41,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::lanes::{Lanes, on_bulk};
 use runtime::link::ToCoordinator;
+use runtime::lock;
 use runtime::validate;
-use runtime::{lock, now_ms};
 
 mod attempt;
 mod cache;
@@ -55,9 +55,10 @@ mod retry;
 mod stream;
 mod webhook;
 
+pub use cache::SubscriptionSource;
 pub use cloudevents::{SIGNATURE_HEADER, TIMESTAMP_HEADER, cloudevent, rfc3339, sign};
 pub use config::DeliveryConfig;
-pub use handoff::HandOff;
+pub use handoff::{Accepted, HandOff};
 pub use stream::stream_key;
 
 // what the parts share with each other (each part takes the whole module with `use super::*`)
@@ -79,9 +80,10 @@ pub struct DeliveryCounters {
 }
 
 struct Inner {
+    clock: Clock,
     cfg: DeliveryConfig,
     store: Store,
-    subs: ToCoordinator,
+    subs: Arc<dyn SubscriptionSource>,
     cache: Mutex<HashMap<u64, CachedSub>>,
     objects: Mutex<ObjectCache>,
     /// Which gRPC endpoints take `DeliverBatch`, by URL.
@@ -117,6 +119,28 @@ pub struct Deliverer {
     inner: Arc<Inner>,
 }
 
+/// Delivery's clock: unix milliseconds that advance with tokio's clock, so due times, backoff
+/// and TTLs all follow `tokio::time` (a test under `tokio::time::pause()` runs a whole retry
+/// schedule without waiting for it) while records keep wall-clock times.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    base_unix_ms: u64,
+    base: tokio::time::Instant,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        Clock {
+            base_unix_ms: runtime::now_ms(),
+            base: tokio::time::Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.base_unix_ms + self.base.elapsed().as_millis() as u64
+    }
+}
+
 /// The delivery id of (subscription, object): the same on every retry.
 pub fn delivery_id(sub: u64, obj: ObjectId) -> String {
     format!("{sub}-{}-{}", obj.node, obj.seq)
@@ -136,7 +160,7 @@ impl Deliverer {
     pub fn new(
         cfg: DeliveryConfig,
         store: Store,
-        subs: ToCoordinator,
+        subs: Arc<dyn SubscriptionSource>,
         lanes: Lanes,
     ) -> Result<Deliverer, runtime::error::ServiceError> {
         let tls = crate::push_http::webhook_tls(cfg.webhook_ca_pem.as_deref().map(Vec::as_slice))?;
@@ -144,6 +168,7 @@ impl Deliverer {
         let http = || crate::push_http::webhook_client(allow, tls.clone());
         Ok(Deliverer {
             inner: Arc::new(Inner {
+                clock: Clock::new(),
                 cfg,
                 store,
                 subs,
@@ -167,6 +192,11 @@ impl Deliverer {
     /// Counters for the admin API.
     pub fn counters(&self) -> &DeliveryCounters {
         &self.inner.counters
+    }
+
+    /// Now, in unix milliseconds on delivery's clock.
+    fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
     }
 
     /// Per subscription: (id, [acked, failed attempts, dead letters]), by id.

@@ -70,7 +70,7 @@ impl Deliverer {
     pub(super) async fn to_record(&self, sub: u64, obj: ObjectId) {
         let state = DeliveryState::Pending {
             attempts: 0,
-            next_attempt_unix_ms: now_ms(),
+            next_attempt_unix_ms: self.now_ms(),
         };
         self.finish(sub, obj, state, true).await;
         self.schedule(sub, obj).await;
@@ -141,7 +141,7 @@ impl Deliverer {
                 return; // finished meanwhile
             }
         };
-        let wait = due.saturating_sub(now_ms());
+        let wait = due.saturating_sub(self.now_ms());
         if wait > 0 {
             tokio::time::sleep(Duration::from_millis(wait)).await;
         }

@@ -56,7 +56,7 @@ impl Deliverer {
             obj,
             DeliveryState::DeadLetter {
                 reason,
-                at_unix_ms: now_ms(),
+                at_unix_ms: self.now_ms(),
             },
             in_memory,
         )
@@ -99,8 +99,8 @@ impl Deliverer {
             .get(obj)
             .ok()
             .flatten()
-            .map_or(now_ms(), |o| o.received_unix_ms);
-        let now = now_ms();
+            .map_or(self.now_ms(), |o| o.received_unix_ms);
+        let now = self.now_ms();
         if attempts >= max_attempts {
             self.dead_letter(
                 sub,

@@ -68,7 +68,7 @@ impl Deliverer {
         body: Vec<u8>,
         ctype: &str,
     ) -> Result<(), String> {
-        let ts = now_ms() / 1000;
+        let ts = runtime::now_ms() / 1000; // receivers compare it with their wall clock
         let mut req = hyper::Request::post(url)
             .header("content-type", ctype)
             .header(TIMESTAMP_HEADER, ts.to_string());

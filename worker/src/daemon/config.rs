@@ -1,0 +1,76 @@
+//! The node daemon's settings, and where match blocks run their subset scan.
+
+use super::*;
+
+/// Where match blocks run their subset scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuUse {
+    /// A hardware GPU when one opens; software adapters (Mesa's lavapipe) are slower than
+    /// the CPU scan, so they are not used.
+    Hardware,
+    /// Any adapter that opens, software ones included (tests exercise the path this way).
+    Any,
+    /// Always the CPU scan.
+    Off,
+}
+
+/// Settings of a node daemon.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub node: u32,
+    /// The coordinator's URL, e.g. `http://127.0.0.1:7000`.
+    pub coordinator: String,
+    /// Where this daemon serves `Daemon` (told to the coordinator and other nodes).
+    pub endpoint: String,
+    /// Empty workers started at once (load regulation adds and removes later).
+    pub initial_workers: usize,
+    pub regulator: RegulatorConfig,
+    /// How often load regulation samples the CPU.
+    pub regulate_every: Duration,
+    pub heartbeat_every: Duration,
+    /// An outbox record older than this is sent to the coordinator again.
+    pub resend_after: Duration,
+    /// Cached test results are dropped after this long.
+    pub result_ttl: Duration,
+    /// Objects per `Arrived` message at most, and the least time between two messages: an
+    /// object that arrives after a quiet spell is sent at once, while under a steady stream
+    /// the objects of one gap go together (few messages per object).
+    pub forward_batch: usize,
+    pub forward_gap: Duration,
+    /// Where match blocks run their subset scan.
+    pub gpu: GpuUse,
+    /// Match and push objects below the urgent priority on the lower-priority bulk lane
+    /// ([`crate::lanes`]); off: everything on the node's runtime.
+    pub bulk_lane: bool,
+    /// Pushing matches to subscribers.
+    pub delivery: crate::deliver::DeliveryConfig,
+    /// What internal calls to and from this daemon carry (the coordinator's secret).
+    pub cluster_secret: runtime::cluster_secret::ClusterSecret,
+}
+
+impl DaemonConfig {
+    /// Defaults for a node that serves `Daemon` at `endpoint`.
+    pub fn new(node: u32, coordinator: String, endpoint: String) -> DaemonConfig {
+        DaemonConfig {
+            node,
+            coordinator,
+            endpoint,
+            initial_workers: 4,
+            regulator: RegulatorConfig {
+                min_workers: 2,
+                max_workers: 16,
+                ..RegulatorConfig::default()
+            },
+            regulate_every: Duration::from_millis(1000),
+            heartbeat_every: Duration::from_millis(500),
+            resend_after: Duration::from_secs(5),
+            result_ttl: Duration::from_secs(60),
+            forward_batch: 512,
+            forward_gap: Duration::from_millis(2),
+            gpu: GpuUse::Hardware,
+            bulk_lane: true,
+            delivery: crate::deliver::DeliveryConfig::default(),
+            cluster_secret: runtime::cluster_secret::ClusterSecret::default(),
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! Matches arriving at the origin node (`Daemon.Matched`): checked, then handed to delivery,
+//! which records them and retires the objects from the outbox.
+
+use super::*;
+
+impl Daemon {
+    /// Matches of objects this node took: each id checked to be this node's, then handed to
+    /// delivery ([`crate::deliver::Deliverer::accept`]), which alone records them and retires
+    /// the objects from the outbox.
+    pub async fn handoff(&self, req: v1::MatchedRequest) -> Result<(), ServiceError> {
+        let mut objects = Vec::with_capacity(req.objects.len());
+        for o in req.objects {
+            let id =
+                o.id.ok_or_else(|| ServiceError::invalid("objects.id", "required"))?;
+            let id = ObjectId {
+                node: id.node,
+                seq: id.seq,
+            };
+            if id.node != self.inner.cfg.node {
+                return Err(ServiceError::invalid(
+                    "objects.id.node",
+                    format!(
+                        "object of node {} sent to node {}",
+                        id.node, self.inner.cfg.node
+                    ),
+                ));
+            }
+            objects.push((id, o.subscriptions));
+        }
+        let (accepted, recorded) = self.inner.deliverer.accept(objects).await;
+        let c = &self.inner.counters;
+        c.matches_handed
+            .fetch_add(accepted.handed, Ordering::Relaxed);
+        c.matches_repeated
+            .fetch_add(accepted.repeated, Ordering::Relaxed);
+        recorded?;
+        // delivery has them now: the resend stops watching them
+        let mut sent = lock(&self.inner.sent);
+        for id in &accepted.taken {
+            sent.remove(id);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,79 @@
+//! Membership: registration with the coordinator, heartbeats that renew the workers' leases
+//! and report started and terminated workers, and re-registration when a new coordinator
+//! (a new nonce) appears.
+
+use super::*;
+
+impl Daemon {
+    pub(super) fn worker_states(&self) -> Vec<v1::WorkerState> {
+        lock(&self.inner.workers)
+            .iter()
+            .map(|(id, s)| v1::WorkerState {
+                worker: *id,
+                block: s.block.clone(),
+            })
+            .collect()
+    }
+
+    /// Registration and heartbeats; registers again when the coordinator's nonce changes.
+    pub(super) async fn membership(self) {
+        let mut tick = tokio::time::interval(self.inner.cfg.heartbeat_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.inner.reregister.notified() => {
+                    self.inner.nonce.store(0, Ordering::Release);
+                }
+            }
+            let known = self.inner.nonce.load(Ordering::Acquire);
+            if known == 0 {
+                let req = v1::RegisterRequest {
+                    node: self.inner.cfg.node,
+                    endpoint: self.inner.cfg.endpoint.clone(),
+                    workers: self.worker_states(),
+                };
+                *lock(&self.inner.changes) = Changes::default();
+                match self.inner.coord.register(req).await {
+                    Ok(r) => {
+                        let nonce = r.nonce;
+                        tracing::info!("registered with coordinator {nonce:016x}");
+                        self.inner.nonce.store(nonce, Ordering::Release);
+                        // whatever was in flight with an earlier coordinator is sent again
+                        lock(&self.inner.sent).clear();
+                        let me = self.clone();
+                        tokio::spawn(async move { me.resend(Duration::ZERO).await });
+                    }
+                    Err(e) => tracing::debug!("registering with the coordinator: {e}"),
+                }
+                continue;
+            }
+            let changes = std::mem::take(&mut *lock(&self.inner.changes));
+            let req = v1::HeartbeatRequest {
+                node: self.inner.cfg.node,
+                nonce: known,
+                workers: self.worker_states(),
+                started: changes.started.clone(),
+                terminated: changes.terminated.clone(),
+            };
+            match self.inner.coord.heartbeat(req).await {
+                Ok(r) if r.nonce == known => {}
+                Ok(r) => {
+                    tracing::info!(
+                        "coordinator changed ({known:016x} -> {:016x}): registering again",
+                        r.nonce
+                    );
+                    self.inner.nonce.store(0, Ordering::Release);
+                    self.inner.reregister.notify_one();
+                }
+                Err(e) => {
+                    // keep the changes for the next heartbeat
+                    let mut c = lock(&self.inner.changes);
+                    c.started.extend(changes.started);
+                    c.terminated.extend(changes.terminated);
+                    tracing::debug!("heartbeat: {e}");
+                }
+            }
+        }
+    }
+}

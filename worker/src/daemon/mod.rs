@@ -1,0 +1,189 @@
+//! The node daemon of a multi-process cluster (DESIGN §3, §5): it hosts elastic workers that
+//! run one task at a time, loads function blocks (test block of one attribute, or the match
+//! block) from the coordinator's versioned data images, caches test results until a match
+//! worker collects them, hands matches to delivery on the node that took the write, and
+//! regulates its own worker count from the node's CPU utilisation.
+//!
+//! Objects this node stores go to the coordinator in batches (`Cluster.Arrived`). The outbox
+//! is the safety net: an object whose outbox record is still there after `resend_after` is
+//! sent again, and all of them are sent again when a new coordinator appears (new nonce), so a
+//! lost message, a dead worker or a dead coordinator delays an object but never loses it.
+//! Delivery records are keyed by (subscription, object), so a repeated match is stored once.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use blocks::MatchIndex;
+use blocks::shard::TestOutput;
+use proto::v1;
+use proto::v1::cluster_client::ClusterClient;
+use proto::v1::daemon_client::DaemonClient;
+
+use roaring::RoaringBitmap;
+use runtime::cluster_secret::Internal;
+use runtime::link::ToCoordinator;
+use storage::{ObjectId, Store};
+use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
+
+use tonic::{Request, Response, Status};
+
+use crate::lanes::Lanes;
+use crate::regulate::{CpuSampler, Regulation, RegulatorConfig, WorkerView, regulate};
+use runtime::cluster_shard_config;
+use runtime::config::Limits;
+use runtime::error::ServiceError;
+use runtime::validate;
+use runtime::{lock, now_ms};
+
+mod config;
+mod forward;
+mod matched;
+mod membership;
+mod outbox;
+mod service;
+mod tasks;
+mod workers;
+
+pub use config::{DaemonConfig, GpuUse};
+pub use workers::lane_switch;
+
+// what the parts share with each other (each part takes the whole module with `use super::*`)
+use tasks::{CachedResults, Loaded, priority};
+use workers::{Changes, Slot};
+
+/// Counters for the admin API.
+#[derive(Debug, Default)]
+pub struct DaemonCounters {
+    pub matches_handed: AtomicU64,
+    pub matches_repeated: AtomicU64,
+    pub tasks_run: AtomicU64,
+    pub loads: AtomicU64,
+    pub workers_started: AtomicU64,
+    pub workers_terminated: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: DaemonConfig,
+    store: Store,
+    limits: Limits,
+    coord: ToCoordinator,
+    /// The nonce of the coordinator this node registered with (0: not registered).
+    nonce: AtomicU64,
+    reregister: Notify,
+    workers: Mutex<BTreeMap<u64, Slot>>,
+    changes: Mutex<Changes>,
+    results: Mutex<HashMap<(u64, u64), CachedResults>>,
+    images: AsyncMutex<BTreeMap<u64, Arc<Loaded>>>,
+    peers: Mutex<HashMap<(String, bool), DaemonClient<Internal>>>,
+    /// When each outbox object was last sent to the coordinator.
+    sent: Mutex<HashMap<ObjectId, Instant>>,
+    forward: mpsc::Sender<v1::ArrivedObject>,
+    id_prefix: u64,
+    next_worker: AtomicU64,
+    counters: DaemonCounters,
+    cpu: Mutex<f64>,
+    forward_rx: Mutex<Option<mpsc::Receiver<v1::ArrivedObject>>>,
+    deliverer: crate::deliver::Deliverer,
+    lanes: Lanes,
+}
+
+/// A node daemon (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Daemon {
+    inner: Arc<Inner>,
+}
+
+impl Daemon {
+    /// A daemon that reaches its coordinator over gRPC at `cfg.coordinator`, started
+    /// ([`Daemon::new`] then [`Daemon::spawn`]).
+    pub fn start(cfg: DaemonConfig, store: Store, limits: Limits) -> Result<Daemon, ServiceError> {
+        let coord = ClusterClient::with_interceptor(
+            runtime::channel(&cfg.coordinator)?,
+            cfg.cluster_secret.stamp(),
+        )
+        .max_decoding_message_size(1 << 30)
+        .max_encoding_message_size(64 << 20);
+        let d = Daemon::new(cfg, store, limits, ToCoordinator::Grpc(coord))?;
+        d.spawn();
+        Ok(d)
+    }
+
+    /// Creates the daemon (nothing runs yet); fails on bad delivery settings (a webhook CA
+    /// that does not parse).
+    pub fn new(
+        cfg: DaemonConfig,
+        store: Store,
+        limits: Limits,
+        coord: ToCoordinator,
+    ) -> Result<Daemon, ServiceError> {
+        let (tx, rx) = mpsc::channel(65_536);
+        let lanes = Lanes::new(cfg.bulk_lane);
+        let deliverer = crate::deliver::Deliverer::new(
+            cfg.delivery.clone(),
+            store.clone(),
+            Arc::new(coord.clone()),
+            lanes.clone(),
+        )?;
+        Ok(Daemon {
+            inner: Arc::new(Inner {
+                coord,
+                nonce: AtomicU64::new(0),
+                reregister: Notify::new(),
+                workers: Mutex::new(BTreeMap::new()),
+                changes: Mutex::new(Changes::default()),
+                results: Mutex::new(HashMap::new()),
+                images: AsyncMutex::new(BTreeMap::new()),
+                peers: Mutex::new(HashMap::new()),
+                sent: Mutex::new(HashMap::new()),
+                forward: tx,
+                id_prefix: ((cfg.node as u64 & 0xffff) << 48)
+                    | ((runtime::random_u64() & 0xffff) << 32),
+                next_worker: AtomicU64::new(1),
+                counters: DaemonCounters::default(),
+                cpu: Mutex::new(0.0),
+                cfg,
+                store,
+                limits,
+                forward_rx: Mutex::new(Some(rx)),
+                deliverer,
+                lanes,
+            }),
+        })
+    }
+
+    /// Starts the initial workers and the background loops (registration and heartbeats,
+    /// forwarding, outbox resends, load regulation). They run until the runtime stops.
+    pub fn spawn(&self) {
+        let Some(rx) = lock(&self.inner.forward_rx).take() else {
+            return; // already running
+        };
+        for _ in 0..self.inner.cfg.initial_workers {
+            self.start_worker();
+        }
+        tokio::spawn(self.clone().forwarder(rx));
+        tokio::spawn(self.clone().membership());
+        tokio::spawn(self.clone().resender());
+        tokio::spawn(self.clone().regulator());
+        if self.inner.cfg.bulk_lane {
+            tokio::spawn(self.clone().lane_switch());
+        }
+        match self.inner.deliverer.resume() {
+            Ok(n) if n > 0 => tracing::info!("resuming {n} unfinished deliveries"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("reading unfinished deliveries: {e}"),
+        }
+    }
+
+    /// The node's delivery loop.
+    pub fn deliverer(&self) -> &crate::deliver::Deliverer {
+        &self.inner.deliverer
+    }
+
+    /// Counters for the admin API.
+    pub fn counters(&self) -> &DaemonCounters {
+        &self.inner.counters
+    }
+}
