@@ -19,11 +19,17 @@
 //! out in periodic hellos so nodes notice a new coordinator and re-register.
 //!
 //! Time is passed in (milliseconds), so every rule and fault is a deterministic unit test.
-//! [`server`] is the I/O around it: the gRPC `Cluster` service, one driver task that owns the
-//! state machine, and the calls to the node daemons.
+//! Actions come out in a deterministic order (tasks falling due together by id).
+//! [`protocol`] wraps the scheduler with the rest of the protocol (nodes, objects in flight,
+//! nonces, retries), also without I/O; `sim` steps it with simulated node daemons over a
+//! simulated network. [`server`] is the I/O around it: the gRPC `Cluster` service, one driver
+//! task that owns the protocol, and the calls to the node daemons.
 
+pub mod protocol;
 pub mod registry;
 pub mod server;
+#[cfg(test)]
+mod sim;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -286,12 +292,13 @@ impl Coordinator {
                 self.remove_idle(worker);
                 self.workers.remove(&worker);
                 // its running task, if any, goes back to the queue
-                let tasks: Vec<TaskId> = self
+                let mut tasks: Vec<TaskId> = self
                     .running
                     .iter()
                     .filter(|(_, r)| r.worker == worker)
                     .map(|(t, _)| *t)
                     .collect();
+                tasks.sort_unstable();
                 for t in tasks {
                     if let Some(r) = self.running.remove(&t) {
                         self.reassignments += 1;
@@ -537,12 +544,13 @@ impl Coordinator {
     }
 
     fn reassign_overdue(&mut self, out: &mut Vec<Action>) {
-        let overdue: Vec<TaskId> = self
+        let mut overdue: Vec<TaskId> = self
             .running
             .iter()
             .filter(|(_, r)| self.now > r.started + self.timeout_of(&r.task.block))
             .map(|(t, _)| *t)
             .collect();
+        overdue.sort_unstable(); // in task order, not the hash map's
         for t in overdue {
             if let Some(r) = self.running.remove(&t) {
                 self.kill(r.worker, out);
@@ -726,6 +734,19 @@ impl Coordinator {
     /// Whether `worker` is a live worker this coordinator knows.
     pub fn has_worker(&self, worker: WorkerId) -> bool {
         self.workers.contains_key(&worker)
+    }
+
+    /// The node of live worker `worker`.
+    pub fn node_of(&self, worker: WorkerId) -> Option<u32> {
+        self.workers.get(&worker).map(|w| w.node)
+    }
+
+    /// The block and objects of `task` if it runs on `worker` (not taken back from it).
+    pub fn running_task(&self, task: TaskId, worker: WorkerId) -> Option<(&Block, &[ObjectKey])> {
+        self.running
+            .get(&task)
+            .filter(|r| r.worker == worker)
+            .map(|r| (&r.task.block, r.task.objects.as_slice()))
     }
 
     /// Whether `worker` was judged dead.

@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use blocks::Dnf;
 use runtime::{SHARD_IMAGE, cluster_shard_config};
+
+pub use crate::protocol::Published;
 use storage::Store;
 
 use runtime::Limits;
@@ -18,15 +20,6 @@ use runtime::validate;
 
 /// Image versions kept in storage for workers still loading older ones.
 const KEEP_VERSIONS: u64 = 8;
-
-/// What the newest published version holds.
-#[derive(Debug, Clone, Default)]
-pub struct Published {
-    pub version: u64,
-    pub subscriptions: usize,
-    /// Attributes some predicate mentions: an object's other attributes are dropped at once.
-    pub attributes: Arc<HashSet<String>>,
-}
 
 /// The registry: current index, dirty flag, newest published version.
 #[derive(Debug, Clone)]

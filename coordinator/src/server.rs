@@ -1,16 +1,15 @@
 //! The coordinator process: the gRPC `Cluster` service for node daemons, the public
 //! `Subscriptions` service over the cluster's registry, and `Admin`. One driver task owns the
-//! sans-I/O [`Coordinator`]: gRPC handlers send it messages, a ticker closes batches and finds
+//! sans-I/O [`Protocol`]: gRPC handlers send it messages, a ticker closes batches and finds
 //! overdue tasks, and its actions become `Daemon` calls to the nodes.
 //!
-//! The driver also keeps what the state machine does not need to decide but the workers need
-//! to run: each in-flight object's values (test tasks carry them), the image version it is
-//! matched against, and where its test results are cached (match tasks carry that). A match
-//! worker that cannot collect an object's results reports it, and the object is tested again.
+//! The driver decides nothing about the protocol: every decision (nonces, resends, attribute
+//! filtering, late reports, retries) is the sans-I/O [`Protocol`]'s. The driver owns the links
+//! to the nodes, feeds in what arrives (with the registry's newest published version), and
+//! sends what comes out.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::registry::Registry;
@@ -26,7 +25,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
-use crate::{Action, Block, Config, Coordinator, Event, ObjectKey, TaskId, WorkerId};
+use crate::protocol::{Call, Output, Protocol};
+use crate::{Config, TaskId, WorkerId};
 
 /// Settings of the coordinator process.
 #[derive(Debug, Clone)]
@@ -58,25 +58,7 @@ impl Default for ServerConfig {
     }
 }
 
-/// A block as the wire spells it.
-pub fn block_name(b: &Block) -> String {
-    match b {
-        Block::Empty => "empty".into(),
-        Block::Test(a) => format!("test:{a}"),
-        Block::Match => "match".into(),
-    }
-}
-
-/// Parses a block name; unknown names are empty workers.
-pub fn parse_block(s: &str) -> Block {
-    match s {
-        "match" => Block::Match,
-        _ => match s.strip_prefix("test:") {
-            Some(a) => Block::Test(a.to_string()),
-            None => Block::Empty,
-        },
-    }
-}
+pub use crate::protocol::{block_name, parse_block};
 
 enum Msg {
     Register(v1::RegisterRequest, oneshot::Sender<u64>),
@@ -93,44 +75,20 @@ enum Msg {
     Local(Arc<dyn v1::daemon_server::Daemon>),
 }
 
-#[derive(Debug)]
-struct Obj {
-    id: v1::ObjectId,
-    priority: u8,
-    attrs: Vec<(String, v1::Value)>,
-    version: u64,
-    /// (test task, worker) that hold this object's test results.
-    sources: Vec<(TaskId, WorkerId)>,
-    attempts: u32,
-    received_unix_ms: u64,
-}
-
+/// How the driver reaches one registered node.
 struct NodeInfo {
     endpoint: String,
     client: ToNode,
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    messages: AtomicU64,
-    arrived: AtomicU64,
-    matched: AtomicU64,
-    loads: AtomicU64,
-}
-
+/// The driver: owns the [`Protocol`], feeds it what arrives, sends what it asks for. It
+/// decides nothing about the protocol itself.
 struct Driver {
     cfg: ServerConfig,
-    sched: Coordinator,
-    nonce: u64,
+    protocol: Protocol,
     t0: Instant,
     registry: Registry,
     nodes: HashMap<u32, NodeInfo>,
-    worker_node: HashMap<WorkerId, u32>,
-    objects: HashMap<ObjectKey, Obj>,
-    by_id: HashMap<(u32, u64), ObjectKey>,
-    running: HashMap<TaskId, (WorkerId, Block, Vec<ObjectKey>)>,
-    next_key: ObjectKey,
-    counters: Arc<Counters>,
     tx: mpsc::Sender<Msg>,
     local: Option<Arc<dyn v1::daemon_server::Daemon>>,
     /// Put -> matched latencies (ms) of the last matched objects, a ring.
@@ -162,159 +120,87 @@ impl Driver {
                     Some(m) => self.handle(m),
                     None => return,
                 },
-                _ = tick.tick() => self.step(Event::Tick),
+                _ = tick.tick() => {
+                    let out = self.protocol.tick(self.now());
+                    self.send(out);
+                }
             }
         }
     }
 
-    fn step(&mut self, e: Event) {
-        let now = self.now();
-        let actions = self.sched.step(now, e);
-        for a in actions {
-            self.act(a);
+    /// A link to a registering node (in this process, or a lazily connected channel); `None`
+    /// when its endpoint is no good (it is not registered).
+    fn link(&self, r: &v1::RegisterRequest) -> Option<ToNode> {
+        if let Some(n) = self.nodes.get(&r.node)
+            && n.endpoint == r.endpoint
+        {
+            return Some(n.client.clone());
+        }
+        if r.endpoint == runtime::link::LOCAL_ENDPOINT {
+            let local = self.local.clone();
+            if local.is_none() {
+                tracing::warn!("node {} claims to share this process", r.node);
+            }
+            return local.map(ToNode::Local);
+        }
+        match runtime::channel(&r.endpoint) {
+            Ok(ch) => Some(ToNode::Grpc(
+                DaemonClient::with_interceptor(ch, self.cfg.cluster_secret.stamp())
+                    .max_decoding_message_size(1 << 30)
+                    .max_encoding_message_size(1 << 30),
+            )),
+            Err(e) => {
+                tracing::warn!("node {} registered a bad endpoint: {e}", r.node);
+                None
+            }
         }
     }
 
-    fn join(&mut self, node: u32, w: &v1::WorkerState) {
-        self.worker_node.insert(w.worker, node);
-        self.step(Event::WorkerJoined {
-            worker: w.worker,
-            node,
-            block: parse_block(&w.block),
-        });
-    }
-
     fn handle(&mut self, m: Msg) {
+        let now = self.now();
         match m {
             Msg::Register(r, reply) => {
-                self.counters.messages.fetch_add(1, Ordering::Relaxed);
-                let known = self.nodes.get(&r.node).map(|n| n.endpoint.as_str());
-                if r.endpoint == runtime::link::LOCAL_ENDPOINT {
-                    let Some(local) = self.local.clone() else {
-                        tracing::warn!("node {} claims to share this process", r.node);
-                        let _ = reply.send(self.nonce);
-                        return;
-                    };
-                    self.nodes.insert(
-                        r.node,
-                        NodeInfo {
-                            endpoint: r.endpoint.clone(),
-                            client: ToNode::Local(local),
-                        },
-                    );
-                } else if known != Some(r.endpoint.as_str()) {
-                    match runtime::channel(&r.endpoint) {
-                        Ok(ch) => {
-                            let client = ToNode::Grpc(
-                                DaemonClient::with_interceptor(ch, self.cfg.cluster_secret.stamp())
-                                    .max_decoding_message_size(1 << 30)
-                                    .max_encoding_message_size(1 << 30),
-                            );
-                            self.nodes.insert(
-                                r.node,
-                                NodeInfo {
-                                    endpoint: r.endpoint.clone(),
-                                    client,
-                                },
-                            );
-                        }
-                        Err(e) => {
-                            tracing::warn!("node {} registered a bad endpoint: {e}", r.node);
-                            let _ = reply.send(self.nonce);
-                            return;
-                        }
-                    }
-                }
+                let Some(client) = self.link(&r) else {
+                    let _ = reply.send(self.protocol.nonce());
+                    return;
+                };
+                self.nodes.insert(
+                    r.node,
+                    NodeInfo {
+                        endpoint: r.endpoint.clone(),
+                        client,
+                    },
+                );
                 tracing::info!(
                     "node {} registered at {} with {} workers",
                     r.node,
                     r.endpoint,
                     r.workers.len()
                 );
-                for w in &r.workers {
-                    self.join(r.node, w);
-                }
-                let _ = reply.send(self.nonce);
+                let (nonce, out) = self.protocol.register(now, &r);
+                let _ = reply.send(nonce);
+                self.send(out);
             }
             Msg::Heartbeat(h, reply) => {
-                self.counters.messages.fetch_add(1, Ordering::Relaxed);
-                if h.nonce == self.nonce && self.nodes.contains_key(&h.node) {
-                    for w in &h.started {
-                        if !self.sched.has_worker(w.worker) {
-                            self.join(h.node, w);
-                        }
-                    }
-                    for &w in &h.terminated {
-                        self.step(Event::WorkerLeft { worker: w });
-                        self.worker_node.remove(&w);
-                    }
-                    for w in &h.workers {
-                        if self.sched.has_worker(w.worker) {
-                            self.step(Event::Heartbeat { worker: w.worker });
-                        } else if !self.sched.is_dead(w.worker) && !h.terminated.contains(&w.worker)
-                        {
-                            self.join(h.node, w);
-                        }
-                    }
-                    let _ = reply.send(self.nonce);
-                } else {
-                    // a node of an earlier coordinator (or unknown): it registers again
-                    let _ = reply.send(self.nonce);
-                }
+                let (nonce, out) = self.protocol.heartbeat(now, &h);
+                let _ = reply.send(nonce);
+                self.send(out);
             }
             Msg::Arrived(a, reply) => {
-                self.counters.messages.fetch_add(1, Ordering::Relaxed);
                 let published = self.registry.published();
-                let mut accepted = 0;
-                for o in a.objects {
-                    let Some(id) = o.id else { continue };
-                    if self.by_id.contains_key(&(id.node, id.seq)) {
-                        continue; // in flight already (a resend)
-                    }
-                    let attrs: Vec<(String, v1::Value)> = o
-                        .metadata
-                        .into_iter()
-                        .filter(|at| published.attributes.contains(&at.name))
-                        .filter_map(|at| at.value.map(|v| (at.name, v)))
-                        .collect();
-                    accepted += 1;
-                    self.admit(Obj {
-                        id,
-                        priority: o.priority.min(7) as u8,
-                        attrs,
-                        version: published.version,
-                        sources: Vec::new(),
-                        attempts: 0,
-                        received_unix_ms: o.received_unix_ms,
-                    });
-                }
-                self.counters
-                    .arrived
-                    .fetch_add(accepted as u64, Ordering::Relaxed);
+                let (accepted, out) = self.protocol.arrived(now, a, &published);
                 let _ = reply.send(accepted);
+                self.send(out);
             }
             Msg::Done(d) => {
-                self.counters.messages.fetch_add(1, Ordering::Relaxed);
-                if d.nonce != self.nonce {
-                    return; // a task of an earlier coordinator
-                }
-                // a late report from a worker whose task was reassigned records nothing
-                if self.running.get(&d.task).is_some_and(|r| r.0 == d.worker)
-                    && let Some((w, block, keys)) = self.running.remove(&d.task)
-                {
-                    self.task_finished(d.task, w, &block, keys, &d.failed);
-                }
-                self.step(Event::TaskDone {
-                    worker: d.worker,
-                    task: d.task,
-                    block: parse_block(&d.block),
-                });
+                let published = self.registry.published();
+                let out = self.protocol.done(now, &d, &published);
+                self.send(out);
             }
             Msg::AssignFailed { worker, task } => {
-                if self.running.get(&task).is_some_and(|r| r.0 == worker) {
-                    tracing::info!("worker {worker:x} did not take task {task}: leaves");
-                    self.step(Event::WorkerLeft { worker });
-                }
+                tracing::info!("worker {worker:x} did not take task {task}");
+                let out = self.protocol.assign_failed(now, worker, task);
+                self.send(out);
             }
             Msg::Local(d) => self.local = Some(d),
             Msg::Stats(reply) => {
@@ -322,7 +208,8 @@ impl Driver {
             }
             Msg::Workers(reply) => {
                 let list = self
-                    .sched
+                    .protocol
+                    .scheduler()
                     .worker_list()
                     .into_iter()
                     .map(|(id, node, block, busy)| v1::WorkerInfo {
@@ -337,190 +224,48 @@ impl Driver {
         }
     }
 
-    /// Records what a finished task produced: where test results are cached, or which
-    /// objects are matched (and which must be tested again).
-    fn task_finished(
-        &mut self,
-        task: TaskId,
-        worker: WorkerId,
-        block: &Block,
-        keys: Vec<ObjectKey>,
-        failed: &[ObjectKey],
-    ) {
-        if *block != Block::Match {
-            for k in keys {
-                if let Some(o) = self.objects.get_mut(&k) {
-                    o.sources.push((task, worker));
-                }
-            }
-            return;
-        }
-        for k in keys {
-            if failed.contains(&k) {
-                self.retry(k);
-            } else if let Some(o) = self.objects.remove(&k) {
-                self.by_id.remove(&(o.id.node, o.id.seq));
-                self.counters.matched.fetch_add(1, Ordering::Relaxed);
-                let ms = runtime::now_ms().saturating_sub(o.received_unix_ms) as u32;
-                if self.latencies.len() < LATENCY_SAMPLES {
-                    self.latencies.push(ms);
-                } else {
-                    self.latencies[self.latency_next % LATENCY_SAMPLES] = ms;
-                }
-                self.latency_next += 1;
-            }
-        }
-    }
-
-    fn admit(&mut self, o: Obj) {
-        let key = self.next_key;
-        self.next_key += 1;
-        let attrs = o.attrs.iter().map(|(n, _)| n.clone()).collect();
-        let priority = o.priority;
-        self.by_id.insert((o.id.node, o.id.seq), key);
-        self.objects.insert(key, o);
-        self.step(Event::ObjectArrived {
-            object: key,
-            priority,
-            attrs,
-        });
-    }
-
-    /// Tests an object again (its results went missing), against the newest version.
-    fn retry(&mut self, key: ObjectKey) {
-        let Some(mut o) = self.objects.remove(&key) else {
-            return;
-        };
-        self.by_id.remove(&(o.id.node, o.id.seq));
-        o.attempts += 1;
-        if o.attempts >= self.cfg.max_attempts {
-            tracing::warn!(
-                "object {}:{} failed {} times; left to its node's outbox resend",
-                o.id.node,
-                o.id.seq,
-                o.attempts
-            );
-            return;
-        }
-        let published = self.registry.published();
-        o.version = published.version;
-        o.attrs.retain(|(n, _)| published.attributes.contains(n));
-        o.sources.clear();
-        self.admit(o);
-    }
-
-    fn act(&mut self, a: Action) {
-        match a {
-            Action::Assign {
-                worker,
-                task,
-                block,
-                objects,
-                load,
-                priority,
-            } => {
-                let Some(node) = self
-                    .worker_node
-                    .get(&worker)
-                    .and_then(|n| self.nodes.get(n))
-                else {
-                    let _ = self.tx.try_send(Msg::AssignFailed { worker, task });
-                    self.running.insert(task, (worker, block, objects));
-                    return;
-                };
-                let mut req = v1::AssignRequest {
-                    nonce: self.nonce,
-                    worker,
-                    task,
-                    block: block_name(&block),
-                    load: load.is_some(),
-                    tests: Vec::new(),
-                    matches: Vec::new(),
-                    priority: u32::from(priority),
-                };
-                match &block {
-                    Block::Test(attr) => {
-                        for k in &objects {
-                            if let Some(o) = self.objects.get(k)
-                                && let Some((_, v)) = o.attrs.iter().find(|(n, _)| n == attr)
-                            {
-                                req.tests.push(v1::TestItem {
-                                    key: *k,
-                                    value: Some(v.clone()),
-                                    version: o.version,
-                                });
+    /// Carries out what the protocol asked for: calls to nodes (an assignment that fails
+    /// comes back as [`Msg::AssignFailed`]) and latency samples.
+    fn send(&mut self, out: Vec<Output>) {
+        for o in out {
+            match o {
+                Output::Send { node, call } => {
+                    let Some(n) = self.nodes.get(&node) else {
+                        continue; // the protocol sends only to registered nodes
+                    };
+                    let client = n.client.clone();
+                    let tx = self.tx.clone();
+                    tokio::spawn(async move {
+                        match call {
+                            Call::Assign(req) => {
+                                let (worker, task) = (req.worker, req.task);
+                                if let Err(e) = client.assign(req).await {
+                                    tracing::debug!("assigning task {task} to {worker:x}: {e}");
+                                    let _ = tx.send(Msg::AssignFailed { worker, task }).await;
+                                }
+                            }
+                            Call::Hello(h) => {
+                                let _ = client.hello(h).await;
                             }
                         }
-                    }
-                    Block::Match => {
-                        for k in &objects {
-                            let Some(o) = self.objects.get(k) else {
-                                continue;
-                            };
-                            let endpoint = |w: &WorkerId| {
-                                self.worker_node
-                                    .get(w)
-                                    .and_then(|n| self.nodes.get(n))
-                                    .map(|n| n.endpoint.clone())
-                                    .unwrap_or_default()
-                            };
-                            req.matches.push(v1::MatchItem {
-                                key: *k,
-                                id: Some(o.id),
-                                origin: self
-                                    .nodes
-                                    .get(&o.id.node)
-                                    .map(|n| n.endpoint.clone())
-                                    .unwrap_or_default(),
-                                version: o.version,
-                                sources: o
-                                    .sources
-                                    .iter()
-                                    .map(|(t, w)| v1::Source {
-                                        task: *t,
-                                        endpoint: endpoint(w),
-                                    })
-                                    .collect(),
-                            });
-                        }
-                    }
-                    Block::Empty => {}
-                }
-                if load.is_some() {
-                    self.counters.loads.fetch_add(1, Ordering::Relaxed);
-                }
-                self.counters.messages.fetch_add(1, Ordering::Relaxed);
-                let client = node.client.clone();
-                let tx = self.tx.clone();
-                self.running.insert(task, (worker, block, objects));
-                tokio::spawn(async move {
-                    if let Err(e) = client.assign(req).await {
-                        tracing::debug!("assigning task {task} to {worker:x}: {e}");
-                        let _ = tx.send(Msg::AssignFailed { worker, task }).await;
-                    }
-                });
-            }
-            Action::Hello { nonce } => {
-                for n in self.nodes.values() {
-                    self.counters.messages.fetch_add(1, Ordering::Relaxed);
-                    let c = n.client.clone();
-                    tokio::spawn(async move {
-                        let _ = c.hello(v1::HelloRequest { nonce }).await;
                     });
                 }
-            }
-            Action::Reassigned { task, from } => {
-                tracing::info!("task {task} taken back from worker {from:x}");
-            }
-            Action::WorkerDead { worker } => {
-                tracing::info!("worker {worker:x} judged dead");
-                self.worker_node.remove(&worker);
+                Output::Matched { received_unix_ms } => {
+                    let ms = runtime::now_ms().saturating_sub(received_unix_ms) as u32;
+                    if self.latencies.len() < LATENCY_SAMPLES {
+                        self.latencies.push(ms);
+                    } else {
+                        self.latencies[self.latency_next % LATENCY_SAMPLES] = ms;
+                    }
+                    self.latency_next += 1;
+                }
             }
         }
     }
 
     fn stats(&self) -> v1::ClusterStats {
-        let snap = self.sched.snapshot();
+        let snap = self.protocol.scheduler().snapshot();
+        let counts = self.protocol.counts();
         let published = self.registry.published();
         let mut workers = HashMap::new();
         for (b, n) in &snap.idle {
@@ -534,21 +279,21 @@ impl Driver {
         v1::ClusterStats {
             match_latency_p50_ms: percentile(&lat, 0.5),
             match_latency_p99_ms: percentile(&lat, 0.99),
-            nonce: self.nonce,
+            nonce: self.protocol.nonce(),
             image_version: published.version,
             image_subscriptions: published.subscriptions as u64,
-            nodes: self.nodes.len() as u32,
+            nodes: self.protocol.nodes() as u32,
             waiting_tasks: snap.waiting_tasks as u64,
             open_batches: snap.open_batches as u64,
             mean_test_ms: snap.mean_test_ms,
             mean_match_ms: snap.mean_match_ms,
             reassignments: snap.reassignments,
             dead_workers: snap.dead_workers,
-            objects_arrived: self.counters.arrived.load(Ordering::Relaxed),
-            objects_matched: self.counters.matched.load(Ordering::Relaxed),
-            objects_in_flight: self.objects.len() as u64,
-            messages: self.counters.messages.load(Ordering::Relaxed),
-            loads: self.counters.loads.load(Ordering::Relaxed),
+            objects_arrived: counts.arrived,
+            objects_matched: counts.matched,
+            objects_in_flight: self.protocol.in_flight() as u64,
+            messages: counts.messages,
+            loads: counts.loads,
             workers,
         }
     }
@@ -756,18 +501,11 @@ pub async fn start(
     let sched = cfg.sched;
     let cluster_secret = cfg.cluster_secret.clone();
     let driver = Driver {
+        protocol: Protocol::new(sched, nonce, cfg.max_attempts, 0),
         cfg,
-        sched: Coordinator::new(sched, nonce, 0),
-        nonce,
         t0: Instant::now(),
         registry: registry.clone(),
         nodes: HashMap::new(),
-        worker_node: HashMap::new(),
-        objects: HashMap::new(),
-        by_id: HashMap::new(),
-        running: HashMap::new(),
-        next_key: 1,
-        counters: Arc::new(Counters::default()),
         tx: tx.clone(),
         local: None,
         latencies: Vec::new(),
