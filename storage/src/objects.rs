@@ -1,0 +1,309 @@
+//! The objects keyspace (prefix `d`: one locator per object into the object log) with message
+//! ids (prefix `m`, claimed by compare-and-swap) and sequence numbers reserved durably in blocks:
+//! writing, reading, counting and retention of finished objects.
+
+use super::*;
+
+/// Sequence numbers reserved per durable reservation.
+pub(super) const SEQ_BLOCK: u64 = 4096;
+
+pub(super) const META_SEQ: &[u8] = b"seq_reserved";
+
+/// A cluster-unique object id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId {
+    pub node: u32,
+    pub seq: u64,
+}
+
+/// An object as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredObject {
+    pub id: ObjectId,
+    pub data: Vec<u8>,
+    pub external_id: String,
+    pub metadata: Vec<(String, Value)>,
+    pub priority: u8,
+    pub message_id: String,
+    pub received_unix_ms: u64,
+}
+
+/// What a writer hands in (validated by the caller).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct NewObject {
+    pub data: Vec<u8>,
+    pub external_id: String,
+    pub metadata: Vec<(String, Value)>,
+    pub priority: u8,
+    pub message_id: String,
+}
+
+/// Result of a put: the id and whether the message id was seen before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PutOutcome {
+    pub id: ObjectId,
+    pub duplicate: bool,
+}
+
+/// A locator record in sled.
+pub(super) struct Entry {
+    pub(super) at: Locator,
+    pub(super) received_unix_ms: u64,
+    pub(super) has_message_id: bool,
+    pub(super) priority: u8,
+}
+
+pub(super) fn msg_key(msgid: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(msgid.len() + 1);
+    k.push(b'm');
+    k.extend_from_slice(msgid.as_bytes());
+    k
+}
+
+impl Store {
+    pub(super) fn lock_seq(&self) -> std::sync::MutexGuard<'_, (u64, u64)> {
+        self.seq.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A locator record: where the object lies, when it arrived, whether it has a message id,
+    /// its priority.
+    pub(super) fn encode_entry(e: &Entry) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Locator::BYTES + 10);
+        v.extend_from_slice(&e.at.encode());
+        v.extend_from_slice(&e.received_unix_ms.to_le_bytes());
+        v.push(u8::from(e.has_message_id));
+        v.push(e.priority);
+        v
+    }
+
+    pub(super) fn decode_entry(v: &[u8]) -> Result<Entry, StorageError> {
+        let corrupt = || StorageError::Corrupt {
+            tree: "object locators",
+            source: CodecError::Truncated,
+        };
+        let at = Locator::decode(v).ok_or_else(corrupt)?;
+        let received_unix_ms = v
+            .get(Locator::BYTES..Locator::BYTES + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+            .ok_or_else(corrupt)?;
+        let flags = v
+            .get(Locator::BYTES + 8..Locator::BYTES + 10)
+            .ok_or_else(corrupt)?;
+        Ok(Entry {
+            at,
+            received_unix_ms,
+            has_message_id: flags[0] != 0,
+            priority: flags[1],
+        })
+    }
+
+    /// Hands out the next sequence number and enters it in the outbox (under the sequence
+    /// lock, so the outbox floor never passes it).
+    pub(super) fn next_seq(&self, priority: u8) -> Result<u64, StorageError> {
+        let mut g = self.lock_seq();
+        if g.0 >= g.1 {
+            let end = g.0 + SEQ_BLOCK;
+            self.meta.insert(META_SEQ, &end.to_be_bytes())?;
+            // the reservation must be durable before any id from it is used
+            self.meta.flush()?;
+            g.1 = end;
+        }
+        let s = g.0;
+        g.0 += 1;
+        self.lock_outbox().insert(s, priority);
+        Ok(s)
+    }
+
+    /// Writes an object and enters it in the outbox (not yet durable: see [`Store::put`] for
+    /// the acknowledged form).
+    pub(super) fn write(&self, obj: NewObject) -> Result<PutOutcome, StorageError> {
+        let seq = self.next_seq(obj.priority)?;
+        let out = self.write_as(seq, obj);
+        if !matches!(
+            out,
+            Ok(PutOutcome {
+                duplicate: false,
+                ..
+            })
+        ) {
+            self.lock_outbox().remove(&seq);
+        }
+        out
+    }
+
+    pub(super) fn write_as(&self, seq: u64, obj: NewObject) -> Result<PutOutcome, StorageError> {
+        let id = ObjectId {
+            node: self.node,
+            seq,
+        };
+        if !obj.message_id.is_empty() {
+            let mk = msg_key(&obj.message_id);
+            let mut expected: Option<sled::IVec> = None;
+            loop {
+                match self.data.compare_and_swap(
+                    &mk,
+                    expected.as_ref(),
+                    Some(&seq.to_be_bytes()[..]),
+                )? {
+                    Ok(()) => break,
+                    Err(cas) => {
+                        let Some(cur) = cas.current else {
+                            expected = None;
+                            continue;
+                        };
+                        let prev = <[u8; 8]>::try_from(cur.as_ref())
+                            .map(u64::from_be_bytes)
+                            .map_err(|_| StorageError::Corrupt {
+                                tree: "message ids",
+                                source: CodecError::Truncated,
+                            })?;
+                        if self.data.contains_key(key(b'd', prev))? {
+                            return Ok(PutOutcome {
+                                id: ObjectId {
+                                    node: self.node,
+                                    seq: prev,
+                                },
+                                duplicate: true,
+                            });
+                        }
+                        // claimed by a write that never reached the disk: take it over
+                        expected = Some(cur);
+                    }
+                }
+            }
+        }
+        let stored = StoredObject {
+            id,
+            data: obj.data,
+            external_id: obj.external_id,
+            metadata: obj.metadata,
+            priority: obj.priority,
+            message_id: obj.message_id,
+            received_unix_ms: now_ms(),
+        };
+        // the bytes go to the object log first; sled keeps where they are
+        let at = self.log.append(seq, &codec::encode_object(&stored))?;
+        let entry = Self::encode_entry(&Entry {
+            at,
+            received_unix_ms: stored.received_unix_ms,
+            has_message_id: !stored.message_id.is_empty(),
+            priority: stored.priority,
+        });
+        self.data.insert(key(b'd', seq), entry)?;
+        Ok(PutOutcome {
+            id,
+            duplicate: false,
+        })
+    }
+
+    /// Stores an object durably: returns once the object, its locator and its message id are
+    /// on disk. Concurrent puts share flushes.
+    pub async fn put(&self, obj: NewObject) -> Result<PutOutcome, StorageError> {
+        // in-memory work (sled buffers writes); only the flush below touches the disk
+        let out = self.write(obj)?;
+        self.commit().await?;
+        Ok(out)
+    }
+
+    /// Stores several objects with one shared flush (a pipelined `PutStream`): each result is
+    /// that object's own, and every `Ok` in it is durable once this returns `Ok`.
+    pub async fn put_batch(
+        &self,
+        objs: Vec<NewObject>,
+    ) -> Result<Vec<Result<PutOutcome, StorageError>>, StorageError> {
+        let outs: Vec<_> = objs.into_iter().map(|o| self.write(o)).collect();
+        if outs.iter().any(Result::is_ok) {
+            self.commit().await?;
+        }
+        Ok(outs)
+    }
+
+    /// An object by id.
+    pub fn get(&self, id: ObjectId) -> Result<Option<StoredObject>, StorageError> {
+        if id.node != self.node {
+            return Ok(None);
+        }
+        let Some(v) = self.data.get(key(b'd', id.seq))? else {
+            return Ok(None);
+        };
+        let Some(rec) = self.log.read(Self::decode_entry(&v)?.at, id.seq)? else {
+            return Ok(None);
+        };
+        codec::decode_object(&rec, id)
+            .map(Some)
+            .map_err(|e| StorageError::Corrupt {
+                tree: "objects",
+                source: e,
+            })
+    }
+
+    /// Number of objects stored.
+    pub fn object_count(&self) -> usize {
+        self.data.scan_prefix(b"d").count()
+    }
+
+    /// Finished objects (out of the outbox), oldest first, until `keep_going` says stop:
+    /// each is deleted with its message id when `delete(received_unix_ms)` says so; log
+    /// segments no object points into any more are deleted after. Returns how many objects.
+    pub(super) fn expire_finished(
+        &self,
+        mut delete: impl FnMut(u64) -> bool,
+        mut keep_going: impl FnMut(usize) -> bool,
+    ) -> Result<usize, StorageError> {
+        let mut removed = 0;
+        for kv in self.data.scan_prefix(b"d") {
+            if !keep_going(removed) {
+                break;
+            }
+            let (k, v) = kv?;
+            let seq = seq_of(&k).unwrap_or(0);
+            if self.lock_outbox().contains_key(&seq) {
+                continue;
+            }
+            let Entry {
+                received_unix_ms,
+                has_message_id,
+                ..
+            } = Self::decode_entry(&v)?;
+            if delete(received_unix_ms) {
+                let id = ObjectId {
+                    node: self.node,
+                    seq,
+                };
+                if has_message_id
+                    && let Some(obj) = self.get(id)?
+                    && !obj.message_id.is_empty()
+                {
+                    self.data.remove(msg_key(&obj.message_id))?;
+                }
+                self.data.remove(&k)?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            let mut oldest_live = self.log.current_segment();
+            for kv in self.data.scan_prefix(b"d") {
+                let (_, v) = kv?;
+                oldest_live = oldest_live.min(Self::decode_entry(&v)?.at.segment);
+            }
+            self.log.delete_below(oldest_live)?;
+        }
+        Ok(removed)
+    }
+
+    /// Deletes objects received before `cutoff_unix_ms` that have left the outbox;
+    /// returns how many were removed (retention by age).
+    pub fn expire_before(&self, cutoff_unix_ms: u64) -> Result<usize, StorageError> {
+        self.expire_finished(|received| received < cutoff_unix_ms, |_| true)
+    }
+
+    // --- subscription registry: opaque records keyed by id ----------------------------------
+
+    /// Retention by size: deletes the oldest objects whose dissemination is finished until
+    /// at most `max_objects` remain (pending ones are never deleted); returns how many.
+    pub fn expire_to_count(&self, max_objects: usize) -> Result<usize, StorageError> {
+        let excess = self.object_count().saturating_sub(max_objects);
+        self.expire_finished(|_| true, |removed| removed < excess)
+    }
+}

@@ -1,0 +1,338 @@
+//! The store's own tests: reopen, group commit, retention, the outbox floor, deliveries.
+
+use super::objects::Entry;
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_and_delivery_state_survive_reopen() {
+    let dir = temp_dir("img");
+    let o1 = ObjectId { node: 1, seq: 10 };
+    let o2 = ObjectId { node: 1, seq: 11 };
+    {
+        let s = Store::open(&dir, 1).expect("open");
+        for v in [1u64, 2, 300] {
+            s.put_image("match/0", v, &v.to_le_bytes())
+                .await
+                .expect("image");
+        }
+        s.put_image("test/temp", 7, b"t").await.expect("image");
+        s.set_delivery(
+            5,
+            o1,
+            &DeliveryState::Pending {
+                attempts: 2,
+                next_attempt_unix_ms: 99,
+            },
+        )
+        .await
+        .expect("set");
+        s.set_delivery(
+            5,
+            o2,
+            &DeliveryState::DeadLetter {
+                reason: "max attempts (10)".into(),
+                at_unix_ms: 50,
+            },
+        )
+        .await
+        .expect("set");
+        s.set_delivery(6, o1, &DeliveryState::Acked { at_unix_ms: 40 })
+            .await
+            .expect("set");
+    }
+    let s = Store::open(&dir, 1).expect("reopen");
+    assert_eq!(
+        s.latest_image("match/0").expect("latest"),
+        Some((300, 300u64.to_le_bytes().to_vec()))
+    );
+    assert_eq!(
+        s.get_image("match/0", 2).expect("get"),
+        Some(2u64.to_le_bytes().to_vec())
+    );
+    assert_eq!(s.latest_image("match/1").expect("latest"), None);
+    assert_eq!(s.prune_images("match/0", 300).expect("prune"), 2);
+    assert_eq!(s.get_image("match/0", 2).expect("get"), None);
+    assert_eq!(
+        s.latest_image("test/temp").expect("latest").map(|x| x.0),
+        Some(7)
+    );
+    assert_eq!(s.pending_deliveries(10).expect("pending").len(), 1);
+    let dead = s.dead_letters(10).expect("dead");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].0, 5);
+    assert_eq!(dead[0].1, o2);
+    assert!(s.redrive(5, o2, 123).await.expect("redrive"));
+    assert!(
+        !s.redrive(5, o2, 124).await.expect("redrive twice"),
+        "no longer a dead letter"
+    );
+    assert_eq!(
+        s.delivery(5, o2).expect("get"),
+        Some(DeliveryState::Pending {
+            attempts: 0,
+            next_attempt_unix_ms: 123
+        })
+    );
+    // retention removes old acknowledged deliveries and dead letters, never pending ones
+    assert_eq!(s.expire_deliveries_before(45).expect("expire"), 1);
+    assert_eq!(s.delivery(6, o1).expect("get"), None);
+    assert_eq!(s.pending_deliveries(10).expect("pending").len(), 2);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn obj(i: u64, msg: &str) -> NewObject {
+    NewObject {
+        data: vec![i as u8; 10],
+        metadata: vec![
+            ("n".into(), Value::from(i as i64)),
+            ("s".into(), Value::from("x")),
+        ],
+        priority: (i % 8) as u8,
+        message_id: msg.to_string(),
+        ..NewObject::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_shares_one_flush_and_survives_reopen() {
+    let dir = temp_dir("batch");
+    let ids: Vec<ObjectId>;
+    {
+        let s = Store::open(&dir, 4).expect("open");
+        let first = s.put(obj(1, "m-1")).await.expect("put");
+        let before = s.flushes();
+        let batch = (2..12)
+            .map(|i| obj(i, if i == 5 { "m-1" } else { "" }))
+            .collect();
+        let outs = s.put_batch(batch).await.expect("batch");
+        assert_eq!(s.flushes() - before, 1, "one flush for the whole batch");
+        let outs: Vec<PutOutcome> = outs.into_iter().map(|r| r.expect("put")).collect();
+        assert_eq!(outs.len(), 10);
+        // the repeated message id answers with the first object, marked duplicate
+        assert!(outs[3].duplicate);
+        assert_eq!(outs[3].id, first.id);
+        assert_eq!(outs.iter().filter(|o| o.duplicate).count(), 1);
+        ids = outs.iter().filter(|o| !o.duplicate).map(|o| o.id).collect();
+        let distinct: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), 9);
+        // an empty batch is no flush
+        let before = s.flushes();
+        assert!(s.put_batch(Vec::new()).await.expect("empty").is_empty());
+        assert_eq!(s.flushes(), before);
+    }
+    let s = Store::open(&dir, 4).expect("reopen");
+    for id in &ids {
+        assert!(s.get(*id).expect("get").is_some(), "{id:?} lost");
+    }
+    assert_eq!(s.outbox_pending().expect("outbox").len(), 10);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A fresh directory for one test's store.
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("dissem-store-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn pending_ids(s: &Store) -> Vec<ObjectId> {
+    let pending = s.outbox_pending().expect("outbox");
+    pending.into_iter().map(|(id, _)| id).collect()
+}
+
+fn log_segments(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("objects"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_pending_objects_and_deletes_unused_log_segments() {
+    let dir = temp_dir("ret");
+    let mut ids = Vec::new();
+    // three runs of the process: three log segments
+    for run in 0..3u64 {
+        let s = Store::open(&dir, 5).expect("open");
+        for i in 0..4 {
+            ids.push(
+                s.put(obj(run * 10 + i, &format!("r{run}-{i}")))
+                    .await
+                    .expect("put")
+                    .id,
+            );
+        }
+    }
+    assert_eq!(log_segments(&dir), 3);
+    let s = Store::open(&dir, 5).expect("open");
+    assert_eq!(log_segments(&dir), 4, "three written and the fresh one");
+    // everything but the last object is finished
+    for id in &ids[..ids.len() - 1] {
+        assert!(s.retire(*id).expect("retire"));
+    }
+    assert_eq!(s.expire_to_count(6).expect("expire"), 6);
+    assert_eq!(s.object_count(), 6);
+    assert!(s.get(ids[5]).expect("get").is_none());
+    assert!(s.get(ids[6]).expect("get").is_some());
+    // the first run's segment is unused now and gone; the second's is still read
+    assert_eq!(log_segments(&dir), 3);
+    assert_eq!(s.expire_to_count(6).expect("again"), 0);
+    assert_eq!(s.expire_before(u64::MAX).expect("expire all"), 5);
+    // the pending object is kept, and with it its segment and the one being written
+    assert_eq!(s.object_count(), 1);
+    assert!(s.get(ids[11]).expect("get").is_some());
+    assert_eq!(log_segments(&dir), 2);
+    // an expired message id may be used again
+    let again = s.put(obj(1, "r0-1")).await.expect("put");
+    assert!(!again.duplicate);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_whose_bytes_never_reached_the_log_is_dropped_at_open() {
+    let dir = temp_dir("torn");
+    let kept;
+    {
+        let s = Store::open(&dir, 6).expect("open");
+        kept = s.put(obj(1, "")).await.expect("put").id;
+        // what sled can hold after a crash: a locator whose log record was never written
+        let at = Locator {
+            segment: 1,
+            offset: 1 << 20,
+            len: 10,
+        };
+        let entry = Store::encode_entry(&Entry {
+            at,
+            received_unix_ms: 1,
+            has_message_id: false,
+            priority: 0,
+        });
+        s.data.insert(key(b'd', 999), entry).expect("insert");
+        s.db.flush().expect("flush");
+    }
+    let s = Store::open(&dir, 6).expect("reopen");
+    let pending = pending_ids(&s);
+    assert_eq!(pending, vec![kept]);
+    assert_eq!(s.object_count(), 1);
+    assert!(s.get(kept).expect("get").is_some());
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_replays_from_its_durable_floor() {
+    let dir = temp_dir("floor");
+    let mut ids = Vec::new();
+    {
+        let s = Store::open(&dir, 7).expect("open");
+        for i in 0..5 {
+            ids.push(s.put(obj(i, "")).await.expect("put").id);
+        }
+        for i in [0, 1, 3] {
+            assert!(s.retire(ids[i]).expect("retire"));
+        }
+        assert!(!s.retire(ids[0]).expect("retire"), "retired once");
+        assert_eq!(s.outbox_len(), 2);
+        // the next flush writes the floor: the lowest object still owed (ids[2])
+        ids.push(s.put(obj(5, "")).await.expect("put").id);
+    }
+    let s = Store::open(&dir, 7).expect("reopen");
+    let pending = pending_ids(&s);
+    // below the floor nothing is replayed; above it a retired object is owed again
+    // (matching twice leaves existing delivery records as they are)
+    assert_eq!(pending, vec![ids[2], ids[3], ids[4], ids[5]]);
+    let priorities: Vec<u8> = s
+        .outbox_pending()
+        .expect("outbox")
+        .iter()
+        .map(|p| p.1)
+        .collect();
+    assert_eq!(priorities, vec![2, 3, 4, 5], "priorities survive too");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_deliveries_are_added_once_and_never_reset() {
+    let dir = temp_dir("pending");
+    let s = Store::open(&dir, 8).expect("open");
+    let id = s.put(obj(1, "")).await.expect("put").id;
+    let added = s
+        .add_pending_deliveries(&[(1, id), (2, id)])
+        .await
+        .expect("add");
+    assert_eq!(added, vec![(1, id), (2, id)]);
+    s.set_delivery(1, id, &DeliveryState::Acked { at_unix_ms: 5 })
+        .await
+        .expect("ack");
+    // matched again (a replay): only the new pair is added, the acked one stays acked
+    let added = s
+        .add_pending_deliveries(&[(1, id), (2, id), (3, id)])
+        .await
+        .expect("add");
+    assert_eq!(added, vec![(3, id)]);
+    assert_eq!(
+        s.delivery(1, id).expect("read"),
+        Some(DeliveryState::Acked { at_unix_ms: 5 })
+    );
+    assert!(matches!(
+        s.delivery(2, id).expect("read"),
+        Some(DeliveryState::Pending { attempts: 0, .. })
+    ));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_get_outbox_dedup_and_reopen() {
+    let dir = temp_dir("main");
+    let ids;
+    {
+        let s = Store::open(&dir, 3).expect("open");
+        let a = s.put(obj(1, "m1")).await.expect("put");
+        let b = s.put(obj(2, "")).await.expect("put");
+        let again = s.put(obj(9, "m1")).await.expect("put");
+        assert_eq!(
+            again,
+            PutOutcome {
+                id: a.id,
+                duplicate: true
+            }
+        );
+        assert_eq!(a.id.node, 3);
+        assert!(b.id.seq > a.id.seq);
+        let got = s.get(a.id).expect("get").expect("exists");
+        assert_eq!(got.data, vec![1u8; 10]);
+        assert_eq!(got.metadata[0], ("n".to_string(), Value::from(1)));
+        assert_eq!(s.outbox_pending().expect("outbox").len(), 2);
+        assert!(s.retire(a.id).expect("retire"));
+        // concurrent puts share flushes and all get distinct ids
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move { s.put(obj(100 + i, "")).await }));
+        }
+        let flushes_before = s.flushes();
+        let mut seen = std::collections::HashSet::new();
+        for t in tasks {
+            assert!(seen.insert(t.await.expect("join").expect("put").id));
+        }
+        let flushes = s.flushes() - flushes_before;
+        assert!(
+            flushes < 64,
+            "64 concurrent puts took {flushes} flushes: no group commit"
+        );
+        ids = (a.id, b.id);
+    }
+    let s = Store::open(&dir, 3).expect("reopen");
+    assert!(s.get(ids.0).expect("get").is_some());
+    assert_eq!(s.outbox_pending().expect("outbox").len(), 65);
+    let c = s.put(obj(5, "")).await.expect("put");
+    assert!(
+        c.id.seq > ids.1.seq + 64,
+        "ids are never reused after a restart"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
