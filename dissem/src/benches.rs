@@ -1,0 +1,341 @@
+//! The benchmark commands (`bench match|ingest|cluster|e2e`) and `demo`: flags in, a call into
+//! the `bench` crate, figures out.
+
+use bench::matchbench::{self, EngineChoice, MatchBenchOptions};
+use bench::workload::{UniformSpec, Workload};
+use bench::{Strategy, StrategyChoice};
+
+use super::*;
+
+#[derive(Subcommand, Debug)]
+pub(super) enum Bench {
+    /// Matching throughput of each engine on a synthetic workload.
+    Match(MatchArgs),
+    /// Durable puts per second through the gRPC API vs sled with a flush per write.
+    Ingest(IngestArgs),
+    /// Objects per second through ingest -> test -> match with 1, 2, 4 node processes.
+    Cluster(ClusterArgs),
+    /// Durable put -> push delivered (gRPC and webhook): saturation, half load, 2x overload.
+    E2e(E2eArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct E2eArgs {
+    /// Subscriptions of the iot workload.
+    #[arg(long, default_value_t = 100_000)]
+    pub(super) subs: usize,
+    /// Objects of the saturation phase.
+    #[arg(long, default_value_t = 5_000)]
+    pub(super) objects: usize,
+    /// Seconds of the half-load and overload phases.
+    #[arg(long, default_value_t = 5.0)]
+    pub(super) seconds: f64,
+    /// Concurrent writers in the saturation phase.
+    #[arg(long, default_value_t = 64)]
+    pub(super) writers: usize,
+    /// Random seed of the workload.
+    #[arg(long, default_value_t = 1)]
+    pub(super) seed: u64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+    /// Write the latency plot (SVG) to this file.
+    #[arg(long)]
+    pub(super) svg: Option<PathBuf>,
+}
+
+pub(super) fn bench_e2e(a: E2eArgs) -> anyhow::Result<bool> {
+    let report = bench::e2e::run(&bench::e2e::E2eOptions {
+        bin: std::env::current_exe()?,
+        subs: a.subs,
+        objects: a.objects,
+        seconds: a.seconds,
+        writers: a.writers,
+        seed: a.seed,
+    })?;
+    bench::e2e::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    if let Some(path) = &a.svg {
+        std::fs::write(path, bench::e2e::svg(&report))
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    }
+    Ok(report.lost == 0)
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct ClusterArgs {
+    /// Node process counts to run (comma separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1u32, 2, 4])]
+    pub(super) nodes: Vec<u32>,
+    /// Subscriptions of the iot workload.
+    #[arg(long, default_value_t = 100_000)]
+    pub(super) subs: usize,
+    /// Objects put per node count.
+    #[arg(long, default_value_t = 20_000)]
+    pub(super) objects: usize,
+    /// Concurrent writers.
+    #[arg(long, default_value_t = 64)]
+    pub(super) writers: usize,
+    /// Random seed of the workload.
+    #[arg(long, default_value_t = 1)]
+    pub(super) seed: u64,
+    /// Objects also checked against the naive reference matcher.
+    #[arg(long, default_value_t = 200)]
+    pub(super) check_objects: usize,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+}
+
+pub(super) fn demo(
+    subs: usize,
+    objects: usize,
+    rate: f64,
+    seed: u64,
+    json: Option<PathBuf>,
+) -> anyhow::Result<bool> {
+    let report = bench::demo::run(&bench::demo::DemoOptions {
+        bin: std::env::current_exe()?,
+        subs,
+        objects,
+        rate,
+        seed,
+    })?;
+    bench::demo::print(&report);
+    if let Some(path) = &json {
+        bench::write_json(path, &report)?;
+    }
+    Ok(report.lost == 0 && report.duplicates_by_qos.get(&2).is_none_or(|d| *d == 0))
+}
+
+pub(super) fn bench_cluster(a: ClusterArgs) -> anyhow::Result<bool> {
+    if a.subs == 0 || a.objects == 0 || a.writers == 0 || a.writers > 1024 {
+        bail!("--subs and --objects must be at least 1, --writers between 1 and 1024");
+    }
+    let report = bench::clusterbench::run(&bench::clusterbench::ClusterOptions {
+        bin: std::env::current_exe()?,
+        nodes: a.nodes,
+        subs: a.subs,
+        objects: a.objects,
+        writers: a.writers,
+        seed: a.seed,
+        check_objects: a.check_objects,
+    })?;
+    bench::clusterbench::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    Ok(report.identical_matches)
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct IngestArgs {
+    /// Object sizes in bytes (comma separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 65536])]
+    pub(super) sizes: Vec<usize>,
+    /// Concurrent writers (comma separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
+    pub(super) writers: Vec<usize>,
+    /// Seconds per configuration and path.
+    #[arg(long, default_value_t = 3.0)]
+    pub(super) seconds: f64,
+    /// Puts each writer keeps in flight on its PutStream in the pipelined row.
+    #[arg(long, default_value_t = 32)]
+    pub(super) window: usize,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+}
+
+pub(super) fn bench_ingest(a: IngestArgs) -> anyhow::Result<bool> {
+    if a.sizes
+        .iter()
+        .any(|&s| s == 0 || s > runtime::Limits::default().max_object_bytes)
+    {
+        bail!(
+            "--sizes must be between 1 and {} bytes",
+            runtime::Limits::default().max_object_bytes
+        );
+    }
+    if a.writers.iter().any(|&w| w == 0 || w > 1024) {
+        bail!("--writers must be between 1 and 1024");
+    }
+    if !(a.seconds > 0.0 && a.seconds <= 600.0) {
+        bail!("--seconds must be in (0, 600], got {}", a.seconds);
+    }
+    if !(1..=4096).contains(&a.window) {
+        bail!("--window must be between 1 and 4096, got {}", a.window);
+    }
+    let report = bench::ingestbench::run(&bench::ingestbench::IngestOptions {
+        sizes: a.sizes,
+        writers: a.writers,
+        seconds: a.seconds,
+        window: a.window,
+    })?;
+    bench::ingestbench::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    Ok(true)
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WorkloadArg {
+    Iot,
+    Uniform,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum EngineArg {
+    /// The match block with its per-shard strategy.
+    Cpu,
+    /// The match block forced onto the Bloom subset path (the GPU's path, run on the CPU).
+    Bloom,
+    /// The Bloom subset path with the scan on the GPU (wgpu; falls back to the CPU twin).
+    Gpu,
+    /// The naive reference matcher.
+    Naive,
+    /// Every engine above.
+    All,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StrategyArg {
+    /// Chosen per shard from its statistics.
+    Auto,
+    /// Access-predicate index.
+    Access,
+    /// Bloom subset scan.
+    Bloom,
+    /// Negative cell bitsets.
+    Cells,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KindArg {
+    Range,
+    Eq,
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct MatchArgs {
+    /// Workload to generate.
+    #[arg(long, value_enum, default_value_t = WorkloadArg::Iot)]
+    pub(super) workload: WorkloadArg,
+    /// Number of subscriptions.
+    #[arg(long, default_value_t = 100_000)]
+    pub(super) subs: usize,
+    /// Number of events to match.
+    #[arg(long, default_value_t = 2_000)]
+    pub(super) events: usize,
+    /// Random seed (the same seed gives the same workload).
+    #[arg(long, default_value_t = 1)]
+    pub(super) seed: u64,
+    /// Engines to run; every engine's matches are compared.
+    #[arg(long, value_enum, default_value_t = EngineArg::All)]
+    pub(super) engine: EngineArg,
+    /// Events the naive reference runs; all engines are compared on these.
+    #[arg(long, default_value_t = 200)]
+    pub(super) check_events: usize,
+    /// Events per match batch.
+    #[arg(long, default_value_t = 256)]
+    pub(super) batch: usize,
+    /// Bloom filter bits (m): a multiple of 64, 64..=1024.
+    #[arg(long, default_value_t = 256)]
+    pub(super) bloom_bits: u32,
+    /// Match strategy of the `cpu` engine.
+    #[arg(long, value_enum, default_value_t = StrategyArg::Auto)]
+    pub(super) strategy: StrategyArg,
+    /// Cells per numeric attribute for the cell strategy.
+    #[arg(long, default_value_t = 32)]
+    pub(super) cells: usize,
+    /// Bloom bits per predicate (k), 1..=8.
+    #[arg(long, default_value_t = 3)]
+    pub(super) bloom_k: u32,
+    /// uniform: number of attributes.
+    #[arg(long, default_value_t = 20)]
+    pub(super) attrs: usize,
+    /// uniform: predicates per subscription (on distinct attributes).
+    #[arg(long, default_value_t = 10)]
+    pub(super) preds: usize,
+    /// uniform: predicate kind.
+    #[arg(long, value_enum, default_value_t = KindArg::Range)]
+    pub(super) kind: KindArg,
+    /// uniform, range: fraction of the domain each range covers.
+    #[arg(long, default_value_t = 0.5)]
+    pub(super) width: f64,
+    /// uniform, eq: distinct values per attribute.
+    #[arg(long, default_value_t = 100)]
+    pub(super) cardinality: u64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+}
+
+pub(super) fn bench_match(a: MatchArgs) -> anyhow::Result<bool> {
+    let mut opts = MatchBenchOptions::new(match a.workload {
+        WorkloadArg::Iot => "iot",
+        WorkloadArg::Uniform => "uniform",
+    })?;
+    if a.workload == WorkloadArg::Uniform {
+        if a.attrs == 0 || a.preds == 0 || a.preds > a.attrs {
+            bail!(
+                "--preds must be between 1 and --attrs ({}), got {}",
+                a.attrs,
+                a.preds
+            );
+        }
+        if !(a.width > 0.0 && a.width <= 1.0) {
+            bail!("--width must be in (0, 1], got {}", a.width);
+        }
+        if a.cardinality == 0 || a.cardinality > bench::workload::DOMAIN {
+            bail!(
+                "--cardinality must be between 1 and {}, got {}",
+                bench::workload::DOMAIN,
+                a.cardinality
+            );
+        }
+        opts.workload = Workload::Uniform(UniformSpec {
+            attrs: a.attrs,
+            preds: a.preds,
+            eq: a.kind == KindArg::Eq,
+            width: a.width,
+            cardinality: a.cardinality,
+        });
+    }
+    opts.bloom = blocks_bloom(a.bloom_bits, a.bloom_k)?;
+    opts.subs = a.subs;
+    opts.events = a.events;
+    opts.seed = a.seed;
+    opts.check_events = a.check_events;
+    opts.batch = a.batch;
+    if a.cells == 0 || a.cells > 1024 {
+        bail!("--cells must be between 1 and 1024, got {}", a.cells);
+    }
+    opts.cells = a.cells;
+    opts.strategy = match a.strategy {
+        StrategyArg::Auto => StrategyChoice::Auto,
+        StrategyArg::Access => StrategyChoice::Fixed(Strategy::Access),
+        StrategyArg::Bloom => StrategyChoice::Fixed(Strategy::Bloom),
+        StrategyArg::Cells => StrategyChoice::Fixed(Strategy::Cells),
+    };
+    opts.engine = match a.engine {
+        EngineArg::Cpu => EngineChoice::Cpu,
+        EngineArg::Bloom => EngineChoice::Bloom,
+        EngineArg::Naive => EngineChoice::Naive,
+        EngineArg::Gpu => EngineChoice::Gpu,
+        EngineArg::All => EngineChoice::All,
+    };
+    let report = matchbench::run(&opts)?;
+    matchbench::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    Ok(report.identical_matches)
+}
+
+pub(super) fn blocks_bloom(bits: u32, k: u32) -> anyhow::Result<bench::BloomConfig> {
+    Ok(bench::BloomConfig { bits, k }.validate()?)
+}

@@ -1,0 +1,559 @@
+//! The commands that run the system: `up` (an embedded single-node cluster), `coordinator`
+//! and `node`, with the flags they share and the start-up they share.
+
+use super::*;
+
+#[derive(clap::Args, Debug)]
+pub(super) struct UpArgs {
+    /// Address to serve the gRPC API on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub(super) listen: std::net::SocketAddr,
+    /// Directory of the node's data (created if missing).
+    #[arg(long, default_value = "./dissem-data")]
+    pub(super) data: PathBuf,
+    /// This node's id (part of every object id it assigns).
+    #[arg(long, default_value_t = 1)]
+    pub(super) node: u32,
+    /// Largest object payload in bytes.
+    #[arg(long, default_value_t = runtime::Limits::default().max_object_bytes)]
+    pub(super) max_object_bytes: usize,
+    /// Most metadata attributes per object.
+    #[arg(long, default_value_t = runtime::Limits::default().max_attributes)]
+    pub(super) max_attributes: usize,
+    /// Requests per second one client connection may make.
+    #[arg(long, default_value_t = runtime::Limits::default().max_requests_per_second_per_connection)]
+    pub(super) max_requests_per_second: u32,
+    /// Delete objects whose dissemination is finished, acknowledged deliveries and dead
+    /// letters once older than this many seconds (0 keeps them forever). Checked every minute.
+    #[arg(long, default_value_t = 0)]
+    pub(super) retain_seconds: u64,
+    /// Keep at most this many objects: the oldest finished ones go first (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub(super) max_objects: usize,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address.
+    #[arg(long)]
+    pub(super) metrics_listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub(super) listen_flags: ListenFlags,
+}
+
+/// Connection limits of a gRPC listener (`up`, `node`, `coordinator`).
+#[derive(clap::Args, Debug)]
+pub(super) struct ListenFlags {
+    /// Most client connections open at once (also bounded by the process's file descriptor
+    /// limit); past it new connections are closed at once.
+    #[arg(long, default_value_t = runtime::listen::ListenConfig::default().max_connections)]
+    pub(super) max_connections: usize,
+    /// A new connection must send its first bytes (the HTTP/2 preface) within this many ms.
+    #[arg(long, default_value_t = 10_000)]
+    pub(super) handshake_timeout_ms: u64,
+    /// A connection with no request in flight for this many seconds is closed.
+    #[arg(long, default_value_t = 300)]
+    pub(super) idle_timeout_s: u64,
+    /// HTTP/2 pings to a quiet client this often (s); one unanswered for 20 s closes the
+    /// connection (half-open peers).
+    #[arg(long, default_value_t = 30)]
+    pub(super) keepalive_s: u64,
+    /// Authenticate callers with the tokens of this file (TOML; `dissem token create` adds
+    /// tokens). Without it every caller may do everything.
+    #[arg(long, env = "DISSEM_AUTH_FILE")]
+    pub(super) auth_file: Option<PathBuf>,
+    /// Serve on a non-loopback address without --auth-file (the public API is then open to
+    /// anyone who can reach the address).
+    #[arg(long)]
+    pub(super) insecure: bool,
+    /// Serve only TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub(super) tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub(super) tls_key: Option<PathBuf>,
+    /// Demand client certificates signed by this CA (PEM): mutual TLS.
+    #[arg(long, requires = "tls_cert")]
+    pub(super) tls_client_ca: Option<PathBuf>,
+    /// The CA (PEM) that signed the other processes of the cluster, for this process's own
+    /// calls to `https://` peers (it presents --tls-cert to them).
+    #[arg(long)]
+    pub(super) tls_ca: Option<PathBuf>,
+}
+
+impl ListenFlags {
+    pub(super) fn config(&self) -> anyhow::Result<runtime::listen::ListenConfig> {
+        if self.max_connections == 0
+            || self.handshake_timeout_ms == 0
+            || self.idle_timeout_s == 0
+            || self.keepalive_s == 0
+        {
+            bail!(
+                "--max-connections, --handshake-timeout-ms, --idle-timeout-s and --keepalive-s \
+                 must be at least 1"
+            );
+        }
+        Ok(runtime::listen::ListenConfig {
+            max_connections: self.max_connections,
+            handshake_timeout: std::time::Duration::from_millis(self.handshake_timeout_ms),
+            idle_timeout: std::time::Duration::from_secs(self.idle_timeout_s),
+            keepalive_interval: std::time::Duration::from_secs(self.keepalive_s),
+            ..runtime::listen::ListenConfig::default()
+        })
+    }
+
+    /// Refuses a non-loopback address without authentication unless `--insecure` was given.
+    pub(super) fn check_address(&self, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+        if addr.ip().is_loopback() || self.auth_file.is_some() {
+            return Ok(());
+        }
+        if !self.insecure {
+            bail!(
+                "refusing to listen on {addr} without authentication: pass --auth-file FILE, \
+                 listen on 127.0.0.1, or pass --insecure to serve this address to anyone"
+            );
+        }
+        eprintln!("warning: serving {addr} with --insecure: callers are not authenticated");
+        Ok(())
+    }
+
+    /// The guarded listener: connection limits and, with --auth-file, authentication.
+    pub(super) fn listener(
+        &self,
+        tcp: tokio::net::TcpListener,
+        limits: &runtime::Limits,
+    ) -> anyhow::Result<runtime::listen::Listener> {
+        let auth = match &self.auth_file {
+            None => None,
+            Some(p) => {
+                let a = runtime::auth::Auth::load(p)?;
+                eprintln!(
+                    "authenticating callers with {} tokens of {}",
+                    a.len(),
+                    p.display()
+                );
+                Some(std::sync::Arc::new(a))
+            }
+        };
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => {
+                let id = runtime::tls::identity(c, k)?;
+                let client_ca = self
+                    .tls_client_ca
+                    .as_deref()
+                    .map(runtime::tls::ca)
+                    .transpose()?;
+                Some(runtime::tls::server(
+                    id,
+                    client_ca,
+                    limits.listen.handshake_timeout,
+                ))
+            }
+            _ => None,
+        };
+        // this process's calls to https:// peers of the cluster
+        let peer_ca = self.tls_ca.as_deref().map(runtime::tls::ca).transpose()?;
+        let own = match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => Some(runtime::tls::identity(c, k)?),
+            _ => None,
+        };
+        runtime::tls::set_client(runtime::tls::client(peer_ca, own));
+        Ok(runtime::listen::Listener::new(tcp, limits.listen)
+            .with_auth(auth)
+            .with_tls(tls))
+    }
+
+    /// The scheme this listener is reached by.
+    pub(super) fn scheme(&self) -> &'static str {
+        if self.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+}
+
+/// Binds the metrics listener when asked for.
+pub(super) async fn metrics_listener(
+    addr: Option<std::net::SocketAddr>,
+) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    match addr {
+        None => Ok(None),
+        Some(a) => {
+            let (l, bound) = runtime::bind(a).await?;
+            eprintln!("metrics on http://{bound}/metrics");
+            Ok(Some(l))
+        }
+    }
+}
+
+pub(super) fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
+    w.check()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let n = a.start(w.allow_private_targets).await?;
+        announce(format!(
+            "dissem node {} listening on {} (data in {}, {} outbox records to replay)",
+            a.node,
+            n.addr,
+            a.data.display(),
+            n.store.outbox_len()
+        ))?;
+        let daemon = w.daemon_config(a.node, String::new(), String::new())?;
+        let metrics = metrics_listener(a.metrics_listen).await?;
+        let listener = a.listen_flags.listener(n.listener, &n.limits)?;
+        embedded::run(
+            listener,
+            n.store,
+            n.limits,
+            coordinator::server::ServerConfig::default(),
+            daemon,
+            metrics,
+            shutdown(),
+        )
+        .await?;
+        Ok(true)
+    })
+}
+
+/// What `up` and `node` start alike: the data directory and its store, the checked and bound
+/// listener, the limits, and retention.
+struct NodeStart {
+    store: storage::Store,
+    listener: tokio::net::TcpListener,
+    addr: std::net::SocketAddr,
+    limits: runtime::Limits,
+}
+
+impl UpArgs {
+    async fn start(&self, allow_private_targets: bool) -> anyhow::Result<NodeStart> {
+        std::fs::create_dir_all(&self.data).map_err(|e| {
+            anyhow::anyhow!("creating the data directory {}: {e}", self.data.display())
+        })?;
+        let store = storage::Store::open(&self.data, self.node)
+            .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", self.data.display()))?;
+        self.listen_flags.check_address(self.listen)?;
+        let (listener, addr) = runtime::bind(self.listen).await?;
+        let limits = runtime::Limits {
+            max_object_bytes: self.max_object_bytes,
+            max_attributes: self.max_attributes,
+            max_requests_per_second_per_connection: self.max_requests_per_second.max(1),
+            allow_private_targets,
+            listen: self.listen_flags.config()?,
+            ..runtime::Limits::default()
+        };
+        if self.retain_seconds > 0 || self.max_objects > 0 {
+            tokio::spawn(worker::retain(
+                store.clone(),
+                std::time::Duration::from_secs(self.retain_seconds),
+                (self.max_objects > 0).then_some(self.max_objects),
+                std::time::Duration::from_secs(60),
+            ));
+        }
+        Ok(NodeStart {
+            store,
+            listener,
+            addr,
+            limits,
+        })
+    }
+}
+
+/// Prints the first line on stdout (the address, for scripts and tests) at once.
+fn announce(line: String) -> anyhow::Result<()> {
+    use std::io::Write;
+    println!("{line}");
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C (SIGINT).
+async fn shutdown() {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct CoordinatorArgs {
+    /// Address to serve gRPC on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:7600")]
+    pub(super) listen: std::net::SocketAddr,
+    /// Directory of the coordinator's data: subscriptions and their images.
+    #[arg(long, default_value = "./dissem-coordinator")]
+    pub(super) data: PathBuf,
+    /// Objects per test task (values of one attribute) and per match task.
+    #[arg(long, default_value_t = coordinator::Config::default().test_batch)]
+    pub(super) batch: usize,
+    /// A batch closes this many ms after its first object at the latest.
+    #[arg(long, default_value_t = coordinator::Config::default().batch_deadline_ms)]
+    pub(super) batch_deadline_ms: u64,
+    /// Close batches only on size or deadline. By default a batch also starts at once when a
+    /// worker holding its block is idle, none of its tasks runs and its last batch closed at
+    /// least a deadline ago (no batching wait at low load).
+    #[arg(long)]
+    pub(super) always_batch: bool,
+    /// A worker whose lease (renewed by its node's heartbeats) is older is not given tasks.
+    #[arg(long, default_value_t = coordinator::Config::default().lease_ms)]
+    pub(super) lease_ms: u64,
+    /// A task is reassigned after this multiple of its kind's mean completion time...
+    #[arg(long, default_value_t = coordinator::Config::default().timeout_multiple)]
+    pub(super) timeout_multiple: f64,
+    /// ...but never before this many ms.
+    #[arg(long, default_value_t = coordinator::Config::default().min_timeout_ms)]
+    pub(super) min_timeout_ms: u64,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address.
+    #[arg(long)]
+    pub(super) metrics_listen: Option<std::net::SocketAddr>,
+    /// The cluster secret that nodes present on internal calls (created with a random secret,
+    /// mode 0600, if missing). Default: cluster.secret in the data directory.
+    #[arg(long)]
+    pub(super) cluster_secret_file: Option<PathBuf>,
+    /// Allow subscriptions whose targets are on loopback, private and link-local addresses.
+    #[arg(long)]
+    pub(super) allow_private_targets: bool,
+    #[command(flatten)]
+    pub(super) listen_flags: ListenFlags,
+}
+
+pub(super) fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    if a.timeout_multiple.is_nan() || a.timeout_multiple < 1.0 {
+        bail!(
+            "--timeout-multiple must be at least 1, got {}",
+            a.timeout_multiple
+        );
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        std::fs::create_dir_all(&a.data).map_err(|e| {
+            anyhow::anyhow!("creating the data directory {}: {e}", a.data.display())
+        })?;
+        let store = storage::Store::open(&a.data, 0)
+            .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", a.data.display()))?;
+        a.listen_flags.check_address(a.listen)?;
+        let secret_file = a
+            .cluster_secret_file
+            .clone()
+            .unwrap_or_else(|| a.data.join("cluster.secret"));
+        let cluster_secret = runtime::cluster_secret::ClusterSecret::load_or_create(&secret_file)?;
+        let limits = runtime::Limits {
+            allow_private_targets: a.allow_private_targets,
+            listen: a.listen_flags.config()?,
+            ..runtime::Limits::default()
+        };
+        let (listener, addr) = runtime::bind(a.listen).await?;
+        let cfg = coordinator::server::ServerConfig {
+            sched: coordinator::Config {
+                test_batch: a.batch,
+                match_batch: a.batch,
+                batch_deadline_ms: a.batch_deadline_ms,
+                eager_close: !a.always_batch,
+                lease_ms: a.lease_ms,
+                timeout_multiple: a.timeout_multiple,
+                min_timeout_ms: a.min_timeout_ms,
+                ..coordinator::Config::default()
+            },
+            cluster_secret,
+            ..coordinator::server::ServerConfig::default()
+        };
+        announce(format!(
+            "dissem coordinator listening on {addr} (data in {}, cluster secret in {})",
+            a.data.display(),
+            secret_file.display()
+        ))?;
+        let metrics = metrics_listener(a.metrics_listen).await?;
+        let listener = a.listen_flags.listener(listener, &limits)?;
+        coordinator::server::serve(listener, store, limits, cfg, metrics, shutdown()).await?;
+        Ok(true)
+    })
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GpuArg {
+    Auto,
+    On,
+    Off,
+}
+
+/// Settings of a node daemon's workers (`up` and `node`).
+#[derive(clap::Args, Debug)]
+pub(super) struct WorkerFlags {
+    /// Empty workers started at once.
+    #[arg(long, default_value_t = 4)]
+    pub(super) workers: usize,
+    /// Workers load regulation keeps even when the node is busy.
+    #[arg(long, default_value_t = 2)]
+    pub(super) min_workers: usize,
+    /// Workers never exceeded.
+    #[arg(long, default_value_t = 16)]
+    pub(super) max_workers: usize,
+    /// CPU utilisation (0..=1) above which every idle worker is terminated.
+    #[arg(long, default_value_t = 0.85)]
+    pub(super) cpu_high: f64,
+    /// CPU utilisation below which one empty worker is started per sample.
+    #[arg(long, default_value_t = 0.60)]
+    pub(super) cpu_low: f64,
+    /// How often the CPU is sampled, ms.
+    #[arg(long, default_value_t = 1000)]
+    pub(super) regulate_ms: u64,
+    /// Workers without a task for this many seconds are cleaned up.
+    #[arg(long, default_value_t = 300)]
+    pub(super) idle_cleanup_s: u64,
+    /// Outbox records older than this many ms are sent to the coordinator again.
+    #[arg(long, default_value_t = 5000)]
+    pub(super) resend_ms: u64,
+    /// Where match blocks run their subset scan: `auto` uses a hardware GPU when one opens
+    /// (the CPU otherwise), `on` any adapter including software ones (Mesa's lavapipe),
+    /// `off` always the CPU.
+    #[arg(long, value_enum, default_value_t = GpuArg::Auto)]
+    pub(super) gpu: GpuArg,
+    /// Allow delivery targets on loopback, private and link-local addresses (refused by
+    /// default, so subscriptions cannot reach into the operator's network).
+    #[arg(long)]
+    pub(super) allow_private_targets: bool,
+    /// Calls in flight per target endpoint (each carries up to --push-batch deliveries).
+    #[arg(long, default_value_t = 16)]
+    pub(super) in_flight_per_endpoint: usize,
+    /// Most deliveries in one call to an endpoint: pushes that queue while every call to it
+    /// is out go together in the next (a webhook POST as a CloudEvents batch, or one gRPC
+    /// `Subscriber.DeliverBatch` for QoS 0/1); 1 sends each delivery on its own.
+    #[arg(long, alias = "webhook-batch", default_value_t = 64)]
+    pub(super) push_batch: usize,
+    /// Extra CA certificates (PEM) that HTTPS webhooks may be signed by, besides the bundled
+    /// web roots.
+    #[arg(long)]
+    pub(super) webhook_ca: Option<PathBuf>,
+    /// Push to new webhook URLs without first asking them to consent (the CloudEvents
+    /// abuse-protection handshake: OPTIONS with WebHook-Request-Origin), for receivers that
+    /// cannot answer it.
+    #[arg(long)]
+    pub(super) skip_webhook_validation: bool,
+    /// Record matches as pending deliveries without pushing them (benchmarks of the matching
+    /// pipeline, or when another system drains the delivery records).
+    #[arg(long)]
+    pub(super) no_delivery: bool,
+    /// Run all matching and pushing at one OS priority. By default, while the node has a
+    /// backlog (300 objects in its outbox), objects below priority 7 are matched and pushed
+    /// on threads of lower OS priority (nice +10), so the CPU serves writes and priority-7
+    /// objects first.
+    #[arg(long)]
+    pub(super) no_bulk_lane: bool,
+}
+
+impl WorkerFlags {
+    pub(super) fn check(&self) -> anyhow::Result<()> {
+        if !(0.0..=1.0).contains(&self.cpu_low)
+            || self.cpu_high.is_nan()
+            || self.cpu_low > self.cpu_high
+        {
+            bail!(
+                "--cpu-low ({}) must be in 0..=1 and at most --cpu-high ({})",
+                self.cpu_low,
+                self.cpu_high
+            );
+        }
+        if self.min_workers > self.max_workers || self.max_workers == 0 {
+            bail!(
+                "--min-workers ({}) must not exceed --max-workers ({}), which must be at least 1",
+                self.min_workers,
+                self.max_workers
+            );
+        }
+        if self.regulate_ms == 0 || self.resend_ms == 0 {
+            bail!("--regulate-ms and --resend-ms must be at least 1");
+        }
+        Ok(())
+    }
+
+    pub(super) fn daemon_config(
+        &self,
+        node: u32,
+        coordinator: String,
+        endpoint: String,
+    ) -> anyhow::Result<worker::daemon::DaemonConfig> {
+        let mut cfg = worker::daemon::DaemonConfig::new(node, coordinator, endpoint);
+        if let Some(p) = &self.webhook_ca {
+            let pem = std::fs::read(p)
+                .map_err(|e| anyhow::anyhow!("reading --webhook-ca {}: {e}", p.display()))?;
+            // checked now, so a bad file is named at start
+            worker::push_http::webhook_tls(Some(&pem))?;
+            cfg.delivery.webhook_ca_pem = Some(std::sync::Arc::new(pem));
+        }
+        cfg.delivery.skip_webhook_validation = self.skip_webhook_validation;
+        cfg.initial_workers = self.workers;
+        cfg.regulator = worker::regulate::RegulatorConfig {
+            upper: self.cpu_high,
+            lower: self.cpu_low,
+            min_workers: self.min_workers,
+            max_workers: self.max_workers,
+            idle_cleanup_ms: self.idle_cleanup_s * 1000,
+        };
+        cfg.regulate_every = std::time::Duration::from_millis(self.regulate_ms);
+        cfg.resend_after = std::time::Duration::from_millis(self.resend_ms);
+        cfg.delivery.allow_private_targets = self.allow_private_targets;
+        cfg.delivery.enabled = !self.no_delivery;
+        cfg.delivery.in_flight_per_endpoint = self.in_flight_per_endpoint.max(1);
+        cfg.delivery.push_batch = self.push_batch.max(1);
+        cfg.bulk_lane = !self.no_bulk_lane;
+        cfg.gpu = match self.gpu {
+            GpuArg::Auto => worker::daemon::GpuUse::Hardware,
+            GpuArg::On => worker::daemon::GpuUse::Any,
+            GpuArg::Off => worker::daemon::GpuUse::Off,
+        };
+        Ok(cfg)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct NodeArgs {
+    #[command(flatten)]
+    pub(super) up: UpArgs,
+    /// The coordinator's URL.
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:7600",
+        env = "DISSEM_COORDINATOR_URL"
+    )]
+    pub(super) coordinator: String,
+    /// The URL other processes reach this node at (default: http:// + the listen address).
+    #[arg(long)]
+    pub(super) advertise: Option<String>,
+    /// The cluster secret that internal calls carry: the file the coordinator keeps
+    /// (`cluster.secret` in its data directory, or its --cluster-secret-file).
+    #[arg(long, env = "DISSEM_CLUSTER_SECRET_FILE")]
+    pub(super) cluster_secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) workers: WorkerFlags,
+}
+
+pub(super) fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
+    a.workers.check()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let u = &a.up;
+        let secret_file = a.cluster_secret_file.as_ref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "a cluster node needs its coordinator's cluster secret: pass \
+                 --cluster-secret-file (the coordinator writes it to cluster.secret in its data \
+                 directory)"
+            )
+        })?;
+        let n = u.start(a.workers.allow_private_targets).await?;
+        let endpoint = a
+            .advertise
+            .clone()
+            .unwrap_or_else(|| format!("{}://{}", u.listen_flags.scheme(), n.addr));
+        let mut cfg = a
+            .workers
+            .daemon_config(u.node, a.coordinator.clone(), endpoint)?;
+        cfg.cluster_secret = runtime::cluster_secret::ClusterSecret::load(secret_file)?;
+        announce(format!(
+            "dissem node {} listening on {} (data in {}, coordinator {})",
+            u.node,
+            n.addr,
+            u.data.display(),
+            a.coordinator
+        ))?;
+        let metrics = metrics_listener(u.metrics_listen).await?;
+        let listener = u.listen_flags.listener(n.listener, &n.limits)?;
+        worker::run_node(listener, n.store, n.limits, cfg, metrics, shutdown()).await?;
+        Ok(true)
+    })
+}
