@@ -1,0 +1,490 @@
+//! Compiling subscriptions into a shard ([`Base::build`]), one function per phase: intern
+//! attributes and predicates (1), compile each predicate to a code and its test block entry
+//! (2), give predicates Bloom positions (3); the layout phases (4-8) are `layout`.
+
+use super::layout;
+use super::*;
+
+#[derive(Hash, PartialEq, Eq)]
+struct PredKey {
+    attr: u32,
+    test: Test,
+    negated: bool,
+}
+
+/// Phase 1: every attribute and every distinct predicate interned (ids shared by all the
+/// conjunctions that use them), and the conjunctions as lists of predicate ids.
+pub(super) struct Interned {
+    pub(super) attr_ids: FastMap<String, u32>,
+    pub(super) attr_names: Vec<String>,
+    /// (attribute, test, negated) per predicate id.
+    pub(super) preds: Vec<(u32, Test, bool)>,
+    pub(super) conj_sub: Vec<u64>,
+    /// Conjunction `c`'s predicates are `conj_preds[conj_start[c]..conj_start[c + 1]]`.
+    pub(super) conj_start: Vec<u32>,
+    pub(super) conj_preds: Vec<u32>,
+}
+
+/// Phase 2: each predicate compiled to a code with a selectivity estimate, and the test
+/// blocks: numeric constants, string tests and flags per attribute.
+pub(super) struct Compiled {
+    pub(super) attrs: Vec<AttrBlock>,
+    pub(super) flag_pred: Vec<u32>,
+    pub(super) n_flags: u32,
+    pub(super) pred_codes: Vec<Code>,
+    pub(super) pred_sel: Vec<f32>,
+    pub(super) not_exists_attrs: Vec<u32>,
+}
+
+impl Base {
+    /// Compiles subscriptions (id, conjunctions) into a shard, phase by phase.
+    pub fn build<'a, I>(cfg: ShardConfig, subs: I) -> Result<Base, BuildError>
+    where
+        I: IntoIterator<Item = (u64, &'a Dnf)>,
+    {
+        let bloom = cfg.bloom.validate()?;
+        let words = bloom.words();
+        let mut it = intern(subs)?;
+        let mut c = compile(&it.preds, it.attr_names.len());
+        let (bloom_ready, pred_pos) = bloom_positions(&cfg, bloom, &it, &mut c);
+        drop(std::mem::take(&mut it.preds));
+        let n_preds = c.pred_codes.len();
+        let mut order = layout::order(&it, &c);
+        let k = bloom.k as usize;
+        let mut recs = layout::records(
+            &it,
+            &c,
+            &order,
+            bloom_ready.then_some((&pred_pos[..], k, words)),
+        );
+        let (id_post, id_recs) = if cfg.test_ids {
+            layout::id_postings(n_preds, &order)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let (runs, flag_runs, probe_rows) = layout::probe_runs(&recs.recs, &mut order);
+        let chosen = layout::strategy(&cfg, &c, &order, &recs, words, bloom_ready)?;
+        let mut attrs = c.attrs;
+        if !cfg.test_ids {
+            for blk in attrs.iter_mut() {
+                blk.id_index = IntervalIndex::default();
+            }
+            recs.new_preds = Vec::new();
+        }
+        Ok(Base {
+            cfg,
+            words,
+            attr_ids: it.attr_ids,
+            attr_names: it.attr_names,
+            attrs,
+            n_flags: c.n_flags,
+            n_preds: n_preds as u32,
+            flag_pred: c.flag_pred,
+            pred_pos,
+            not_exists_attrs: c.not_exists_attrs,
+            recs: recs.recs,
+            code_start: recs.code_start,
+            codes: recs.codes,
+            conj_preds: recs.new_preds,
+            filters: recs.filters,
+            bloom_ready,
+            num_index: order.num_index,
+            runs,
+            flag_runs,
+            probe_rows,
+            flag_access: order.flag_access,
+            flag_post: order.flag_post,
+            exists_post: order.exists_post,
+            always: order.always,
+            id_post,
+            id_recs,
+            cells: chosen.cells,
+            strategy: chosen.strategy,
+            est_access_cost: chosen.est_access_cost,
+            est_bloom_cost: chosen.est_bloom_cost,
+            est_cells_cost: chosen.est_cells_cost,
+        })
+    }
+}
+
+/// Phase 1: interns attributes and predicates and collects the conjunctions.
+fn intern<'a, I>(subs: I) -> Result<Interned, BuildError>
+where
+    I: IntoIterator<Item = (u64, &'a Dnf)>,
+{
+    let mut attr_ids: FastMap<String, u32> = FastMap::default();
+    let mut attr_names: Vec<String> = Vec::new();
+    let mut pred_ids: FastMap<PredKey, u32> = FastMap::default();
+    let mut preds: Vec<(u32, Test, bool)> = Vec::new();
+    let mut conj_sub: Vec<u64> = Vec::new();
+    let mut conj_start: Vec<u32> = vec![0];
+    let mut conj_preds: Vec<u32> = Vec::new();
+    let mut seen_subs: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    for (sub, dnf) in subs {
+        if !seen_subs.insert(sub) {
+            return Err(BuildError::DuplicateSubscription(sub));
+        }
+        for conj in &dnf.0 {
+            for p in &conj.0 {
+                let attr = match attr_ids.get(&p.attr) {
+                    Some(&a) => a,
+                    None => {
+                        let a = attr_names.len() as u32;
+                        if a >= MAX_ATTRS {
+                            return Err(BuildError::TooLarge("attributes", MAX_ATTRS as u64));
+                        }
+                        attr_ids.insert(p.attr.clone(), a);
+                        attr_names.push(p.attr.clone());
+                        a
+                    }
+                };
+                let key = PredKey {
+                    attr,
+                    test: p.test.clone(),
+                    negated: p.negated,
+                };
+                let next = preds.len() as u32;
+                let id = *pred_ids.entry(key).or_insert_with(|| {
+                    preds.push((attr, p.test.clone(), p.negated));
+                    next
+                });
+                conj_preds.push(id);
+            }
+            conj_sub.push(sub);
+            if conj_preds.len() >= u32::MAX as usize {
+                return Err(BuildError::TooLarge("predicate uses", u32::MAX as u64));
+            }
+            conj_start.push(conj_preds.len() as u32);
+        }
+    }
+    Ok(Interned {
+        attr_ids,
+        attr_names,
+        preds,
+        conj_sub,
+        conj_start,
+        conj_preds,
+    })
+}
+
+/// Phase 2: numeric constants per attribute, flags for string and set tests, and each
+/// predicate's code and selectivity estimate.
+fn compile(preds: &[(u32, Test, bool)], n_attrs: usize) -> Compiled {
+    let n_preds = preds.len();
+    let mut consts: Vec<Vec<Num>> = vec![Vec::new(); n_attrs];
+    let mut numeric_attr = vec![false; n_attrs];
+    for (attr, test, _) in preds.iter() {
+        numeric_attr[*attr as usize] |= test.is_numeric();
+        match test {
+            Test::Interval { lo, hi } => {
+                for b in [lo, hi] {
+                    if let crate::predicate::Bound::Incl(c) | crate::predicate::Bound::Excl(c) = b {
+                        consts[*attr as usize].push(*c);
+                    }
+                }
+            }
+            Test::NumIn(set) => consts[*attr as usize].extend(set.iter().copied()),
+            _ => {}
+        }
+    }
+    let mut attrs: Vec<AttrBlock> = (0..n_attrs)
+        .map(|_| AttrBlock {
+            exists_pred: NONE,
+            not_exists_pred: NONE,
+            ..AttrBlock::default()
+        })
+        .collect();
+    for (a, c) in consts.into_iter().enumerate() {
+        if numeric_attr[a] {
+            attrs[a].consts = Some(Constants::new(c));
+        }
+    }
+    // constant -> index, so compiling millions of intervals costs a hash lookup each
+    // instead of binary searches over tables that do not fit in cache
+    let const_index: Vec<FastMap<i128, u32>> = attrs
+        .iter()
+        .map(|b| match &b.consts {
+            Some(t) => (0..t.len())
+                .map(|i| (t.get(i).to_raw(), i as u32))
+                .collect(),
+            None => FastMap::default(),
+        })
+        .collect();
+    let mut flag_ids: FastMap<(u32, Test), u32> = FastMap::default();
+    let mut flag_pred: Vec<u32> = Vec::new();
+    let mut str_tests: Vec<Vec<(StrTest, u32)>> = vec![Vec::new(); n_attrs];
+    let mut num_hits: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_attrs];
+    let mut pred_codes: Vec<Code> = Vec::with_capacity(n_preds);
+    let mut pred_sel: Vec<f32> = Vec::with_capacity(n_preds);
+    // distinct `=`/`in` string constants per attribute: the estimate of its cardinality
+    let mut eq_counts: Vec<u32> = vec![0; n_attrs];
+    {
+        let mut distinct: Vec<std::collections::HashSet<&str>> = vec![Default::default(); n_attrs];
+        for (attr, test, _) in preds.iter() {
+            if let Test::StrIn(v) = test {
+                distinct[*attr as usize].extend(v.iter().map(String::as_str));
+            }
+        }
+        for (c, d) in eq_counts.iter_mut().zip(&distinct) {
+            *c = d.len() as u32;
+        }
+    }
+    let mut id_items: Vec<Vec<(u32, u32, u32)>> = vec![Vec::new(); n_attrs];
+    for (pid, (attr, test, negated)) in preds.iter().enumerate() {
+        let pid = pid as u32;
+        let a = *attr;
+        let blk = &mut attrs[a as usize];
+        let (code, sel) = match test {
+            Test::Exists => {
+                if *negated {
+                    blk.not_exists_pred = pid;
+                    (Code::new(a, OP_NOT_EXISTS, 0, 0), 0.1)
+                } else {
+                    blk.exists_pred = pid;
+                    (Code::new(a, OP_EXISTS, 0, 0), 0.9)
+                }
+            }
+            Test::Interval { lo, hi } => {
+                let table = blk.consts.as_ref().expect("interval bounds are constants");
+                let (ra, rb) = rows_of(&const_index[a as usize], table, *lo, *hi);
+                let (ra, rb) = if ra > rb { (1, 0) } else { (ra, rb) };
+                let sel = if ra > rb {
+                    0.0
+                } else {
+                    (rb - ra + 1) as f32 / (table.max_row() + 1) as f32
+                };
+                if *negated {
+                    blk.neg_rows.push((ra, rb, pid));
+                    (Code::new(a, OP_NOT_ROWS, ra, rb), 1.0 - sel)
+                } else {
+                    id_items[a as usize].push((ra, rb, pid));
+                    (Code::new(a, OP_ROWS, ra, rb), sel)
+                }
+            }
+            other => {
+                let next = flag_pred.len() as u32;
+                let flag = *flag_ids.entry((a, other.clone())).or_insert_with(|| {
+                    flag_pred.push(NONE);
+                    match other {
+                        Test::NumIn(set) => {
+                            let table = blk.consts.as_ref().expect("set members are constants");
+                            for c in set {
+                                num_hits[a as usize].push((table.row(*c), next));
+                            }
+                        }
+                        Test::StrIn(set) => {
+                            str_tests[a as usize].push((StrTest::In(set.clone()), next))
+                        }
+                        Test::Prefix(s) => {
+                            str_tests[a as usize].push((StrTest::Prefix(s.clone()), next))
+                        }
+                        Test::Suffix(s) => {
+                            str_tests[a as usize].push((StrTest::Suffix(s.clone()), next))
+                        }
+                        Test::Contains(s) => {
+                            str_tests[a as usize].push((StrTest::Contains(s.clone()), next))
+                        }
+                        Test::EqIgnoreCase(s) => {
+                            str_tests[a as usize].push((StrTest::Ieq(s.clone()), next))
+                        }
+                        Test::Exists | Test::Interval { .. } => {}
+                    }
+                    next
+                });
+                let base_sel = match other {
+                    Test::StrIn(v) => {
+                        (v.len() as f32 / eq_counts[a as usize].max(1) as f32).min(0.5)
+                    }
+                    Test::NumIn(v) => {
+                        let rows = blk.consts.as_ref().map_or(1, |t| t.max_row() + 1);
+                        (v.len() as f32 / rows as f32 * 2.0).min(0.5)
+                    }
+                    Test::EqIgnoreCase(_) => (1.0 / eq_counts[a as usize].max(1) as f32).min(0.05),
+                    t => crate::predicate::Predicate::new("", t.clone(), false).shape_selectivity()
+                        as f32,
+                };
+                if *negated {
+                    blk.neg_flags.push((flag, pid));
+                    (Code::new(a, OP_NOT_FLAG, flag, 0), 1.0 - base_sel)
+                } else {
+                    flag_pred[flag as usize] = pid;
+                    (Code::new(a, OP_FLAG, flag, 0), base_sel)
+                }
+            }
+        };
+        pred_codes.push(code);
+        pred_sel.push(sel);
+    }
+    let n_flags = flag_pred.len() as u32;
+    for (a, blk) in attrs.iter_mut().enumerate() {
+        if !str_tests[a].is_empty() {
+            blk.strings = Some(StringBlock::build(&str_tests[a]));
+        }
+        let mut hits = std::mem::take(&mut num_hits[a]);
+        hits.sort_unstable();
+        blk.hit_rows = hits.iter().map(|h| h.0).collect();
+        blk.hit_flags = hits.iter().map(|h| h.1).collect();
+        let max_row = blk.consts.as_ref().map_or(0, |t| t.max_row());
+        blk.id_index = IntervalIndex::build(max_row, std::mem::take(&mut id_items[a]));
+    }
+    let not_exists_attrs: Vec<u32> = attrs
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.not_exists_pred != NONE)
+        .map(|(a, _)| a as u32)
+        .collect();
+    Compiled {
+        attrs,
+        flag_pred,
+        n_flags,
+        pred_codes,
+        pred_sel,
+        not_exists_attrs,
+    }
+}
+
+/// Phase 3: Bloom positions per predicate (none for likely-satisfied ones) and the row
+/// filters of the numeric test blocks, when the shard keeps Bloom tables and they fit.
+fn bloom_positions(
+    cfg: &ShardConfig,
+    bloom: BloomConfig,
+    it: &Interned,
+    c: &mut Compiled,
+) -> (bool, Vec<u16>) {
+    let (preds, attr_names, n_preds, words) =
+        (&it.preds, &it.attr_names, it.preds.len(), bloom.words());
+    let (attrs, pred_sel) = (&mut c.attrs, &c.pred_sel);
+    let row_table_bytes: usize = attrs
+        .iter()
+        .map(|b| {
+            b.consts
+                .as_ref()
+                .map_or(0, |t| (t.max_row() as usize + 1) * words * 8)
+        })
+        .sum();
+    let bloom_ready = cfg.bloom_tables && row_table_bytes <= cfg.row_filter_budget_bytes;
+    let k = bloom.k as usize;
+    let mut pred_pos: Vec<u16> = Vec::new();
+    if bloom_ready {
+        let mut alloc = PositionAllocator::new(bloom);
+        pred_pos.reserve(n_preds * k);
+        for (pid, (attr, test, negated)) in preds.iter().enumerate() {
+            if pred_sel[pid] > cfg.bloom_max_selectivity {
+                // likely satisfied: Bloom bits would only saturate object filters; such
+                // predicates are left to exact verification
+                pred_pos.extend(std::iter::repeat_n(NO_POS, k));
+                continue;
+            }
+            let canonical = crate::predicate::Predicate {
+                attr: attr_names[*attr as usize].clone(),
+                test: test.clone(),
+                negated: *negated,
+            }
+            .canonical();
+            let (_, pos) = alloc.allocate(&canonical);
+            pred_pos.extend(pos.iter().map(|&p| p as u16));
+        }
+        for blk in attrs.iter_mut() {
+            build_row_filters(blk, words, k, &pred_pos);
+        }
+    }
+    (bloom_ready, pred_pos)
+}
+
+/// The row interval of `lo..hi` whose finite bounds are constants of `table`.
+fn rows_of(index: &FastMap<i128, u32>, table: &Constants, lo: Bound, hi: Bound) -> (u32, u32) {
+    let row = |c: Num| match index.get(&c.to_raw()) {
+        Some(&i) => 2 * i + 1,
+        None => table.row(c),
+    };
+    let a = match lo {
+        Bound::Unbounded => 0,
+        Bound::Incl(c) => row(c),
+        Bound::Excl(c) => row(c) + 1,
+    };
+    let b = match hi {
+        Bound::Unbounded => table.max_row(),
+        Bound::Incl(c) => row(c),
+        Bound::Excl(c) => match row(c) {
+            0 => return (1, 0),
+            r => r - 1,
+        },
+    };
+    (a, b)
+}
+
+/// Fills one attribute's per-row filters and its non-numeric-value filter.
+fn build_row_filters(blk: &mut AttrBlock, words: usize, k: usize, pred_pos: &[u16]) {
+    let pos = |p: u32| {
+        let s = &pred_pos[p as usize * k..p as usize * k + k];
+        if s.first() == Some(&NO_POS) {
+            &s[..0]
+        } else {
+            s
+        }
+    };
+    if !blk.neg_rows.is_empty() {
+        let mut f = vec![0u64; words];
+        for &(_, _, p) in &blk.neg_rows {
+            set_positions(
+                &mut f,
+                &pos(p).iter().map(|&x| x as u32).collect::<Vec<_>>(),
+            );
+        }
+        blk.str_value_filter = f;
+    }
+    let Some(table) = &blk.consts else {
+        return;
+    };
+    let rows = table.max_row() as usize + 1;
+    // sweep: +1 per bit where an interval starts, -1 after it ends
+    let mut events: Vec<(u32, i32, u16)> = Vec::new();
+    let mut add = |a: u32, b: u32, p: u32| {
+        if a <= b {
+            for &x in pos(p) {
+                events.push((a, 1, x));
+                events.push((b + 1, -1, x));
+            }
+        }
+    };
+    for (a, b, p) in blk.id_index.entries() {
+        add(a, b, p);
+    }
+    for &(a, b, p) in &blk.neg_rows {
+        if a <= b {
+            if a > 0 {
+                add(0, a - 1, p);
+            }
+            add(b + 1, rows as u32 - 1, p);
+        } else {
+            add(0, rows as u32 - 1, p);
+        }
+    }
+    events.sort_unstable();
+    let mut counts = vec![0i32; words * 64];
+    let mut out = vec![0u64; rows * words];
+    let mut e = 0;
+    let mut current = vec![0u64; words];
+    for r in 0..rows as u32 {
+        let mut changed = false;
+        while e < events.len() && events[e].0 == r {
+            let (_, d, bit) = events[e];
+            counts[bit as usize] += d;
+            changed = true;
+            e += 1;
+        }
+        if changed {
+            for (wi, cw) in current.iter_mut().enumerate() {
+                let mut v = 0u64;
+                for b in 0..64 {
+                    if counts[wi * 64 + b] > 0 {
+                        v |= 1 << b;
+                    }
+                }
+                *cw = v;
+            }
+        }
+        out[r as usize * words..(r as usize + 1) * words].copy_from_slice(&current);
+    }
+    blk.row_filters = out;
+}
