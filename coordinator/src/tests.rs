@@ -399,14 +399,15 @@ fn saturated_batches_join_a_waiting_task_up_to_the_batch_size() {
 
 #[test]
 fn a_batch_that_must_wait_is_split_by_priority_and_priority_7_always_goes_apart() {
-    let mut c = Coordinator {
-        cfg: Config {
+    let mut c = Coordinator::new(
+        Config {
             test_batch: 4,
             match_batch: 100,
             ..cfg()
         },
-        ..Coordinator::new(cfg(), 9, 0)
-    };
+        9,
+        0,
+    );
     join(&mut c, 0, 1, t("a"));
     join(&mut c, 0, 2, Block::Empty);
     let on_a = |out: &[Action]| -> Vec<(WorkerId, Vec<ObjectKey>)> {
