@@ -1,6 +1,6 @@
 //! The server assembly, written once for every role: the guarded listener's server (TLS,
-//! connection activity, authentication), server reflection advertising exactly the public
-//! services of the port, the role's services, the optional metrics endpoint, and serving
+//! connection activity, authentication), server reflection (v1 and v1alpha) advertising
+//! exactly the public services of the port, the role's services, the optional metrics endpoint, and serving
 //! until shutdown.
 
 use std::future::Future;
@@ -16,8 +16,18 @@ use crate::metrics::MetricsSource;
 /// The routes of a guarded server: add a role's services to it.
 pub type Routes = tonic::transport::server::Router<GuardedLayers>;
 
-/// gRPC server reflection over the `dissem.v1` files, advertising exactly `services` (the
+/// The reflection builder over the `dissem.v1` files, advertising exactly `services` (the
 /// public ones a port serves; internal services are never advertised).
+fn reflection_builder(services: &[&str]) -> tonic_reflection::server::Builder<'static> {
+    let mut b = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET);
+    for s in services {
+        b = b.with_service_name(s.to_string());
+    }
+    b
+}
+
+/// gRPC server reflection, v1, advertising exactly `services`.
 pub fn reflection(
     services: &[&str],
 ) -> Result<
@@ -26,12 +36,23 @@ pub fn reflection(
     >,
     ServiceError,
 > {
-    let mut b = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET);
-    for s in services {
-        b = b.with_service_name(*s);
-    }
-    b.build_v1()
+    reflection_builder(services)
+        .build_v1()
+        .map_err(|e| ServiceError::Startup(e.to_string()))
+}
+
+/// The same reflection in its v1alpha dialect, which Python's grpcio-reflection, Postman and
+/// older grpcurl speak.
+pub fn reflection_v1alpha(
+    services: &[&str],
+) -> Result<
+    tonic_reflection::server::v1alpha::ServerReflectionServer<
+        impl tonic_reflection::server::v1alpha::ServerReflection,
+    >,
+    ServiceError,
+> {
+    reflection_builder(services)
+        .build_v1alpha()
         .map_err(|e| ServiceError::Startup(e.to_string()))
 }
 
@@ -52,7 +73,10 @@ pub async fn serve(
     if let Some((l, source)) = metrics {
         tokio::spawn(crate::metrics::serve(l, source));
     }
-    let router = listener.server()?.add_service(reflection(public)?);
+    let router = listener
+        .server()?
+        .add_service(reflection(public)?)
+        .add_service(reflection_v1alpha(public)?);
     routes(router)
         .serve_with_incoming_shutdown(listener.incoming(), shutdown)
         .await

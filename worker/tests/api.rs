@@ -576,39 +576,67 @@ mod bytes_put {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reflection_lists_every_service() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+async fn reflection_lists_every_service_in_v1_and_v1alpha() {
     let node = start("reflection").await;
     let ch = channel(node.addr).await;
-    let mut client = ServerReflectionClient::new(ch);
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
+    let v1_names = {
+        use tonic_reflection::pb::v1::ServerReflectionRequest;
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut resp = ServerReflectionClient::new(ch.clone())
+            .server_reflection_info(tokio_stream::iter(vec![req]))
+            .await
+            .expect("reflection v1")
+            .into_inner();
+        let msg = resp.message().await.expect("message").expect("a response");
+        let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+            panic!("unexpected reflection answer");
+        };
+        list.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
     };
-    let mut resp = client
-        .server_reflection_info(tokio_stream::iter(vec![req]))
-        .await
-        .expect("reflection")
-        .into_inner();
-    let msg = resp.message().await.expect("message").expect("a response");
-    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
-        panic!("unexpected reflection answer");
+    // the older dialect, the only one grpcio-reflection, Postman and older grpcurl speak
+    let v1alpha_names = {
+        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut resp = ServerReflectionClient::new(ch)
+            .server_reflection_info(tokio_stream::iter(vec![req]))
+            .await
+            .expect("reflection v1alpha")
+            .into_inner();
+        let msg = resp.message().await.expect("message").expect("a response");
+        let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+            panic!("unexpected reflection answer");
+        };
+        list.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
     };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    for want in [
+    let ours = |names: &[String]| -> Vec<String> {
+        let mut v: Vec<String> = names
+            .iter()
+            .filter(|n| n.starts_with("dissem."))
+            .cloned()
+            .collect();
+        v.sort();
+        v
+    };
+    let want = [
+        "dissem.v1.Admin",
         "dissem.v1.Ingest",
         "dissem.v1.Objects",
         "dissem.v1.Subscriptions",
-        "dissem.v1.Admin",
-    ] {
-        assert!(
-            names.iter().any(|n| n == want),
-            "{want} missing from {names:?}"
-        );
-    }
+    ];
+    assert_eq!(ours(&v1_names), want, "v1: {v1_names:?}");
+    assert_eq!(ours(&v1alpha_names), want, "v1alpha: {v1alpha_names:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
