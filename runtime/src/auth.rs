@@ -148,6 +148,15 @@ impl Caller {
         }
     }
 
+    /// The caller of an unauthenticated health probe: no role at all.
+    pub fn probe() -> Caller {
+        Caller {
+            name: "health probe".into(),
+            tenant: Arc::new(Tenant::new(String::new(), Quota::default())),
+            roles: 0,
+        }
+    }
+
     /// Whether the caller holds `role` (admins hold every role).
     pub fn has(&self, role: Role) -> bool {
         self.roles & (role.bit() | Role::Admin.bit()) != 0
@@ -403,6 +412,12 @@ fn internal(path: &str) -> bool {
     path.starts_with("/dissem.v1.Cluster/") || path.starts_with("/dissem.v1.Daemon/")
 }
 
+/// The health service (`grpc.health.v1.Health`): open to anyone, as load balancers and
+/// orchestrators probe without credentials; it says only whether the port serves.
+fn health(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.Health/")
+}
+
 /// Tower layer: authenticates every public call (see the module doc).
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
@@ -423,6 +438,7 @@ impl<S> tower_layer::Layer<S> for AuthLayer {
             inner,
             auth: self.auth.clone(),
             open: Arc::new(Caller::open()),
+            open_probe: Arc::new(Caller::probe()),
         }
     }
 }
@@ -433,6 +449,8 @@ pub struct AuthService<S> {
     inner: S,
     auth: Option<Arc<Auth>>,
     open: Arc<Caller>,
+    /// The caller of a health probe: no tenant, no role.
+    open_probe: Arc<Caller>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
@@ -453,7 +471,9 @@ where
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         let path = req.uri().path().to_string();
-        if !internal(&path) {
+        if health(&path) {
+            req.extensions_mut().insert(self.open_probe.clone());
+        } else if !internal(&path) {
             let caller = match &self.auth {
                 None => self.open.clone(),
                 Some(a) => match a.authenticate(req.headers()) {

@@ -2,7 +2,8 @@
 //! matching, deliveries by outcome, retries, dead letters, queue depths, workers by state and
 //! block, the coordinator's scheduler figures, and per-subscription delivery counters. The
 //! figures come from the process's own `Admin` service, so the endpoint and `dissem stats`
-//! never disagree.
+//! never disagree. `/healthz` (the process answers) and `/readyz` (its own services answer)
+//! are served beside it, for orchestrators' probes.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -302,7 +303,15 @@ async fn scrape(src: &MetricsSource) -> Result<String, tonic::Status> {
     Ok(render(&s, &w, &per_sub))
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped.
+/// Whether the process's own services answer (its `Admin.Stats`).
+async fn ready(src: &MetricsSource) -> Result<(), tonic::Status> {
+    src.admin
+        .stats(Request::new(v1::StatsRequest {}))
+        .await
+        .map(drop)
+}
+
+/// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, src: MetricsSource) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -314,13 +323,23 @@ pub async fn serve(listener: TcpListener, src: MetricsSource) {
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let src = src.clone();
                     async move {
-                        let (status, body, ctype) = if req.uri().path() != "/metrics" {
-                            (404, "not found: try /metrics\n".to_string(), "text/plain")
-                        } else {
-                            match scrape(&src).await {
+                        let (status, body, ctype) = match req.uri().path() {
+                            "/metrics" => match scrape(&src).await {
                                 Ok(b) => (200, b, "text/plain; version=0.0.4"),
                                 Err(e) => (503, format!("{e}\n"), "text/plain"),
-                            }
+                            },
+                            // alive: the process answers
+                            "/healthz" => (200, "ok\n".to_string(), "text/plain"),
+                            // ready: its own services answer
+                            "/readyz" => match ready(&src).await {
+                                Ok(()) => (200, "ready\n".to_string(), "text/plain"),
+                                Err(e) => (503, format!("not ready: {e}\n"), "text/plain"),
+                            },
+                            _ => (
+                                404,
+                                "not found: try /metrics, /healthz or /readyz\n".to_string(),
+                                "text/plain",
+                            ),
                         };
                         hyper::Response::builder()
                             .status(status)

@@ -1,6 +1,7 @@
 //! The server assembly, written once for every role: the guarded listener's server (TLS,
 //! connection activity, authentication), server reflection (v1 and v1alpha) advertising
-//! exactly the public services of the port, the role's services, the optional metrics endpoint, and serving
+//! exactly the public services of the port, `grpc.health.v1.Health` (open to probes without
+//! credentials: the server and each public service report SERVING), the role's services, the optional metrics endpoint, and serving
 //! until shutdown.
 
 use std::future::Future;
@@ -73,10 +74,17 @@ pub async fn serve(
     if let Some((l, source)) = metrics {
         tokio::spawn(crate::metrics::serve(l, source));
     }
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for s in public {
+        health
+            .set_service_status(*s, tonic_health::ServingStatus::Serving)
+            .await;
+    }
     let router = listener
         .server()?
         .add_service(reflection(public)?)
-        .add_service(reflection_v1alpha(public)?);
+        .add_service(reflection_v1alpha(public)?)
+        .add_service(health_service);
     routes(router)
         .serve_with_incoming_shutdown(listener.incoming(), shutdown)
         .await

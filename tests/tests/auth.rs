@@ -149,6 +149,38 @@ async fn every_rpc_fails(url: &str, token: &str, code: Code) {
     }
 }
 
+/// `grpc.health.v1.Health` answers probes without credentials (load balancers and
+/// orchestrators send none): the server and each public service are SERVING, an unknown
+/// service is NOT_FOUND.
+async fn health_probes_need_no_token(url: &str) {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let mut h = HealthClient::new(channel(url));
+    for service in [
+        "",
+        "dissem.v1.Ingest",
+        "dissem.v1.Subscriptions",
+        "dissem.v1.Admin",
+    ] {
+        let r = h
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("health of {service:?}: {e}"))
+            .into_inner();
+        assert_eq!(r.status(), ServingStatus::Serving, "{service:?}");
+    }
+    let e = h
+        .check(HealthCheckRequest {
+            service: "dissem.v1.Cluster".into(),
+        })
+        .await
+        .expect_err("internal services are not reported");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+}
+
 #[test]
 fn tokens_roles_and_tenants() {
     let dir = temp_dir("auth");
@@ -187,6 +219,7 @@ fn tokens_roles_and_tenants() {
     runtime().block_on(async {
         every_rpc_fails(&url, "", Code::Unauthenticated).await;
         every_rpc_fails(&url, "dsm_not-a-token", Code::Unauthenticated).await;
+        health_probes_need_no_token(&url).await;
 
         let ch = channel(&url);
         let mut subs = v1::subscriptions_client::SubscriptionsClient::new(ch.clone());
