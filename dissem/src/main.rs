@@ -269,7 +269,20 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e:#}");
+            exit_code(&e)
+        }
+    }
+}
+
+/// 1 for what went wrong at run time (not found, unreachable, refused), 2 for input to fix
+/// (a bad flag or a request the node refused as invalid).
+fn exit_code(e: &anyhow::Error) -> ExitCode {
+    match e.downcast_ref::<runtime::ServiceError>() {
+        Some(runtime::ServiceError::InvalidArgument { .. }) => ExitCode::from(2),
+        Some(runtime::ServiceError::Peer { code, .. }) if *code == tonic::Code::InvalidArgument => {
             ExitCode::from(2)
         }
+        Some(_) => ExitCode::FAILURE,
+        None => ExitCode::from(2),
     }
 }

@@ -192,6 +192,18 @@ fn api_commands_against_a_running_node() {
     let (code, out, _) = run(&["unsubscribe", &id]);
     assert_eq!(code, Some(0));
     assert!(out.contains("deleted"));
+    // what went wrong at run time reads as the node said it and exits 1
+    let (code, _, err) = run(&["unsubscribe", "999999"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err, "error: subscription 999999 not found\n");
+    let (code, out, _) = run(&["dead-letters"]);
+    assert_eq!((code, out.as_str()), (Some(0), "no dead letters"));
+    let (code, _, err) = run(&["stats", "--node-url", "http://127.0.0.1:1"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.starts_with("error: unavailable: cannot reach http://127.0.0.1:1"),
+        "{err}"
+    );
     let _ = up.kill();
     let _ = up.wait();
     let _ = std::fs::remove_dir_all(&dir);

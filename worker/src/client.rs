@@ -65,14 +65,15 @@ pub async fn connect(
     let ch = endpoint
         .connect()
         .await
-        .map_err(|e| ServiceError::Startup(format!("connecting to {url}: {e}")))?;
+        .map_err(|e| ServiceError::Unavailable(format!("cannot reach {url}: {e}")))?;
     Ok(tonic::service::interceptor::InterceptedService::new(
         ch, bearer,
     ))
 }
 
 fn status(e: tonic::Status) -> ServiceError {
-    ServiceError::Startup(format!("{}: {}", e.code(), e.message()))
+    // the node's own words, with its code kept for the exit status (not the code's text)
+    ServiceError::from(e)
 }
 
 /// Parses `name=value` metadata: numbers (exact decimals) unless quoted or not numeric.
@@ -298,6 +299,9 @@ pub async fn dead_letters(ch: Channel, limit: u32) -> Result<Vec<String>, Servic
         .await
         .map_err(status)?
         .into_inner();
+    if r.dead_letters.is_empty() {
+        return Ok(vec!["no dead letters".into()]);
+    }
     Ok(r.dead_letters
         .into_iter()
         .map(|d| {
