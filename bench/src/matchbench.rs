@@ -431,20 +431,21 @@ pub fn print(r: &MatchBenchReport) {
         r.workload, r.subscriptions, r.events, r.checked_events, r.seed, r.bloom_bits, r.bloom_k
     );
     println!(
-        "{:<7} {:<8} {:>9} {:>12} {:>11} {:>12} {:>10} {:>11} {:>10}",
+        "{:<7} {:<8} {:>9} {:>12} {:>11} {:>10} {:>12} {:>10} {:>7} {:>9}",
         "engine",
         "strategy",
         "build s",
         "events/s",
         "matches",
         "per event",
+        "verified/ev",
         "rejected",
         "B/sub",
         "peak MiB"
     );
     for e in &r.engines {
         println!(
-            "{:<7} {:<8} {:>9.2} {:>12.0} {:>11} {:>10.2} {:>11.0} {:>10} {:>7} {:>9}",
+            "{:<7} {:<8} {:>9.2} {:>12.0} {:>11} {:>10.2} {:>12.0} {:>10} {:>7} {:>9}",
             e.engine,
             e.strategy.as_deref().unwrap_or("-"),
             e.build_seconds,

@@ -7,6 +7,40 @@ fn dissem() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dissem"))
 }
 
+/// Where each space-separated token of `line` ends.
+fn token_ends(line: &str) -> Vec<usize> {
+    let b = line.as_bytes();
+    (0..b.len())
+        .filter(|&i| b[i] != b' ' && (i + 1 == b.len() || b[i + 1] == b' '))
+        .collect()
+}
+
+/// The engine table's rows line up under its headings: every value after the two left-aligned
+/// columns ends where a heading ends, one heading per value.
+fn table_lines_up(stdout: &str) {
+    let lines: Vec<&str> = stdout.lines().collect();
+    let h = lines
+        .iter()
+        .position(|l| l.starts_with("engine "))
+        .expect("table heading");
+    let heading = token_ends(lines[h]);
+    for row in lines[h + 1..].iter().take_while(|l| {
+        ["cpu ", "bloom ", "gpu ", "naive "]
+            .iter()
+            .any(|e| l.starts_with(e))
+    }) {
+        let values = &token_ends(row)[2..];
+        assert_eq!(values.len(), 8, "{row}");
+        for v in values {
+            assert!(
+                heading.contains(v),
+                "a value ends at column {v}, under no heading:\n{}\n{row}",
+                lines[h]
+            );
+        }
+    }
+}
+
 #[test]
 fn bench_match_runs_every_engine_and_writes_json() {
     let dir = std::env::temp_dir().join(format!("dissem-cli-{}", std::process::id()));
@@ -52,6 +86,7 @@ fn bench_match_runs_every_engine_and_writes_json() {
             stdout.contains("matches identical across engines: yes"),
             "{stdout}"
         );
+        table_lines_up(&stdout);
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
                 .expect("valid json");
@@ -144,6 +179,9 @@ fn api_commands_against_a_running_node() {
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
     };
+    // a fresh node has none (later, deliveries to the deleted subscription may dead-letter)
+    let (code, out, _) = run(&["dead-letters"]);
+    assert_eq!((code, out.as_str()), (Some(0), "no dead letters"));
     let (code, id, err) = run(&[
         "subscribe",
         "--filter",
@@ -196,8 +234,6 @@ fn api_commands_against_a_running_node() {
     let (code, _, err) = run(&["unsubscribe", "999999"]);
     assert_eq!(code, Some(1), "{err}");
     assert_eq!(err, "error: subscription 999999 not found\n");
-    let (code, out, _) = run(&["dead-letters"]);
-    assert_eq!((code, out.as_str()), (Some(0), "no dead letters"));
     let (code, _, err) = run(&["stats", "--node-url", "http://127.0.0.1:1"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(
