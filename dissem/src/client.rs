@@ -31,10 +31,25 @@ where
             .await?;
         f(ch).await
     })?;
-    for l in lines {
-        println!("{l}");
-    }
+    print_lines(&lines)?;
     Ok(true)
+}
+
+/// Prints `lines` on stdout. A reader that went away (`dissem subscriptions | head -1`) ends
+/// the output quietly, as with other command-line tools, instead of a panic.
+pub(super) fn print_lines(lines: &[String]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for l in lines {
+        match writeln!(out, "{l}") {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            r => r?,
+        }
+    }
+    match out.flush() {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r,
+    }
 }
 
 #[derive(Subcommand, Debug)]

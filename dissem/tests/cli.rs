@@ -234,6 +234,22 @@ fn api_commands_against_a_running_node() {
     let (code, _, err) = run(&["unsubscribe", "999999"]);
     assert_eq!(code, Some(1), "{err}");
     assert_eq!(err, "error: subscription 999999 not found\n");
+    // a reader that goes away before the output comes (`dissem stats | head -0`): no panic
+    let mut closed = dissem()
+        .arg("stats")
+        .env("DISSEM_NODE_URL", &url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn dissem stats");
+    drop(closed.stdout.take());
+    let out = closed.wait_with_output().expect("dissem stats");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !err.contains("panicked"),
+        "{:?}: {err}",
+        out.status
+    );
     let (code, _, err) = run(&["stats", "--node-url", "http://127.0.0.1:1"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(
