@@ -319,6 +319,20 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, Servic
             format!("{} is not a QoS level (0, 1 or 2)", s.qos),
         ));
     }
+    // exactly once is the gRPC release handshake; a webhook or stream has no second
+    // acknowledgement, so QoS 2 there would silently be QoS 1
+    if s.qos == v1::Qos::ExactlyOnce as i32
+        && !matches!(
+            s.target.as_ref().and_then(|t| t.kind.as_ref()),
+            Some(Kind::Grpc(_))
+        )
+    {
+        return Err(ServiceError::invalid(
+            "subscription.qos",
+            "QoS 2 (exactly once) needs a grpc target (its Release handshake); webhooks and \
+             streams deliver at least once: use QoS 1",
+        ));
+    }
     if s.priority > 7 {
         return Err(ServiceError::invalid(
             "subscription.priority",
@@ -411,6 +425,31 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use prost::Message;
+
+    /// QoS 2 is the gRPC release handshake: on a webhook or stream target it is refused at
+    /// Create instead of quietly delivering at least once.
+    #[test]
+    fn exactly_once_needs_a_grpc_target() {
+        let sub = |kind: v1::target::Kind, qos: v1::Qos| v1::Subscription {
+            filter: Some(v1::subscription::Filter::Text("a = 1".into())),
+            target: Some(v1::Target { kind: Some(kind) }),
+            qos: qos as i32,
+            ..v1::Subscription::default()
+        };
+        let limits = Limits::default();
+        for kind in [
+            v1::target::Kind::Webhook("https://example.com/hook".into()),
+            v1::target::Kind::Stream("s".into()),
+        ] {
+            let e = subscription(&sub(kind.clone(), v1::Qos::ExactlyOnce), &limits)
+                .expect_err("QoS 2 refused");
+            let m = e.to_string();
+            assert!(m.starts_with("subscription.qos: QoS 2"), "{m}");
+            assert!(subscription(&sub(kind, v1::Qos::AtLeastOnce), &limits).is_ok());
+        }
+        let grpc = v1::target::Kind::Grpc("http://example.com:7000".into());
+        assert!(subscription(&sub(grpc, v1::Qos::ExactlyOnce), &limits).is_ok());
+    }
 
     /// Deeply nested protobuf (unknown groups inside groups, nested messages of nested
     /// messages) is refused by the decoder's recursion limit, on a small stack.
