@@ -5,16 +5,14 @@
 //! newest *published* version; workers load that version's image and hot-swap to newer ones.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use blocks::Dnf;
 use runtime::{SHARD_IMAGE, cluster_shard_config};
 
 pub use crate::protocol::Published;
 use storage::Store;
-use tokio::sync::{Notify, watch};
 
 use runtime::Limits;
 use runtime::ServiceError;
@@ -32,17 +30,8 @@ pub struct Registry {
     /// First and last change since the last publication.
     changes: Arc<Mutex<Option<(std::time::Instant, std::time::Instant)>>>,
     published: Arc<RwLock<Published>>,
-    /// Changes so far (each one counts), and how many of them the newest publication holds.
-    generation: Arc<AtomicU64>,
-    in_force: Arc<watch::Sender<u64>>,
-    /// Someone waits for a change to be in force: publish at once.
-    urgent: Arc<Notify>,
 }
 
-/// The longest a subscription call waits for its change to be published.
-const IN_FORCE_WAIT: Duration = Duration::from_secs(10);
-
-#[tonic::async_trait]
 impl runtime::subscriptions::SubscriptionIndex for Registry {
     fn upsert(&self, id: u64, dnf: Dnf) {
         Registry::upsert(self, id, dnf)
@@ -50,10 +39,6 @@ impl runtime::subscriptions::SubscriptionIndex for Registry {
 
     fn remove(&self, id: u64) {
         Registry::remove(self, id)
-    }
-
-    async fn in_force(&self) -> Result<(), ServiceError> {
-        Registry::in_force(self).await
     }
 }
 
@@ -69,9 +54,6 @@ impl Registry {
             dirty: Arc::new(AtomicBool::new(true)),
             changes: Arc::new(Mutex::new(None)),
             published: Arc::new(RwLock::new(Published::default())),
-            generation: Arc::new(AtomicU64::new(0)),
-            in_force: Arc::new(watch::Sender::new(0)),
-            urgent: Arc::new(Notify::new()),
         };
         reg.publish().await?;
         Ok(reg)
@@ -115,9 +97,6 @@ impl Registry {
             v => v,
         } + 1;
         self.dirty.store(false, Ordering::Release);
-        // every change counted so far was made to the map before it was counted: the copy
-        // below holds them all
-        let generation = self.generation.load(Ordering::Acquire);
         let subs: Vec<(u64, Dnf)> = self.lock().iter().map(|(k, v)| (*k, v.clone())).collect();
         let (subscriptions, attributes, image) = tokio::task::spawn_blocking(move || {
             let attributes: HashSet<String> = subs
@@ -151,13 +130,6 @@ impl Registry {
             subscriptions,
             attributes: Arc::new(attributes),
         };
-        self.in_force.send_if_modified(|g| {
-            let newer = generation > *g;
-            if newer {
-                *g = generation;
-            }
-            newer
-        });
         tracing::info!("published shard image version {version} ({subscriptions} subscriptions)");
         Ok(true)
     }
@@ -173,46 +145,16 @@ impl Registry {
             .map(|b| (version, b)))
     }
 
-    /// Returns once every change made so far is in the newest published version, so every
-    /// object stamped after it is matched against it. A waiter makes the publisher publish at
-    /// once; changes made while an image is built wait for the next one, so a flood of
-    /// concurrent changes still shares publications.
-    pub async fn in_force(&self) -> Result<(), ServiceError> {
-        let want = self.generation.load(Ordering::Acquire);
-        let mut rx = self.in_force.subscribe();
-        if *rx.borrow_and_update() >= want {
-            return Ok(());
-        }
-        self.urgent.notify_one();
-        match tokio::time::timeout(IN_FORCE_WAIT, rx.wait_for(|g| *g >= want)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(ServiceError::Unavailable(
-                "the coordinator is shutting down".into(),
-            )),
-            Err(_) => Err(ServiceError::Unavailable(format!(
-                "the change is stored but not in force yet: no image was published within {} s \
-                 (it will be; see the coordinator's log)",
-                IN_FORCE_WAIT.as_secs()
-            ))),
-        }
-    }
-
-    /// Publishes changes until the task is dropped: at once when a caller waits for its
-    /// change ([`Registry::in_force`]), else once no change came for `quiet`, or at the latest
-    /// `max_delay` after the first unpublished change (a bulk registration nobody waits for
+    /// Publishes changes until the task is dropped: once no change came for `quiet`, or
+    /// at the latest `max_delay` after the first unpublished change (a bulk registration
     /// writes an image per `max_delay`, not one per subscription).
-    pub async fn publisher(self, quiet: Duration, max_delay: Duration) {
-        let mut tick = tokio::time::interval((quiet / 4).max(Duration::from_millis(5)));
+    pub async fn publisher(self, quiet: std::time::Duration, max_delay: std::time::Duration) {
+        let mut tick = tokio::time::interval((quiet / 4).max(std::time::Duration::from_millis(5)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
-            let urgent = tokio::select! {
-                _ = tick.tick() => false,
-                () = self.urgent.notified() => true,
-            };
+            tick.tick().await;
             let due = match *self.changes.lock().unwrap_or_else(|p| p.into_inner()) {
-                Some((first, last)) => {
-                    urgent || last.elapsed() >= quiet || first.elapsed() >= max_delay
-                }
+                Some((first, last)) => last.elapsed() >= quiet || first.elapsed() >= max_delay,
                 None => self.dirty.load(Ordering::Acquire),
             };
             if !due {
@@ -227,7 +169,6 @@ impl Registry {
 
     fn changed(&self) {
         self.dirty.store(true, Ordering::Release);
-        self.generation.fetch_add(1, Ordering::AcqRel);
         let now = std::time::Instant::now();
         let mut c = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         *c = Some((c.map_or(now, |(first, _)| first), now));

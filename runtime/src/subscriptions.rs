@@ -2,8 +2,7 @@
 //! the caller's tenant (another tenant's subscription is not found; admins see all), under
 //! the tenant's subscription quota. Subscriptions are stored durably in the role's store and
 //! each change goes to a [`SubscriptionIndex`]: the coordinator's registry in a cluster, the
-//! in-process matcher of a single node. A call returns once its change is in force: every put
-//! acknowledged after it is matched against it (read-your-writes).
+//! in-process matcher of a single node.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,17 +18,11 @@ use crate::error::ServiceError;
 use crate::validate;
 
 /// Where subscription changes go once they are stored.
-#[tonic::async_trait]
 pub trait SubscriptionIndex: Send + Sync + std::fmt::Debug {
     /// Subscription `id` now matches `dnf` (new or changed).
     fn upsert(&self, id: u64, dnf: blocks::Dnf);
     /// Subscription `id` is gone.
     fn remove(&self, id: u64);
-    /// Returns once every change made so far is in force for every later put (an index
-    /// that changes in place is in force at once).
-    async fn in_force(&self) -> Result<(), ServiceError> {
-        Ok(())
-    }
 }
 
 /// The service over one store and index.
@@ -62,8 +55,6 @@ impl Subscriptions {
     ) -> Result<v1::Subscription, ServiceError> {
         self.store.put_subscription(s.id, s.encode_to_vec()).await?;
         self.index.upsert(s.id, dnf);
-        // read-your-writes: a put after Create (or Update) returns is matched against it
-        self.index.in_force().await?;
         s.webhook_secret.clear();
         Ok(s)
     }
@@ -271,7 +262,6 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         }
         self.release_subscription(&owner);
         self.index.remove(id);
-        self.index.in_force().await?;
         Ok(Response::new(v1::DeleteSubscriptionResponse {}))
     }
 }
