@@ -45,8 +45,7 @@ impl Store {
         obj: ObjectId,
         state: &DeliveryState,
     ) -> Result<(), StorageError> {
-        self.deliveries
-            .insert(delivery_key(sub, obj), codec::encode_delivery(state))?;
+        self.set_delivery_unflushed(sub, obj, state)?;
         self.commit().await
     }
 

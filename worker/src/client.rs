@@ -71,11 +71,6 @@ pub async fn connect(
     ))
 }
 
-fn status(e: tonic::Status) -> ServiceError {
-    // the node's own words, with its code kept for the exit status (not the code's text)
-    ServiceError::from(e)
-}
-
 /// Parses `name=value` metadata: numbers (exact decimals) unless quoted or not numeric.
 pub fn parse_attribute(arg: &str) -> Result<v1::Attribute, ServiceError> {
     let (name, value) = arg
@@ -113,7 +108,7 @@ pub async fn put(
             message_id: String::new(),
         })
         .await
-        .map_err(status)?
+        .map_err(ServiceError::from)?
         .into_inner();
     let id = r.id.unwrap_or_default();
     Ok(format!("{}:{}", id.node, id.seq))
@@ -174,7 +169,7 @@ pub async fn subscribe(
             }),
         })
         .await
-        .map_err(status)?
+        .map_err(ServiceError::from)?
         .into_inner();
     Ok(s.id)
 }
@@ -184,7 +179,7 @@ pub async fn unsubscribe(ch: Channel, id: u64) -> Result<(), ServiceError> {
     v1::subscriptions_client::SubscriptionsClient::new(ch)
         .delete(v1::DeleteSubscriptionRequest { id })
         .await
-        .map_err(status)?;
+        .map_err(ServiceError::from)?;
     Ok(())
 }
 
@@ -200,7 +195,7 @@ pub async fn subscriptions(ch: Channel) -> Result<Vec<String>, ServiceError> {
                 limit: 1000,
             })
             .await
-            .map_err(status)?
+            .map_err(ServiceError::from)?
             .into_inner();
         for s in page.subscriptions {
             let filter = match s.filter {
@@ -228,7 +223,7 @@ pub async fn stats(ch: Channel) -> Result<Vec<String>, ServiceError> {
     let s = v1::admin_client::AdminClient::new(ch)
         .stats(v1::StatsRequest {})
         .await
-        .map_err(status)?
+        .map_err(ServiceError::from)?
         .into_inner();
     let mut lines = vec![
         format!("role {}", s.role),
@@ -284,7 +279,7 @@ pub async fn workers(ch: Channel) -> Result<Vec<String>, ServiceError> {
     let w = v1::admin_client::AdminClient::new(ch)
         .workers(v1::WorkersRequest {})
         .await
-        .map_err(status)?
+        .map_err(ServiceError::from)?
         .into_inner();
     Ok(w.workers
         .into_iter()
@@ -297,7 +292,7 @@ pub async fn dead_letters(ch: Channel, limit: u32) -> Result<Vec<String>, Servic
     let r = v1::admin_client::AdminClient::new(ch)
         .dead_letters(v1::DeadLettersRequest { limit })
         .await
-        .map_err(status)?
+        .map_err(ServiceError::from)?
         .into_inner();
     if r.dead_letters.is_empty() {
         return Ok(vec!["no dead letters".into()]);
@@ -326,7 +321,7 @@ pub async fn redrive_all(ch: Channel) -> Result<Vec<String>, ServiceError> {
             all: true,
         })
         .await
-        .map_err(status)?
+        .map_err(ServiceError::from)?
         .into_inner();
     Ok(vec![format!("redriven {}", r.redriven)])
 }

@@ -86,7 +86,7 @@ impl Node {
                 .deliverer()
                 .subscription_tenant(id)
                 .await
-                .map_err(|e| ServiceError::Unavailable(e.message().to_string())),
+                .map_err(ServiceError::from),
             _ => Ok(None),
         }
     }
