@@ -6,12 +6,13 @@
 //! (`cluster_secret`), TLS settings (`tls`), per-connection rates (`rate`), the outbound
 //! address rule (`target_guard`), the Prometheus endpoint (`metrics`), the public
 //! `Subscriptions` service over a subscription index (`subscriptions`) and the links between
-//! the roles (`link`).
+//! the roles (`link`), and the xS-grid of quorum replication (`grid`).
 
 pub mod auth;
 pub mod cluster_secret;
 pub mod config;
 pub mod error;
+pub mod grid;
 pub mod link;
 pub mod listen;
 pub mod metrics;
