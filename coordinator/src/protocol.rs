@@ -64,9 +64,19 @@ pub fn parse_block(s: &str) -> Block {
     }
 }
 
+/// A registered node.
+#[derive(Debug, Clone)]
+struct NodeEntry {
+    endpoint: String,
+    /// When it last registered or sent a heartbeat (ms).
+    seen: u64,
+}
+
 #[derive(Debug)]
 struct Obj {
     id: v1::ObjectId,
+    /// The node that owns its dissemination (matches go there): the one that sent it.
+    owner: u32,
     priority: u8,
     attrs: Vec<(String, v1::Value)>,
     version: u64,
@@ -92,7 +102,11 @@ pub struct Protocol {
     sched: Coordinator,
     max_attempts: u32,
     /// Registered nodes and their endpoints.
-    nodes: BTreeMap<u32, String>,
+    nodes: BTreeMap<u32, NodeEntry>,
+    /// The grid of quorum replication, when the cluster has one.
+    grid: Option<runtime::grid::Grid>,
+    /// A node that sent nothing for this long is not alive in the membership.
+    node_lease_ms: u64,
     objects: HashMap<ObjectKey, Obj>,
     by_id: HashMap<(u32, u64), ObjectKey>,
     next_key: ObjectKey,
@@ -104,9 +118,11 @@ impl Protocol {
     /// go missing `max_attempts` times is left to its node's outbox resend.
     pub fn new(cfg: Config, nonce: u64, max_attempts: u32, now: u64) -> Protocol {
         Protocol {
+            node_lease_ms: cfg.lease_ms,
             sched: Coordinator::new(cfg, nonce, now),
             max_attempts,
             nodes: BTreeMap::new(),
+            grid: None,
             objects: HashMap::new(),
             by_id: HashMap::new(),
             next_key: 1,
@@ -136,7 +152,35 @@ impl Protocol {
 
     /// The endpoint node `node` registered.
     pub fn endpoint(&self, node: u32) -> Option<&str> {
-        self.nodes.get(&node).map(String::as_str)
+        self.nodes.get(&node).map(|n| n.endpoint.as_str())
+    }
+
+    /// Lays the nodes out in `grid` for quorum replication (told to every node).
+    pub fn set_grid(&mut self, grid: Option<runtime::grid::Grid>) {
+        self.grid = grid;
+    }
+
+    /// The grid, when the cluster has one.
+    pub fn grid(&self) -> Option<runtime::grid::Grid> {
+        self.grid
+    }
+
+    /// Every registered node, alive when it was heard from within the node lease; the
+    /// nodes learn it with every heartbeat.
+    pub fn membership(&self, now: u64) -> v1::Membership {
+        v1::Membership {
+            rows: self.grid.map_or(0, |g| g.rows),
+            cols: self.grid.map_or(0, |g| g.cols),
+            members: self
+                .nodes
+                .iter()
+                .map(|(&node, n)| v1::Member {
+                    node,
+                    endpoint: n.endpoint.clone(),
+                    alive: now.saturating_sub(n.seen) <= self.node_lease_ms,
+                })
+                .collect(),
+        }
     }
 
     /// Objects admitted and not matched yet.
@@ -148,7 +192,13 @@ impl Protocol {
     /// nonce.
     pub fn register(&mut self, now: u64, r: &v1::RegisterRequest) -> (u64, Vec<Output>) {
         self.counts.messages += 1;
-        self.nodes.insert(r.node, r.endpoint.clone());
+        self.nodes.insert(
+            r.node,
+            NodeEntry {
+                endpoint: r.endpoint.clone(),
+                seen: now,
+            },
+        );
         let mut out = Vec::new();
         for w in &r.workers {
             self.join(now, r.node, w, &mut out);
@@ -163,8 +213,12 @@ impl Protocol {
     pub fn heartbeat(&mut self, now: u64, h: &v1::HeartbeatRequest) -> (u64, Vec<Output>) {
         self.counts.messages += 1;
         let mut out = Vec::new();
-        if h.nonce != self.nonce() || !self.nodes.contains_key(&h.node) {
+        if h.nonce != self.nonce() {
             return (self.nonce(), out);
+        }
+        match self.nodes.get_mut(&h.node) {
+            Some(n) => n.seen = now,
+            None => return (self.nonce(), out),
         }
         for w in &h.started {
             if !self.sched.has_worker(w.worker) {
@@ -198,8 +252,13 @@ impl Protocol {
         let mut accepted = 0;
         for o in a.objects {
             let Some(id) = o.id else { continue };
-            if self.by_id.contains_key(&(id.node, id.seq)) {
-                continue; // in flight already (a resend)
+            if let Some(k) = self.by_id.get(&(id.node, id.seq)) {
+                // in flight already (a resend); sent by another node, it took the object's
+                // origin over: its matches go there
+                if let Some(o) = self.objects.get_mut(k) {
+                    o.owner = a.node;
+                }
+                continue;
             }
             let attrs = o
                 .metadata
@@ -212,6 +271,7 @@ impl Protocol {
                 now,
                 Obj {
                     id,
+                    owner: a.node,
                     priority: o.priority.min(7) as u8,
                     attrs,
                     version: published.version,
@@ -373,7 +433,7 @@ impl Protocol {
         self.sched
             .node_of(w)
             .and_then(|n| self.nodes.get(&n))
-            .cloned()
+            .map(|n| n.endpoint.clone())
             .unwrap_or_default()
     }
 
@@ -428,7 +488,7 @@ impl Protocol {
                             req.matches.push(v1::MatchItem {
                                 key: *k,
                                 id: Some(o.id),
-                                origin: self.nodes.get(&o.id.node).cloned().unwrap_or_default(),
+                                origin: self.endpoint(o.owner).unwrap_or_default().to_string(),
                                 version: o.version,
                                 sources: o
                                     .sources

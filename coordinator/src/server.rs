@@ -43,6 +43,9 @@ pub struct ServerConfig {
     pub max_attempts: u32,
     /// What the internal `Cluster` service demands and calls to nodes carry.
     pub cluster_secret: runtime::cluster_secret::ClusterSecret,
+    /// The grid of quorum replication (`--grid TxW`): node ids are its positions. `None`:
+    /// objects live on the node that took them.
+    pub grid: Option<runtime::grid::Grid>,
 }
 
 impl Default for ServerConfig {
@@ -54,6 +57,7 @@ impl Default for ServerConfig {
             publish_max_delay: Duration::from_millis(1000),
             max_attempts: 5,
             cluster_secret: runtime::cluster_secret::ClusterSecret::default(),
+            grid: None,
         }
     }
 }
@@ -61,8 +65,8 @@ impl Default for ServerConfig {
 pub use crate::protocol::{block_name, parse_block};
 
 enum Msg {
-    Register(v1::RegisterRequest, oneshot::Sender<u64>),
-    Heartbeat(v1::HeartbeatRequest, oneshot::Sender<u64>),
+    Register(v1::RegisterRequest, oneshot::Sender<(u64, v1::Membership)>),
+    Heartbeat(v1::HeartbeatRequest, oneshot::Sender<(u64, v1::Membership)>),
     Arrived(v1::ArrivedRequest, oneshot::Sender<u32>),
     Done(v1::DoneRequest),
     AssignFailed {
@@ -161,7 +165,7 @@ impl Driver {
         match m {
             Msg::Register(r, reply) => {
                 let Some(client) = self.link(&r) else {
-                    let _ = reply.send(self.protocol.nonce());
+                    let _ = reply.send((self.protocol.nonce(), self.protocol.membership(now)));
                     return;
                 };
                 self.nodes.insert(
@@ -178,12 +182,12 @@ impl Driver {
                     r.workers.len()
                 );
                 let (nonce, out) = self.protocol.register(now, &r);
-                let _ = reply.send(nonce);
+                let _ = reply.send((nonce, self.protocol.membership(now)));
                 self.send(out);
             }
             Msg::Heartbeat(h, reply) => {
                 let (nonce, out) = self.protocol.heartbeat(now, &h);
-                let _ = reply.send(nonce);
+                let _ = reply.send((nonce, self.protocol.membership(now)));
                 self.send(out);
             }
             Msg::Arrived(a, reply) => {
@@ -303,6 +307,7 @@ impl Driver {
 #[derive(Debug, Clone)]
 struct Handle {
     tx: mpsc::Sender<Msg>,
+    grid: Option<runtime::grid::Grid>,
     registry: Registry,
     store: Store,
 }
@@ -329,8 +334,20 @@ impl v1::cluster_server::Cluster for Handle {
         if r.endpoint.is_empty() {
             return Err(ServiceError::invalid("endpoint", "required").into());
         }
-        let nonce = self.ask(|tx| Msg::Register(r, tx)).await?;
-        Ok(Response::new(v1::RegisterResponse { nonce }))
+        if let Some(g) = self.grid
+            && !g.contains(r.node)
+        {
+            return Err(ServiceError::invalid(
+                "node",
+                format!("{} is outside the {g} grid (positions 0..{})", r.node, g.len()),
+            )
+            .into());
+        }
+        let (nonce, membership) = self.ask(|tx| Msg::Register(r, tx)).await?;
+        Ok(Response::new(v1::RegisterResponse {
+            nonce,
+            membership: Some(membership),
+        }))
     }
 
     async fn heartbeat(
@@ -338,8 +355,11 @@ impl v1::cluster_server::Cluster for Handle {
         request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
         let r = request.into_inner();
-        let nonce = self.ask(|tx| Msg::Heartbeat(r, tx)).await?;
-        Ok(Response::new(v1::HeartbeatResponse { nonce }))
+        let (nonce, membership) = self.ask(|tx| Msg::Heartbeat(r, tx)).await?;
+        Ok(Response::new(v1::HeartbeatResponse {
+            nonce,
+            membership: Some(membership),
+        }))
     }
 
     async fn arrived(
@@ -500,8 +520,11 @@ pub async fn start(
     let (tx, rx) = mpsc::channel(8192);
     let sched = cfg.sched;
     let cluster_secret = cfg.cluster_secret.clone();
+    let grid = cfg.grid;
+    let mut protocol = Protocol::new(sched, nonce, cfg.max_attempts, 0);
+    protocol.set_grid(grid);
     let driver = Driver {
-        protocol: Protocol::new(sched, nonce, cfg.max_attempts, 0),
+        protocol,
         cfg,
         t0: Instant::now(),
         registry: registry.clone(),
@@ -515,6 +538,7 @@ pub async fn start(
     Ok(Started {
         handle: Handle {
             tx,
+            grid,
             registry: registry.clone(),
             store: store.clone(),
         },

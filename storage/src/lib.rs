@@ -17,7 +17,8 @@
 //! never handed out twice, even across crashes.
 //!
 //! A file per keyspace: `objects` (locators, message ids, sequence blocks, retention),
-//! `outbox`, `subscriptions`, `images`, `deliveries`; this file holds the store itself, its
+//! `outbox`, `subscriptions`, `images`, `deliveries`, `replicas` (copies of other nodes'
+//! objects, for quorum replication); this file holds the store itself, its
 //! opening and the shared flush.
 
 mod codec;
@@ -26,6 +27,7 @@ mod images;
 mod objects;
 mod objlog;
 mod outbox;
+mod replicas;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
@@ -43,6 +45,7 @@ use tokio::sync::{Mutex, Notify};
 pub use codec::CodecError;
 pub use deliveries::DeliveryState;
 pub use objects::{NewObject, ObjectId, PutOutcome, StoredObject};
+pub use replicas::ReplicaCounts;
 
 use objlog::{Locator, ObjectLog};
 
@@ -93,6 +96,8 @@ pub struct Store {
     images: sled::Tree,
     /// Delivery state: subscription, object -> record.
     deliveries: sled::Tree,
+    /// Copies of other nodes' objects (quorum replication): origin, seq -> state, object.
+    replicas: sled::Tree,
     node: u32,
     seq: Arc<std::sync::Mutex<(u64, u64)>>, // (next, reserved end)
     /// The outbox: objects not yet retired, seq -> priority. It lives in memory; what
@@ -100,6 +105,9 @@ pub struct Store {
     /// every object from the floor on is pending again. An object enters it when its
     /// sequence number is handed out, so the floor never passes a put in progress.
     outbox: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, u8>>>,
+    /// Copies of other nodes' objects this node disseminates now (it took over their dead
+    /// origin): id -> priority, in memory.
+    adopted: Arc<std::sync::Mutex<std::collections::BTreeMap<ObjectId, u8>>>,
     /// The floor last written to sled.
     outbox_floor_written: Arc<AtomicU64>,
     commit: Arc<Commit>,
@@ -164,11 +172,13 @@ impl Store {
             subs: db.open_tree("subscriptions")?,
             images: db.open_tree("images")?,
             deliveries: db.open_tree("deliveries")?,
+            replicas: db.open_tree("replicas")?,
             meta,
             db,
             node,
             seq: Arc::new(std::sync::Mutex::new((reserved, reserved))),
             outbox: Arc::default(),
+            adopted: Arc::default(),
             outbox_floor_written: Arc::default(),
             commit: Arc::new(Commit::default()),
         };

@@ -219,10 +219,10 @@ impl Store {
         Ok(outs)
     }
 
-    /// An object by id.
+    /// An object by id: this node's own, or an unfinished copy of another node's.
     pub fn get(&self, id: ObjectId) -> Result<Option<StoredObject>, StorageError> {
         if id.node != self.node {
-            return Ok(None);
+            return self.replica(id);
         }
         let Some(v) = self.data.get(key(b'd', id.seq))? else {
             return Ok(None);

@@ -68,9 +68,14 @@ impl Store {
         Ok(())
     }
 
-    /// Objects not yet retired, oldest first: (object id, priority). Replayed at start.
+    fn lock_adopted(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<ObjectId, u8>> {
+        self.adopted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Objects not yet retired, oldest first: (object id, priority), this node's own, then
+    /// the adopted copies ([`Store::adopt`]). Replayed at start.
     pub fn outbox_pending(&self) -> Result<Vec<(ObjectId, u8)>, StorageError> {
-        Ok(self
+        let mut v: Vec<(ObjectId, u8)> = self
             .lock_outbox()
             .iter()
             .map(|(&seq, &p)| {
@@ -82,22 +87,66 @@ impl Store {
                     p,
                 )
             })
-            .collect())
+            .collect();
+        v.extend(self.lock_adopted().iter().map(|(&id, &p)| (id, p)));
+        Ok(v)
     }
 
-    /// Whether `id` is in the outbox (its dissemination is not finished).
+    /// This node's own objects still in the outbox, after sequence `after`, in order, at
+    /// most `limit`.
+    pub fn own_pending_after(&self, after: u64, limit: usize) -> Vec<u64> {
+        self.lock_outbox()
+            .range(after.saturating_add(1)..)
+            .take(limit)
+            .map(|(&seq, _)| seq)
+            .collect()
+    }
+
+    /// Whether `id` is in the outbox (its dissemination is not finished): one of this
+    /// node's objects, or an adopted copy.
     pub fn in_outbox(&self, id: ObjectId) -> bool {
-        id.node == self.node && self.lock_outbox().contains_key(&id.seq)
+        if id.node == self.node {
+            self.lock_outbox().contains_key(&id.seq)
+        } else {
+            self.lock_adopted().contains_key(&id)
+        }
     }
 
-    /// Objects in the outbox.
+    /// Objects in the outbox (adopted copies included).
     pub fn outbox_len(&self) -> usize {
-        self.lock_outbox().len()
+        self.lock_outbox().len() + self.lock_adopted().len()
     }
 
     /// Takes an object out of the outbox once every push it owes is recorded; `false` when
     /// it was not there.
     pub fn retire(&self, id: ObjectId) -> Result<bool, StorageError> {
-        Ok(id.node == self.node && self.lock_outbox().remove(&id.seq).is_some())
+        Ok(if id.node == self.node {
+            self.lock_outbox().remove(&id.seq).is_some()
+        } else {
+            self.lock_adopted().remove(&id).is_some()
+        })
+    }
+
+    /// Takes an unfinished copy of another node's object into this node's outbox: this node
+    /// disseminates it now (it took over the object's dead origin). In memory only: after a
+    /// restart the takeover decides again. `false` when no unfinished copy is held.
+    pub fn adopt(&self, id: ObjectId) -> Result<bool, StorageError> {
+        if id.node == self.node {
+            return Ok(false);
+        }
+        let Some(o) = self.replica(id)? else {
+            return Ok(false);
+        };
+        self.lock_adopted().insert(id, o.priority);
+        Ok(true)
+    }
+
+    /// Gives back every adopted copy of `origin` (it is alive again and owns them); the
+    /// answer is how many.
+    pub fn unadopt(&self, origin: u32) -> usize {
+        let mut a = self.lock_adopted();
+        let before = a.len();
+        a.retain(|id, _| id.node != origin);
+        before - a.len()
     }
 }

@@ -1,4 +1,4 @@
-//! The store's own tests: reopen, group commit, retention, the outbox floor, deliveries.
+//! The store's own tests: reopen, group commit, retention, the outbox floor, deliveries, replicas.
 
 use super::objects::Entry;
 use super::*;
@@ -334,5 +334,64 @@ async fn put_get_outbox_dedup_and_reopen() {
         c.id.seq > ids.1.seq + 64,
         "ids are never reused after a restart"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn copy(node: u32, seq: u64) -> StoredObject {
+    StoredObject {
+        id: ObjectId { node, seq },
+        data: vec![seq as u8; 3],
+        external_id: format!("k{seq}"),
+        metadata: vec![("t".into(), Value::from(seq as i64))],
+        priority: 2,
+        message_id: String::new(),
+        received_unix_ms: 7,
+    }
+}
+
+#[tokio::test]
+async fn replicas_are_paged_by_origin_finished_for_good_and_survive_reopen() {
+    let dir = temp_dir("replicas");
+    {
+        let s = Store::open(&dir, 0).expect("open");
+        let copies: Vec<_> = (1..=5).map(|q| copy(4, q)).chain([copy(5, 1)]).collect();
+        assert_eq!(s.put_replicas_unflushed(&copies).expect("put"), 6);
+        // a second copy of the same object changes nothing
+        assert_eq!(s.put_replicas_unflushed(&copies[..2]).expect("again"), 0);
+        s.finish_replicas(&[ObjectId { node: 4, seq: 2 }]).expect("finish");
+        // a late copy does not bring a finished one back
+        assert_eq!(s.put_replicas_unflushed(&[copy(4, 2)]).expect("late"), 0);
+        s.commit().await.expect("commit");
+        let page = s.unfinished_replicas(4, 0, 2).expect("page");
+        assert_eq!(page.iter().map(|o| o.id.seq).collect::<Vec<_>>(), [1, 3]);
+        let rest = s.unfinished_replicas(4, 3, 10).expect("rest");
+        assert_eq!(rest.iter().map(|o| o.id.seq).collect::<Vec<_>>(), [4, 5]);
+        assert_eq!(rest[0], copy(4, 4));
+    }
+    let s = Store::open(&dir, 0).expect("reopen");
+    assert_eq!(
+        s.replica_counts().expect("counts"),
+        ReplicaCounts {
+            unfinished: 5,
+            finished: 1
+        }
+    );
+    assert!(s.replica(ObjectId { node: 4, seq: 2 }).expect("get").is_none());
+    assert!(s.knows_replica(ObjectId { node: 4, seq: 2 }).expect("knows"));
+    assert_eq!(s.replica(ObjectId { node: 5, seq: 1 }).expect("get"), Some(copy(5, 1)));
+    assert_eq!(
+        s.unfinished_replicas_by_origin().expect("by origin"),
+        [(4, 4), (5, 1)].into_iter().collect()
+    );
+    // a takeover adopts copies into the outbox; a finished one cannot be adopted
+    let (a, b) = (ObjectId { node: 4, seq: 1 }, ObjectId { node: 5, seq: 1 });
+    assert!(s.adopt(a).expect("adopt") && s.adopt(b).expect("adopt"));
+    assert!(!s.adopt(ObjectId { node: 4, seq: 2 }).expect("finished"));
+    assert!(s.in_outbox(a));
+    assert_eq!(s.outbox_pending().expect("pending").len(), 2);
+    assert_eq!(s.get(a).expect("get").map(|o| o.id), Some(a));
+    assert!(s.retire(a).expect("retire") && !s.in_outbox(a));
+    assert_eq!(s.unadopt(5), 1);
+    assert_eq!(s.outbox_len(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
