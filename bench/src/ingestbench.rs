@@ -65,6 +65,8 @@ pub struct IngestReport {
     /// (object bytes, writers, path, secured objects/s divided by plain objects/s).
     pub secure_ratios: Vec<(usize, usize, String, f64)>,
     pub window: usize,
+    /// The replicated rows (a grid of node processes, by `--write-copies`), when run.
+    pub replicated: Option<crate::replbench::ReplicatedReport>,
 }
 
 /// What the secured rows need: a directory with a CA, a server certificate for `localhost`,
@@ -461,6 +463,7 @@ pub fn run(opts: &IngestOptions) -> anyhow::Result<IngestReport> {
         pipelined_ratios,
         secure_ratios,
         window: opts.window,
+        replicated: None,
     })
 }
 
@@ -502,5 +505,8 @@ pub fn print(r: &IngestReport) {
              (costs {:.0}%)",
             (1.0 - ratio) * 100.0
         );
+    }
+    if let Some(rep) = &r.replicated {
+        crate::replbench::print(rep);
     }
 }

@@ -14,6 +14,8 @@ pub mod matchbench;
 pub mod mem;
 pub mod procs;
 pub mod progress;
+pub mod recorder;
+pub mod replbench;
 pub mod workload;
 
 pub use blocks::bloom::BloomConfig;

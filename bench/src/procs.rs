@@ -117,6 +117,18 @@ impl Cluster {
         coord_args: &[&str],
         node_args: &[&str],
     ) -> Cluster {
+        Cluster::start_ids(bin, dir, 1..=n, coord_args, node_args)
+    }
+
+    /// Starts the coordinator, then one node per id of `ids` (in order) with `node_args`
+    /// added: `nodes[k]` is the k-th id.
+    pub fn start_ids(
+        bin: &Path,
+        dir: &Path,
+        ids: impl IntoIterator<Item = u32>,
+        coord_args: &[&str],
+        node_args: &[&str],
+    ) -> Cluster {
         let mut args = vec![
             s("coordinator"),
             s("--listen"),
@@ -126,36 +138,43 @@ impl Cluster {
         ];
         args.extend(coord_args.iter().map(|a| s(a)));
         let coordinator = Proc::start(bin, &args);
-        let nodes = (1..=n)
-            .map(|i| {
-                let mut args = vec![
-                    s("node"),
-                    s("--listen"),
-                    s("127.0.0.1:0"),
-                    s("--data"),
-                    dir.join(format!("node{i}")).display().to_string(),
-                    s("--node"),
-                    i.to_string(),
-                    s("--coordinator"),
-                    coordinator.url(),
-                    s("--cluster-secret-file"),
-                    dir.join("coordinator")
-                        .join("cluster.secret")
-                        .display()
-                        .to_string(),
-                ];
-                args.extend(node_args.iter().map(|a| s(a)));
-                Proc::start(bin, &args)
-            })
-            .collect();
-        Cluster {
+        let mut c = Cluster {
             coordinator,
-            nodes,
+            nodes: Vec::new(),
             dir: dir.to_path_buf(),
+        };
+        for i in ids {
+            let p = c.start_node(bin, i, node_args);
+            c.nodes.push(p);
         }
+        c
     }
 
-    /// Node `i`'s data directory (1-based).
+    /// Starts node `id` of this cluster (its data in `node<id>` under the cluster's
+    /// directory), not yet in `nodes`.
+    pub fn start_node(&self, bin: &Path, id: u32, node_args: &[&str]) -> Proc {
+        let mut args = vec![
+            s("node"),
+            s("--listen"),
+            s("127.0.0.1:0"),
+            s("--data"),
+            self.dir.join(format!("node{id}")).display().to_string(),
+            s("--node"),
+            id.to_string(),
+            s("--coordinator"),
+            self.coordinator.url(),
+            s("--cluster-secret-file"),
+            self.dir
+                .join("coordinator")
+                .join("cluster.secret")
+                .display()
+                .to_string(),
+        ];
+        args.extend(node_args.iter().map(|a| s(a)));
+        Proc::start(bin, &args)
+    }
+
+    /// The data directory of node id `i`.
     pub fn node_data(&self, i: usize) -> PathBuf {
         self.dir.join(format!("node{i}"))
     }

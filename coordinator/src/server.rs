@@ -339,7 +339,11 @@ impl v1::cluster_server::Cluster for Handle {
         {
             return Err(ServiceError::invalid(
                 "node",
-                format!("{} is outside the {g} grid (positions 0..{})", r.node, g.len()),
+                format!(
+                    "{} is outside the {g} grid (positions 0..{})",
+                    r.node,
+                    g.len()
+                ),
             )
             .into());
         }

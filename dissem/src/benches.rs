@@ -144,6 +144,18 @@ pub(super) struct IngestArgs {
     /// Puts each writer keeps in flight on its PutStream in the pipelined row.
     #[arg(long, default_value_t = 32)]
     pub(super) window: usize,
+    /// The replicated rows: a cluster of node processes on this grid, one run per
+    /// --write-copies setting (the first is the reference of the ratio).
+    #[arg(long, default_value = "1x3")]
+    pub(super) grid: runtime::grid::Grid,
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 3])]
+    pub(super) write_copies: Vec<usize>,
+    /// Concurrent writers of the replicated rows (spread over the nodes).
+    #[arg(long, default_value_t = 64)]
+    pub(super) replicated_writers: usize,
+    /// Leave the replicated rows out.
+    #[arg(long)]
+    pub(super) no_replicated: bool,
     /// Write the figures as JSON to this file.
     #[arg(long)]
     pub(super) json: Option<PathBuf>,
@@ -168,12 +180,31 @@ pub(super) fn bench_ingest(a: IngestArgs) -> anyhow::Result<bool> {
     if !(1..=4096).contains(&a.window) {
         bail!("--window must be between 1 and 4096, got {}", a.window);
     }
-    let report = bench::ingestbench::run(&bench::ingestbench::IngestOptions {
+    if a.replicated_writers == 0 || a.replicated_writers > 1024 {
+        bail!("--replicated-writers must be between 1 and 1024");
+    }
+    if a.write_copies.is_empty() || a.write_copies.contains(&0) {
+        bail!("--write-copies must list settings of at least 1, e.g. 1,3");
+    }
+    let replicated_size = a.sizes.first().copied().unwrap_or(1024);
+    let mut report = bench::ingestbench::run(&bench::ingestbench::IngestOptions {
         sizes: a.sizes,
         writers: a.writers,
         seconds: a.seconds,
         window: a.window,
     })?;
+    if !a.no_replicated {
+        report.replicated = Some(bench::replbench::run(
+            &bench::replbench::ReplicatedOptions {
+                bin: std::env::current_exe()?,
+                grid: a.grid,
+                write_copies: a.write_copies,
+                writers: a.replicated_writers,
+                object_bytes: replicated_size,
+                seconds: a.seconds,
+            },
+        )?);
+    }
     bench::ingestbench::print(&report);
     if let Some(path) = &a.json {
         bench::write_json(path, &report)?;

@@ -306,6 +306,11 @@ pub(super) struct CoordinatorArgs {
     /// Allow subscriptions whose targets are on loopback, private and link-local addresses.
     #[arg(long)]
     pub(super) allow_private_targets: bool,
+    /// Lay the nodes out in a ROWSxCOLS grid for quorum replication (DESIGN §7): node ids
+    /// are grid positions (0..ROWS*COLS), and each object is copied to the row quorum of the
+    /// node that took it. Without it an object lives only on the node that took it.
+    #[arg(long)]
+    pub(super) grid: Option<runtime::grid::Grid>,
     #[command(flatten)]
     pub(super) listen_flags: ListenFlags,
 }
@@ -351,10 +356,12 @@ pub(super) fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
                 ..coordinator::Config::default()
             },
             cluster_secret,
+            grid: a.grid,
             ..coordinator::server::ServerConfig::default()
         };
+        let grid = a.grid.map(|g| format!(", grid {g}")).unwrap_or_default();
         announce(format!(
-            "dissem coordinator listening on {addr} (data in {}, cluster secret in {})",
+            "dissem coordinator listening on {addr} (data in {}, cluster secret in {}{grid})",
             a.data.display(),
             secret_file.display()
         ))?;
@@ -519,12 +526,30 @@ pub(super) struct NodeArgs {
     /// (`cluster.secret` in its data directory, or its --cluster-secret-file).
     #[arg(long, env = "DISSEM_CLUSTER_SECRET_FILE")]
     pub(super) cluster_secret_file: Option<PathBuf>,
+    /// With the coordinator's --grid: a put is acknowledged once this many nodes of the
+    /// object's quorum hold it durably, this one included (at most the whole quorum; the
+    /// other members get their copy asynchronously). 1: acknowledged at once.
+    #[arg(long, default_value_t = 3)]
+    pub(super) write_copies: usize,
+    /// Objects of this priority (0..=7) or more are copied to the row and column quorums
+    /// together (R ∪ C), the rest to the row quorum.
+    #[arg(long, default_value_t = 6)]
+    pub(super) critical_priority: u8,
     #[command(flatten)]
     pub(super) workers: WorkerFlags,
 }
 
 pub(super) fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
     a.workers.check()?;
+    if a.write_copies == 0 {
+        bail!("--write-copies must be at least 1 (the node that takes the put)");
+    }
+    if a.critical_priority > 8 {
+        bail!(
+            "--critical-priority must be 0..=8 (8: none is critical), got {}",
+            a.critical_priority
+        );
+    }
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let u = &a.up;
@@ -544,6 +569,8 @@ pub(super) fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
             .workers
             .daemon_config(u.node, a.coordinator.clone(), endpoint)?;
         cfg.cluster_secret = runtime::cluster_secret::ClusterSecret::load(secret_file)?;
+        cfg.write_copies = a.write_copies;
+        cfg.critical_priority = a.critical_priority;
         announce(format!(
             "dissem node {} listening on {} (data in {}, coordinator {})",
             u.node,

@@ -170,7 +170,7 @@ mod tests {
 
     #[test]
     fn five_by_six_matches_the_seed() {
-        let g = Grid::new(5, 6).unwrap();
+        let g = Grid::new(5, 6).expect("grid");
         for i in 0..5 {
             assert_eq!(g.row_quorum(i).len(), 10, "R({i})");
         }
@@ -205,7 +205,7 @@ mod tests {
     fn the_formula_equals_brute_force_and_quorums_meet() {
         for t in 2..=9 {
             for w in 2..=9 {
-                let g = Grid::new(t, w).unwrap();
+                let g = Grid::new(t, w).expect("grid");
                 let mut total = 0usize;
                 for i in 0..t {
                     let r = set(g.row_quorum(i));
@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn every_column_quorum_holds_the_first_and_last_node() {
-        let g = Grid::new(3, 4).unwrap();
+        let g = Grid::new(3, 4).expect("grid");
         for j in 0..4 {
             let c = g.column_quorum(j);
             assert!(
@@ -244,7 +244,7 @@ mod tests {
 
     #[test]
     fn takeover_order_and_parsing() {
-        let g: Grid = "3x3".parse().unwrap();
+        let g: Grid = "3x3".parse().expect("grid");
         // R(1) = row 1 (3, 4, 5), then column 0 above (0), then the last column below (8)
         assert_eq!(g.row_quorum(1), vec![3, 4, 5, 0, 8]);
         assert_eq!(g.successor(3, |n| n != 4), Some(5));
@@ -255,6 +255,6 @@ mod tests {
         for bad in ["3", "0x3", "ax3", "100x100"] {
             assert!(bad.parse::<Grid>().is_err(), "{bad}");
         }
-        assert_eq!(Grid::new(1, 1).unwrap().row_quorum(0), vec![0]);
+        assert_eq!(Grid::new(1, 1).expect("grid").row_quorum(0), vec![0]);
     }
 }

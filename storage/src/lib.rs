@@ -98,6 +98,8 @@ pub struct Store {
     deliveries: sled::Tree,
     /// Copies of other nodes' objects (quorum replication): origin, seq -> state, object.
     replicas: sled::Tree,
+    /// QoS 2 "received" marks of copied objects: origin, seq, subscription -> ().
+    phases: sled::Tree,
     node: u32,
     seq: Arc<std::sync::Mutex<(u64, u64)>>, // (next, reserved end)
     /// The outbox: objects not yet retired, seq -> priority. It lives in memory; what
@@ -173,6 +175,7 @@ impl Store {
             images: db.open_tree("images")?,
             deliveries: db.open_tree("deliveries")?,
             replicas: db.open_tree("replicas")?,
+            phases: db.open_tree("phases")?,
             meta,
             db,
             node,

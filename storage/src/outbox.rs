@@ -141,6 +141,23 @@ impl Store {
         Ok(true)
     }
 
+    /// Sequence numbers of adopted copies of `origin` above `after`, in order, at most `limit`.
+    pub fn adopted_after(&self, origin: u32, after: u64, limit: usize) -> Vec<u64> {
+        self.lock_adopted()
+            .range(
+                ObjectId {
+                    node: origin,
+                    seq: after.saturating_add(1),
+                }..=ObjectId {
+                    node: origin,
+                    seq: u64::MAX,
+                },
+            )
+            .take(limit)
+            .map(|(id, _)| id.seq)
+            .collect()
+    }
+
     /// Gives back every adopted copy of `origin` (it is alive again and owns them); the
     /// answer is how many.
     pub fn unadopt(&self, origin: u32) -> usize {

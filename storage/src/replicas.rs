@@ -2,7 +2,9 @@
 //! held for the row (or xS) quorum of their origin. Key: origin node, sequence (big endian, so
 //! one origin's copies are one ordered range); value: a state byte and, while unfinished, the
 //! encoded object. A finished copy (its origin, or whoever took over, delivered it) keeps a
-//! tombstone, so a late copy or a catch-up cannot bring it back.
+//! tombstone, so a late copy or a catch-up cannot bring it back. Beside them, the QoS 2
+//! deliveries of those objects that a subscriber has "received" (so a takeover only
+//! releases them, and the subscriber never sees one twice).
 
 use super::*;
 
@@ -58,15 +60,46 @@ impl Store {
         Ok(added)
     }
 
-    /// Marks copies finished (delivered by whoever owned them): their bytes go, a tombstone
-    /// stays. Not yet durable; a lost mark only means the copy is disseminated again after a
-    /// takeover (a repeat, which delivery ids absorb).
+    /// Marks copies finished (delivered by whoever owned them): their bytes and received
+    /// marks go, a tombstone stays. Not yet durable; a lost mark only means the copy is
+    /// disseminated again after a takeover (a repeat, which delivery ids absorb).
     pub fn finish_replicas(&self, ids: &[ObjectId]) -> Result<(), StorageError> {
         for id in ids {
             self.replicas
                 .insert(replica_key(id.node, id.seq), &[FINISHED][..])?;
+            let prefix = replica_key(id.node, id.seq);
+            for k in self.phases.scan_prefix(prefix).keys() {
+                self.phases.remove(k?)?;
+            }
         }
         Ok(())
+    }
+
+    /// Records that subscribers have QoS 2 deliveries "received" (object, subscription):
+    /// whoever takes the object over only releases them. Not yet durable.
+    pub fn mark_received_unflushed(&self, marks: &[(ObjectId, u64)]) -> Result<(), StorageError> {
+        for (id, sub) in marks {
+            let mut k = [0u8; 20];
+            k[..12].copy_from_slice(&replica_key(id.node, id.seq));
+            k[12..].copy_from_slice(&sub.to_be_bytes());
+            self.phases.insert(k, &[][..])?;
+        }
+        Ok(())
+    }
+
+    /// The subscriptions whose QoS 2 delivery of `id` a subscriber has "received".
+    pub fn received_marks(&self, id: ObjectId) -> Result<Vec<u64>, StorageError> {
+        let mut subs = Vec::new();
+        for k in self.phases.scan_prefix(replica_key(id.node, id.seq)).keys() {
+            let k = k?;
+            let sub = k
+                .get(12..20)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| corrupt(CodecError::Truncated))?;
+            subs.push(sub);
+        }
+        Ok(subs)
     }
 
     /// The copy of `id`, when this node holds it unfinished.
@@ -82,19 +115,18 @@ impl Store {
 
     /// Whether this node holds a copy of `id`, unfinished or finished.
     pub fn knows_replica(&self, id: ObjectId) -> Result<bool, StorageError> {
-        Ok(self
-            .replicas
-            .contains_key(replica_key(id.node, id.seq))?)
+        Ok(self.replicas.contains_key(replica_key(id.node, id.seq))?)
     }
 
-    /// Up to `limit` unfinished copies of `origin`'s objects with sequence numbers above
-    /// `after`, in order (a catch-up pages through them).
-    pub fn unfinished_replicas(
+    /// Walks `origin`'s copies above `after` in order, keeping what `keep` makes of each
+    /// (id, state byte, rest), up to `limit`.
+    fn scan_after<T>(
         &self,
         origin: u32,
         after: u64,
         limit: usize,
-    ) -> Result<Vec<StoredObject>, StorageError> {
+        mut keep: impl FnMut(ObjectId, u8, &[u8]) -> Result<Option<T>, StorageError>,
+    ) -> Result<Vec<T>, StorageError> {
         let mut out = Vec::new();
         if after == u64::MAX {
             return Ok(out);
@@ -107,11 +139,40 @@ impl Store {
             }
             let (k, v) = kv?;
             let id = replica_id(&k).ok_or_else(|| corrupt(CodecError::Truncated))?;
-            if let Some((&UNFINISHED, rest)) = v.split_first() {
-                out.push(codec::decode_object(rest, id).map_err(corrupt)?);
-            }
+            let Some((&state, rest)) = v.split_first() else {
+                return Err(corrupt(CodecError::Truncated));
+            };
+            out.extend(keep(id, state, rest)?);
         }
         Ok(out)
+    }
+
+    /// Up to `limit` unfinished copies of `origin`'s objects with sequence numbers above
+    /// `after`, in order (a catch-up pages through them).
+    pub fn unfinished_replicas(
+        &self,
+        origin: u32,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredObject>, StorageError> {
+        self.scan_after(origin, after, limit, |id, state, rest| {
+            if state != UNFINISHED {
+                return Ok(None);
+            }
+            codec::decode_object(rest, id).map(Some).map_err(corrupt)
+        })
+    }
+
+    /// Up to `limit` sequence numbers of `origin`'s finished copies above `after`, in order.
+    pub fn finished_replicas(
+        &self,
+        origin: u32,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<u64>, StorageError> {
+        self.scan_after(origin, after, limit, |id, state, _| {
+            Ok((state == FINISHED).then_some(id.seq))
+        })
     }
 
     /// The copies this node holds, by state.

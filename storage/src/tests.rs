@@ -358,7 +358,17 @@ async fn replicas_are_paged_by_origin_finished_for_good_and_survive_reopen() {
         assert_eq!(s.put_replicas_unflushed(&copies).expect("put"), 6);
         // a second copy of the same object changes nothing
         assert_eq!(s.put_replicas_unflushed(&copies[..2]).expect("again"), 0);
-        s.finish_replicas(&[ObjectId { node: 4, seq: 2 }]).expect("finish");
+        let two = ObjectId { node: 4, seq: 2 };
+        s.mark_received_unflushed(&[(two, 9), (two, 3), (ObjectId { node: 4, seq: 3 }, 9)])
+            .expect("marks");
+        assert_eq!(s.received_marks(two).expect("marks"), [3, 9]);
+        s.finish_replicas(&[two]).expect("finish");
+        assert!(s.received_marks(two).expect("marks").is_empty());
+        assert_eq!(
+            s.received_marks(ObjectId { node: 4, seq: 3 })
+                .expect("marks"),
+            [9]
+        );
         // a late copy does not bring a finished one back
         assert_eq!(s.put_replicas_unflushed(&[copy(4, 2)]).expect("late"), 0);
         s.commit().await.expect("commit");
@@ -367,6 +377,7 @@ async fn replicas_are_paged_by_origin_finished_for_good_and_survive_reopen() {
         let rest = s.unfinished_replicas(4, 3, 10).expect("rest");
         assert_eq!(rest.iter().map(|o| o.id.seq).collect::<Vec<_>>(), [4, 5]);
         assert_eq!(rest[0], copy(4, 4));
+        assert_eq!(s.finished_replicas(4, 0, 10).expect("finished"), [2]);
     }
     let s = Store::open(&dir, 0).expect("reopen");
     assert_eq!(
@@ -376,9 +387,19 @@ async fn replicas_are_paged_by_origin_finished_for_good_and_survive_reopen() {
             finished: 1
         }
     );
-    assert!(s.replica(ObjectId { node: 4, seq: 2 }).expect("get").is_none());
-    assert!(s.knows_replica(ObjectId { node: 4, seq: 2 }).expect("knows"));
-    assert_eq!(s.replica(ObjectId { node: 5, seq: 1 }).expect("get"), Some(copy(5, 1)));
+    assert!(
+        s.replica(ObjectId { node: 4, seq: 2 })
+            .expect("get")
+            .is_none()
+    );
+    assert!(
+        s.knows_replica(ObjectId { node: 4, seq: 2 })
+            .expect("knows")
+    );
+    assert_eq!(
+        s.replica(ObjectId { node: 5, seq: 1 }).expect("get"),
+        Some(copy(5, 1))
+    );
     assert_eq!(
         s.unfinished_replicas_by_origin().expect("by origin"),
         [(4, 4), (5, 1)].into_iter().collect()

@@ -171,29 +171,66 @@ impl Node {
                     .collect();
             }
         };
-        let mut stored = stored.into_iter().zip(metas);
+        let copies = self.replicate(&stored).await;
+        let mut stored = stored.into_iter().zip(metas).zip(copies);
         results
             .into_iter()
             .map(|r| {
                 if let Some(r) = r {
                     return r;
                 }
-                let Some((out, meta)) = stored.next() else {
+                let Some(((out, meta), copied)) = stored.next() else {
                     return Err(ServiceError::Unavailable(
                         "the put produced no result".into(),
                     ));
                 };
                 let out = out?;
-                self.accepted.fetch_add(1, Ordering::Relaxed);
                 if !out.duplicate {
+                    // in the outbox now: disseminated even if its copies fell short
                     self.hand_off(out.id, meta);
                 }
+                copied?;
+                self.accepted.fetch_add(1, Ordering::Relaxed);
                 Ok(v1::PutResponse {
                     id: Some(id_to_proto(out.id)),
                     duplicate: out.duplicate,
                 })
             })
             .collect()
+    }
+
+    /// Copies the stored objects to their quorums (a cluster node with a grid); one result
+    /// per outcome, `Ok` where nothing was needed. A duplicate is copied again, so a put
+    /// retried after too few copies gets them.
+    async fn replicate(
+        &self,
+        stored: &[Result<storage::PutOutcome, storage::StorageError>],
+    ) -> Vec<Result<(), ServiceError>> {
+        let mut out: Vec<Result<(), ServiceError>> = stored.iter().map(|_| Ok(())).collect();
+        let Sink::Cluster(d) = &self.sink else {
+            return out;
+        };
+        if d.grid().is_none() {
+            return out;
+        }
+        let mut objects = Vec::new();
+        let mut at = Vec::new();
+        for (i, s) in stored.iter().enumerate() {
+            if let Ok(o) = s {
+                match self.store.get(o.id) {
+                    Ok(Some(obj)) => {
+                        objects.push(obj);
+                        at.push(i);
+                    }
+                    Ok(None) => {}
+                    Err(e) => out[i] = Err(e.into()),
+                }
+            }
+        }
+        for (i, r) in at.into_iter().zip(d.replicate(&objects).await) {
+            out[i] = r;
+        }
+        out
     }
 
     /// Passes a newly stored object on to matching (after its acknowledgement is decided; the
@@ -378,7 +415,14 @@ impl v1::admin_server::Admin for Node {
             Sink::Cluster(d) => Some(d.deliverer().counters()),
             _ => None,
         };
+        let copies = self.store.replica_counts().map_err(ServiceError::from)?;
         Ok(Response::new(v1::StatsResponse {
+            copies_unfinished: copies.unfinished as u64,
+            copies_finished: copies.finished as u64,
+            objects_taken_over: match &self.sink {
+                Sink::Cluster(d) => d.counters().taken_over.load(Ordering::Relaxed),
+                _ => 0,
+            },
             node: self.store.node(),
             objects_stored: self.store.object_count() as u64,
             puts_accepted: self.accepted.load(Ordering::Relaxed),

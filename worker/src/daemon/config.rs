@@ -46,6 +46,13 @@ pub struct DaemonConfig {
     pub delivery: crate::deliver::DeliveryConfig,
     /// What internal calls to and from this daemon carry (the coordinator's secret).
     pub cluster_secret: runtime::cluster_secret::ClusterSecret,
+    /// Quorum replication (with a grid): a put is acknowledged once this many nodes of its
+    /// quorum hold it durably, this one included (at most the whole quorum).
+    pub write_copies: usize,
+    /// Objects of this priority or more are replicated on R(i) ∪ C(j), not R(i) alone.
+    pub critical_priority: u8,
+    /// How long a put waits for its copies before it is answered `UNAVAILABLE`.
+    pub replicate_timeout: Duration,
 }
 
 impl DaemonConfig {
@@ -71,6 +78,9 @@ impl DaemonConfig {
             bulk_lane: true,
             delivery: crate::deliver::DeliveryConfig::default(),
             cluster_secret: runtime::cluster_secret::ClusterSecret::default(),
+            write_copies: 3,
+            critical_priority: 6,
+            replicate_timeout: Duration::from_secs(5),
         }
     }
 }

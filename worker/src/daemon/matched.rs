@@ -4,7 +4,8 @@
 use super::*;
 
 impl Daemon {
-    /// Matches of objects this node took: each id checked to be this node's, then handed to
+    /// Matches of objects this node owns (took, or took over from a dead origin): each id
+    /// checked to be one of those, then handed to
     /// delivery ([`crate::deliver::Deliverer::accept`]), which alone records them and retires
     /// the objects from the outbox.
     pub async fn handoff(&self, req: v1::MatchedRequest) -> Result<(), ServiceError> {
@@ -16,11 +17,11 @@ impl Daemon {
                 node: id.node,
                 seq: id.seq,
             };
-            if id.node != self.inner.cfg.node {
+            if id.node != self.inner.cfg.node && !self.inner.store.knows_replica(id)? {
                 return Err(ServiceError::invalid(
                     "objects.id.node",
                     format!(
-                        "object of node {} sent to node {}",
+                        "object of node {} sent to node {}, which holds no copy of it",
                         id.node, self.inner.cfg.node
                     ),
                 ));

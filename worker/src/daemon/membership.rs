@@ -39,10 +39,17 @@ impl Daemon {
                         let nonce = r.nonce;
                         tracing::info!("registered with coordinator {nonce:016x}");
                         self.inner.nonce.store(nonce, Ordering::Release);
-                        // whatever was in flight with an earlier coordinator is sent again
+                        self.set_view(r.membership.as_ref());
+                        // whatever was in flight with an earlier coordinator is sent again,
+                        // once this node caught up with its quorums (no resend before)
                         lock(&self.inner.sent).clear();
+                        self.inner.caught_up.store(false, Ordering::Release);
                         let me = self.clone();
-                        tokio::spawn(async move { me.resend(Duration::ZERO).await });
+                        tokio::spawn(async move {
+                            me.catch_up().await;
+                            me.inner.caught_up.store(true, Ordering::Release);
+                            me.resend(Duration::ZERO).await
+                        });
                     }
                     Err(e) => tracing::debug!("registering with the coordinator: {e}"),
                 }
@@ -57,7 +64,7 @@ impl Daemon {
                 terminated: changes.terminated.clone(),
             };
             match self.inner.coord.heartbeat(req).await {
-                Ok(r) if r.nonce == known => {}
+                Ok(r) if r.nonce == known => self.set_view(r.membership.as_ref()),
                 Ok(r) => {
                     tracing::info!(
                         "coordinator changed ({known:016x} -> {:016x}): registering again",

@@ -42,7 +42,9 @@ mod forward;
 mod matched;
 mod membership;
 mod outbox;
+mod replicate;
 mod service;
+mod takeover;
 mod tasks;
 mod workers;
 
@@ -62,6 +64,8 @@ pub struct DaemonCounters {
     pub loads: AtomicU64,
     pub workers_started: AtomicU64,
     pub workers_terminated: AtomicU64,
+    /// Objects of dead nodes adopted by takeovers.
+    pub taken_over: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -72,6 +76,10 @@ struct Inner {
     coord: ToCoordinator,
     /// The nonce of the coordinator this node registered with (0: not registered).
     nonce: AtomicU64,
+    /// The catch-up after the last registration is done (the outbox resend waits for it).
+    caught_up: std::sync::atomic::AtomicBool,
+    /// Unfinished delivery records were resumed (after the first catch-up).
+    resumed: std::sync::atomic::AtomicBool,
     reregister: Notify,
     workers: Mutex<BTreeMap<u64, Slot>>,
     changes: Mutex<Changes>,
@@ -88,6 +96,13 @@ struct Inner {
     forward_rx: Mutex<Option<mpsc::Receiver<v1::ArrivedObject>>>,
     deliverer: crate::deliver::Deliverer,
     lanes: Lanes,
+    /// The cluster as the last heartbeat answer described it (quorum replication).
+    view: Mutex<replicate::View>,
+    /// Each peer's queue of copies and finished marks.
+    peer_queues: Mutex<HashMap<u32, mpsc::UnboundedSender<replicate::PeerMsg>>>,
+    /// Dead origins whose objects this node took over.
+    owned: Mutex<std::collections::BTreeSet<u32>>,
+    finished_rx: Mutex<Option<mpsc::UnboundedReceiver<ObjectId>>>,
 }
 
 /// A node daemon (cheap to clone).
@@ -127,10 +142,14 @@ impl Daemon {
             Arc::new(coord.clone()),
             lanes.clone(),
         )?;
-        Ok(Daemon {
+        let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+        deliverer.on_finished(finished_tx);
+        let d = Daemon {
             inner: Arc::new(Inner {
                 coord,
                 nonce: AtomicU64::new(0),
+                caught_up: std::sync::atomic::AtomicBool::new(false),
+                resumed: std::sync::atomic::AtomicBool::new(false),
                 reregister: Notify::new(),
                 workers: Mutex::new(BTreeMap::new()),
                 changes: Mutex::new(Changes::default()),
@@ -150,8 +169,16 @@ impl Daemon {
                 forward_rx: Mutex::new(Some(rx)),
                 deliverer,
                 lanes,
+                view: Mutex::new(replicate::View::default()),
+                peer_queues: Mutex::new(HashMap::new()),
+                owned: Mutex::new(std::collections::BTreeSet::new()),
+                finished_rx: Mutex::new(Some(finished_rx)),
             }),
-        })
+        };
+        d.inner
+            .deliverer
+            .on_received(Arc::new(replicate::QuorumPhases(Arc::downgrade(&d.inner))));
+        Ok(d)
     }
 
     /// Starts the initial workers and the background loops (registration and heartbeats,
@@ -167,14 +194,14 @@ impl Daemon {
         tokio::spawn(self.clone().membership());
         tokio::spawn(self.clone().resender());
         tokio::spawn(self.clone().regulator());
+        if let Some(rx) = lock(&self.inner.finished_rx).take() {
+            tokio::spawn(self.clone().finisher(rx));
+        }
         if self.inner.cfg.bulk_lane {
             tokio::spawn(self.clone().lane_switch());
         }
-        match self.inner.deliverer.resume() {
-            Ok(n) if n > 0 => tracing::info!("resuming {n} unfinished deliveries"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!("reading unfinished deliveries: {e}"),
-        }
+        // unfinished deliveries resume after the first catch-up with the coordinator and the
+        // quorums (`catch_up`): some may have been taken over while this node was down
     }
 
     /// The node's delivery loop.

@@ -59,7 +59,9 @@ impl Daemon {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tick.tick().await;
-            if self.inner.nonce.load(Ordering::Acquire) != 0 {
+            if self.inner.nonce.load(Ordering::Acquire) != 0
+                && self.inner.caught_up.load(Ordering::Acquire)
+            {
                 self.resend(self.inner.cfg.resend_after).await;
             }
             let ttl = self.inner.cfg.result_ttl;

@@ -61,4 +61,62 @@ impl v1::daemon_server::Daemon for Daemon {
         self.handoff(request.into_inner()).await?;
         Ok(Response::new(v1::MatchedResponse {}))
     }
+
+    async fn replicate(
+        &self,
+        request: Request<v1::ReplicateRequest>,
+    ) -> Result<Response<v1::ReplicateResponse>, Status> {
+        Ok(Response::new(self.take_copies(request.into_inner()).await?))
+    }
+
+    async fn replicas(
+        &self,
+        request: Request<v1::ReplicasRequest>,
+    ) -> Result<Response<v1::ReplicasResponse>, Status> {
+        let r = request.into_inner();
+        let limit = r.limit.clamp(1, 1024) as usize;
+        let set = v1::ReplicaSet::try_from(r.set)
+            .map_err(|_| ServiceError::invalid("set", format!("unknown set {}", r.set)))?;
+        if set != v1::ReplicaSet::Unfinished {
+            let store = &self.inner.store;
+            let mut seqs = match set {
+                v1::ReplicaSet::Finished => store
+                    .finished_replicas(r.origin, r.after_seq, limit + 1)
+                    .map_err(ServiceError::from)?,
+                _ => store.adopted_after(r.origin, r.after_seq, limit + 1),
+            };
+            let more = seqs.len() > limit;
+            seqs.truncate(limit);
+            return Ok(Response::new(v1::ReplicasResponse {
+                objects: Vec::new(),
+                more,
+                seqs,
+                received: Vec::new(),
+            }));
+        }
+        let (objects, more) = self.held_after(r.origin, r.after_seq, limit)?;
+        let mut received = Vec::new();
+        for o in &objects {
+            for sub in self
+                .inner
+                .store
+                .received_marks(o.id)
+                .map_err(ServiceError::from)?
+            {
+                received.push(v1::ReceivedMark {
+                    id: Some(v1::ObjectId {
+                        node: o.id.node,
+                        seq: o.id.seq,
+                    }),
+                    subscription: sub,
+                });
+            }
+        }
+        Ok(Response::new(v1::ReplicasResponse {
+            objects: objects.iter().map(replicate::replica_to_proto).collect(),
+            more,
+            seqs: Vec::new(),
+            received,
+        }))
+    }
 }

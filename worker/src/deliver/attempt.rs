@@ -290,6 +290,17 @@ impl Deliverer {
                         .await;
                     }
                 }
+                // the holders of the object's copies learn the phase first: a node that
+                // takes the object over then only releases it
+                if exactly_once
+                    && let Some(obj) = obj
+                    && !self.received_known(sub, obj).await
+                {
+                    if !received {
+                        return Ok(Outcome::Received);
+                    }
+                    return Err("the received phase did not reach the object's quorum".into());
+                }
                 if exactly_once
                     && let Err(e) = c.release(v1::ReleaseRequest { delivery_id: id }).await
                 {

@@ -109,8 +109,11 @@ impl Deliverer {
                 None => false,
             }
         };
-        if retire && let Err(e) = self.inner.store.retire(obj) {
-            tracing::warn!("retiring object {}:{}: {e}", obj.node, obj.seq);
+        if retire {
+            match self.inner.store.retire(obj) {
+                Ok(_) => self.maybe_finished(obj),
+                Err(e) => tracing::warn!("retiring object {}:{}: {e}", obj.node, obj.seq),
+            }
         }
     }
 }
@@ -173,8 +176,21 @@ impl Deliverer {
             let added = store.add_pending_deliveries_unflushed(&pairs).await?;
             acc.repeated += (pairs.len() - added.len()) as u64;
             let any = !added.is_empty();
+            let me = store.node();
             for (s, id) in added {
-                self.enqueue_new(s, id);
+                self.opened(s, id);
+                // a copy taken over whose QoS 2 delivery a subscriber has "received" from
+                // the dead owner: only its release is owed
+                if id.node != me && store.received_marks(id)?.contains(&s) {
+                    let state = DeliveryState::Received {
+                        attempts: 1,
+                        next_attempt_unix_ms: self.now_ms(),
+                    };
+                    store.set_delivery_unflushed(s, id, &state)?;
+                    self.enqueue(s, id);
+                } else {
+                    self.enqueue_new(s, id);
+                }
             }
             if any {
                 store.commit().await?;
@@ -194,10 +210,11 @@ impl Deliverer {
         for id in plain {
             // a concurrent hand-off of the same object may have pushes in memory: the last
             // of them retires it
-            if !self.owes(id)
-                && let Err(e) = store.retire(id)
-            {
-                return (acc, Err(e));
+            if !self.owes(id) {
+                if let Err(e) = store.retire(id) {
+                    return (acc, Err(e));
+                }
+                self.maybe_finished(id);
             }
         }
         for id in held {

@@ -52,6 +52,7 @@ mod grpc_push;
 mod handoff;
 mod queue;
 mod retry;
+mod settled;
 mod stream;
 mod webhook;
 
@@ -59,6 +60,7 @@ pub use cache::SubscriptionSource;
 pub use cloudevents::{SIGNATURE_HEADER, TIMESTAMP_HEADER, cloudevent, rfc3339, sign};
 pub use config::DeliveryConfig;
 pub use handoff::{Accepted, HandOff};
+pub use settled::Phases;
 pub use stream::stream_key;
 
 // what the parts share with each other (each part takes the whole module with `use super::*`)
@@ -105,6 +107,12 @@ struct Inner {
     counters: DeliveryCounters,
     /// Per subscription: acked, failed attempts, dead letters.
     per_sub: Mutex<HashMap<u64, [u64; 3]>>,
+    /// Per object: the subscriptions whose delivery records are open ([`settled`]).
+    open: Mutex<HashMap<ObjectId, std::collections::HashSet<u64>>>,
+    /// Where finished objects are reported.
+    finished: Mutex<Option<mpsc::UnboundedSender<ObjectId>>>,
+    /// Who learns of QoS 2 "received" phases before releases.
+    phases: Mutex<Option<Arc<dyn Phases>>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -185,6 +193,9 @@ impl Deliverer {
                 seq: AtomicU64::new(0),
                 counters: DeliveryCounters::default(),
                 per_sub: Mutex::new(HashMap::new()),
+                open: Mutex::new(HashMap::new()),
+                finished: Mutex::new(None),
+                phases: Mutex::new(None),
             }),
         })
     }
@@ -215,13 +226,47 @@ impl Deliverer {
 
     /// Queues every unfinished delivery record (after a restart).
     pub fn resume(&self) -> Result<usize, storage::StorageError> {
+        self.resume_except(&std::collections::HashSet::new())
+    }
+
+    /// Queues every unfinished delivery record except those of `handed_over` objects:
+    /// another node (which took them over while this one was down) delivers or delivered
+    /// them, so their records here are closed as acknowledged, never pushed again.
+    pub fn resume_except(
+        &self,
+        handed_over: &std::collections::HashSet<ObjectId>,
+    ) -> Result<usize, storage::StorageError> {
         if !self.inner.cfg.enabled {
             return Ok(0);
         }
         let recs = self.inner.store.unfinished_deliveries(usize::MAX)?;
+        let mut n = 0;
         for (sub, obj, _) in &recs {
+            if handed_over.contains(obj) {
+                let done = DeliveryState::Acked {
+                    at_unix_ms: self.now_ms(),
+                };
+                self.inner.store.set_delivery_unflushed(*sub, *obj, &done)?;
+                continue;
+            }
+            n += 1;
+            self.opened(*sub, *obj);
             self.enqueue(*sub, *obj);
         }
-        Ok(recs.len())
+        Ok(n)
+    }
+
+    /// The objects of this node's unfinished delivery records, lowest sequence first.
+    pub fn unfinished_objects(&self) -> Result<Vec<ObjectId>, storage::StorageError> {
+        let mut v: Vec<ObjectId> = self
+            .inner
+            .store
+            .unfinished_deliveries(usize::MAX)?
+            .into_iter()
+            .map(|(_, o, _)| o)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        Ok(v)
     }
 }

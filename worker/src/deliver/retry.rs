@@ -28,9 +28,21 @@ impl Deliverer {
             } else {
                 me.inner.store.set_delivery_unflushed(sub, obj, &state)
             };
+            let open = matches!(
+                state,
+                DeliveryState::Pending { .. } | DeliveryState::Received { .. }
+            );
             match r {
-                Ok(()) if in_memory => me.release(obj),
-                Ok(()) => {}
+                Ok(()) => {
+                    if open {
+                        me.opened(sub, obj);
+                    } else {
+                        me.closed(sub, obj);
+                    }
+                    if in_memory {
+                        me.release(obj);
+                    }
+                }
                 // the object stays in the outbox: matched again at the next start
                 Err(e) => tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj)),
             }

@@ -1,0 +1,165 @@
+//! A recording gRPC subscriber for the replication tests and benchmarks: it serves
+//! `Subscriber` on loopback and counts, per (subscription, object), how often the
+//! application was shown the delivery. QoS 0/1 are shown on `Deliver`/`DeliverBatch`; QoS 2
+//! follows the two-phase handshake as a receiver without memory beyond it would: `Deliver`
+//! holds the delivery as "received" (by delivery id), `Release` shows it and forgets the id.
+//! So a node that delivers a QoS 2 delivery again after its release shows a duplicate here,
+//! which is what the benchmarks count.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use proto::v1;
+use storage::ObjectId;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// (subscription, object) -> times shown.
+    shown: BTreeMap<(u64, ObjectId), u32>,
+    /// When each pair was first shown.
+    first: HashMap<(u64, ObjectId), Instant>,
+    /// QoS 2: received, not yet released (delivery id -> pair).
+    received: HashMap<String, (u64, ObjectId)>,
+}
+
+/// The recording subscriber (cheap to clone; every clone shares the record).
+#[derive(Debug, Clone, Default)]
+pub struct Recorder {
+    state: Arc<Mutex<State>>,
+    /// Subscriptions delivered with QoS 2 (shown on release).
+    qos2: Arc<Mutex<std::collections::HashSet<u64>>>,
+    /// How long each call takes (a slow subscriber keeps deliveries in flight).
+    delay: Arc<Mutex<std::time::Duration>>,
+}
+
+fn pair(d: &v1::Delivery) -> (u64, ObjectId) {
+    let o = d.object_id.unwrap_or_default();
+    (
+        d.subscription_id,
+        ObjectId {
+            node: o.node,
+            seq: o.seq,
+        },
+    )
+}
+
+impl Recorder {
+    /// Serves a new recorder on a free loopback port; the answer is its URL.
+    pub async fn start() -> std::io::Result<(Recorder, String)> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let r = Recorder::default();
+        let svc = v1::subscriber_server::SubscriberServer::new(r.clone());
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+        Ok((r, url))
+    }
+
+    /// Makes every call take `d` (before it is taken).
+    pub fn set_delay(&self, d: std::time::Duration) {
+        *lock(&self.delay) = d;
+    }
+
+    async fn pause(&self) {
+        let d = *lock(&self.delay);
+        if !d.is_zero() {
+            tokio::time::sleep(d).await;
+        }
+    }
+
+    /// Says that `sub` is a QoS 2 subscription (its deliveries are shown on release).
+    pub fn expect_qos2(&self, sub: u64) {
+        lock(&self.qos2).insert(sub);
+    }
+
+    fn show(&self, p: (u64, ObjectId)) {
+        let mut s = lock(&self.state);
+        *s.shown.entry(p).or_insert(0) += 1;
+        s.first.entry(p).or_insert_with(Instant::now);
+    }
+
+    fn take(&self, d: &v1::Delivery) {
+        let p = pair(d);
+        if lock(&self.qos2).contains(&p.0) {
+            lock(&self.state)
+                .received
+                .entry(d.delivery_id.clone())
+                .or_insert(p);
+        } else {
+            self.show(p);
+        }
+    }
+
+    /// Every pair shown, with how often.
+    pub fn shown(&self) -> BTreeMap<(u64, ObjectId), u32> {
+        lock(&self.state).shown.clone()
+    }
+
+    /// Pairs shown at least once.
+    pub fn distinct(&self) -> usize {
+        lock(&self.state).shown.len()
+    }
+
+    /// When `pair` was first shown.
+    pub fn first_shown(&self, pair: (u64, ObjectId)) -> Option<Instant> {
+        lock(&self.state).first.get(&pair).copied()
+    }
+
+    /// Shows beyond the first, for the subscriptions `subs` says (QoS 2 ones: duplicates;
+    /// QoS 1 ones: repeats).
+    pub fn extra_shows(&self, subs: impl Fn(u64) -> bool) -> u64 {
+        lock(&self.state)
+            .shown
+            .iter()
+            .filter(|((s, _), _)| subs(*s))
+            .map(|(_, &n)| u64::from(n.saturating_sub(1)))
+            .sum()
+    }
+}
+
+#[tonic::async_trait]
+impl v1::subscriber_server::Subscriber for Recorder {
+    async fn deliver(
+        &self,
+        request: Request<v1::Delivery>,
+    ) -> Result<Response<v1::DeliverAck>, Status> {
+        self.pause().await;
+        self.take(&request.into_inner());
+        Ok(Response::new(v1::DeliverAck {}))
+    }
+
+    async fn deliver_batch(
+        &self,
+        request: Request<v1::DeliveryBatch>,
+    ) -> Result<Response<v1::DeliverBatchAck>, Status> {
+        self.pause().await;
+        for d in &request.into_inner().deliveries {
+            self.take(d);
+        }
+        Ok(Response::new(v1::DeliverBatchAck { rejected: vec![] }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseAck>, Status> {
+        self.pause().await;
+        let id = request.into_inner().delivery_id;
+        let p = lock(&self.state).received.remove(&id);
+        if let Some(p) = p {
+            self.show(p);
+        }
+        Ok(Response::new(v1::ReleaseAck {}))
+    }
+}

@@ -1,0 +1,303 @@
+//! Quorum replication with real processes (DESIGN §7): a coordinator with a 3x3 grid and
+//! nine `dissem node` processes, subscribers on a recording gRPC endpoint in this process.
+//! Two nodes are SIGKILLed in the middle of a burst of puts; every acknowledged object must
+//! still reach every matching subscriber (their successors take their outboxes over), no
+//! QoS 2 subscriber may see a duplicate, and no subscription is lost. Then one killed node
+//! returns: it catches up, and what is put through it is delivered too.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bench::recorder::Recorder;
+use proto::v1;
+use storage::ObjectId;
+use tests::{Cluster, Proc, channel, dissem_bin, runtime, stats, temp_dir, temp_put, wait_for};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const NODE_ARGS: &[&str] = &[
+    "--gpu",
+    "off",
+    "--allow-private-targets",
+    "--resend-ms",
+    "1000",
+    "--workers",
+    "2",
+    "--min-workers",
+    "1",
+    "--max-workers",
+    "2",
+];
+
+/// The subscriptions: temp ranges, every fourth one QoS 2.
+fn ranges() -> Vec<(i64, i64, v1::Qos)> {
+    (0..12)
+        .map(|i| {
+            let lo = i * 7;
+            let qos = if i % 4 == 3 {
+                v1::Qos::ExactlyOnce
+            } else {
+                v1::Qos::AtLeastOnce
+            };
+            (lo, lo + 25, qos)
+        })
+        .collect()
+}
+
+async fn create_subscriptions(url: &str, target: &str, rec: &Recorder) -> Vec<(u64, i64, i64)> {
+    let mut c = v1::subscriptions_client::SubscriptionsClient::new(channel(url));
+    let mut subs = Vec::new();
+    for (lo, hi, qos) in ranges() {
+        let id = c
+            .create(v1::CreateSubscriptionRequest {
+                subscription: Some(v1::Subscription {
+                    filter: Some(v1::subscription::Filter::Text(format!(
+                        "temp >= {lo} and temp < {hi}"
+                    ))),
+                    target: Some(v1::Target {
+                        kind: Some(v1::target::Kind::Grpc(target.to_string())),
+                    }),
+                    qos: qos as i32,
+                    retry: Some(v1::RetryPolicy {
+                        max_attempts: 1000,
+                        ttl_ms: 0,
+                        initial_backoff_ms: 50,
+                        max_backoff_ms: 300,
+                    }),
+                    ..v1::Subscription::default()
+                }),
+            })
+            .await
+            .expect("create subscription")
+            .into_inner()
+            .id;
+        if qos == v1::Qos::ExactlyOnce {
+            rec.expect_qos2(id);
+        }
+        subs.push((id, lo, hi));
+    }
+    subs
+}
+
+/// One put, retried on its node for a while: `None` when it was never acknowledged.
+async fn put_once(url: &str, t: i64, msg: String) -> Option<ObjectId> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let mut req = temp_put(t);
+        req.message_id = msg.clone();
+        let mut c = v1::ingest_client::IngestClient::new(channel(url));
+        match c.put(req).await {
+            Ok(r) => {
+                let id = r.into_inner().id.unwrap_or_default();
+                return Some(ObjectId {
+                    node: id.node,
+                    seq: id.seq,
+                });
+            }
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+fn expected(subs: &[(u64, i64, i64)], acked: &[(ObjectId, i64)]) -> BTreeSet<(u64, ObjectId)> {
+    let mut want = BTreeSet::new();
+    for &(id, t) in acked {
+        for &(s, lo, hi) in subs {
+            if t >= lo && t < hi {
+                want.insert((s, id));
+            }
+        }
+    }
+    want
+}
+
+async fn wait_delivered(rec: &Recorder, want: &BTreeSet<(u64, ObjectId)>, what: &str) {
+    wait_for(what, Duration::from_secs(90), || {
+        let shown = rec.shown();
+        let missing = want.iter().filter(|p| !shown.contains_key(p)).count();
+        async move { (missing == 0).then_some(()) }
+    })
+    .await;
+}
+
+#[test]
+fn a_3x3_grid_loses_no_acknowledged_object_when_two_nodes_die_mid_burst() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("quorum-3x3");
+    let bin = dissem_bin();
+    let mut c = Cluster::start_ids(
+        &bin,
+        &dir,
+        0..9,
+        &[
+            "--grid",
+            "3x3",
+            "--allow-private-targets",
+            "--lease-ms",
+            "1500",
+        ],
+        NODE_ARGS,
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let coord = c.coordinator.url();
+        wait_for("nine nodes registered", Duration::from_secs(60), || {
+            let coord = coord.clone();
+            async move { (stats(&coord).await.ok()?.cluster?.nodes == 9).then_some(()) }
+        })
+        .await;
+        let (rec, target) = Recorder::start().await.expect("recorder");
+        // a slow subscriber: deliveries are in flight when the nodes die
+        rec.set_delay(Duration::from_millis(40));
+        let subs = create_subscriptions(&c.nodes[0].url(), &target, &rec).await;
+        wait_for(
+            "the subscriptions published",
+            Duration::from_secs(30),
+            || {
+                let coord = coord.clone();
+                async move {
+                    (stats(&coord).await.ok()?.cluster?.image_subscriptions == 12).then_some(())
+                }
+            },
+        )
+        .await;
+
+        // the burst: 450 puts over the live nodes, 12 at a time; node 4 (the middle) dies
+        // after a third of them are acknowledged, node 2 after two thirds
+        let total = 450usize;
+        let urls: Vec<String> = c.nodes.iter().map(Proc::url).collect();
+        let dead: Arc<Mutex<BTreeSet<usize>>> = Arc::default();
+        let acked: Arc<Mutex<Vec<(ObjectId, i64)>>> = Arc::default();
+        let next = Arc::new(AtomicUsize::new(0));
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..12 {
+            let (urls, dead, acked, next) =
+                (urls.clone(), dead.clone(), acked.clone(), next.clone());
+            set.spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return;
+                    }
+                    let mut k = i % 9;
+                    while dead.lock().unwrap_or_else(|p| p.into_inner()).contains(&k) {
+                        k = (k + 1) % 9;
+                    }
+                    let t = (i * 37 % 100) as i64;
+                    if let Some(id) = put_once(&urls[k], t, format!("burst-{i}")).await {
+                        acked
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((id, t));
+                    }
+                }
+            });
+        }
+        for (victim, at) in [(4usize, total / 3), (2, 2 * total / 3)] {
+            wait_for(
+                "the burst to reach the kill",
+                Duration::from_secs(120),
+                || {
+                    let n = acked.lock().unwrap_or_else(|p| p.into_inner()).len();
+                    async move { (n >= at).then_some(()) }
+                },
+            )
+            .await;
+            dead.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(victim);
+            c.nodes[victim].kill();
+            eprintln!("killed node {victim} after {at} acknowledged puts");
+        }
+        while let Some(r) = set.join_next().await {
+            r.expect("put task");
+        }
+        let acked = acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert!(
+            acked.len() >= total * 9 / 10,
+            "only {} of {total} puts acknowledged",
+            acked.len()
+        );
+        let want = expected(&subs, &acked);
+        wait_delivered(
+            &rec,
+            &want,
+            "every acknowledged object delivered to every match",
+        )
+        .await;
+        let mut taken_over = 0;
+        for (k, u) in urls.iter().enumerate() {
+            if k != 2 && k != 4 {
+                taken_over += stats(u).await.expect("stats").objects_taken_over;
+            }
+        }
+        assert!(taken_over > 0, "the dead nodes left nothing to take over");
+        let qos2: BTreeSet<u64> = subs
+            .iter()
+            .zip(ranges())
+            .filter(|(_, r)| r.2 == v1::Qos::ExactlyOnce)
+            .map(|(s, _)| s.0)
+            .collect();
+        assert_eq!(
+            rec.extra_shows(|s| qos2.contains(&s)),
+            0,
+            "QoS 2 duplicates"
+        );
+        eprintln!(
+            "{} acknowledged objects, {} deliveries owed, all delivered ({taken_over} taken \
+             over); QoS 1 repeats {}",
+            acked.len(),
+            want.len(),
+            rec.extra_shows(|s| !qos2.contains(&s))
+        );
+
+        // no subscription is lost: every one is still listed
+        let mut sc = v1::subscriptions_client::SubscriptionsClient::new(channel(&urls[0]));
+        let listed = sc
+            .list(v1::ListSubscriptionsRequest::default())
+            .await
+            .expect("list")
+            .into_inner()
+            .subscriptions
+            .len();
+        assert_eq!(listed, subs.len(), "subscriptions listed after the kills");
+
+        // node 4 returns on its disk: it catches up (its own outbox finished by its
+        // successor leaves it) and takes puts again
+        c.nodes[4].restart();
+        let url4 = c.nodes[4].url();
+        wait_for("node 4's outbox to drain", Duration::from_secs(60), || {
+            let url4 = url4.clone();
+            async move { (stats(&url4).await.ok()?.outbox_pending == 0).then_some(()) }
+        })
+        .await;
+        let mut more = Vec::new();
+        for i in 0..20 {
+            let t = (i * 13 % 100) as i64;
+            let id = put_once(&url4, t, format!("after-{i}"))
+                .await
+                .expect("a put through the returned node");
+            more.push((id, t));
+        }
+        let want_more = expected(&subs, &more);
+        wait_delivered(&rec, &want_more, "puts through the returned node delivered").await;
+        assert_eq!(
+            rec.extra_shows(|s| qos2.contains(&s)),
+            0,
+            "QoS 2 duplicates after the return"
+        );
+        // it holds copies for its row again: what node 3 took after the return is copied
+        let s4 = stats(&url4).await.expect("stats");
+        eprintln!(
+            "node 4 back: {} unfinished copies, {} finished",
+            s4.copies_unfinished, s4.copies_finished
+        );
+    });
+    drop(c);
+    let _ = std::fs::remove_dir_all(&dir);
+}

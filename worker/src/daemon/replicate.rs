@@ -1,0 +1,445 @@
+//! Quorum replication of objects (DESIGN §7, seed 000). A put on this node at (i, j) is
+//! acknowledged once the object is durable here and on enough members of R(i) (R(i) ∪ C(j)
+//! for critical priorities) to make `write_copies` in all; the other members get their copy
+//! asynchronously. Copies go to each peer through its own queue, so whatever gathers while a
+//! peer's call is out goes in its next `Daemon.Replicate`: replication is batched per peer,
+//! never one call per object. When an object's dissemination is finished its copies' holders
+//! are told the same way, and drop them.
+//!
+//! The membership view (grid, endpoints, liveness) comes with every heartbeat answer.
+
+use std::collections::BTreeMap;
+
+use runtime::grid::Grid;
+use storage::StoredObject;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::*;
+
+/// Copies and finished marks per `Daemon.Replicate` call at most.
+const PEER_BATCH: usize = 512;
+
+/// Calls a peer's queue tries before it gives a batch up (the peer catches up when it is
+/// back, by pulling what it lacks).
+const PEER_TRIES: u32 = 3;
+
+/// The cluster as the last heartbeat answer described it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct View {
+    pub(super) grid: Option<Grid>,
+    /// node -> (endpoint, alive).
+    pub(super) members: BTreeMap<u32, (String, bool)>,
+}
+
+impl View {
+    pub(super) fn from_proto(m: &v1::Membership) -> View {
+        View {
+            grid: Grid::new(m.rows, m.cols).ok(),
+            members: m
+                .members
+                .iter()
+                .map(|n| (n.node, (n.endpoint.clone(), n.alive)))
+                .collect(),
+        }
+    }
+
+    pub(super) fn alive(&self, node: u32) -> bool {
+        self.members.get(&node).is_some_and(|(_, a)| *a)
+    }
+
+    /// Known and not alive (a node never seen is neither).
+    pub(super) fn dead(&self, node: u32) -> bool {
+        self.members.get(&node).is_some_and(|(_, a)| !*a)
+    }
+
+    pub(super) fn endpoint(&self, node: u32) -> Option<&str> {
+        self.members.get(&node).map(|(e, _)| e.as_str())
+    }
+}
+
+/// What goes to one peer.
+#[derive(Debug)]
+pub(super) enum PeerMsg {
+    /// A copy; the answer (stored or not) goes to `ack` when a put waits for it.
+    Copy(Arc<v1::ReplicaObject>, Option<UnboundedSender<bool>>),
+    /// The object's dissemination is finished: the copy goes.
+    Finished(ObjectId),
+    /// A subscriber has the QoS 2 delivery (object, subscription) "received".
+    Received(ObjectId, u64, Option<UnboundedSender<bool>>),
+}
+
+fn id_proto(id: ObjectId) -> v1::ObjectId {
+    v1::ObjectId {
+        node: id.node,
+        seq: id.seq,
+    }
+}
+
+pub(super) fn marks_from_proto(marks: &[v1::ReceivedMark]) -> Vec<(ObjectId, u64)> {
+    marks
+        .iter()
+        .filter_map(|m| {
+            m.id.map(|id| {
+                (
+                    ObjectId {
+                        node: id.node,
+                        seq: id.seq,
+                    },
+                    m.subscription,
+                )
+            })
+        })
+        .collect()
+}
+
+/// Delivery's QoS 2 phases, told to the holders of the object's copies.
+pub(super) struct QuorumPhases(pub(super) std::sync::Weak<Inner>);
+
+#[tonic::async_trait]
+impl crate::deliver::Phases for QuorumPhases {
+    async fn received(&self, sub: u64, obj: ObjectId) -> bool {
+        match self.0.upgrade() {
+            Some(inner) => Daemon { inner }.spread_received(sub, obj).await,
+            None => false,
+        }
+    }
+}
+
+pub(super) fn replica_to_proto(o: &StoredObject) -> v1::ReplicaObject {
+    v1::ReplicaObject {
+        id: Some(v1::ObjectId {
+            node: o.id.node,
+            seq: o.id.seq,
+        }),
+        data: o.data.clone(),
+        external_id: o.external_id.clone(),
+        metadata: validate::attributes_to_proto(&o.metadata),
+        priority: u32::from(o.priority),
+        message_id: o.message_id.clone(),
+        received_unix_ms: o.received_unix_ms,
+    }
+}
+
+pub(super) fn replica_from_proto(
+    o: v1::ReplicaObject,
+    limits: &Limits,
+) -> Result<StoredObject, ServiceError> {
+    let id =
+        o.id.ok_or_else(|| ServiceError::invalid("objects.id", "required"))?;
+    let metadata = validate::metadata(&o.metadata, limits)?;
+    Ok(StoredObject {
+        id: ObjectId {
+            node: id.node,
+            seq: id.seq,
+        },
+        data: o.data,
+        external_id: o.external_id,
+        metadata,
+        priority: o.priority.min(7) as u8,
+        message_id: o.message_id,
+        received_unix_ms: o.received_unix_ms,
+    })
+}
+
+impl Daemon {
+    /// The membership view.
+    pub(super) fn view(&self) -> View {
+        lock(&self.inner.view).clone()
+    }
+
+    /// The grid, when replication is on.
+    pub fn grid(&self) -> Option<Grid> {
+        lock(&self.inner.view).grid
+    }
+
+    /// Takes a heartbeat's membership; reacts to nodes that died or came back.
+    pub(super) fn set_view(&self, m: Option<&v1::Membership>) {
+        let Some(m) = m else { return };
+        let new = View::from_proto(m);
+        let old = std::mem::replace(&mut *lock(&self.inner.view), new.clone());
+        self.membership_changed(&old, &new);
+    }
+
+    /// How many of `peers` must hold something besides this node: `write_copies` in all.
+    fn copies_needed(&self, peers: usize) -> usize {
+        self.inner.cfg.write_copies.saturating_sub(1).min(peers)
+    }
+
+    /// The peers a copy of an object of `priority` taken here goes to, and how many of them
+    /// must hold it before the put is acknowledged.
+    fn copy_targets(&self, view: &View, priority: u8) -> (Vec<u32>, usize) {
+        let me = self.inner.cfg.node;
+        let Some(g) = view.grid.filter(|g| g.contains(me)) else {
+            return (Vec::new(), 0);
+        };
+        let critical = priority >= self.inner.cfg.critical_priority;
+        let peers: Vec<u32> = g
+            .object_quorum(me, critical)
+            .into_iter()
+            .filter(|&n| n != me)
+            .collect();
+        let needed = self.copies_needed(peers.len());
+        (peers, needed)
+    }
+
+    /// Copies freshly stored objects of this node to their quorums; each result says whether
+    /// the object reached `write_copies` durable copies in all within the replication timeout.
+    pub async fn replicate(&self, objects: &[StoredObject]) -> Vec<Result<(), ServiceError>> {
+        let view = self.view();
+        let mut waits = Vec::with_capacity(objects.len());
+        for o in objects {
+            let (peers, needed) = self.copy_targets(&view, o.priority);
+            if peers.is_empty() {
+                waits.push(None);
+                continue;
+            }
+            let copy = Arc::new(replica_to_proto(o));
+            let (tx, rx) = unbounded_channel();
+            let mut asked = 0;
+            for &p in &peers {
+                // a peer known dead catches up when it is back
+                if view.dead(p) {
+                    continue;
+                }
+                asked += 1;
+                self.to_peer(
+                    p,
+                    PeerMsg::Copy(copy.clone(), (needed > 0).then(|| tx.clone())),
+                );
+            }
+            waits.push((needed > 0).then_some((rx, needed, asked, peers.len())));
+        }
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.replicate_timeout;
+        let mut out = Vec::with_capacity(waits.len());
+        for w in waits {
+            let Some((mut rx, needed, asked, members)) = w else {
+                out.push(Ok(()));
+                continue;
+            };
+            let (mut acks, mut answers) = (0, 0);
+            while acks < needed && answers < asked {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(ok)) => {
+                        answers += 1;
+                        acks += usize::from(ok);
+                    }
+                    _ => break,
+                }
+            }
+            out.push(if acks >= needed {
+                Ok(())
+            } else {
+                Err(ServiceError::Unavailable(format!(
+                    "stored on node {} but on only {} of the {needed} other quorum members \
+                     required ({asked} of {members} reachable, --write-copies {}): retry \
+                     with the same message_id",
+                    self.inner.cfg.node, acks, self.inner.cfg.write_copies
+                )))
+            });
+        }
+        out
+    }
+
+    /// Tells the holders of `obj`'s copies that a subscriber has its QoS 2 delivery to `sub`
+    /// "received"; `true` once enough of them (as many as a put needs) stored it, or when
+    /// nothing is replicated.
+    pub(super) async fn spread_received(&self, sub: u64, obj: ObjectId) -> bool {
+        let view = self.view();
+        let me = self.inner.cfg.node;
+        let Some(g) = view.grid.filter(|g| g.contains(me) && g.contains(obj.node)) else {
+            return true;
+        };
+        let peers: Vec<u32> = g
+            .xs_quorum(obj.node)
+            .into_iter()
+            .filter(|&n| n != me && n != obj.node && !view.dead(n))
+            .chain((obj.node != me && view.alive(obj.node)).then_some(obj.node))
+            .collect();
+        let needed = self.copies_needed(peers.len());
+        if needed == 0 {
+            return true;
+        }
+        let (tx, mut rx) = unbounded_channel();
+        for &p in &peers {
+            self.to_peer(p, PeerMsg::Received(obj, sub, Some(tx.clone())));
+        }
+        drop(tx);
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.replicate_timeout;
+        let mut acks = 0;
+        while acks < needed {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(ok)) => acks += usize::from(ok),
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Queues `msg` for peer `node` (its queue task starts on first use).
+    pub(super) fn to_peer(&self, node: u32, msg: PeerMsg) {
+        let mut qs = lock(&self.inner.peer_queues);
+        let tx = qs.entry(node).or_insert_with(|| {
+            let (tx, rx) = unbounded_channel();
+            tokio::spawn(self.clone().peer_queue(node, rx));
+            tx
+        });
+        let _ = tx.send(msg);
+    }
+
+    /// One peer's queue: whatever gathered goes in one call.
+    async fn peer_queue(self, node: u32, mut rx: UnboundedReceiver<PeerMsg>) {
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < PEER_BATCH {
+                match rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            let mut req = v1::ReplicateRequest::default();
+            let mut acks = Vec::new();
+            for m in batch {
+                match m {
+                    PeerMsg::Copy(o, ack) => {
+                        req.objects.push((*o).clone());
+                        acks.extend(ack);
+                    }
+                    PeerMsg::Finished(id) => req.finished.push(id_proto(id)),
+                    PeerMsg::Received(id, sub, ack) => {
+                        req.received.push(v1::ReceivedMark {
+                            id: Some(id_proto(id)),
+                            subscription: sub,
+                        });
+                        acks.extend(ack);
+                    }
+                }
+            }
+            let ok = self.send_replicate(node, req).await;
+            for a in acks {
+                let _ = a.send(ok);
+            }
+        }
+    }
+
+    async fn send_replicate(&self, node: u32, req: v1::ReplicateRequest) -> bool {
+        for attempt in 0..PEER_TRIES {
+            let view = self.view();
+            if view.dead(node) {
+                return false;
+            }
+            let Some(endpoint) = view.endpoint(node).map(str::to_string) else {
+                return false;
+            };
+            let r = match self.peer(&endpoint) {
+                Ok(mut c) => c.replicate(req.clone()).await.map(|_| ()),
+                Err(e) => Err(e.into()),
+            };
+            match r {
+                Ok(()) => return true,
+                Err(e) => {
+                    tracing::debug!("copies to node {node} (try {}): {e}", attempt + 1);
+                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                }
+            }
+        }
+        false
+    }
+
+    /// Stores copies a peer sent (durable before the answer) and drops finished ones.
+    pub(super) async fn take_copies(
+        &self,
+        req: v1::ReplicateRequest,
+    ) -> Result<v1::ReplicateResponse, ServiceError> {
+        let me = self.inner.cfg.node;
+        let mut copies = Vec::with_capacity(req.objects.len());
+        for o in req.objects {
+            let o = replica_from_proto(o, &self.inner.limits)?;
+            if o.id.node != me {
+                copies.push(o);
+            }
+        }
+        let finished: Vec<ObjectId> = req
+            .finished
+            .iter()
+            .map(|id| ObjectId {
+                node: id.node,
+                seq: id.seq,
+            })
+            .filter(|id| id.node != me)
+            .collect();
+        let marks: Vec<(ObjectId, u64)> = marks_from_proto(&req.received)
+            .into_iter()
+            .filter(|(id, _)| id.node != me)
+            .collect();
+        let stored = self.inner.store.put_replicas_unflushed(&copies)?;
+        self.inner.store.mark_received_unflushed(&marks)?;
+        self.inner.store.finish_replicas(&finished)?;
+        for id in &finished {
+            // a takeover of this object is over too
+            self.inner.store.retire(*id)?;
+        }
+        if !copies.is_empty() || !marks.is_empty() {
+            self.inner.store.commit().await?;
+        }
+        Ok(v1::ReplicateResponse {
+            stored: stored as u32,
+        })
+    }
+
+    /// Finished objects (from delivery) go to the holders of their copies: an object of this
+    /// node's, or one it took over (whose copy here is finished too).
+    pub(super) async fn finisher(self, mut rx: UnboundedReceiver<ObjectId>) {
+        while let Some(id) = rx.recv().await {
+            let Some(g) = self.grid() else { continue };
+            let me = self.inner.cfg.node;
+            if id.node != me
+                && let Err(e) = self.inner.store.finish_replicas(&[id])
+            {
+                tracing::warn!("finishing copy {}:{}: {e}", id.node, id.seq);
+            }
+            if !g.contains(id.node) {
+                continue;
+            }
+            for p in g.xs_quorum(id.node) {
+                if p != me {
+                    self.to_peer(p, PeerMsg::Finished(id));
+                }
+            }
+        }
+    }
+
+    /// The unfinished objects of `origin` this node holds after `after` (its own outbox and
+    /// open deliveries when it is the origin, else its copies), at most `limit`.
+    pub(super) fn held_after(
+        &self,
+        origin: u32,
+        after: u64,
+        limit: usize,
+    ) -> Result<(Vec<StoredObject>, bool), ServiceError> {
+        let store = &self.inner.store;
+        if origin != self.inner.cfg.node {
+            let v = store.unfinished_replicas(origin, after, limit + 1)?;
+            let more = v.len() > limit;
+            return Ok((v.into_iter().take(limit).collect(), more));
+        }
+        let mut seqs: std::collections::BTreeSet<u64> = store
+            .own_pending_after(after, limit + 1)
+            .into_iter()
+            .collect();
+        seqs.extend(
+            self.inner
+                .deliverer
+                .open_objects(origin)
+                .into_iter()
+                .filter(|&s| s > after),
+        );
+        let more = seqs.len() > limit;
+        let mut out = Vec::new();
+        for seq in seqs.into_iter().take(limit) {
+            if let Some(o) = store.get(ObjectId { node: origin, seq })? {
+                out.push(o);
+            }
+        }
+        Ok((out, more))
+    }
+}

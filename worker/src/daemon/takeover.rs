@@ -1,0 +1,294 @@
+//! One owner per object, and catching up (DESIGN §7). An object is disseminated by its origin
+//! while the origin is alive; when the origin's lease expires, the first live member of its
+//! row quorum in [`runtime::grid::Grid::row_quorum`]'s order takes over: it pulls the copies
+//! it lacks from the other live holders, adopts every unfinished copy into its outbox and
+//! sends them to the coordinator as their owner (the matches come to it, and delivery ids are
+//! per (subscription, object), so a repeat is stored once). When the origin is alive again
+//! ownership does not move back for what the successor adopted: it disseminates those until
+//! they are finished (moving them back would race its deliveries in progress and show a QoS 2
+//! subscriber a delivery twice). The origin, which keeps its own outbox on its disk, first
+//! leaves out of it what was finished meanwhile (its holders' tombstones) and what its
+//! successor adopted, then resends the rest and owns its new objects again. A node that was down catches up on start: it pulls, by sequence ranges, the
+//! unfinished objects of every origin whose quorum it belongs to, and drops the copies their
+//! origins finished meanwhile.
+
+use super::*;
+use replicate::{View, replica_from_proto};
+
+use super::replicate;
+
+/// Objects per `Daemon.Replicas` page.
+const PAGE: u32 = 512;
+
+impl Daemon {
+    /// Reacts to a changed view: takes over dead origins this node succeeds, gives back
+    /// origins that came back.
+    pub(super) fn membership_changed(&self, old: &View, new: &View) {
+        let Some(g) = new.grid else { return };
+        let me = self.inner.cfg.node;
+        if !g.contains(me) {
+            return;
+        }
+        for origin in 0..g.len() {
+            if origin == me {
+                continue;
+            }
+            let owned = lock(&self.inner.owned).contains(&origin);
+            if new.dead(origin) && !owned && g.successor(origin, |n| new.alive(n)) == Some(me) {
+                lock(&self.inner.owned).insert(origin);
+                tracing::info!("node {origin} is down: taking its objects over");
+                let me = self.clone();
+                tokio::spawn(async move { me.take_over(origin).await });
+            } else if owned
+                && (new.alive(origin) || g.successor(origin, |n| new.alive(n)) != Some(me))
+            {
+                // the objects adopted so far stay here until they are finished (the origin
+                // leaves them out of its outbox when it catches up): one owner each
+                lock(&self.inner.owned).remove(&origin);
+                tracing::info!("node {origin} is back: it owns its new objects again");
+            }
+        }
+        let _ = old;
+    }
+
+    /// Whether this node disseminates `origin`'s objects now.
+    pub(super) fn owns(&self, origin: u32) -> bool {
+        origin == self.inner.cfg.node || lock(&self.inner.owned).contains(&origin)
+    }
+
+    /// Pulls `origin`'s unfinished objects from `from` after `after`, one page: stored as
+    /// copies here; the answer is the page and whether more follow.
+    async fn pull(
+        &self,
+        from: &str,
+        origin: u32,
+        after: u64,
+    ) -> Result<(Vec<storage::StoredObject>, bool), ServiceError> {
+        let mut c = self.peer(from)?;
+        let r = c
+            .replicas(v1::ReplicasRequest {
+                origin,
+                after_seq: after,
+                limit: PAGE,
+                set: v1::ReplicaSet::Unfinished as i32,
+            })
+            .await?
+            .into_inner();
+        let mut page = Vec::with_capacity(r.objects.len());
+        for o in r.objects {
+            let o = replica_from_proto(o, &self.inner.limits)?;
+            if o.id.node == origin {
+                page.push(o);
+            }
+        }
+        let marks: Vec<(ObjectId, u64)> = replicate::marks_from_proto(&r.received)
+            .into_iter()
+            .filter(|(id, _)| id.node == origin)
+            .collect();
+        self.inner.store.mark_received_unflushed(&marks)?;
+        Ok((page, r.more))
+    }
+
+    /// Every unfinished object of `origin` that `from` holds, stored as copies here; the
+    /// answer is the sequence numbers `from` holds unfinished.
+    async fn pull_all(&self, from: &str, origin: u32) -> Result<Vec<u64>, ServiceError> {
+        let mut after = 0;
+        let mut seen = Vec::new();
+        loop {
+            let (page, more) = self.pull(from, origin, after).await?;
+            if let Some(last) = page.last() {
+                after = last.id.seq;
+            }
+            seen.extend(page.iter().map(|o| o.id.seq));
+            if !page.is_empty() {
+                self.inner.store.put_replicas_unflushed(&page)?;
+                self.inner.store.commit().await?;
+            }
+            if !more || page.is_empty() {
+                return Ok(seen);
+            }
+        }
+    }
+
+    /// Takes over the objects of dead `origin`: gathers the copies the other live holders
+    /// have, adopts every unfinished one and sends them to the coordinator as their owner.
+    async fn take_over(self, origin: u32) {
+        let view = self.view();
+        let Some(g) = view.grid else { return };
+        let me = self.inner.cfg.node;
+        for holder in g.xs_quorum(origin) {
+            if holder == me || holder == origin || !view.alive(holder) {
+                continue;
+            }
+            let Some(ep) = view.endpoint(holder).map(str::to_string) else {
+                continue;
+            };
+            if let Err(e) = self.pull_all(&ep, origin).await {
+                tracing::warn!("pulling node {origin}'s objects from node {holder}: {e}");
+            }
+        }
+        let mut after = 0;
+        let mut adopted = 0usize;
+        loop {
+            if !self.owns(origin) {
+                return; // it came back meanwhile
+            }
+            let page = match self
+                .inner
+                .store
+                .unfinished_replicas(origin, after, PAGE as usize)
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("reading node {origin}'s copies: {e}");
+                    return;
+                }
+            };
+            let Some(last) = page.last() else { break };
+            after = last.id.seq;
+            for o in page {
+                if matches!(self.inner.store.adopt(o.id), Ok(true)) {
+                    adopted += 1;
+                    self.arrived(o.id, o.priority, &o.metadata);
+                }
+            }
+        }
+        self.inner
+            .counters
+            .taken_over
+            .fetch_add(adopted as u64, Ordering::Relaxed);
+        tracing::info!("took over {adopted} unfinished objects of node {origin}");
+    }
+
+    /// Catching up at (re)registration: for every origin whose quorum holds this node, the
+    /// unfinished objects this node lacks, and the end of copies their origin finished; for
+    /// this node's own outbox, the objects a successor finished while it was down.
+    pub(super) async fn catch_up(&self) {
+        let view = self.view();
+        let Some(g) = view.grid else {
+            return self.resume_deliveries(&HashSet::new());
+        };
+        let me = self.inner.cfg.node;
+        if !g.contains(me) {
+            return self.resume_deliveries(&HashSet::new());
+        }
+        let mut pulled = 0usize;
+        for origin in g.origins_held_by(me) {
+            if !view.alive(origin) {
+                continue;
+            }
+            let Some(ep) = view.endpoint(origin).map(str::to_string) else {
+                continue;
+            };
+            match self.pull_all(&ep, origin).await {
+                Ok(held) => {
+                    pulled += held.len();
+                    if let Err(e) = self.drop_finished(origin, &held) {
+                        tracing::warn!("dropping node {origin}'s finished copies: {e}");
+                    }
+                }
+                Err(e) => tracing::debug!("catching up with node {origin}: {e}"),
+            }
+        }
+        let handed = self.learn_finished(&view).await;
+        if pulled + handed.len() > 0 {
+            tracing::info!(
+                "caught up: {pulled} unfinished objects of other nodes; {} of this node's \
+                 were finished or taken over meanwhile",
+                handed.len()
+            );
+        }
+        self.resume_deliveries(&handed);
+    }
+
+    /// Resumes the unfinished delivery records once (at the first catch-up), leaving out
+    /// those of objects others finished or took over while this node was down.
+    pub(super) fn resume_deliveries(&self, handed: &HashSet<ObjectId>) {
+        if self.inner.resumed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match self.inner.deliverer.resume_except(handed) {
+            Ok(n) if n > 0 => tracing::info!("resuming {n} unfinished deliveries"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("reading unfinished deliveries: {e}"),
+        }
+    }
+
+    /// Marks finished the copies of `origin` up to the highest sequence its origin still
+    /// holds that it no longer holds (finished while this node was down).
+    fn drop_finished(&self, origin: u32, held: &[u64]) -> Result<(), ServiceError> {
+        let Some(&top) = held.iter().max() else {
+            return Ok(());
+        };
+        let held: HashSet<u64> = held.iter().copied().collect();
+        let mine = self
+            .inner
+            .store
+            .unfinished_replicas(origin, 0, usize::MAX)?;
+        let gone: Vec<ObjectId> = mine
+            .iter()
+            .map(|o| o.id)
+            .filter(|id| id.seq < top && !held.contains(&id.seq))
+            .collect();
+        self.inner.store.finish_replicas(&gone)?;
+        Ok(())
+    }
+
+    /// This node's objects that others finished while it was down, or took over and still
+    /// disseminate, leave its outbox and its delivery loop (exactly one owner per object):
+    /// the live members of its quorum hold tombstones of the finished ones, and its successor
+    /// the adopted ones. The answer is those objects.
+    async fn learn_finished(&self, view: &View) -> HashSet<ObjectId> {
+        let mut handed = HashSet::new();
+        let Some(g) = view.grid else { return handed };
+        let me = self.inner.cfg.node;
+        let oldest_record = self
+            .inner
+            .deliverer
+            .unfinished_objects()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|o| o.node == me)
+            .map(|o| o.seq);
+        let oldest_outbox = self.inner.store.own_pending_after(0, 1).first().copied();
+        let Some(from) = [oldest_record, oldest_outbox].into_iter().flatten().min() else {
+            return handed;
+        };
+        for holder in g.xs_quorum(me) {
+            if holder == me || !view.alive(holder) {
+                continue;
+            }
+            let Some(ep) = view.endpoint(holder).map(str::to_string) else {
+                continue;
+            };
+            for set in [v1::ReplicaSet::Finished, v1::ReplicaSet::Adopted] {
+                let mut after = from.saturating_sub(1);
+                loop {
+                    let r = match self.peer(&ep) {
+                        Ok(mut c) => c
+                            .replicas(v1::ReplicasRequest {
+                                origin: me,
+                                after_seq: after,
+                                limit: PAGE,
+                                set: set as i32,
+                            })
+                            .await
+                            .map(|r| r.into_inner()),
+                        Err(e) => Err(e.into()),
+                    };
+                    let Ok(r) = r else { break };
+                    for &seq in &r.seqs {
+                        let id = ObjectId { node: me, seq };
+                        let _ = self.inner.store.retire(id);
+                        handed.insert(id);
+                    }
+                    match r.seqs.last() {
+                        Some(&l) if r.more => after = l,
+                        _ => break,
+                    }
+                }
+            }
+        }
+        handed
+    }
+}

@@ -1,0 +1,90 @@
+//! When an object's dissemination is finished: it left the outbox, no push of it is in memory
+//! and every delivery record it got is acknowledged or dead-lettered. Quorum replication
+//! waits for this (not for the outbox alone, which an object leaves once its records are
+//! durable) before the copies on other nodes may go: a node that dies with pending records
+//! leaves them to whoever takes its objects over. And the QoS 2 "received" phase reaches the
+//! holders before the release goes out ([`Phases`]).
+
+use std::collections::HashSet;
+
+use super::*;
+
+/// What quorum replication needs from the QoS 2 handshake.
+#[tonic::async_trait]
+pub trait Phases: Send + Sync {
+    /// A subscriber has the QoS 2 delivery (sub, obj) "received": `true` once the holders
+    /// of the object's copies know it, so a node that takes the object over only releases
+    /// it. The release waits for this.
+    async fn received(&self, sub: u64, obj: ObjectId) -> bool;
+}
+
+impl Deliverer {
+    /// Who learns of QoS 2 "received" phases before the release goes out.
+    pub fn on_received(&self, p: Arc<dyn Phases>) {
+        *lock(&self.inner.phases) = Some(p);
+    }
+
+    /// Tells [`Phases`] of the "received" phase of (sub, obj); `true` without one.
+    pub(super) async fn received_known(&self, sub: u64, obj: ObjectId) -> bool {
+        let p = lock(&self.inner.phases).clone();
+        match p {
+            Some(p) => p.received(sub, obj).await,
+            None => true,
+        }
+    }
+
+    /// Where finished objects are reported (the node daemon tells the copies' holders).
+    pub fn on_finished(&self, tx: mpsc::UnboundedSender<ObjectId>) {
+        *lock(&self.inner.finished) = Some(tx);
+    }
+
+    /// A delivery record of (sub, obj) is open (pending or QoS 2 "received").
+    pub(super) fn opened(&self, sub: u64, obj: ObjectId) {
+        lock(&self.inner.open).entry(obj).or_default().insert(sub);
+    }
+
+    /// The record of (sub, obj) is final (acknowledged or dead-lettered).
+    pub(super) fn closed(&self, sub: u64, obj: ObjectId) {
+        let emptied = {
+            let mut open = lock(&self.inner.open);
+            match open.get_mut(&obj) {
+                Some(subs) => {
+                    subs.remove(&sub);
+                    if subs.is_empty() {
+                        open.remove(&obj);
+                        true
+                    } else {
+                        false
+                    }
+                }
+                None => false,
+            }
+        };
+        if emptied {
+            self.maybe_finished(obj);
+        }
+    }
+
+    /// Reports `obj` finished when it is: out of the outbox, no push in memory, no open record.
+    pub(super) fn maybe_finished(&self, obj: ObjectId) {
+        if self.inner.store.in_outbox(obj)
+            || self.owes(obj)
+            || lock(&self.inner.open).contains_key(&obj)
+        {
+            return;
+        }
+        if let Some(tx) = lock(&self.inner.finished).as_ref() {
+            let _ = tx.send(obj);
+        }
+    }
+
+    /// Objects of `origin` with open delivery records (their dissemination is not finished
+    /// though they left the outbox).
+    pub fn open_objects(&self, origin: u32) -> HashSet<u64> {
+        lock(&self.inner.open)
+            .keys()
+            .filter(|id| id.node == origin)
+            .map(|id| id.seq)
+            .collect()
+    }
+}
