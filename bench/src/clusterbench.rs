@@ -79,17 +79,6 @@ pub struct ClusterReport {
     pub identical_matches: bool,
 }
 
-async fn wait<T, F, Fut>(what: &str, timeout: Duration, f: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    match procs::try_wait_for(timeout, f).await {
-        Some(t) => Ok(t),
-        None => bail!("timed out waiting for {what}"),
-    }
-}
-
 fn coordinator_args(dir: &std::path::Path) -> Vec<String> {
     vec![
         "coordinator".into(),
@@ -266,7 +255,7 @@ async fn run_one(
         .collect();
     let want_subs = opts.subs as u64;
     let c2 = coord.clone();
-    wait(
+    procs::wait(
         "the nodes to register and the image",
         Duration::from_secs(120),
         move || {
@@ -330,7 +319,7 @@ async fn run_one(
     let total = events.len() as u64;
     let arrived_before = before.objects_matched;
     let c2 = coord.clone();
-    let after = wait(
+    let after = procs::wait(
         "every object to be matched",
         Duration::from_secs(600),
         move || {
@@ -345,7 +334,7 @@ async fn run_one(
     let seconds = t0.elapsed().as_secs_f64();
     // drained on the nodes too (matches handed to delivery before the coordinator heard)
     let urls2 = urls.clone();
-    wait(
+    procs::wait(
         "the outboxes to drain",
         Duration::from_secs(120),
         move || {

@@ -14,6 +14,7 @@ pub mod matchbench;
 pub mod mem;
 pub mod procs;
 pub mod progress;
+pub mod quorumbench;
 pub mod recorder;
 pub mod replbench;
 pub mod workload;

@@ -319,6 +319,46 @@ pub async fn put_retrying(
     }
 }
 
+/// [`try_wait_for`] for the benchmarks: a timeout is an error naming `what`.
+pub async fn wait<T, F, Fut>(what: &str, timeout: Duration, f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match try_wait_for(timeout, f).await {
+        Some(t) => Ok(t),
+        None => anyhow::bail!("timed out waiting for {what}"),
+    }
+}
+
+/// Creates a subscription with a gRPC push target through the node (or coordinator) at
+/// `url`; the answer is its id.
+pub async fn create_grpc_subscription(
+    url: &str,
+    filter: String,
+    target: &str,
+    qos: v1::Qos,
+    retry: Option<v1::RetryPolicy>,
+) -> Result<u64, tonic::Status> {
+    Ok(
+        v1::subscriptions_client::SubscriptionsClient::new(channel(url))
+            .create(v1::CreateSubscriptionRequest {
+                subscription: Some(v1::Subscription {
+                    filter: Some(v1::subscription::Filter::Text(filter)),
+                    target: Some(v1::Target {
+                        kind: Some(v1::target::Kind::Grpc(target.to_string())),
+                    }),
+                    qos: qos as i32,
+                    retry,
+                    ..v1::Subscription::default()
+                }),
+            })
+            .await?
+            .into_inner()
+            .id,
+    )
+}
+
 /// Every delivery record (subscription, object) in a stopped node's store.
 pub fn delivery_records(data: &Path, node: u32) -> Vec<(u64, storage::ObjectId)> {
     let store = storage::Store::open(data, node).expect("opening a stopped node's store");

@@ -37,6 +37,8 @@ pub struct Recorder {
     qos2: Arc<Mutex<std::collections::HashSet<u64>>>,
     /// How long each call takes (a slow subscriber keeps deliveries in flight).
     delay: Arc<Mutex<std::time::Duration>>,
+    /// While set, every call is answered UNAVAILABLE (deliveries wait in their retries).
+    refusing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn pair(d: &v1::Delivery) -> (u64, ObjectId) {
@@ -71,11 +73,22 @@ impl Recorder {
         *lock(&self.delay) = d;
     }
 
-    async fn pause(&self) {
+    /// Refuses every call (UNAVAILABLE) while `on`: deliveries stay owed, retried later.
+    pub fn set_refusing(&self, on: bool) {
+        self.refusing.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    async fn pause(&self) -> Result<(), Status> {
         let d = *lock(&self.delay);
         if !d.is_zero() {
             tokio::time::sleep(d).await;
         }
+        if self.refusing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::unavailable(
+                "the subscriber refuses deliveries for now",
+            ));
+        }
+        Ok(())
     }
 
     /// Says that `sub` is a QoS 2 subscription (its deliveries are shown on release).
@@ -134,7 +147,7 @@ impl v1::subscriber_server::Subscriber for Recorder {
         &self,
         request: Request<v1::Delivery>,
     ) -> Result<Response<v1::DeliverAck>, Status> {
-        self.pause().await;
+        self.pause().await?;
         self.take(&request.into_inner());
         Ok(Response::new(v1::DeliverAck {}))
     }
@@ -143,7 +156,7 @@ impl v1::subscriber_server::Subscriber for Recorder {
         &self,
         request: Request<v1::DeliveryBatch>,
     ) -> Result<Response<v1::DeliverBatchAck>, Status> {
-        self.pause().await;
+        self.pause().await?;
         for d in &request.into_inner().deliveries {
             self.take(d);
         }
@@ -154,7 +167,7 @@ impl v1::subscriber_server::Subscriber for Recorder {
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseAck>, Status> {
-        self.pause().await;
+        self.pause().await?;
         let id = request.into_inner().delivery_id;
         let p = lock(&self.state).received.remove(&id);
         if let Some(p) = p {

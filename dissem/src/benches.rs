@@ -1,4 +1,4 @@
-//! The benchmark commands (`bench match|ingest|cluster|e2e`) and `demo`: flags in, a call into
+//! The benchmark commands (`bench match|ingest|cluster|e2e|quorum`) and `demo`: flags in, a call into
 //! the `bench` crate, figures out.
 
 use bench::matchbench::{self, EngineChoice, MatchBenchOptions};
@@ -17,6 +17,56 @@ pub(super) enum Bench {
     Cluster(ClusterArgs),
     /// Durable put -> push delivered (gRPC and webhook): saturation, half load, 2x overload.
     E2e(E2eArgs),
+    /// Quorum replication on a grid of node processes: a p_f fraction SIGKILLed, deliveries
+    /// against the oracle and the seed's analytic P_smd.
+    Quorum(QuorumArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct QuorumArgs {
+    /// The grid: one node process per position, plus the coordinator.
+    #[arg(long, default_value = "5x6")]
+    pub(super) grid: runtime::grid::Grid,
+    /// Fractions of the nodes SIGKILLed (comma separated), each on a fresh cluster.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.0, 0.1, 0.2, 0.3, 0.4])]
+    pub(super) pf: Vec<f64>,
+    /// Where objects are copied: row (R(i)), xs (R(i) ∪ C(j)), or both (comma separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [String::from("row"), String::from("xs")])]
+    pub(super) mode: Vec<String>,
+    /// Objects put through random nodes.
+    #[arg(long, default_value_t = 300)]
+    pub(super) objects: usize,
+    /// Random seed (subscriptions, objects, which nodes die).
+    #[arg(long, default_value_t = 7)]
+    pub(super) seed: u64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+}
+
+pub(super) fn bench_quorum(a: QuorumArgs) -> anyhow::Result<bool> {
+    let modes = a
+        .mode
+        .iter()
+        .map(|m| m.parse::<bench::quorumbench::Mode>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("--mode {e}"))?;
+    let report = bench::quorumbench::run(&bench::quorumbench::QuorumOptions {
+        bin: std::env::current_exe()?,
+        grid: a.grid,
+        pfs: a.pf,
+        modes,
+        objects: a.objects,
+        seed: a.seed,
+    })?;
+    bench::quorumbench::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    if !report.pass {
+        bail!("the quorum benchmark failed: deliveries differ from the oracle, or duplicates");
+    }
+    Ok(true)
 }
 
 #[derive(clap::Args, Debug)]

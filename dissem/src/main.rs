@@ -20,7 +20,7 @@ mod config;
 mod embedded;
 mod serve;
 
-use benches::{Bench, bench_cluster, bench_e2e, bench_ingest, bench_match, demo};
+use benches::{Bench, bench_cluster, bench_e2e, bench_ingest, bench_match, bench_quorum, demo};
 use client::{NodeArg, TokenCmd, client};
 use serve::{CoordinatorArgs, NodeArgs, UpArgs, WorkerFlags, coordinator_cmd, node_cmd, up};
 
@@ -260,6 +260,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Bench::Ingest(a),
         } => bench_ingest(a),
+        Command::Bench {
+            which: Bench::Quorum(a),
+        } => bench_quorum(a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

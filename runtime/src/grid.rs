@@ -111,11 +111,13 @@ impl Grid {
             .collect()
     }
 
-    /// The node that takes over the outbox of `dead`: the first member of R(i) of `dead`, in
-    /// [`Grid::row_quorum`]'s order, other than `dead`, that `alive` says is alive. `None` when
-    /// none is.
+    /// The node that takes over the outbox of `dead`: the first member of its xS quorum in
+    /// [`Grid::xs_quorum`]'s order (R(i) in [`Grid::row_quorum`]'s order, then the rest of
+    /// C(j)), other than `dead`, that `alive` says is alive; `None` when none is. A member of
+    /// R(i) holds every copy, so while one lives it is the successor; past R(i) only the
+    /// copies of critical objects are left, and a member of C(j) holds them.
     pub fn successor(&self, dead: u32, alive: impl Fn(u32) -> bool) -> Option<u32> {
-        self.row_quorum(self.position(dead).0)
+        self.xs_quorum(dead)
             .into_iter()
             .find(|&n| n != dead && alive(n))
     }
@@ -249,6 +251,10 @@ mod tests {
         assert_eq!(g.row_quorum(1), vec![3, 4, 5, 0, 8]);
         assert_eq!(g.successor(3, |n| n != 4), Some(5));
         assert_eq!(g.successor(3, |_| false), None);
+        // past R(1) = [3, 4, 5, 0, 8] comes the rest of C(0): 6, then 7
+        assert_eq!(g.successor(3, |n| ![0, 4, 5, 8].contains(&n)), Some(6));
+        // for node 4, past R(1) = [3, 4, 5, 0, 8] comes the rest of C(1): 1, 7
+        assert_eq!(g.successor(4, |n| [1, 7].contains(&n)), Some(1));
         assert!(g.origins_held_by(0).contains(&1));
         assert_eq!(g.object_quorum(4, false), g.row_quorum(1));
         assert_eq!(g.object_quorum(4, true).len(), 7);

@@ -47,32 +47,18 @@ fn ranges() -> Vec<(i64, i64, v1::Qos)> {
 }
 
 async fn create_subscriptions(url: &str, target: &str, rec: &Recorder) -> Vec<(u64, i64, i64)> {
-    let mut c = v1::subscriptions_client::SubscriptionsClient::new(channel(url));
     let mut subs = Vec::new();
     for (lo, hi, qos) in ranges() {
-        let id = c
-            .create(v1::CreateSubscriptionRequest {
-                subscription: Some(v1::Subscription {
-                    filter: Some(v1::subscription::Filter::Text(format!(
-                        "temp >= {lo} and temp < {hi}"
-                    ))),
-                    target: Some(v1::Target {
-                        kind: Some(v1::target::Kind::Grpc(target.to_string())),
-                    }),
-                    qos: qos as i32,
-                    retry: Some(v1::RetryPolicy {
-                        max_attempts: 1000,
-                        ttl_ms: 0,
-                        initial_backoff_ms: 50,
-                        max_backoff_ms: 300,
-                    }),
-                    ..v1::Subscription::default()
-                }),
-            })
+        let retry = v1::RetryPolicy {
+            max_attempts: 1000,
+            ttl_ms: 0,
+            initial_backoff_ms: 50,
+            max_backoff_ms: 300,
+        };
+        let filter = format!("temp >= {lo} and temp < {hi}");
+        let id = tests::create_grpc_subscription(url, filter, target, qos, Some(retry))
             .await
-            .expect("create subscription")
-            .into_inner()
-            .id;
+            .expect("create subscription");
         if qos == v1::Qos::ExactlyOnce {
             rec.expect_qos2(id);
         }

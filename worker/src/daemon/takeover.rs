@@ -1,16 +1,17 @@
-//! One owner per object, and catching up (DESIGN §7). An object is disseminated by its origin
-//! while the origin is alive; when the origin's lease expires, the first live member of its
-//! row quorum in [`runtime::grid::Grid::row_quorum`]'s order takes over: it pulls the copies
-//! it lacks from the other live holders, adopts every unfinished copy into its outbox and
-//! sends them to the coordinator as their owner (the matches come to it, and delivery ids are
-//! per (subscription, object), so a repeat is stored once). When the origin is alive again
-//! ownership does not move back for what the successor adopted: it disseminates those until
-//! they are finished (moving them back would race its deliveries in progress and show a QoS 2
-//! subscriber a delivery twice). The origin, which keeps its own outbox on its disk, first
-//! leaves out of it what was finished meanwhile (its holders' tombstones) and what its
-//! successor adopted, then resends the rest and owns its new objects again. A node that was down catches up on start: it pulls, by sequence ranges, the
-//! unfinished objects of every origin whose quorum it belongs to, and drops the copies their
-//! origins finished meanwhile.
+//! One owner per object, and catching up (DESIGN §7). An object is disseminated by its
+//! origin while the origin is alive; when the origin's lease expires, the first live member
+//! of its xS quorum in [`runtime::grid::Grid::successor`]'s order (its row quorum first)
+//! takes over: it pulls the copies it lacks from the other live holders, adopts every
+//! unfinished copy into its outbox and sends them to the coordinator as their owner (the
+//! matches come to it, and delivery ids are per (subscription, object), so a repeat is
+//! stored once). When the origin is alive again ownership does not move back for what the
+//! successor adopted: it disseminates those until they are finished (moving them back would
+//! race its deliveries in progress and show a QoS 2 subscriber a delivery twice). The
+//! origin, which keeps its own outbox on its disk, first leaves out of it what was finished
+//! meanwhile (its holders' tombstones) and what its successor adopted, then resends the rest
+//! and owns its new objects again. A node that was down catches up on start: it pulls, by
+//! sequence ranges, the unfinished objects of every origin whose quorum it belongs to, and
+//! drops the copies their origins finished meanwhile.
 
 use super::*;
 use replicate::{View, replica_from_proto};
