@@ -321,6 +321,13 @@ async fn run_one(opts: &QuorumOptions, mode: Mode, pf: f64) -> anyhow::Result<Qu
     )
     .await?;
     let replication_seconds = t_acked.elapsed().as_secs_f64();
+    // copies per subscription: the nodes' stores (the column quorum of the node that took
+    // each Create)
+    let mut sub_copies = 0u64;
+    for u in &urls {
+        sub_copies += procs::stats(u).await.map(|s| s.subscriptions).unwrap_or(0);
+    }
+    let sub_copies = sub_copies as f64 / subs.len().max(1) as f64;
 
     // the kills: a seeded random p_f fraction
     let mut order: Vec<u32> = (0..n).collect();
@@ -387,17 +394,6 @@ async fn run_one(opts: &QuorumOptions, mode: Mode, pf: f64) -> anyhow::Result<Qu
     let qos2: BTreeSet<u64> = subs.iter().filter(|s| s.4).map(|s| s.0).collect();
     let duplicates = rec.extra_shows(|s| qos2.contains(&s));
     let qos1_repeats = rec.extra_shows(|s| !qos2.contains(&s));
-    // copies per subscription: where the subscriptions are stored (the coordinator's
-    // registry; nodes hold none of them yet)
-    let mut sub_copies = 0u64;
-    for (i, u) in urls.iter().enumerate() {
-        if alive(&(i as u32))
-            && let Ok(s) = procs::stats(u).await
-        {
-            sub_copies += s.subscriptions;
-        }
-    }
-    let sub_copies = sub_copies.max(u64::from(n)) as f64 / f64::from(n);
     let r = match mode {
         Mode::Row => g.row_quorum(0).len() as f64,
         Mode::Xs => {

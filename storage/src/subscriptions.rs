@@ -14,6 +14,17 @@ impl Store {
         self.commit().await
     }
 
+    /// Stores (or replaces) a subscription record, not yet durable ([`Store::commit`]).
+    pub fn put_subscription_unflushed(&self, id: u64, record: &[u8]) -> Result<(), StorageError> {
+        self.subs.insert(id.to_be_bytes(), record)?;
+        Ok(())
+    }
+
+    /// Removes a subscription record, not yet durable; false if it did not exist.
+    pub fn remove_subscription_unflushed(&self, id: u64) -> Result<bool, StorageError> {
+        Ok(self.subs.remove(id.to_be_bytes())?.is_some())
+    }
+
     /// A subscription record.
     pub fn get_subscription(&self, id: u64) -> Result<Option<Vec<u8>>, StorageError> {
         Ok(self.subs.get(id.to_be_bytes())?.map(|v| v.to_vec()))

@@ -242,6 +242,15 @@ fn a_3x3_grid_loses_no_acknowledged_object_when_two_nodes_die_mid_burst() {
             rec.extra_shows(|s| !qos2.contains(&s))
         );
 
+        // every subscription is stored on the five nodes of C(0) (it was created through
+        // node 0), none of which died
+        let mut copies = 0;
+        for (k, u) in urls.iter().enumerate() {
+            if k != 2 && k != 4 {
+                copies += stats(u).await.expect("stats").subscriptions;
+            }
+        }
+        assert_eq!(copies, 12 * 5, "subscription copies on the live nodes");
         // no subscription is lost: every one is still listed
         let mut sc = v1::subscriptions_client::SubscriptionsClient::new(channel(&urls[0]));
         let listed = sc

@@ -96,9 +96,9 @@ pub async fn run_node(
         |r| {
             r.add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
                 .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
-                .add_service(SubscriptionsServer::new(proxy::SubscriptionsProxy::new(
-                    coordinator,
-                )))
+                .add_service(SubscriptionsServer::new(
+                    proxy::SubscriptionsProxy::with_placement(coordinator, daemon.clone()),
+                ))
                 .add_service(AdminServer::new(node))
                 .add_service(proto::v1::stream_server::StreamServer::new(
                     daemon.deliverer().clone(),

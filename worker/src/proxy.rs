@@ -1,6 +1,9 @@
 //! A cluster node's `Subscriptions` service: subscriptions live in the coordinator's registry
 //! (one shard for the whole cluster), so a node forwards every call there unchanged, status
-//! codes included, with the caller's token. Subscribers can use any node.
+//! codes included, with the caller's token. Subscribers can use any node. With a grid
+//! (quorum replication) a created subscription is also stored on every live member of the
+//! node's column quorum before Create returns; an update replaces those copies and a delete
+//! drops them.
 
 use proto::v1;
 use proto::v1::subscriptions_client::SubscriptionsClient;
@@ -11,6 +14,8 @@ use tonic::{Request, Response, Status};
 #[derive(Debug, Clone)]
 pub struct SubscriptionsProxy {
     client: SubscriptionsClient<Channel>,
+    /// Places the copies of subscriptions (a node with a grid).
+    placement: Option<crate::daemon::Daemon>,
 }
 
 impl SubscriptionsProxy {
@@ -18,6 +23,27 @@ impl SubscriptionsProxy {
     pub fn new(channel: Channel) -> SubscriptionsProxy {
         SubscriptionsProxy {
             client: SubscriptionsClient::new(channel),
+            placement: None,
+        }
+    }
+
+    /// The same, placing copies of the subscriptions through `daemon` (with a grid).
+    pub fn with_placement(channel: Channel, daemon: crate::daemon::Daemon) -> SubscriptionsProxy {
+        SubscriptionsProxy {
+            client: SubscriptionsClient::new(channel),
+            placement: Some(daemon),
+        }
+    }
+
+    async fn place(&self, id: u64, update: bool) {
+        if let Some(d) = &self.placement {
+            let (stored, asked) = d.place_subscription(id, update).await;
+            if stored < asked {
+                tracing::warn!(
+                    "subscription {id} reached {stored} of the {asked} live nodes it belongs \
+                     on (the registry has it; the others lack a copy)"
+                );
+            }
         }
     }
 }
@@ -39,7 +65,9 @@ impl v1::subscriptions_server::Subscriptions for SubscriptionsProxy {
         &self,
         request: Request<v1::CreateSubscriptionRequest>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        self.client.clone().create(forward(request)).await
+        let r = self.client.clone().create(forward(request)).await?;
+        self.place(r.get_ref().id, false).await;
+        Ok(r)
     }
 
     async fn get(
@@ -60,13 +88,20 @@ impl v1::subscriptions_server::Subscriptions for SubscriptionsProxy {
         &self,
         request: Request<v1::Subscription>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        self.client.clone().update(forward(request)).await
+        let r = self.client.clone().update(forward(request)).await?;
+        self.place(r.get_ref().id, true).await;
+        Ok(r)
     }
 
     async fn delete(
         &self,
         request: Request<v1::DeleteSubscriptionRequest>,
     ) -> Result<Response<v1::DeleteSubscriptionResponse>, Status> {
-        self.client.clone().delete(forward(request)).await
+        let id = request.get_ref().id;
+        let r = self.client.clone().delete(forward(request)).await?;
+        if let Some(d) = &self.placement {
+            d.drop_subscription(id).await;
+        }
+        Ok(r)
     }
 }

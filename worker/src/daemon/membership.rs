@@ -39,6 +39,7 @@ impl Daemon {
                         let nonce = r.nonce;
                         tracing::info!("registered with coordinator {nonce:016x}");
                         self.inner.nonce.store(nonce, Ordering::Release);
+                        *lock(&self.inner.registered_at) = Some(Instant::now());
                         self.set_view(r.membership.as_ref());
                         // whatever was in flight with an earlier coordinator is sent again,
                         // once this node caught up with its quorums (no resend before)

@@ -78,6 +78,8 @@ struct Inner {
     nonce: AtomicU64,
     /// The catch-up after the last registration is done (the outbox resend waits for it).
     caught_up: std::sync::atomic::AtomicBool,
+    /// When this node last registered (`None`: not yet).
+    registered_at: Mutex<Option<Instant>>,
     /// Unfinished delivery records were resumed (after the first catch-up).
     resumed: std::sync::atomic::AtomicBool,
     reregister: Notify,
@@ -150,6 +152,7 @@ impl Daemon {
                 nonce: AtomicU64::new(0),
                 caught_up: std::sync::atomic::AtomicBool::new(false),
                 resumed: std::sync::atomic::AtomicBool::new(false),
+                registered_at: Mutex::new(None),
                 reregister: Notify::new(),
                 workers: Mutex::new(BTreeMap::new()),
                 changes: Mutex::new(Changes::default()),

@@ -19,6 +19,10 @@ use super::*;
 /// Copies and finished marks per `Daemon.Replicate` call at most.
 const PEER_BATCH: usize = 512;
 
+/// Heartbeats after registration during which a replication waits for the view to know its
+/// targets.
+const VIEW_SETTLE_HEARTBEATS: u32 = 4;
+
 /// Calls a peer's queue tries before it gives a batch up (the peer catches up when it is
 /// back, by pulling what it lacks).
 const PEER_TRIES: u32 = 3;
@@ -66,6 +70,10 @@ pub(super) enum PeerMsg {
     Finished(ObjectId),
     /// A subscriber has the QoS 2 delivery (object, subscription) "received".
     Received(ObjectId, u64, Option<UnboundedSender<bool>>),
+    /// A subscription to store (or, `only_if_held`, to replace where held).
+    Subscription(v1::SubscriptionCopy, Option<UnboundedSender<bool>>),
+    /// A deleted subscription.
+    DropSubscription(u64),
 }
 
 fn id_proto(id: ObjectId) -> v1::ObjectId {
@@ -185,7 +193,11 @@ impl Daemon {
     /// Copies freshly stored objects of this node to their quorums; each result says whether
     /// the object reached `write_copies` durable copies in all within the replication timeout.
     pub async fn replicate(&self, objects: &[StoredObject]) -> Vec<Result<(), ServiceError>> {
-        let view = self.view();
+        let me = self.inner.cfg.node;
+        let view = match self.grid().filter(|g| g.contains(me)) {
+            Some(g) => self.known_view(&g.xs_quorum(me)).await,
+            None => self.view(),
+        };
         let mut waits = Vec::with_capacity(objects.len());
         for o in objects {
             let (peers, needed) = self.copy_targets(&view, o.priority);
@@ -275,6 +287,116 @@ impl Daemon {
         true
     }
 
+    /// Stores subscription `id` (as the coordinator's registry has it) on every live member
+    /// of this node's column quorum C(j), this node included, before the caller answers its
+    /// Create; with `update`, replaces it on every live node that holds a copy instead. The
+    /// answer is how many of how many live targets stored it.
+    pub async fn place_subscription(&self, id: u64, update: bool) -> (usize, usize) {
+        let me = self.inner.cfg.node;
+        let Some(g) = self.grid().filter(|g| g.contains(me)) else {
+            return (0, 0);
+        };
+        let view = self.known_view(&g.subscription_quorum(me)).await;
+        let record = match self
+            .inner
+            .coord
+            .subscription(v1::SubscriptionRecordRequest { id })
+            .await
+        {
+            Ok(s) => prost::Message::encode_to_vec(&s),
+            Err(e) => {
+                tracing::warn!("reading subscription {id} to place it: {e}");
+                return (0, 1);
+            }
+        };
+        let targets: Vec<u32> = if update {
+            (0..g.len()).filter(|&n| view.alive(n) || n == me).collect()
+        } else {
+            g.subscription_quorum(me)
+        };
+        let (tx, mut rx) = unbounded_channel();
+        let mut asked = 0;
+        let mut stored = 0;
+        for n in targets {
+            if n == me {
+                let held = self
+                    .inner
+                    .store
+                    .get_subscription(id)
+                    .ok()
+                    .flatten()
+                    .is_some();
+                if (!update || held)
+                    && self
+                        .inner
+                        .store
+                        .put_subscription_unflushed(id, &record)
+                        .is_ok()
+                {
+                    if self.inner.store.commit().await.is_ok() {
+                        stored += 1;
+                    }
+                    asked += 1;
+                }
+                continue;
+            }
+            if view.dead(n) || !view.members.contains_key(&n) {
+                continue;
+            }
+            asked += 1;
+            let copy = v1::SubscriptionCopy {
+                id,
+                record: record.clone(),
+                only_if_held: update,
+            };
+            self.to_peer(n, PeerMsg::Subscription(copy, Some(tx.clone())));
+        }
+        drop(tx);
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.replicate_timeout;
+        while let Ok(Some(ok)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            stored += usize::from(ok);
+        }
+        (stored, asked)
+    }
+
+    /// The view, once it knows every node of `targets` (alive or dead). Only just after
+    /// this node registered (for [`VIEW_SETTLE_HEARTBEATS`] heartbeats) is it waited for:
+    /// nodes that register after this one appear with the next heartbeats. Later a target
+    /// the view does not know is a grid position no node holds.
+    async fn known_view(&self, targets: &[u32]) -> View {
+        let every = self.inner.cfg.heartbeat_every;
+        let settle = every * VIEW_SETTLE_HEARTBEATS;
+        let since = lock(&self.inner.registered_at).map(|t| t.elapsed());
+        if since.is_some_and(|s| s >= settle) {
+            return self.view();
+        }
+        let deadline = tokio::time::Instant::now() + settle.min(self.inner.cfg.replicate_timeout);
+        loop {
+            let view = self.view();
+            if targets.iter().all(|n| view.members.contains_key(n))
+                || tokio::time::Instant::now() >= deadline
+            {
+                return view;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Drops the copies of deleted subscription `id` on every live node.
+    pub async fn drop_subscription(&self, id: u64) {
+        let view = self.view();
+        let me = self.inner.cfg.node;
+        let Some(g) = view.grid else { return };
+        if let Ok(true) = self.inner.store.remove_subscription_unflushed(id) {
+            let _ = self.inner.store.commit().await;
+        }
+        for n in 0..g.len() {
+            if n != me && view.alive(n) {
+                self.to_peer(n, PeerMsg::DropSubscription(id));
+            }
+        }
+    }
+
     /// Queues `msg` for peer `node` (its queue task starts on first use).
     pub(super) fn to_peer(&self, node: u32, msg: PeerMsg) {
         let mut qs = lock(&self.inner.peer_queues);
@@ -312,6 +434,11 @@ impl Daemon {
                         });
                         acks.extend(ack);
                     }
+                    PeerMsg::Subscription(copy, ack) => {
+                        req.subscriptions.push(copy);
+                        acks.extend(ack);
+                    }
+                    PeerMsg::DropSubscription(id) => req.dropped_subscriptions.push(id),
                 }
             }
             let ok = self.send_replicate(node, req).await;
@@ -371,14 +498,32 @@ impl Daemon {
             .into_iter()
             .filter(|(id, _)| id.node != me)
             .collect();
-        let stored = self.inner.store.put_replicas_unflushed(&copies)?;
-        self.inner.store.mark_received_unflushed(&marks)?;
-        self.inner.store.finish_replicas(&finished)?;
+        let store = &self.inner.store;
+        let stored = store.put_replicas_unflushed(&copies)?;
+        store.mark_received_unflushed(&marks)?;
+        store.finish_replicas(&finished)?;
+        let mut subs_changed = false;
+        for c in &req.subscriptions {
+            if c.record.len() > self.inner.limits.max_object_bytes {
+                return Err(ServiceError::invalid(
+                    "subscriptions.record",
+                    "larger than the object limit",
+                ));
+            }
+            if c.only_if_held && store.get_subscription(c.id)?.is_none() {
+                continue;
+            }
+            store.put_subscription_unflushed(c.id, &c.record)?;
+            subs_changed = true;
+        }
+        for &id in &req.dropped_subscriptions {
+            subs_changed |= store.remove_subscription_unflushed(id)?;
+        }
         for id in &finished {
             // a takeover of this object is over too
             self.inner.store.retire(*id)?;
         }
-        if !copies.is_empty() || !marks.is_empty() {
+        if !copies.is_empty() || !marks.is_empty() || subs_changed {
             self.inner.store.commit().await?;
         }
         Ok(v1::ReplicateResponse {

@@ -21,6 +21,9 @@ use super::replicate;
 /// Objects per `Daemon.Replicas` page.
 const PAGE: u32 = 512;
 
+/// Rounds a takeover tries a holder that does not answer (500 ms apart).
+const PULL_ROUNDS: u32 = 8;
+
 impl Daemon {
     /// Reacts to a changed view: takes over dead origins this node succeeds, gives back
     /// origins that came back.
@@ -114,19 +117,41 @@ impl Daemon {
     /// Takes over the objects of dead `origin`: gathers the copies the other live holders
     /// have, adopts every unfinished one and sends them to the coordinator as their owner.
     async fn take_over(self, origin: u32) {
-        let view = self.view();
-        let Some(g) = view.grid else { return };
+        let Some(g) = self.grid() else { return };
         let me = self.inner.cfg.node;
-        for holder in g.xs_quorum(origin) {
-            if holder == me || holder == origin || !view.alive(holder) {
-                continue;
+        // a holder that fails is tried again while the view says it lives (nodes that died
+        // together expire one after the other)
+        let mut todo: Vec<u32> = g
+            .xs_quorum(origin)
+            .into_iter()
+            .filter(|&h| h != me && h != origin)
+            .collect();
+        for round in 0..PULL_ROUNDS {
+            let view = self.view();
+            let mut failed = Vec::new();
+            for holder in todo {
+                if !view.alive(holder) {
+                    continue;
+                }
+                let Some(ep) = view.endpoint(holder).map(str::to_string) else {
+                    continue;
+                };
+                if let Err(e) = self.pull_all(&ep, origin).await {
+                    tracing::debug!("pulling node {origin}'s objects from node {holder}: {e}");
+                    failed.push(holder);
+                }
             }
-            let Some(ep) = view.endpoint(holder).map(str::to_string) else {
-                continue;
-            };
-            if let Err(e) = self.pull_all(&ep, origin).await {
-                tracing::warn!("pulling node {origin}'s objects from node {holder}: {e}");
+            if failed.is_empty() {
+                break;
             }
+            if round + 1 == PULL_ROUNDS {
+                tracing::warn!(
+                    "took node {origin}'s objects over without the copies of nodes {failed:?} \
+                     (unreachable, though not yet known dead)"
+                );
+            }
+            todo = failed;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let mut after = 0;
         let mut adopted = 0usize;
