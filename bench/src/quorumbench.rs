@@ -5,7 +5,9 @@
 //! p_f of the nodes is SIGKILLed (not restarted), the subscriber starts taking deliveries, and
 //! what reaches it is compared with the oracle: a delivery is possible iff some holder of the
 //! object (its origin's row quorum, or R ∪ C in xS mode) and some holder of the subscription
-//! (the column quorum of the node that took the Create) are alive. Beside the measured rate
+//! (the column quorum of the node that took the Create, and the coordinator's registry,
+//! which is not killed) are alive. The seed's stricter count, column quorum only, is
+//! reported beside it. Beside the measured rate
 //! stands the seed's analytic `P_smd = (1 - p_f^r)^(n/r)`.
 //!
 //! A fresh cluster per (mode, p_f). xS mode makes every object critical
@@ -69,8 +71,12 @@ pub struct QuorumRow {
     pub owed: usize,
     /// Distinct owed pairs the subscriber was shown.
     pub delivered: usize,
-    /// Owed pairs the oracle says are possible after the kills.
+    /// Owed pairs the oracle says are possible after the kills (a holder of the object and
+    /// one of the subscription alive; the coordinator's registry holds every subscription).
     pub oracle: usize,
+    /// The same without the registry: only the column quorum holds a subscription (the
+    /// seed's model; a node-only cluster without a live coordinator).
+    pub oracle_column_quorum_only: usize,
     /// Possible but not delivered.
     pub missed: usize,
     /// Delivered though the oracle says impossible.
@@ -345,16 +351,22 @@ async fn run_one(opts: &QuorumOptions, mode: Mode, pf: f64) -> anyhow::Result<Qu
     let dead: BTreeSet<u32> = killed.iter().copied().collect();
     let alive = |x: &u32| !dead.contains(x);
 
-    // what is owed, and what the oracle allows
+    // what is owed, and what the oracle allows: some holder of the object alive, and some
+    // holder of the subscription: the column quorum of the node that took its Create, and
+    // the coordinator's registry (it holds every subscription, and it lives)
     let mut owed = BTreeSet::new();
     let mut possible = BTreeSet::new();
+    let mut possible_by_columns = 0;
     for &(id, t, origin) in &acked {
         let obj_alive = holders(origin).iter().any(alive);
         for &(sid, via, lo, hi, _) in &subs {
             if t >= lo && t < hi {
                 owed.insert((sid, id));
-                if obj_alive && g.subscription_quorum(via).iter().any(alive) {
+                if obj_alive {
                     possible.insert((sid, id));
+                    if g.subscription_quorum(via).iter().any(alive) {
+                        possible_by_columns += 1;
+                    }
                 }
             }
         }
@@ -412,6 +424,7 @@ async fn run_one(opts: &QuorumOptions, mode: Mode, pf: f64) -> anyhow::Result<Qu
         owed: owed.len(),
         delivered,
         oracle: possible.len(),
+        oracle_column_quorum_only: possible_by_columns,
         missed,
         impossible,
         duplicates,
