@@ -14,7 +14,8 @@
 //! ([`Store::commit`]): writers that arrive while a flush runs wait for the next one
 //! together, so 64 concurrent writers cost a handful of fsyncs, not 64. Object ids are
 //! `(node, seq)`; sequence numbers are reserved durably in blocks before use, so an id is
-//! never handed out twice, even across crashes.
+//! never handed out twice, even across crashes, and a fresh store starts them at the current
+//! time in microseconds, so a new disk at the same node id does not reuse them either.
 //!
 //! A file per keyspace: `objects` (locators, message ids, sequence blocks, retention),
 //! `outbox`, `subscriptions`, `images`, `deliveries`, `replicas` (copies of other nodes'
@@ -161,12 +162,20 @@ impl Store {
     pub fn open(path: &std::path::Path, node: u32) -> Result<Store, StorageError> {
         let db = open_db(path)?;
         let meta = db.open_tree("meta")?;
-        // ids reserved before a crash are skipped, never reused
+        // ids reserved before a crash are skipped, never reused; a fresh store starts at the
+        // current time in microseconds, so a node that takes over a grid position on a new
+        // disk never reuses an id its predecessor's copies still carry (that would need more
+        // than a million puts per second over the predecessor's whole life)
         let reserved = meta
             .get(META_SEQ)?
             .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
             .map(u64::from_be_bytes)
-            .unwrap_or(1);
+            .unwrap_or_else(|| {
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(1, |d| d.as_micros() as u64)
+                    .max(1)
+            });
         let log = Arc::new(ObjectLog::open(&path.join("objects"))?);
         let store = Store {
             log,

@@ -209,7 +209,9 @@ async fn an_object_whose_bytes_never_reached_the_log_is_dropped_at_open() {
             has_message_id: false,
             priority: 0,
         });
-        s.data.insert(key(b'd', 999), entry).expect("insert");
+        s.data
+            .insert(key(b'd', kept.seq + 999), entry)
+            .expect("insert");
         s.db.flush().expect("flush");
     }
     let s = Store::open(&dir, 6).expect("reopen");
