@@ -68,6 +68,8 @@ pub fn parse_block(s: &str) -> Block {
 #[derive(Debug, Clone)]
 struct NodeEntry {
     endpoint: String,
+    /// The first sequence number its store handed out.
+    owns_from: u64,
     /// When it last registered or sent a heartbeat (ms).
     seen: u64,
 }
@@ -178,6 +180,7 @@ impl Protocol {
                     node,
                     endpoint: n.endpoint.clone(),
                     alive: now.saturating_sub(n.seen) <= self.node_lease_ms,
+                    owns_from: n.owns_from,
                 })
                 .collect(),
         }
@@ -196,6 +199,7 @@ impl Protocol {
             r.node,
             NodeEntry {
                 endpoint: r.endpoint.clone(),
+                owns_from: r.owns_from,
                 seen: now,
             },
         );

@@ -101,6 +101,23 @@ pub fn render(
         );
         line(
             &mut o,
+            "dissem_copies",
+            "Copies of other nodes' objects held for quorum replication, by state.",
+            "gauge",
+            &[
+                ("state=\"unfinished\"".into(), s.copies_unfinished as f64),
+                ("state=\"finished\"".into(), s.copies_finished as f64),
+            ],
+        );
+        line(
+            &mut o,
+            "dissem_objects_taken_over_total",
+            "Objects of dead nodes this node took over.",
+            "counter",
+            &one(s.objects_taken_over),
+        );
+        line(
+            &mut o,
             "dissem_matches_total",
             "Matches (object, subscription) handed to delivery.",
             "counter",

@@ -51,7 +51,7 @@ pub use replicas::ReplicaCounts;
 use objlog::{Locator, ObjectLog};
 
 // the keyspaces take the whole crate root with `use super::*`
-use objects::META_SEQ;
+use objects::{META_SEQ, META_SEQ_ORIGIN};
 
 /// Scheduler yields a flusher makes before flushing, to gather more writes per flush.
 const GROUP_YIELDS: usize = 8;
@@ -103,6 +103,8 @@ pub struct Store {
     phases: sled::Tree,
     node: u32,
     seq: Arc<std::sync::Mutex<(u64, u64)>>, // (next, reserved end)
+    /// The first sequence number this store handed out (0: it predates the record).
+    owns_from: u64,
     /// The outbox: objects not yet retired, seq -> priority. It lives in memory; what
     /// survives a crash is its floor (`META_OUTBOX_FROM`, written with every flush): at open
     /// every object from the floor on is pending again. An object enters it when its
@@ -169,13 +171,23 @@ impl Store {
         let reserved = meta
             .get(META_SEQ)?
             .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
-            .map(u64::from_be_bytes)
-            .unwrap_or_else(|| {
-                SystemTime::now()
+            .map(u64::from_be_bytes);
+        let reserved = match reserved {
+            Some(r) => r,
+            None => {
+                let start = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(1, |d| d.as_micros() as u64)
-                    .max(1)
-            });
+                    .max(1);
+                meta.insert(META_SEQ_ORIGIN, &start.to_be_bytes())?;
+                start
+            }
+        };
+        // a store made before the origin was recorded owns every sequence number
+        let owns_from = meta
+            .get(META_SEQ_ORIGIN)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map_or(0, u64::from_be_bytes);
         let log = Arc::new(ObjectLog::open(&path.join("objects"))?);
         let store = Store {
             log,
@@ -189,6 +201,7 @@ impl Store {
             db,
             node,
             seq: Arc::new(std::sync::Mutex::new((reserved, reserved))),
+            owns_from,
             outbox: Arc::default(),
             adopted: Arc::default(),
             outbox_floor_written: Arc::default(),
@@ -201,6 +214,13 @@ impl Store {
     /// This node's id.
     pub fn node(&self) -> u32 {
         self.node
+    }
+
+    /// The first sequence number this store ever handed out (0 for a store older than the
+    /// record): ids of this node below it were handed out by another store, an earlier node
+    /// at the same position.
+    pub fn owns_from(&self) -> u64 {
+        self.owns_from
     }
 
     /// Waits until everything written before the call is durable (group commit).

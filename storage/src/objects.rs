@@ -9,6 +9,9 @@ pub(super) const SEQ_BLOCK: u64 = 4096;
 
 pub(super) const META_SEQ: &[u8] = b"seq_reserved";
 
+/// The first sequence number a store handed out (written when it is created).
+pub(super) const META_SEQ_ORIGIN: &[u8] = b"seq_origin";
+
 /// A cluster-unique object id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectId {

@@ -329,6 +329,10 @@ async fn put_get_outbox_dedup_and_reopen() {
         ids = (a.id, b.id);
     }
     let s = Store::open(&dir, 3).expect("reopen");
+    assert!(
+        s.owns_from() > 0 && s.owns_from() <= ids.0.seq,
+        "owns its own ids"
+    );
     assert!(s.get(ids.0).expect("get").is_some());
     assert_eq!(s.outbox_pending().expect("outbox").len(), 65);
     let c = s.put(obj(5, "")).await.expect("put");

@@ -273,6 +273,7 @@ impl Sim {
                 node: id,
                 endpoint: SimNode::endpoint(id),
                 workers: n.states(),
+                owns_from: 0,
             };
             sim.nodes.insert(id, n);
             sim.net.send(id, COORD, Msg::Register(reg));
@@ -426,6 +427,7 @@ impl Sim {
                         node: to,
                         endpoint: SimNode::endpoint(to),
                         workers: n.states(),
+                        owns_from: 0,
                     };
                     self.net.send(to, COORD, Msg::Register(reg));
                 }

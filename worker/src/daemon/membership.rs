@@ -32,6 +32,7 @@ impl Daemon {
                     node: self.inner.cfg.node,
                     endpoint: self.inner.cfg.endpoint.clone(),
                     workers: self.worker_states(),
+                    owns_from: self.inner.store.owns_from(),
                 };
                 *lock(&self.inner.changes) = Changes::default();
                 match self.inner.coord.register(req).await {

@@ -104,6 +104,9 @@ struct Inner {
     peer_queues: Mutex<HashMap<u32, mpsc::UnboundedSender<replicate::PeerMsg>>>,
     /// Dead origins whose objects this node took over.
     owned: Mutex<std::collections::BTreeSet<u32>>,
+    /// Live origins on a fresh disk whose predecessor's objects (below the sequence number
+    /// given) this node took over.
+    owned_below: Mutex<HashMap<u32, u64>>,
     finished_rx: Mutex<Option<mpsc::UnboundedReceiver<ObjectId>>>,
 }
 
@@ -175,6 +178,7 @@ impl Daemon {
                 view: Mutex::new(replicate::View::default()),
                 peer_queues: Mutex::new(HashMap::new()),
                 owned: Mutex::new(std::collections::BTreeSet::new()),
+                owned_below: Mutex::new(HashMap::new()),
                 finished_rx: Mutex::new(Some(finished_rx)),
             }),
         };

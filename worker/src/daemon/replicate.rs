@@ -33,6 +33,9 @@ pub(super) struct View {
     pub(super) grid: Option<Grid>,
     /// node -> (endpoint, alive).
     pub(super) members: BTreeMap<u32, (String, bool)>,
+    /// node -> the first sequence number its store handed out (copies below it belong to an
+    /// earlier node at that position).
+    pub(super) owns_from: BTreeMap<u32, u64>,
 }
 
 impl View {
@@ -44,6 +47,7 @@ impl View {
                 .iter()
                 .map(|n| (n.node, (n.endpoint.clone(), n.alive)))
                 .collect(),
+            owns_from: m.members.iter().map(|n| (n.node, n.owns_from)).collect(),
         }
     }
 
@@ -193,11 +197,9 @@ impl Daemon {
     /// Copies freshly stored objects of this node to their quorums; each result says whether
     /// the object reached `write_copies` durable copies in all within the replication timeout.
     pub async fn replicate(&self, objects: &[StoredObject]) -> Vec<Result<(), ServiceError>> {
-        let me = self.inner.cfg.node;
-        let view = match self.grid().filter(|g| g.contains(me)) {
-            Some(g) => self.known_view(&g.xs_quorum(me)).await,
-            None => self.view(),
-        };
+        // no wait for the view here: a put that finds too few known peers is answered
+        // UNAVAILABLE at once, and its client retries
+        let view = self.view();
         let mut waits = Vec::with_capacity(objects.len());
         for o in objects {
             let (peers, needed) = self.copy_targets(&view, o.priority);

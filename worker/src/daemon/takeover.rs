@@ -42,7 +42,7 @@ impl Daemon {
                 lock(&self.inner.owned).insert(origin);
                 tracing::info!("node {origin} is down: taking its objects over");
                 let me = self.clone();
-                tokio::spawn(async move { me.take_over(origin).await });
+                tokio::spawn(async move { me.take_over(origin, u64::MAX).await });
             } else if owned
                 && (new.alive(origin) || g.successor(origin, |n| new.alive(n)) != Some(me))
             {
@@ -50,6 +50,20 @@ impl Daemon {
                 // leaves them out of its outbox when it catches up): one owner each
                 lock(&self.inner.owned).remove(&origin);
                 tracing::info!("node {origin} is back: it owns its new objects again");
+            }
+            // a node at this position on a fresh disk: what its predecessor left (copies
+            // below its first sequence number) is the successor's, as if that node were dead
+            let from = new.owns_from.get(&origin).copied().unwrap_or(0);
+            if new.alive(origin) && from > 0 {
+                let mine = g.successor(origin, |n| new.alive(n)) == Some(me);
+                let mut below = lock(&self.inner.owned_below);
+                if mine && below.get(&origin) != Some(&from) {
+                    below.insert(origin, from);
+                    let me = self.clone();
+                    tokio::spawn(async move { me.take_over(origin, from).await });
+                } else if !mine {
+                    below.remove(&origin);
+                }
             }
         }
         let _ = old;
@@ -114,9 +128,20 @@ impl Daemon {
         }
     }
 
-    /// Takes over the objects of dead `origin`: gathers the copies the other live holders
-    /// have, adopts every unfinished one and sends them to the coordinator as their owner.
-    async fn take_over(self, origin: u32) {
+    /// Whether a takeover of `origin`'s objects below `below` still stands.
+    fn still_taking(&self, origin: u32, below: u64) -> bool {
+        if below == u64::MAX {
+            self.owns(origin)
+        } else {
+            lock(&self.inner.owned_below).get(&origin) == Some(&below)
+        }
+    }
+
+    /// Takes over the objects of `origin` with sequence numbers below `below` (all of them,
+    /// `u64::MAX`, when it is dead; those of an earlier node at its position, else): gathers
+    /// the copies the other live holders have, adopts every unfinished one and sends them to
+    /// the coordinator as their owner.
+    async fn take_over(self, origin: u32, below: u64) {
         let Some(g) = self.grid() else { return };
         let me = self.inner.cfg.node;
         // a holder that fails is tried again while the view says it lives (nodes that died
@@ -156,8 +181,8 @@ impl Daemon {
         let mut after = 0;
         let mut adopted = 0usize;
         loop {
-            if !self.owns(origin) {
-                return; // it came back meanwhile
+            if !self.still_taking(origin, below) {
+                return; // it came back meanwhile, or another node succeeds it now
             }
             let page = match self
                 .inner
@@ -172,7 +197,7 @@ impl Daemon {
             };
             let Some(last) = page.last() else { break };
             after = last.id.seq;
-            for o in page {
+            for o in page.into_iter().filter(|o| o.id.seq < below) {
                 if matches!(self.inner.store.adopt(o.id), Ok(true)) {
                     adopted += 1;
                     self.arrived(o.id, o.priority, &o.metadata);
