@@ -319,6 +319,27 @@ pub async fn put_retrying(
     }
 }
 
+/// The flags of the small node processes that many-node benchmarks start (a grid of 30 on
+/// two cores): CPU scan, loopback targets allowed, one or two workers, a 1 s outbox resend.
+pub fn small_node_flags() -> Vec<String> {
+    [
+        "--gpu",
+        "off",
+        "--allow-private-targets",
+        "--workers",
+        "1",
+        "--min-workers",
+        "1",
+        "--max-workers",
+        "2",
+        "--resend-ms",
+        "1000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// [`try_wait_for`] for the benchmarks: a timeout is an error naming `what`.
 pub async fn wait<T, F, Fut>(what: &str, timeout: Duration, f: F) -> anyhow::Result<T>
 where

@@ -231,24 +231,8 @@ async fn run_one(opts: &QuorumOptions, mode: Mode, pf: f64) -> anyhow::Result<Qu
         Mode::Row => "8",
         Mode::Xs => "0",
     };
-    let node_args: Vec<String> = [
-        "--gpu",
-        "off",
-        "--allow-private-targets",
-        "--critical-priority",
-        critical,
-        "--workers",
-        "1",
-        "--min-workers",
-        "1",
-        "--max-workers",
-        "2",
-        "--resend-ms",
-        "1000",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut node_args = procs::small_node_flags();
+    node_args.extend(["--critical-priority".to_string(), critical.to_string()]);
     let bin = opts.bin.clone();
     let dir2 = dir.clone();
     let mut c = tokio::task::spawn_blocking(move || {

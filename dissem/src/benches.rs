@@ -1,4 +1,4 @@
-//! The benchmark commands (`bench match|ingest|cluster|e2e|quorum`) and `demo`: flags in, a call into
+//! The benchmark commands (`bench match|ingest|cluster|e2e|quorum|churn`) and `demo`: flags in, a call into
 //! the `bench` crate, figures out.
 
 use bench::matchbench::{self, EngineChoice, MatchBenchOptions};
@@ -20,6 +20,55 @@ pub(super) enum Bench {
     /// Quorum replication on a grid of node processes: a p_f fraction SIGKILLed, deliveries
     /// against the oracle and the seed's analytic P_smd.
     Quorum(QuorumArgs),
+    /// Seed 004's churn experiment, 10x compressed: nodes join and die under a stream of puts.
+    Churn(ChurnArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct ChurnArgs {
+    /// The grid (positions 0 and n-1 are the stable nodes).
+    #[arg(long, default_value = "5x6")]
+    pub(super) grid: runtime::grid::Grid,
+    /// Random seed (joins, lifetimes, puts).
+    #[arg(long, default_value_t = 4)]
+    pub(super) seed: u64,
+    /// Publication rounds after the warm-up.
+    #[arg(long, default_value_t = 30)]
+    pub(super) rounds: usize,
+    /// Seconds of warm-up before the first round.
+    #[arg(long, default_value_t = 18.0)]
+    pub(super) warmup_s: f64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+}
+
+pub(super) fn bench_churn(a: ChurnArgs) -> anyhow::Result<bool> {
+    if a.grid.len() < 3 {
+        bail!("--grid needs at least 3 positions (two stable nodes and one that churns)");
+    }
+    if a.rounds == 0 || a.rounds > 10_000 {
+        bail!("--rounds must be between 1 and 10000");
+    }
+    if !(0.0..=600.0).contains(&a.warmup_s) {
+        bail!("--warmup-s must be in [0, 600]");
+    }
+    let mut opts = bench::churnbench::ChurnOptions::seed004(std::env::current_exe()?);
+    opts.grid = a.grid;
+    opts.seed = a.seed;
+    opts.rounds = a.rounds;
+    opts.warmup_s = a.warmup_s;
+    let report = bench::churnbench::run(&opts)?;
+    bench::churnbench::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    if !report.pass {
+        bail!(
+            "the churn benchmark failed: objects lost, a stable delivery ratio under 0.99, or QoS 2 duplicates"
+        );
+    }
+    Ok(true)
 }
 
 #[derive(clap::Args, Debug)]

@@ -20,7 +20,9 @@ mod config;
 mod embedded;
 mod serve;
 
-use benches::{Bench, bench_cluster, bench_e2e, bench_ingest, bench_match, bench_quorum, demo};
+use benches::{
+    Bench, bench_churn, bench_cluster, bench_e2e, bench_ingest, bench_match, bench_quorum, demo,
+};
 use client::{NodeArg, TokenCmd, client};
 use serve::{CoordinatorArgs, NodeArgs, UpArgs, WorkerFlags, coordinator_cmd, node_cmd, up};
 
@@ -263,6 +265,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Bench::Quorum(a),
         } => bench_quorum(a),
+        Command::Bench {
+            which: Bench::Churn(a),
+        } => bench_churn(a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -33,11 +33,33 @@ impl Daemon {
         if !g.contains(me) {
             return;
         }
+        // nodes that died since the last view: what they had adopted goes to the owner of
+        // its origin now (every takeover runs again where one of its holders died)
+        let died: Vec<u32> = new
+            .members
+            .keys()
+            .copied()
+            .filter(|&n| new.dead(n) && old.alive(n))
+            .collect();
         for origin in 0..g.len() {
             if origin == me {
                 continue;
             }
             let owned = lock(&self.inner.owned).contains(&origin);
+            let holder_died = died
+                .iter()
+                .any(|d| *d != origin && g.xs_quorum(origin).contains(d));
+            if holder_died {
+                let below = if owned && new.dead(origin) {
+                    Some(u64::MAX)
+                } else {
+                    lock(&self.inner.owned_below).get(&origin).copied()
+                };
+                if let Some(below) = below {
+                    let me = self.clone();
+                    tokio::spawn(async move { me.take_over(origin, below).await });
+                }
+            }
             if new.dead(origin) && !owned && g.successor(origin, |n| new.alive(n)) == Some(me) {
                 lock(&self.inner.owned).insert(origin);
                 tracing::info!("node {origin} is down: taking its objects over");
@@ -66,7 +88,6 @@ impl Daemon {
                 }
             }
         }
-        let _ = old;
     }
 
     /// Whether this node disseminates `origin`'s objects now.
@@ -178,6 +199,8 @@ impl Daemon {
             todo = failed;
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        // what a live node adopted already stays with it: one owner per object
+        let taken = self.adopted_elsewhere(origin).await;
         let mut after = 0;
         let mut adopted = 0usize;
         loop {
@@ -197,7 +220,10 @@ impl Daemon {
             };
             let Some(last) = page.last() else { break };
             after = last.id.seq;
-            for o in page.into_iter().filter(|o| o.id.seq < below) {
+            for o in page
+                .into_iter()
+                .filter(|o| o.id.seq < below && !taken.contains(&o.id.seq))
+            {
                 if matches!(self.inner.store.adopt(o.id), Ok(true)) {
                     adopted += 1;
                     self.arrived(o.id, o.priority, &o.metadata);
@@ -209,6 +235,51 @@ impl Daemon {
             .taken_over
             .fetch_add(adopted as u64, Ordering::Relaxed);
         tracing::info!("took over {adopted} unfinished objects of node {origin}");
+    }
+
+    /// Sequence numbers of `origin`'s objects that other live members of its quorum adopted.
+    async fn adopted_elsewhere(&self, origin: u32) -> HashSet<u64> {
+        let mut taken = HashSet::new();
+        let view = self.view();
+        let Some(g) = view.grid else { return taken };
+        let me = self.inner.cfg.node;
+        for holder in g.xs_quorum(origin) {
+            if holder == me || holder == origin || !view.alive(holder) {
+                continue;
+            }
+            let Some(ep) = view.endpoint(holder).map(str::to_string) else {
+                continue;
+            };
+            taken.extend(self.seqs_of(&ep, origin, v1::ReplicaSet::Adopted, 0).await);
+        }
+        taken
+    }
+
+    /// Every sequence number of `origin`'s objects in `set` that the node at `ep` answers,
+    /// after `after` (an unreachable node answers what it answered so far).
+    async fn seqs_of(&self, ep: &str, origin: u32, set: v1::ReplicaSet, after: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut after = after;
+        loop {
+            let r = match self.peer(ep) {
+                Ok(mut c) => c
+                    .replicas(v1::ReplicasRequest {
+                        origin,
+                        after_seq: after,
+                        limit: PAGE,
+                        set: set as i32,
+                    })
+                    .await
+                    .map(|r| r.into_inner()),
+                Err(e) => Err(e.into()),
+            };
+            let Ok(r) = r else { return out };
+            out.extend(&r.seqs);
+            match r.seqs.last() {
+                Some(&l) if r.more => after = l,
+                _ => return out,
+            }
+        }
     }
 
     /// Catching up at (re)registration: for every origin whose quorum holds this node, the
@@ -313,30 +384,10 @@ impl Daemon {
                 continue;
             };
             for set in [v1::ReplicaSet::Finished, v1::ReplicaSet::Adopted] {
-                let mut after = from.saturating_sub(1);
-                loop {
-                    let r = match self.peer(&ep) {
-                        Ok(mut c) => c
-                            .replicas(v1::ReplicasRequest {
-                                origin: me,
-                                after_seq: after,
-                                limit: PAGE,
-                                set: set as i32,
-                            })
-                            .await
-                            .map(|r| r.into_inner()),
-                        Err(e) => Err(e.into()),
-                    };
-                    let Ok(r) = r else { break };
-                    for &seq in &r.seqs {
-                        let id = ObjectId { node: me, seq };
-                        let _ = self.inner.store.retire(id);
-                        handed.insert(id);
-                    }
-                    match r.seqs.last() {
-                        Some(&l) if r.more => after = l,
-                        _ => break,
-                    }
+                for seq in self.seqs_of(&ep, me, set, from.saturating_sub(1)).await {
+                    let id = ObjectId { node: me, seq };
+                    let _ = self.inner.store.retire(id);
+                    handed.insert(id);
                 }
             }
         }
