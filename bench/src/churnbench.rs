@@ -16,8 +16,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use proto::v1;
 use runtime::grid::Grid;
 use serde::Serialize;
 use storage::ObjectId;
@@ -191,35 +189,14 @@ async fn run_async(opts: &ChurnOptions) -> anyhow::Result<ChurnReport> {
     .await?;
     let (rec, target) = Recorder::start().await?;
     let mut rng = Rng::new(opts.seed);
-    let mut subs: Vec<Sub> = Vec::new();
-    for k in 0..12 {
-        let lo = rng.below(80) as i64;
-        let hi = lo + 10 + rng.below(30) as i64;
-        let qos2 = k % 3 == 2;
-        let qos = if qos2 {
-            v1::Qos::ExactlyOnce
-        } else {
-            v1::Qos::AtLeastOnce
-        };
-        let retry = v1::RetryPolicy {
-            max_attempts: 100_000,
-            ttl_ms: 0,
-            initial_backoff_ms: 50,
-            max_backoff_ms: 300,
-        };
-        let id = procs::create_grpc_subscription(
-            &stable[0].url(),
-            format!("temp >= {lo} and temp < {hi}"),
-            &target,
-            qos,
-            Some(retry),
-        )
-        .await
-        .context("creating a subscription")?;
-        if qos2 {
-            rec.expect_qos2(id);
-        }
-        subs.push((id, lo, hi, qos2));
+    let through = vec![stable[0].url(); 12];
+    let subs: Vec<Sub> = crate::quorumbench::subscribe(&through, &target, &mut rng)
+        .await?
+        .into_iter()
+        .map(|(id, _, lo, hi, qos2)| (id, lo, hi, qos2))
+        .collect();
+    for s in subs.iter().filter(|s| s.3) {
+        rec.expect_qos2(s.0);
     }
 
     // the churn: joins at free positions, SIGKILL at the end of each lifetime
