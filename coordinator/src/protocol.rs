@@ -109,6 +109,8 @@ pub struct Protocol {
     grid: Option<runtime::grid::Grid>,
     /// A node that sent nothing for this long is not alive in the membership.
     node_lease_ms: u64,
+    /// Per position, the node that disseminates its orphaned objects (kept until it dies).
+    heirs: BTreeMap<u32, u32>,
     objects: HashMap<ObjectKey, Obj>,
     by_id: HashMap<(u32, u64), ObjectKey>,
     next_key: ObjectKey,
@@ -125,6 +127,7 @@ impl Protocol {
             max_attempts,
             nodes: BTreeMap::new(),
             grid: None,
+            heirs: BTreeMap::new(),
             objects: HashMap::new(),
             by_id: HashMap::new(),
             next_key: 1,
@@ -167,9 +170,36 @@ impl Protocol {
         self.grid
     }
 
-    /// Every registered node, alive when it was heard from within the node lease; the
-    /// nodes learn it with every heartbeat.
-    pub fn membership(&self, now: u64) -> v1::Membership {
+    /// Every registered node, alive when it was heard from within the node lease, with its
+    /// heir (with a grid); the nodes learn it with every heartbeat. An heir is kept until it
+    /// dies, then the position's first live successor in the grid's order is the next.
+    pub fn membership(&mut self, now: u64) -> v1::Membership {
+        let lease = self.node_lease_ms;
+        let alive = |n: &NodeEntry| now.saturating_sub(n.seen) <= lease;
+        let live: std::collections::BTreeSet<u32> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| alive(n))
+            .map(|(k, _)| *k)
+            .collect();
+        if let Some(g) = self.grid {
+            for &p in self.nodes.keys() {
+                let keep = self
+                    .heirs
+                    .get(&p)
+                    .is_some_and(|h| *h != p && live.contains(h));
+                if !keep {
+                    match g.successor(p, |n| live.contains(&n)) {
+                        Some(h) => {
+                            self.heirs.insert(p, h);
+                        }
+                        None => {
+                            self.heirs.remove(&p);
+                        }
+                    }
+                }
+            }
+        }
         v1::Membership {
             rows: self.grid.map_or(0, |g| g.rows),
             cols: self.grid.map_or(0, |g| g.cols),
@@ -179,8 +209,9 @@ impl Protocol {
                 .map(|(&node, n)| v1::Member {
                     node,
                     endpoint: n.endpoint.clone(),
-                    alive: now.saturating_sub(n.seen) <= self.node_lease_ms,
+                    alive: alive(n),
                     owns_from: n.owns_from,
+                    heir: self.heirs.get(&node).copied(),
                 })
                 .collect(),
         }

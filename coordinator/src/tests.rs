@@ -508,3 +508,50 @@ fn eager_close_starts_at_once_on_an_idle_cluster_and_gathers_while_a_task_runs()
     let started: Vec<_> = tasks_on(&a, &t("temp")).into_iter().map(|x| x.2).collect();
     assert_eq!(started, vec![vec![105]]);
 }
+
+fn heirs(m: &proto::v1::Membership) -> std::collections::BTreeMap<u32, u32> {
+    m.members
+        .iter()
+        .filter_map(|x| x.heir.map(|h| (x.node, h)))
+        .collect()
+}
+
+#[test]
+fn an_heir_is_kept_until_it_dies_so_one_node_takes_a_position_over() {
+    use crate::protocol::Protocol;
+    use proto::v1;
+    let mut p = Protocol::new(cfg(), 7, 5, 0);
+    p.set_grid(Some(runtime::grid::Grid::new(3, 3).expect("grid")));
+    for node in 0..9 {
+        let r = v1::RegisterRequest {
+            node,
+            endpoint: format!("http://n{node}"),
+            workers: Vec::new(),
+            owns_from: 1,
+        };
+        p.register(0, &r);
+    }
+    let beat = |p: &mut Protocol, now: u64, nodes: &[u32]| {
+        for &node in nodes {
+            p.heartbeat(
+                now,
+                &v1::HeartbeatRequest {
+                    node,
+                    nonce: 7,
+                    ..v1::HeartbeatRequest::default()
+                },
+            );
+        }
+    };
+    // 3 and 4 fall silent: 3's heir is 5 (R(1) = 3, 4, 5, 0, 8 in order; 4 is dead too)
+    beat(&mut p, 900, &[0, 1, 2, 5, 6, 7, 8]);
+    let m = p.membership(1_500);
+    assert!(!m.members[3].alive && !m.members[4].alive);
+    assert_eq!(heirs(&m).get(&3), Some(&5));
+    // 4 comes back, earlier in the order: 3's heir stays 5
+    beat(&mut p, 1_600, &[0, 1, 2, 4, 5, 6, 7, 8]);
+    assert_eq!(heirs(&p.membership(1_700)).get(&3), Some(&5));
+    // 5 dies: now the first live one, 4
+    beat(&mut p, 2_600, &[0, 1, 2, 4, 6, 7, 8]);
+    assert_eq!(heirs(&p.membership(3_000)).get(&3), Some(&4));
+}

@@ -36,6 +36,8 @@ pub(super) struct View {
     /// node -> the first sequence number its store handed out (copies below it belong to an
     /// earlier node at that position).
     pub(super) owns_from: BTreeMap<u32, u64>,
+    /// node -> the node the coordinator named to disseminate its orphaned objects.
+    pub(super) heirs: BTreeMap<u32, u32>,
 }
 
 impl View {
@@ -48,6 +50,11 @@ impl View {
                 .map(|n| (n.node, (n.endpoint.clone(), n.alive)))
                 .collect(),
             owns_from: m.members.iter().map(|n| (n.node, n.owns_from)).collect(),
+            heirs: m
+                .members
+                .iter()
+                .filter_map(|n| n.heir.map(|h| (n.node, h)))
+                .collect(),
         }
     }
 

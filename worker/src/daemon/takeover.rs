@@ -46,10 +46,13 @@ impl Daemon {
                 continue;
             }
             let owned = lock(&self.inner.owned).contains(&origin);
+            // the coordinator names one heir per position and keeps it until it dies, so two
+            // nodes with views of different ages never take the same objects over
+            let heir = new.heirs.get(&origin) == Some(&me);
             let holder_died = died
                 .iter()
                 .any(|d| *d != origin && g.xs_quorum(origin).contains(d));
-            if holder_died {
+            if heir && holder_died {
                 let below = if owned && new.dead(origin) {
                     Some(u64::MAX)
                 } else {
@@ -60,30 +63,29 @@ impl Daemon {
                     tokio::spawn(async move { me.take_over(origin, below).await });
                 }
             }
-            if new.dead(origin) && !owned && g.successor(origin, |n| new.alive(n)) == Some(me) {
+            if new.dead(origin) && !owned && heir {
                 lock(&self.inner.owned).insert(origin);
                 tracing::info!("node {origin} is down: taking its objects over");
                 let me = self.clone();
                 tokio::spawn(async move { me.take_over(origin, u64::MAX).await });
-            } else if owned
-                && (new.alive(origin) || g.successor(origin, |n| new.alive(n)) != Some(me))
-            {
+            } else if owned && (new.alive(origin) || !heir) {
                 // the objects adopted so far stay here until they are finished (the origin
                 // leaves them out of its outbox when it catches up): one owner each
                 lock(&self.inner.owned).remove(&origin);
-                tracing::info!("node {origin} is back: it owns its new objects again");
+                tracing::info!(
+                    "node {origin} is back, or has another heir: no more of its objects taken"
+                );
             }
             // a node at this position on a fresh disk: what its predecessor left (copies
-            // below its first sequence number) is the successor's, as if that node were dead
+            // below its first sequence number) is the heir's, as if that node were dead
             let from = new.owns_from.get(&origin).copied().unwrap_or(0);
             if new.alive(origin) && from > 0 {
-                let mine = g.successor(origin, |n| new.alive(n)) == Some(me);
                 let mut below = lock(&self.inner.owned_below);
-                if mine && below.get(&origin) != Some(&from) {
+                if heir && below.get(&origin) != Some(&from) {
                     below.insert(origin, from);
                     let me = self.clone();
                     tokio::spawn(async move { me.take_over(origin, from).await });
-                } else if !mine {
+                } else if !heir {
                     below.remove(&origin);
                 }
             }
