@@ -41,6 +41,8 @@ pub struct ChurnOptions {
     pub round_wait_s: f64,
     pub final_s: f64,
     pub window_s: f64,
+    /// The coordinator's node lease (ms): how soon a dead node's objects are taken over.
+    pub lease_ms: u64,
 }
 
 impl ChurnOptions {
@@ -60,6 +62,7 @@ impl ChurnOptions {
             round_wait_s: 1.0,
             final_s: 3.0,
             window_s: 1.0,
+            lease_ms: 1500,
         }
     }
 }
@@ -160,7 +163,7 @@ async fn run_async(opts: &ChurnOptions) -> anyhow::Result<ChurnReport> {
         &g.to_string(),
         "--allow-private-targets",
         "--lease-ms",
-        "1500",
+        &opts.lease_ms.to_string(),
         "--data",
         &dir.join("coordinator").display().to_string(),
     ]

@@ -38,6 +38,10 @@ pub(super) struct ChurnArgs {
     /// Seconds of warm-up before the first round.
     #[arg(long, default_value_t = 18.0)]
     pub(super) warmup_s: f64,
+    /// The coordinator's node lease in ms (a live node whose heartbeats are late by more
+    /// is taken for dead).
+    #[arg(long, default_value_t = 1500)]
+    pub(super) lease_ms: u64,
     /// Write the figures as JSON to this file.
     #[arg(long)]
     pub(super) json: Option<PathBuf>,
@@ -58,6 +62,10 @@ pub(super) fn bench_churn(a: ChurnArgs) -> anyhow::Result<bool> {
     opts.seed = a.seed;
     opts.rounds = a.rounds;
     opts.warmup_s = a.warmup_s;
+    if a.lease_ms < 100 {
+        bail!("--lease-ms must be at least 100");
+    }
+    opts.lease_ms = a.lease_ms;
     let report = bench::churnbench::run(&opts)?;
     bench::churnbench::print(&report);
     if let Some(path) = &a.json {
