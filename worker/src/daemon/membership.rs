@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// The longest a catch-up after registration may hold the outbox resend up.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
+
 impl Daemon {
     pub(super) fn worker_states(&self) -> Vec<v1::WorkerState> {
         lock(&self.inner.workers)
@@ -48,7 +51,16 @@ impl Daemon {
                         self.inner.caught_up.store(false, Ordering::Release);
                         let me = self.clone();
                         tokio::spawn(async move {
-                            me.catch_up().await;
+                            // a quorum that answers too slowly does not hold the outbox up
+                            if tokio::time::timeout(CATCH_UP_LIMIT, me.catch_up())
+                                .await
+                                .is_err()
+                            {
+                                tracing::warn!(
+                                    "catching up took over {CATCH_UP_LIMIT:?}: going on without"
+                                );
+                                me.resume_deliveries(&HashSet::new());
+                            }
                             me.inner.caught_up.store(true, Ordering::Release);
                             me.resend(Duration::ZERO).await
                         });
