@@ -157,15 +157,11 @@ pub fn run(opts: &QuorumOptions) -> anyhow::Result<QuorumReport> {
 }
 
 /// One subscription per position: (id, node that took it, lo, hi, QoS 2).
-pub(crate) type Sub = (u64, u32, i64, i64, bool);
+pub type Sub = (u64, u32, i64, i64, bool);
 
 /// One subscription through each of `urls` (a temp range; every third QoS 2), retried
 /// almost forever, pushed to `target`.
-pub(crate) async fn subscribe(
-    urls: &[String],
-    target: &str,
-    rng: &mut Rng,
-) -> anyhow::Result<Vec<Sub>> {
+pub async fn subscribe(urls: &[String], target: &str, rng: &mut Rng) -> anyhow::Result<Vec<Sub>> {
     let mut subs = Vec::new();
     for (k, url) in urls.iter().enumerate() {
         let lo = rng.below(80) as i64;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bench::recorder::Recorder;
+use bench::workload::Rng;
 use proto::v1;
 use storage::ObjectId;
 use tests::{Cluster, Proc, channel, dissem_bin, runtime, stats, temp_dir, temp_put, wait_for};
@@ -31,40 +32,25 @@ const NODE_ARGS: &[&str] = &[
     "2",
 ];
 
-/// The subscriptions: temp ranges, every fourth one QoS 2.
-fn ranges() -> Vec<(i64, i64, v1::Qos)> {
-    (0..12)
-        .map(|i| {
-            let lo = i * 7;
-            let qos = if i % 4 == 3 {
-                v1::Qos::ExactlyOnce
-            } else {
-                v1::Qos::AtLeastOnce
-            };
-            (lo, lo + 25, qos)
+/// Twelve subscriptions through `url` (seeded temp ranges, every third QoS 2, as the quorum
+/// benchmark makes them): (id, lo, hi, QoS 2).
+async fn create_subscriptions(
+    url: &str,
+    target: &str,
+    rec: &Recorder,
+) -> Vec<(u64, i64, i64, bool)> {
+    let through = vec![url.to_string(); 12];
+    let subs = bench::quorumbench::subscribe(&through, target, &mut Rng::new(11))
+        .await
+        .expect("create subscriptions");
+    subs.into_iter()
+        .map(|(id, _, lo, hi, qos2)| {
+            if qos2 {
+                rec.expect_qos2(id);
+            }
+            (id, lo, hi, qos2)
         })
         .collect()
-}
-
-async fn create_subscriptions(url: &str, target: &str, rec: &Recorder) -> Vec<(u64, i64, i64)> {
-    let mut subs = Vec::new();
-    for (lo, hi, qos) in ranges() {
-        let retry = v1::RetryPolicy {
-            max_attempts: 1000,
-            ttl_ms: 0,
-            initial_backoff_ms: 50,
-            max_backoff_ms: 300,
-        };
-        let filter = format!("temp >= {lo} and temp < {hi}");
-        let id = tests::create_grpc_subscription(url, filter, target, qos, Some(retry))
-            .await
-            .expect("create subscription");
-        if qos == v1::Qos::ExactlyOnce {
-            rec.expect_qos2(id);
-        }
-        subs.push((id, lo, hi));
-    }
-    subs
 }
 
 /// One put, retried on its node for a while: `None` when it was never acknowledged.
@@ -90,10 +76,13 @@ async fn put_once(url: &str, t: i64, msg: String) -> Option<ObjectId> {
     }
 }
 
-fn expected(subs: &[(u64, i64, i64)], acked: &[(ObjectId, i64)]) -> BTreeSet<(u64, ObjectId)> {
+fn expected(
+    subs: &[(u64, i64, i64, bool)],
+    acked: &[(ObjectId, i64)],
+) -> BTreeSet<(u64, ObjectId)> {
     let mut want = BTreeSet::new();
     for &(id, t) in acked {
-        for &(s, lo, hi) in subs {
+        for &(s, lo, hi, _) in subs {
             if t >= lo && t < hi {
                 want.insert((s, id));
             }
@@ -223,12 +212,7 @@ fn a_3x3_grid_loses_no_acknowledged_object_when_two_nodes_die_mid_burst() {
             }
         }
         assert!(taken_over > 0, "the dead nodes left nothing to take over");
-        let qos2: BTreeSet<u64> = subs
-            .iter()
-            .zip(ranges())
-            .filter(|(_, r)| r.2 == v1::Qos::ExactlyOnce)
-            .map(|(s, _)| s.0)
-            .collect();
+        let qos2: BTreeSet<u64> = subs.iter().filter(|s| s.3).map(|s| s.0).collect();
         assert_eq!(
             rec.extra_shows(|s| qos2.contains(&s)),
             0,

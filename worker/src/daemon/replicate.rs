@@ -70,6 +70,22 @@ impl View {
     pub(super) fn endpoint(&self, node: u32) -> Option<&str> {
         self.members.get(&node).map(|(e, _)| e.as_str())
     }
+
+    /// The live nodes of `nodes`, but those in `skip`, with their endpoints.
+    pub(super) fn live_endpoints(
+        &self,
+        nodes: impl IntoIterator<Item = u32>,
+        skip: &[u32],
+    ) -> Vec<(u32, String)> {
+        nodes
+            .into_iter()
+            .filter(|n| !skip.contains(n))
+            .filter_map(|n| match self.members.get(&n) {
+                Some((ep, true)) => Some((n, ep.clone())),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// What goes to one peer.
@@ -160,6 +176,23 @@ pub(super) fn replica_from_proto(
     })
 }
 
+/// Counts the peers' answers that stored what was sent, until `enough` did, every sender is
+/// gone (each peer answered), or `deadline` passes.
+async fn gather_acks(
+    mut rx: UnboundedReceiver<bool>,
+    enough: usize,
+    deadline: tokio::time::Instant,
+) -> usize {
+    let mut acks = 0;
+    while acks < enough {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(ok)) => acks += usize::from(ok),
+            _ => break,
+        }
+    }
+    acks
+}
+
 impl Daemon {
     /// The membership view.
     pub(super) fn view(&self) -> View {
@@ -177,6 +210,11 @@ impl Daemon {
         let new = View::from_proto(m);
         let old = std::mem::replace(&mut *lock(&self.inner.view), new.clone());
         self.membership_changed(&old, &new);
+    }
+
+    /// When a wait for peers' answers gives up.
+    fn replicate_deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.inner.cfg.replicate_timeout
     }
 
     /// How many of `peers` must hold something besides this node: `write_copies` in all.
@@ -230,23 +268,14 @@ impl Daemon {
             }
             waits.push((needed > 0).then_some((rx, needed, asked, peers.len())));
         }
-        let deadline = tokio::time::Instant::now() + self.inner.cfg.replicate_timeout;
+        let deadline = self.replicate_deadline();
         let mut out = Vec::with_capacity(waits.len());
         for w in waits {
-            let Some((mut rx, needed, asked, members)) = w else {
+            let Some((rx, needed, asked, members)) = w else {
                 out.push(Ok(()));
                 continue;
             };
-            let (mut acks, mut answers) = (0, 0);
-            while acks < needed && answers < asked {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(ok)) => {
-                        answers += 1;
-                        acks += usize::from(ok);
-                    }
-                    _ => break,
-                }
-            }
+            let acks = gather_acks(rx, needed, deadline).await;
             out.push(if acks >= needed {
                 Ok(())
             } else {
@@ -280,20 +309,12 @@ impl Daemon {
         if needed == 0 {
             return true;
         }
-        let (tx, mut rx) = unbounded_channel();
+        let (tx, rx) = unbounded_channel();
         for &p in &peers {
             self.to_peer(p, PeerMsg::Received(obj, sub, Some(tx.clone())));
         }
         drop(tx);
-        let deadline = tokio::time::Instant::now() + self.inner.cfg.replicate_timeout;
-        let mut acks = 0;
-        while acks < needed {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(ok)) => acks += usize::from(ok),
-                _ => return false,
-            }
-        }
-        true
+        gather_acks(rx, needed, self.replicate_deadline()).await >= needed
     }
 
     /// Stores subscription `id` (as the coordinator's registry has it) on every live member
@@ -323,7 +344,7 @@ impl Daemon {
         } else {
             g.subscription_quorum(me)
         };
-        let (tx, mut rx) = unbounded_channel();
+        let (tx, rx) = unbounded_channel();
         let mut asked = 0;
         let mut stored = 0;
         for n in targets {
@@ -361,10 +382,7 @@ impl Daemon {
             self.to_peer(n, PeerMsg::Subscription(copy, Some(tx.clone())));
         }
         drop(tx);
-        let deadline = tokio::time::Instant::now() + self.inner.cfg.replicate_timeout;
-        while let Ok(Some(ok)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-            stored += usize::from(ok);
-        }
+        stored += gather_acks(rx, usize::MAX, self.replicate_deadline()).await;
         (stored, asked)
     }
 

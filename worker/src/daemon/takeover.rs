@@ -16,8 +16,6 @@
 use super::*;
 use replicate::{View, replica_from_proto};
 
-use super::replicate;
-
 /// Objects per `Daemon.Replicas` page.
 const PAGE: u32 = 512;
 
@@ -97,8 +95,8 @@ impl Daemon {
         origin == self.inner.cfg.node || lock(&self.inner.owned).contains(&origin)
     }
 
-    /// Pulls `origin`'s unfinished objects from `from` after `after`, one page: stored as
-    /// copies here; the answer is the page and whether more follow.
+    /// Pulls `origin`'s unfinished objects from `from` after `after`, one page (their received
+    /// marks are stored here); the answer is the page and whether more follow.
     async fn pull(
         &self,
         from: &str,
@@ -175,15 +173,8 @@ impl Daemon {
             .filter(|&h| h != me && h != origin)
             .collect();
         for round in 0..PULL_ROUNDS {
-            let view = self.view();
             let mut failed = Vec::new();
-            for holder in todo {
-                if !view.alive(holder) {
-                    continue;
-                }
-                let Some(ep) = view.endpoint(holder).map(str::to_string) else {
-                    continue;
-                };
+            for (holder, ep) in self.view().live_endpoints(todo, &[]) {
                 if let Err(e) = self.pull_all(&ep, origin).await {
                     tracing::debug!("pulling node {origin}'s objects from node {holder}: {e}");
                     failed.push(holder);
@@ -244,14 +235,8 @@ impl Daemon {
         let mut taken = HashSet::new();
         let view = self.view();
         let Some(g) = view.grid else { return taken };
-        let me = self.inner.cfg.node;
-        for holder in g.xs_quorum(origin) {
-            if holder == me || holder == origin || !view.alive(holder) {
-                continue;
-            }
-            let Some(ep) = view.endpoint(holder).map(str::to_string) else {
-                continue;
-            };
+        let skip = [self.inner.cfg.node, origin];
+        for (_, ep) in view.live_endpoints(g.xs_quorum(origin), &skip) {
             taken.extend(self.seqs_of(&ep, origin, v1::ReplicaSet::Adopted, 0).await);
         }
         taken
@@ -297,13 +282,7 @@ impl Daemon {
             return self.resume_deliveries(&HashSet::new());
         }
         let mut pulled = 0usize;
-        for origin in g.origins_held_by(me) {
-            if !view.alive(origin) {
-                continue;
-            }
-            let Some(ep) = view.endpoint(origin).map(str::to_string) else {
-                continue;
-            };
+        for (origin, ep) in view.live_endpoints(g.origins_held_by(me), &[]) {
             match self.pull_all(&ep, origin).await {
                 Ok(held) => {
                     pulled += held.len();
@@ -378,13 +357,7 @@ impl Daemon {
         let Some(from) = [oldest_record, oldest_outbox].into_iter().flatten().min() else {
             return handed;
         };
-        for holder in g.xs_quorum(me) {
-            if holder == me || !view.alive(holder) {
-                continue;
-            }
-            let Some(ep) = view.endpoint(holder).map(str::to_string) else {
-                continue;
-            };
+        for (_, ep) in view.live_endpoints(g.xs_quorum(me), &[me]) {
             for set in [v1::ReplicaSet::Finished, v1::ReplicaSet::Adopted] {
                 for seq in self.seqs_of(&ep, me, set, from.saturating_sub(1)).await {
                     let id = ObjectId { node: me, seq };
