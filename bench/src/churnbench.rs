@@ -88,6 +88,8 @@ pub struct ChurnReport {
     pub mean_alive: f64,
     /// QoS 2 pairs shown twice (must be 0).
     pub qos2_duplicates: u64,
+    /// Owed pairs not shown within the delivery window.
+    pub late: Late,
     pub counts: Counts,
     /// 0 lost, stable delivery ratio >= 0.99, 0 QoS 2 duplicates.
     pub pass: bool,
@@ -99,6 +101,16 @@ fn exp(rng: &mut Rng, mean: f64) -> f64 {
 
 fn pareto(rng: &mut Rng, xm: f64, alpha: f64) -> f64 {
     xm / (1.0 - rng.unit()).max(1e-12).powf(1.0 / alpha)
+}
+
+/// Owed pairs not shown within the delivery window, and why they may be late.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Late {
+    pub pairs: usize,
+    /// Of them, to QoS 2 subscriptions.
+    pub qos2: usize,
+    /// Of them, of objects whose origin was killed between the put and their first show.
+    pub origin_died: usize,
 }
 
 /// A live churning node: its process and when it dies.
@@ -207,9 +219,12 @@ async fn run_async(opts: &ChurnOptions) -> anyhow::Result<ChurnReport> {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let joins = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let kills = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // every join and kill, to explain a duplicate
+    let events: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
     let churn = {
         let (alive, stop, joins, kills) =
             (alive.clone(), stop.clone(), joins.clone(), kills.clone());
+        let events = events.clone();
         let (bin, dir, coord) = (bin.clone(), dir.clone(), coord.clone());
         let (gap, xm, alpha) = (opts.join_gap_mean_s, opts.life_xm_s, opts.life_alpha);
         let mut rng = Rng::new(opts.seed ^ 0xc4u64);
@@ -228,6 +243,7 @@ async fn run_async(opts: &ChurnOptions) -> anyhow::Result<ChurnReport> {
                     if let Some(mut l) = lock(&alive).remove(&p) {
                         l.proc.kill();
                         kills.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        lock(&events).push((Instant::now(), format!("kill {p}")));
                     }
                 }
                 // a join at a free position
@@ -247,6 +263,7 @@ async fn run_async(opts: &ChurnOptions) -> anyhow::Result<ChurnReport> {
                             let url = proc.url();
                             let dies = Instant::now() + Duration::from_secs_f64(life);
                             lock(&alive).insert(pos, Live { proc, url, dies });
+                            lock(&events).push((Instant::now(), format!("join {pos}")));
                             joins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
@@ -320,14 +337,31 @@ async fn run_async(opts: &ChurnOptions) -> anyhow::Result<ChurnReport> {
     let mut counts = Counts::default();
     let mut lat = Vec::new();
     let window = Duration::from_secs_f64(opts.window_s);
+    let kills_of: Vec<(Instant, u32)> = lock(&events)
+        .iter()
+        .filter_map(|(t, e)| Some((*t, e.strip_prefix("kill ")?.parse().ok()?)))
+        .collect();
+    let mut late = Late::default();
     for &(id, t, sent) in &acked {
-        for &(sid, lo, hi, _) in &subs {
+        for &(sid, lo, hi, qos2) in &subs {
             if t < lo || t >= hi {
                 continue;
             }
             owed.insert((sid, id));
             let first = rec.first_shown((sid, id));
             let in_window = first.is_some_and(|f| f.saturating_duration_since(sent) <= window);
+            if !in_window {
+                late.pairs += 1;
+                late.qos2 += usize::from(qos2);
+                // its origin died before it was delivered: only a takeover (a lease later)
+                // could deliver it
+                let until = first.unwrap_or(sent + window);
+                late.origin_died += usize::from(
+                    kills_of
+                        .iter()
+                        .any(|(k, p)| *p == id.node && *k >= sent && *k <= until),
+                );
+            }
             if let Some(f) = first {
                 lat.push(f.saturating_duration_since(sent).as_secs_f64() * 1000.0);
             }
@@ -365,6 +399,7 @@ async fn run_async(opts: &ChurnOptions) -> anyhow::Result<ChurnReport> {
     };
     let qos2: BTreeSet<u64> = subs.iter().filter(|s| s.3).map(|s| s.0).collect();
     let qos2_duplicates = rec.extra_shows(|s| qos2.contains(&s));
+    explain_duplicates(&rec, &qos2, &lock(&events));
     let m = counts.measures();
     let mean_alive = samples.iter().sum::<f64>() / samples.len().max(1) as f64;
     for (_, mut l) in std::mem::take(&mut *lock(&alive)) {
@@ -391,9 +426,42 @@ async fn run_async(opts: &ChurnOptions) -> anyhow::Result<ChurnReport> {
         kills: kills.load(std::sync::atomic::Ordering::Relaxed),
         mean_alive,
         qos2_duplicates,
+        late,
         counts,
         pass,
     })
+}
+
+/// Prints, for each QoS 2 pair shown more than once, its calls at the subscriber and the
+/// joins and kills from 5 s before its first call to its last.
+fn explain_duplicates(rec: &Recorder, qos2: &BTreeSet<u64>, events: &[(Instant, String)]) {
+    let Some(t0) = events.first().map(|e| e.0) else {
+        return;
+    };
+    let at = |t: Instant| t.saturating_duration_since(t0).as_secs_f64();
+    for (pair, n) in rec.shown() {
+        if n < 2 || !qos2.contains(&pair.0) {
+            continue;
+        }
+        let calls = rec.calls(pair);
+        let (Some(first), Some(last)) = (calls.first(), calls.last()) else {
+            continue;
+        };
+        eprintln!(
+            "QoS 2 duplicate: subscription {} object {}:{} shown {n} times",
+            pair.0, pair.1.node, pair.1.seq
+        );
+        for (t, what, port) in &calls {
+            eprintln!("  {:8.3} s  {what} from port {port}", at(*t));
+        }
+        let from = first.0.checked_sub(Duration::from_secs(5)).unwrap_or(t0);
+        let near: Vec<String> = events
+            .iter()
+            .filter(|(t, _)| *t >= from && *t <= last.0)
+            .map(|(t, e)| format!("{e} at {:.3}", at(*t)))
+            .collect();
+        eprintln!("  churn meanwhile: {}", near.join(", "));
+    }
 }
 
 /// Prints the figures.
@@ -421,6 +489,11 @@ pub fn print(r: &ChurnReport) {
     println!(
         "  latency p50 {:.1} ms, p99 {:.1} ms; QoS 2 duplicates {}",
         r.latency_p50_ms, r.latency_p99_ms, r.qos2_duplicates
+    );
+    println!(
+        "  outside the delivery window: {} pairs ({} QoS 2; {} of objects whose origin was \
+         killed before they were shown)",
+        r.late.pairs, r.late.qos2, r.late.origin_died
     );
     println!(
         "{}",

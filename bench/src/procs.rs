@@ -21,9 +21,31 @@ pub struct Proc {
     args: Vec<String>,
 }
 
+/// The log file of a child started with `args`, when `DISSEM_TEST_LOG_DIR` names a folder.
+fn log_file(args: &[String]) -> Option<std::fs::File> {
+    let dir = PathBuf::from(std::env::var_os("DISSEM_TEST_LOG_DIR")?);
+    let data = args
+        .iter()
+        .position(|a| a == "--data")
+        .and_then(|i| args.get(i + 1))?;
+    // the run's folder and the process's own: tests that run one after the other do not
+    // write over each other's logs
+    let data = Path::new(data);
+    let run = data.parent().and_then(Path::file_name).unwrap_or_default();
+    let name = format!(
+        "{}-{}",
+        run.to_string_lossy(),
+        data.file_name()?.to_string_lossy()
+    );
+    std::fs::create_dir_all(&dir).ok()?;
+    std::fs::File::create(dir.join(format!("{name}.log"))).ok()
+}
+
 impl Proc {
     /// Starts `<bin> <args>` (the dissem binary) and waits (up to 30 s) for its
-    /// "listening on ADDR" line. Children log at `warn` unless `DISSEM_TEST_LOG` says more.
+    /// "listening on ADDR" line. Children log at `warn` unless `DISSEM_TEST_LOG` says more,
+    /// to this process's stderr, or with `DISSEM_TEST_LOG_DIR` each to its own file there
+    /// (named after its `--data` folder and the folder above it).
     pub fn start(bin: &Path, args: &[String]) -> Proc {
         let mut child = Command::new(bin)
             .args(args)
@@ -32,7 +54,7 @@ impl Proc {
                 std::env::var("DISSEM_TEST_LOG").unwrap_or("warn".into()),
             )
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log_file(args).map_or_else(Stdio::inherit, Stdio::from))
             .spawn()
             .expect("spawning dissem");
         let stdout = child.stdout.take().expect("stdout");
@@ -70,6 +92,17 @@ impl Proc {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Sends it a signal by name (`STOP`, `CONT`): a paused process keeps its sockets but
+    /// answers nothing, as an overloaded or partitioned one.
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{name} {}", self.child.id());
     }
 
     /// Starts the same command again on the same address (after [`Proc::kill`]).

@@ -19,6 +19,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// One QoS 2 call at the subscriber: when, what, and the caller's port.
+pub type Call = (Instant, &'static str, u16);
+
 #[derive(Debug, Default)]
 struct State {
     /// (subscription, object) -> times shown.
@@ -27,6 +30,8 @@ struct State {
     first: HashMap<(u64, ObjectId), Instant>,
     /// QoS 2: received, not yet released (delivery id -> pair).
     received: HashMap<String, (u64, ObjectId)>,
+    /// QoS 2: every call of each pair (when, what, the caller's port), to explain duplicates.
+    calls: HashMap<(u64, ObjectId), Vec<Call>>,
 }
 
 /// The recording subscriber (cheap to clone; every clone shares the record).
@@ -39,6 +44,10 @@ pub struct Recorder {
     delay: Arc<Mutex<std::time::Duration>>,
     /// While set, every call is answered UNAVAILABLE (deliveries wait in their retries).
     refusing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn port_of<T>(r: &Request<T>) -> u16 {
+    r.remote_addr().map_or(0, |a| a.port())
 }
 
 fn pair(d: &v1::Delivery) -> (u64, ObjectId) {
@@ -102,16 +111,29 @@ impl Recorder {
         s.first.entry(p).or_insert_with(Instant::now);
     }
 
-    fn take(&self, d: &v1::Delivery) {
+    fn take(&self, d: &v1::Delivery, port: u16) {
         let p = pair(d);
         if lock(&self.qos2).contains(&p.0) {
-            lock(&self.state)
-                .received
-                .entry(d.delivery_id.clone())
-                .or_insert(p);
+            let mut s = lock(&self.state);
+            let held = s.received.contains_key(&d.delivery_id);
+            s.received.entry(d.delivery_id.clone()).or_insert(p);
+            let what = if held { "deliver (held)" } else { "deliver" };
+            s.calls
+                .entry(p)
+                .or_default()
+                .push((Instant::now(), what, port));
         } else {
             self.show(p);
         }
+    }
+
+    /// The QoS 2 calls of `pair`: when, what and from which port.
+    pub fn calls(&self, pair: (u64, ObjectId)) -> Vec<Call> {
+        lock(&self.state)
+            .calls
+            .get(&pair)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Every pair shown, with how often.
@@ -148,7 +170,8 @@ impl v1::subscriber_server::Subscriber for Recorder {
         request: Request<v1::Delivery>,
     ) -> Result<Response<v1::DeliverAck>, Status> {
         self.pause().await?;
-        self.take(&request.into_inner());
+        let port = port_of(&request);
+        self.take(&request.into_inner(), port);
         Ok(Response::new(v1::DeliverAck {}))
     }
 
@@ -157,8 +180,9 @@ impl v1::subscriber_server::Subscriber for Recorder {
         request: Request<v1::DeliveryBatch>,
     ) -> Result<Response<v1::DeliverBatchAck>, Status> {
         self.pause().await?;
+        let port = port_of(&request);
         for d in &request.into_inner().deliveries {
-            self.take(d);
+            self.take(d, port);
         }
         Ok(Response::new(v1::DeliverBatchAck { rejected: vec![] }))
     }
@@ -168,8 +192,19 @@ impl v1::subscriber_server::Subscriber for Recorder {
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseAck>, Status> {
         self.pause().await?;
+        let port = port_of(&request);
         let id = request.into_inner().delivery_id;
-        let p = lock(&self.state).received.remove(&id);
+        let p = {
+            let mut s = lock(&self.state);
+            let p = s.received.remove(&id);
+            if let Some(p) = p {
+                s.calls
+                    .entry(p)
+                    .or_default()
+                    .push((Instant::now(), "release (shown)", port));
+            }
+            p
+        };
         if let Some(p) = p {
             self.show(p);
         }

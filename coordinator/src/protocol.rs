@@ -203,6 +203,7 @@ impl Protocol {
         v1::Membership {
             rows: self.grid.map_or(0, |g| g.rows),
             cols: self.grid.map_or(0, |g| g.cols),
+            lease_ms: lease,
             members: self
                 .nodes
                 .iter()

@@ -129,7 +129,8 @@ impl Store {
 
     /// Takes an unfinished copy of another node's object into this node's outbox: this node
     /// disseminates it now (it took over the object's dead origin). In memory only: after a
-    /// restart the takeover decides again. `false` when no unfinished copy is held.
+    /// restart the takeover decides again. `false` when no unfinished copy is held, or it is
+    /// adopted already.
     pub fn adopt(&self, id: ObjectId) -> Result<bool, StorageError> {
         if id.node == self.node {
             return Ok(false);
@@ -137,8 +138,7 @@ impl Store {
         let Some(o) = self.replica(id)? else {
             return Ok(false);
         };
-        self.lock_adopted().insert(id, o.priority);
-        Ok(true)
+        Ok(self.lock_adopted().insert(id, o.priority).is_none())
     }
 
     /// Sequence numbers of adopted copies of `origin` above `after`, in order, at most `limit`.
@@ -156,6 +156,11 @@ impl Store {
             .take(limit)
             .map(|(id, _)| id.seq)
             .collect()
+    }
+
+    /// Every adopted copy's id.
+    pub fn adopted_ids(&self) -> std::collections::HashSet<ObjectId> {
+        self.lock_adopted().keys().copied().collect()
     }
 
     /// Gives back every adopted copy of `origin` (it is alive again and owns them); the

@@ -413,6 +413,7 @@ async fn replicas_are_paged_by_origin_finished_for_good_and_survive_reopen() {
     // a takeover adopts copies into the outbox; a finished one cannot be adopted
     let (a, b) = (ObjectId { node: 4, seq: 1 }, ObjectId { node: 5, seq: 1 });
     assert!(s.adopt(a).expect("adopt") && s.adopt(b).expect("adopt"));
+    assert!(!s.adopt(a).expect("adopt"), "adopted twice");
     assert!(!s.adopt(ObjectId { node: 4, seq: 2 }).expect("finished"));
     assert!(s.in_outbox(a));
     assert_eq!(s.outbox_pending().expect("pending").len(), 2);

@@ -3,7 +3,9 @@
 //! Two nodes are SIGKILLed in the middle of a burst of puts; every acknowledged object must
 //! still reach every matching subscriber (their successors take their outboxes over), no
 //! QoS 2 subscriber may see a duplicate, and no subscription is lost. Then one killed node
-//! returns: it catches up, and what is put through it is delivered too.
+//! returns: it catches up, and what is put through it is delivered too. And a node paused
+//! past its lease (SIGSTOP) while its deliveries wait finds, when it continues, that its heir
+//! took its objects over and delivered them: it pushes none of them again (the lease fence).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -100,47 +102,54 @@ async fn wait_delivered(rec: &Recorder, want: &BTreeSet<(u64, ObjectId)>, what: 
     .await;
 }
 
+/// A coordinator with a 3x3 grid and a 1.5 s node lease, and nine nodes.
+fn start_3x3(dir: &std::path::Path) -> Cluster {
+    let grid = [
+        "--grid",
+        "3x3",
+        "--allow-private-targets",
+        "--lease-ms",
+        "1500",
+    ];
+    Cluster::start_ids(&dissem_bin(), dir, 0..9, &grid, NODE_ARGS)
+}
+
+/// Waits until the nine nodes registered.
+async fn registered(coord: &str) {
+    wait_for(
+        "nine nodes registered",
+        Duration::from_secs(60),
+        || async move { (stats(coord).await.ok()?.cluster?.nodes == 9).then_some(()) },
+    )
+    .await;
+}
+
+/// Waits until the twelve subscriptions are in the coordinator's image.
+async fn published(coord: &str) {
+    wait_for(
+        "the subscriptions published",
+        Duration::from_secs(30),
+        || async move {
+            (stats(coord).await.ok()?.cluster?.image_subscriptions == 12).then_some(())
+        },
+    )
+    .await;
+}
+
 #[test]
 fn a_3x3_grid_loses_no_acknowledged_object_when_two_nodes_die_mid_burst() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = temp_dir("quorum-3x3");
-    let bin = dissem_bin();
-    let mut c = Cluster::start_ids(
-        &bin,
-        &dir,
-        0..9,
-        &[
-            "--grid",
-            "3x3",
-            "--allow-private-targets",
-            "--lease-ms",
-            "1500",
-        ],
-        NODE_ARGS,
-    );
+    let mut c = start_3x3(&dir);
     let rt = runtime();
     rt.block_on(async {
         let coord = c.coordinator.url();
-        wait_for("nine nodes registered", Duration::from_secs(60), || {
-            let coord = coord.clone();
-            async move { (stats(&coord).await.ok()?.cluster?.nodes == 9).then_some(()) }
-        })
-        .await;
+        registered(&coord).await;
         let (rec, target) = Recorder::start().await.expect("recorder");
         // a slow subscriber: deliveries are in flight when the nodes die
         rec.set_delay(Duration::from_millis(40));
         let subs = create_subscriptions(&c.nodes[0].url(), &target, &rec).await;
-        wait_for(
-            "the subscriptions published",
-            Duration::from_secs(30),
-            || {
-                let coord = coord.clone();
-                async move {
-                    (stats(&coord).await.ok()?.cluster?.image_subscriptions == 12).then_some(())
-                }
-            },
-        )
-        .await;
+        published(&coord).await;
 
         // the burst: 450 puts over the live nodes, 12 at a time; node 4 (the middle) dies
         // after a third of them are acknowledged, node 2 after two thirds
@@ -275,6 +284,102 @@ fn a_3x3_grid_loses_no_acknowledged_object_when_two_nodes_die_mid_burst() {
         eprintln!(
             "node 4 back: {} unfinished copies, {} finished",
             s4.copies_unfinished, s4.copies_finished
+        );
+    });
+    drop(c);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_node_paused_past_its_lease_pushes_nothing_its_heir_took_over() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("quorum-paused");
+    let c = start_3x3(&dir);
+    let rt = runtime();
+    rt.block_on(async {
+        let coord = c.coordinator.url();
+        registered(&coord).await;
+        let (rec, target) = Recorder::start().await.expect("recorder");
+        let subs = create_subscriptions(&c.nodes[0].url(), &target, &rec).await;
+        published(&coord).await;
+        // the subscriber refuses for now: node 4's deliveries wait in their retries
+        rec.set_refusing(true);
+        let url4 = c.nodes[4].url();
+        let mut acked = Vec::new();
+        for i in 0..30 {
+            let t = (i * 7 % 100) as i64;
+            let id = put_once(&url4, t, format!("paused-{i}"))
+                .await
+                .expect("a put through node 4");
+            acked.push((id, t));
+        }
+        let want = expected(&subs, &acked);
+        let qos2: BTreeSet<u64> = subs.iter().filter(|s| s.3).map(|s| s.0).collect();
+        assert!(
+            want.iter().any(|(s, _)| qos2.contains(s)),
+            "no QoS 2 delivery owed: the test would show nothing"
+        );
+        wait_for(
+            "node 4's deliveries waiting",
+            Duration::from_secs(30),
+            || {
+                let url4 = url4.clone();
+                async move { (stats(&url4).await.ok()?.delivery_failures > 0).then_some(()) }
+            },
+        )
+        .await;
+
+        c.nodes[4].signal("STOP");
+        let others: Vec<String> = (0..9)
+            .filter(|&k| k != 4)
+            .map(|k| c.nodes[k].url())
+            .collect();
+        wait_for(
+            "node 4's objects taken over by its heir",
+            Duration::from_secs(30),
+            || {
+                let others = others.clone();
+                async move {
+                    let mut n = 0;
+                    for u in &others {
+                        n += stats(u).await.ok()?.objects_taken_over;
+                    }
+                    (n > 0).then_some(())
+                }
+            },
+        )
+        .await;
+        rec.set_refusing(false);
+        wait_delivered(&rec, &want, "the heir delivered node 4's objects").await;
+
+        // node 4 continues with its retries due: it must leave them to its heir
+        c.nodes[4].signal("CONT");
+        wait_for(
+            "node 4 left its deliveries to its heir",
+            Duration::from_secs(60),
+            || {
+                let url4 = url4.clone();
+                async move {
+                    let s = stats(&url4).await.ok()?;
+                    (s.deliveries_queued == 0 && s.outbox_pending == 0).then_some(())
+                }
+            },
+        )
+        .await;
+        for (pair, n) in rec.shown() {
+            if n > 1 && qos2.contains(&pair.0) {
+                eprintln!("shown {n} times: {pair:?}: {:?}", rec.calls(pair));
+            }
+        }
+        assert_eq!(
+            rec.extra_shows(|s| qos2.contains(&s)),
+            0,
+            "QoS 2 duplicates after the paused node continued"
+        );
+        eprintln!(
+            "{} deliveries owed, delivered by the heir; QoS 1 repeats after the pause {}",
+            want.len(),
+            rec.extra_shows(|s| !qos2.contains(&s))
         );
     });
     drop(c);

@@ -38,6 +38,7 @@ impl Daemon {
                     owns_from: self.inner.store.owns_from(),
                 };
                 *lock(&self.inner.changes) = Changes::default();
+                let sent = Instant::now();
                 match self.inner.coord.register(req).await {
                     Ok(r) => {
                         let nonce = r.nonce;
@@ -45,6 +46,7 @@ impl Daemon {
                         self.inner.nonce.store(nonce, Ordering::Release);
                         *lock(&self.inner.registered_at) = Some(Instant::now());
                         self.set_view(r.membership.as_ref());
+                        self.lease_renewed(sent);
                         // whatever was in flight with an earlier coordinator is sent again,
                         // once this node caught up with its quorums (no resend before)
                         lock(&self.inner.sent).clear();
@@ -77,8 +79,12 @@ impl Daemon {
                 started: changes.started.clone(),
                 terminated: changes.terminated.clone(),
             };
+            let sent = Instant::now();
             match self.inner.coord.heartbeat(req).await {
-                Ok(r) if r.nonce == known => self.set_view(r.membership.as_ref()),
+                Ok(r) if r.nonce == known => {
+                    self.set_view(r.membership.as_ref());
+                    self.lease_renewed(sent);
+                }
                 Ok(r) => {
                     tracing::info!(
                         "coordinator changed ({known:016x} -> {:016x}): registering again",

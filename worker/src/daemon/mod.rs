@@ -38,6 +38,7 @@ use runtime::validate;
 use runtime::{lock, now_ms};
 
 mod config;
+mod fence;
 mod forward;
 mod matched;
 mod membership;
@@ -108,6 +109,11 @@ struct Inner {
     /// given) this node took over.
     owned_below: Mutex<HashMap<u32, u64>>,
     finished_rx: Mutex<Option<mpsc::UnboundedReceiver<ObjectId>>>,
+    /// The lease fence: whether this node surely holds its lease.
+    lease: Mutex<fence::Lease>,
+    /// Objects another node took over from this one and disseminates now: their queued
+    /// pushes here are dropped.
+    handed: Mutex<HashSet<ObjectId>>,
 }
 
 /// A node daemon (cheap to clone).
@@ -180,6 +186,8 @@ impl Daemon {
                 owned: Mutex::new(std::collections::BTreeSet::new()),
                 owned_below: Mutex::new(HashMap::new()),
                 finished_rx: Mutex::new(Some(finished_rx)),
+                lease: Mutex::new(fence::Lease::default()),
+                handed: Mutex::new(HashSet::new()),
             }),
         };
         d.inner

@@ -61,6 +61,9 @@ impl Daemon {
             tick.tick().await;
             if self.inner.nonce.load(Ordering::Acquire) != 0
                 && self.inner.caught_up.load(Ordering::Acquire)
+                // a node that may have lost its lease does not claim objects back from
+                // their heir (a resend makes the sender their owner)
+                && !self.fenced()
             {
                 self.resend(self.inner.cfg.resend_after).await;
             }

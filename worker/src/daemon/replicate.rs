@@ -23,6 +23,10 @@ const PEER_BATCH: usize = 512;
 /// targets.
 const VIEW_SETTLE_HEARTBEATS: u32 = 4;
 
+/// How long a QoS 2 "received" mark waits for every live holder's answer once enough of
+/// them stored it.
+const MARK_GRACE: Duration = Duration::from_millis(150);
+
 /// Calls a peer's queue tries before it gives a batch up (the peer catches up when it is
 /// back, by pulling what it lacks).
 const PEER_TRIES: u32 = 3;
@@ -38,6 +42,9 @@ pub(super) struct View {
     pub(super) owns_from: BTreeMap<u32, u64>,
     /// node -> the node the coordinator named to disseminate its orphaned objects.
     pub(super) heirs: BTreeMap<u32, u32>,
+    /// How long the coordinator waits for a heartbeat before it takes a node for dead
+    /// (zero: no grid, no fence).
+    pub(super) lease: Duration,
 }
 
 impl View {
@@ -55,6 +62,7 @@ impl View {
                 .iter()
                 .filter_map(|n| n.heir.map(|h| (n.node, h)))
                 .collect(),
+            lease: Duration::from_millis(m.lease_ms),
         }
     }
 
@@ -138,6 +146,13 @@ impl crate::deliver::Phases for QuorumPhases {
             None => false,
         }
     }
+
+    fn hold(&self, obj: ObjectId, exactly_once: bool) -> crate::deliver::Hold {
+        match self.0.upgrade() {
+            Some(inner) => Daemon { inner }.hold(obj, exactly_once),
+            None => crate::deliver::Hold::Wait,
+        }
+    }
 }
 
 pub(super) fn replica_to_proto(o: &StoredObject) -> v1::ReplicaObject {
@@ -187,6 +202,29 @@ async fn gather_acks(
     while acks < enough {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
             Ok(Some(ok)) => acks += usize::from(ok),
+            _ => break,
+        }
+    }
+    acks
+}
+
+/// Counts the answers of `peers` peers until each answered, or `grace` passes with
+/// `enough` of them stored, or `deadline` passes.
+async fn gather_all_acks(
+    mut rx: UnboundedReceiver<bool>,
+    peers: usize,
+    enough: usize,
+    grace: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+) -> usize {
+    let (mut answered, mut acks) = (0, 0);
+    while answered < peers {
+        let until = if acks >= enough { grace } else { deadline };
+        match tokio::time::timeout_at(until, rx.recv()).await {
+            Ok(Some(ok)) => {
+                answered += 1;
+                acks += usize::from(ok);
+            }
             _ => break,
         }
     }
@@ -291,8 +329,8 @@ impl Daemon {
     }
 
     /// Tells the holders of `obj`'s copies that a subscriber has its QoS 2 delivery to `sub`
-    /// "received"; `true` once enough of them (as many as a put needs) stored it, or when
-    /// nothing is replicated.
+    /// "received"; `true` once enough of them (as many as a put needs) stored it and the
+    /// others answered or had [`MARK_GRACE`] to, or when nothing is replicated.
     pub(super) async fn spread_received(&self, sub: u64, obj: ObjectId) -> bool {
         let view = self.view();
         let me = self.inner.cfg.node;
@@ -306,15 +344,23 @@ impl Daemon {
             .chain((obj.node != me && view.alive(obj.node)).then_some(obj.node))
             .collect();
         let needed = self.copies_needed(peers.len());
-        if needed == 0 {
-            return true;
-        }
         let (tx, rx) = unbounded_channel();
         for &p in &peers {
             self.to_peer(p, PeerMsg::Received(obj, sub, Some(tx.clone())));
         }
         drop(tx);
-        gather_acks(rx, needed, self.replicate_deadline()).await >= needed
+        // every live holder gets a short while to answer too, the heir among them: a mark
+        // on only the few that answered first dies with them when deaths come together
+        let grace = tokio::time::Instant::now() + MARK_GRACE;
+        let deadline = self.replicate_deadline();
+        let acks = gather_all_acks(rx, peers.len(), needed, grace, deadline).await;
+        tracing::debug!(
+            "received mark of {}:{} for {sub}: {acks} of {:?} stored it",
+            obj.node,
+            obj.seq,
+            peers
+        );
+        acks >= needed
     }
 
     /// Stores subscription `id` (as the coordinator's registry has it) on every live member
@@ -613,5 +659,53 @@ impl Daemon {
             }
         }
         Ok((out, more))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_mark_waits_for_every_peer_until_the_grace_then_for_enough() {
+        let start = tokio::time::Instant::now();
+        let (grace, deadline) = (start + MARK_GRACE, start + Duration::from_secs(5));
+        // four peers, two answer at once, one late, one never: the grace ends the wait
+        let (tx, rx) = unbounded_channel();
+        tx.send(true).expect("send");
+        tx.send(true).expect("send");
+        let late = tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(MARK_GRACE / 2).await;
+            let _ = late.send(true);
+        });
+        let acks = gather_all_acks(rx, 4, 2, grace, deadline).await;
+        assert_eq!(acks, 3, "the late answer within the grace counts");
+        assert_eq!(tokio::time::Instant::now(), grace);
+        drop(tx);
+        // too few stored by the grace: it waits on, up to the deadline
+        let (tx, rx) = unbounded_channel();
+        tx.send(true).expect("send");
+        tx.send(false).expect("send");
+        let slow = tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let _ = slow.send(true);
+        });
+        let start = tokio::time::Instant::now();
+        let acks = gather_all_acks(rx, 4, 2, start + MARK_GRACE, start + Duration::from_secs(5));
+        assert_eq!(acks.await, 2);
+        assert_eq!(tokio::time::Instant::now() - start, Duration::from_secs(1));
+        // every peer answered: no wait at all
+        let (tx, rx) = unbounded_channel();
+        for ok in [true, false, true] {
+            tx.send(ok).expect("send");
+        }
+        let start = tokio::time::Instant::now();
+        assert_eq!(
+            gather_all_acks(rx, 3, 2, start + MARK_GRACE, deadline).await,
+            2
+        );
+        assert_eq!(tokio::time::Instant::now(), start);
     }
 }

@@ -124,6 +124,11 @@ impl Daemon {
             .into_iter()
             .filter(|(id, _)| id.node == origin)
             .collect();
+        tracing::debug!(
+            "pulled {} objects and {} received marks of node {origin} from {from}",
+            page.len(),
+            marks.len()
+        );
         self.inner.store.mark_received_unflushed(&marks)?;
         Ok((page, r.more))
     }
@@ -194,6 +199,16 @@ impl Daemon {
         }
         // what a live node adopted already stays with it: one owner per object
         let taken = self.adopted_elsewhere(origin).await;
+        // and what a live holder knows finished is not disseminated again (a copy here can
+        // have missed its end: pulled from a holder just before it learned it)
+        let finished = self.finished_elsewhere(origin).await;
+        let stale: Vec<ObjectId> = finished
+            .iter()
+            .map(|&seq| ObjectId { node: origin, seq })
+            .collect();
+        if let Err(e) = self.inner.store.finish_replicas(&stale) {
+            tracing::warn!("ending node {origin}'s finished copies: {e}");
+        }
         let mut after = 0;
         let mut adopted = 0usize;
         loop {
@@ -216,6 +231,7 @@ impl Daemon {
             for o in page
                 .into_iter()
                 .filter(|o| o.id.seq < below && !taken.contains(&o.id.seq))
+                .filter(|o| !finished.contains(&o.id.seq))
             {
                 if matches!(self.inner.store.adopt(o.id), Ok(true)) {
                     adopted += 1;
@@ -228,6 +244,29 @@ impl Daemon {
             .taken_over
             .fetch_add(adopted as u64, Ordering::Relaxed);
         tracing::info!("took over {adopted} unfinished objects of node {origin}");
+    }
+
+    /// Sequence numbers of `origin`'s objects, from the oldest unfinished copy here on, that
+    /// other live members of its quorum know finished.
+    async fn finished_elsewhere(&self, origin: u32) -> HashSet<u64> {
+        let mut done = HashSet::new();
+        let oldest = match self.inner.store.unfinished_replicas(origin, 0, 1) {
+            Ok(v) => v.first().map(|o| o.id.seq),
+            Err(e) => {
+                tracing::warn!("reading node {origin}'s copies: {e}");
+                None
+            }
+        };
+        let view = self.view();
+        let (Some(oldest), Some(g)) = (oldest, view.grid) else {
+            return done;
+        };
+        let skip = [self.inner.cfg.node, origin];
+        for (_, ep) in view.live_endpoints(g.xs_quorum(origin), &skip) {
+            let set = v1::ReplicaSet::Finished;
+            done.extend(self.seqs_of(&ep, origin, set, oldest - 1).await);
+        }
+        done
     }
 
     /// Sequence numbers of `origin`'s objects that other live members of its quorum adopted.
@@ -244,7 +283,13 @@ impl Daemon {
 
     /// Every sequence number of `origin`'s objects in `set` that the node at `ep` answers,
     /// after `after` (an unreachable node answers what it answered so far).
-    async fn seqs_of(&self, ep: &str, origin: u32, set: v1::ReplicaSet, after: u64) -> Vec<u64> {
+    pub(super) async fn seqs_of(
+        &self,
+        ep: &str,
+        origin: u32,
+        set: v1::ReplicaSet,
+        after: u64,
+    ) -> Vec<u64> {
         let mut out = Vec::new();
         let mut after = after;
         loop {
@@ -302,6 +347,7 @@ impl Daemon {
             );
         }
         self.resume_deliveries(&handed);
+        self.hand_over(handed);
     }
 
     /// Resumes the unfinished delivery records once (at the first catch-up), leaving out
@@ -341,7 +387,7 @@ impl Daemon {
     /// disseminate, leave its outbox and its delivery loop (exactly one owner per object):
     /// the live members of its quorum hold tombstones of the finished ones, and its successor
     /// the adopted ones. The answer is those objects.
-    async fn learn_finished(&self, view: &View) -> HashSet<ObjectId> {
+    pub(super) async fn learn_finished(&self, view: &View) -> HashSet<ObjectId> {
         let mut handed = HashSet::new();
         let Some(g) = view.grid else { return handed };
         let me = self.inner.cfg.node;

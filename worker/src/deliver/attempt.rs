@@ -18,6 +18,13 @@ pub(super) enum Outcome {
     Done,
     /// QoS 2: received by the subscriber, release still owed.
     Received,
+    /// Not pushed, or (QoS 2, `received`) not released: this node may not push it now
+    /// ([`Hold`], asked again just before the `Deliver` and the `Release` go out), or the
+    /// holders of the object's copies do not know yet that the subscriber has it received.
+    /// Tried again shortly; no attempt counted (it is not the subscriber's fault).
+    Postponed {
+        received: bool,
+    },
 }
 
 impl Deliverer {
@@ -146,6 +153,22 @@ impl Deliverer {
                 return None;
             }
         };
+        match self.hold(obj, s.qos == v1::Qos::ExactlyOnce as i32) {
+            Hold::Go => {}
+            Hold::Wait => {
+                self.postpone(&job, attempts, received).await;
+                return None;
+            }
+            Hold::Handed => {
+                // the node that took the object over delivers it
+                self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                let done = DeliveryState::Acked {
+                    at_unix_ms: self.now_ms(),
+                };
+                self.finish(sub, obj, done, job.in_memory).await;
+                return None;
+            }
+        }
         let object = match cached.map_or_else(|| self.object(obj), |o| Ok(Some(o))) {
             Ok(Some(o)) => o,
             Ok(None) => {
@@ -231,6 +254,9 @@ impl Deliverer {
                 )
                 .await;
             }
+            Ok(Outcome::Postponed { received }) => {
+                self.postpone(&p.job, p.attempts, received).await;
+            }
             Err(e) if p.s.qos == v1::Qos::AtMostOnce as i32 => {
                 self.count(sub, 1);
                 self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
@@ -273,6 +299,17 @@ impl Deliverer {
                     seq: o.seq,
                 });
                 if !received {
+                    // the lease may have lapsed since the attempt was prepared (a paused
+                    // process): a QoS 2 delivery its heir may have released goes out never
+                    if exactly_once
+                        && let Some(obj) = obj
+                        && self.hold(obj, true) != Hold::Go
+                    {
+                        return Ok(Outcome::Postponed { received: false });
+                    }
+                    if exactly_once {
+                        tracing::debug!("QoS 2 Deliver {id} (attempt {})", d.attempt);
+                    }
                     c.deliver(d).await.map_err(|e| format!("Deliver: {e}"))?;
                     if exactly_once && let Some(obj) = obj {
                         // "received" is durable before the release goes out (as MQTT's
@@ -296,10 +333,19 @@ impl Deliverer {
                     && let Some(obj) = obj
                     && !self.received_known(sub, obj).await
                 {
-                    if !received {
-                        return Ok(Outcome::Received);
-                    }
-                    return Err("the received phase did not reach the object's quorum".into());
+                    tracing::debug!(
+                        "delivery {id}: the received phase did not reach the object's holders yet"
+                    );
+                    return Ok(Outcome::Postponed { received: true });
+                }
+                // a Deliver that left before a pause may arrive after it: the release waits
+                // until this node holds its lease again (and then finds whether its heir
+                // delivered the object meanwhile)
+                if exactly_once
+                    && let Some(obj) = obj
+                    && self.hold(obj, true) != Hold::Go
+                {
+                    return Ok(Outcome::Postponed { received: true });
                 }
                 if exactly_once
                     && let Err(e) = c.release(v1::ReleaseRequest { delivery_id: id }).await

@@ -60,7 +60,7 @@ pub use cache::SubscriptionSource;
 pub use cloudevents::{SIGNATURE_HEADER, TIMESTAMP_HEADER, cloudevent, rfc3339, sign};
 pub use config::DeliveryConfig;
 pub use handoff::{Accepted, HandOff};
-pub use settled::Phases;
+pub use settled::{Hold, Phases};
 pub use stream::stream_key;
 
 // what the parts share with each other (each part takes the whole module with `use super::*`)

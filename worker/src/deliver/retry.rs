@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How long a delivery that may not be pushed now ([`Hold::Wait`]) waits.
+const POSTPONE_MS: u64 = 100;
+
 impl Deliverer {
     /// Records a delivery's new state. Only the QoS 2 "received" phase must be durable
     /// before the next step (a lost one would deliver again); the others are written without
@@ -73,6 +76,26 @@ impl Deliverer {
             in_memory,
         )
         .await;
+    }
+
+    /// Puts a delivery back for [`POSTPONE_MS`] without counting an attempt ([`Hold::Wait`]).
+    pub(super) async fn postpone(&self, job: &Job, attempts: u32, received: bool) {
+        let (sub, obj) = (job.sub, job.obj);
+        let next_attempt_unix_ms = self.now_ms() + POSTPONE_MS;
+        let state = if received {
+            DeliveryState::Received {
+                attempts,
+                next_attempt_unix_ms,
+            }
+        } else {
+            DeliveryState::Pending {
+                attempts,
+                next_attempt_unix_ms,
+            }
+        };
+        self.finish(sub, obj, state, job.in_memory).await;
+        let me = self.clone();
+        tokio::spawn(async move { me.schedule(sub, obj).await });
     }
 
     /// Records a failed attempt: retried after a backoff, or dead-lettered at the limits.

@@ -16,6 +16,22 @@ pub trait Phases: Send + Sync {
     /// of the object's copies know it, so a node that takes the object over only releases
     /// it. The release waits for this.
     async fn received(&self, sub: u64, obj: ObjectId) -> bool;
+
+    /// Whether a delivery of `obj` may be pushed now (`exactly_once`: of a QoS 2
+    /// subscription), asked before every attempt.
+    fn hold(&self, obj: ObjectId, exactly_once: bool) -> Hold;
+}
+
+/// Whether a delivery may be pushed now ([`Phases::hold`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Push it.
+    Go,
+    /// Not now (this node may have lost its lease, so another node may own the object):
+    /// tried again shortly, no attempt counted.
+    Wait,
+    /// Another node took the object over and delivers it: the record here is closed.
+    Handed,
 }
 
 impl Deliverer {
@@ -31,6 +47,12 @@ impl Deliverer {
             Some(p) => p.received(sub, obj).await,
             None => true,
         }
+    }
+
+    /// Asks [`Phases`] whether a delivery of `obj` may be pushed now; always without one.
+    pub(super) fn hold(&self, obj: ObjectId, exactly_once: bool) -> Hold {
+        let p = lock(&self.inner.phases).clone();
+        p.map_or(Hold::Go, |p| p.hold(obj, exactly_once))
     }
 
     /// Where finished objects are reported (the node daemon tells the copies' holders).

@@ -1,0 +1,120 @@
+//! The lease fence (one owner per object, DESIGN §7). With quorum replication a node's heir
+//! takes its objects over once the coordinator has not heard from it for a lease, and a node
+//! whose heartbeats are only late (a paused process, an overloaded machine) is then still
+//! running. So a node pushes QoS 2 deliveries only while it surely holds its lease: until a
+//! third of a lease before the lease of its last answered heartbeat could run out (timed
+//! from when that heartbeat was sent, which is before the coordinator heard it). A node that
+//! finds its lease may have lapsed (an answer came over a lease after the heartbeat before
+//! it was sent) stays fenced for one more lease, in which its heir sees it alive again and
+//! stops adopting; then it learns which of the objects it disseminated a live node adopted
+//! or finished meanwhile, leaves those to it, and goes on with the rest.
+
+use super::*;
+use crate::deliver::Hold;
+use replicate::View;
+
+/// The fence's state.
+#[derive(Debug, Default)]
+pub(super) struct Lease {
+    /// When the last answered heartbeat (or registration) was sent.
+    sent: Option<Instant>,
+    /// The lease may have lapsed: fenced until this instant, then relearning.
+    lapsed: Option<Instant>,
+}
+
+impl Daemon {
+    /// A heartbeat (or registration) sent at `sent` was answered.
+    pub(super) fn lease_renewed(&self, sent: Instant) {
+        let lease = self.view().lease;
+        if lease.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut l = lock(&self.inner.lease);
+        let lapsed = l.sent.is_some_and(|prev| now.duration_since(prev) > lease);
+        l.sent = Some(sent);
+        if lapsed && l.lapsed.is_none() {
+            l.lapsed = Some(now + lease);
+            drop(l);
+            tracing::warn!(
+                "this node's lease may have lapsed (no heartbeat answer for over {lease:?}): \
+                 no QoS 2 pushes until it learned what others took over"
+            );
+            let me = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(lease).await;
+                me.relearn().await;
+            });
+        }
+    }
+
+    /// Whether this node may push a delivery of `obj` now.
+    pub(super) fn hold(&self, obj: ObjectId, exactly_once: bool) -> Hold {
+        if lock(&self.inner.handed).contains(&obj) {
+            return Hold::Handed;
+        }
+        if !exactly_once || !self.fenced() {
+            return Hold::Go;
+        }
+        Hold::Wait
+    }
+
+    /// Whether this node may not hold its lease now (never without a grid).
+    pub(super) fn fenced(&self) -> bool {
+        let lease = self.view().lease;
+        if lease.is_zero() {
+            return false;
+        }
+        let l = lock(&self.inner.lease);
+        match l.sent {
+            _ if l.lapsed.is_some() => true,
+            Some(sent) => sent.elapsed() + lease / 3 > lease,
+            None => true,
+        }
+    }
+
+    /// After a lapse: the objects this node disseminated that a live node adopted or
+    /// finished meanwhile leave its outbox and its delivery queues; then the fence lifts.
+    async fn relearn(&self) {
+        let view = self.view();
+        let mut handed = self.learn_finished(&view).await;
+        handed.extend(self.adopted_by_others(&view).await);
+        if !handed.is_empty() {
+            tracing::info!(
+                "after the lapse: {} objects are another node's now",
+                handed.len()
+            );
+        }
+        self.hand_over(handed);
+        lock(&self.inner.lease).lapsed = None;
+    }
+
+    /// The objects this node adopted from other origins that a live member of their quorum
+    /// adopted too (its heir while this node's lease had lapsed); they leave this node.
+    async fn adopted_by_others(&self, view: &View) -> HashSet<ObjectId> {
+        let mut out = HashSet::new();
+        let Some(g) = view.grid else { return out };
+        let me = self.inner.cfg.node;
+        let mine = self.inner.store.adopted_ids();
+        let origins: std::collections::BTreeSet<u32> = mine.iter().map(|id| id.node).collect();
+        for origin in origins {
+            for (_, ep) in view.live_endpoints(g.xs_quorum(origin), &[me, origin]) {
+                for seq in self.seqs_of(&ep, origin, v1::ReplicaSet::Adopted, 0).await {
+                    let id = ObjectId { node: origin, seq };
+                    if mine.contains(&id) {
+                        let _ = self.inner.store.retire(id);
+                        out.insert(id);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Objects another node disseminates now: their pushes still queued here are dropped.
+    pub(super) fn hand_over(&self, ids: HashSet<ObjectId>) {
+        if !ids.is_empty() {
+            lock(&self.inner.handed).extend(ids);
+        }
+    }
+}
