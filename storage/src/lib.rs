@@ -92,6 +92,9 @@ pub struct Store {
     /// The objects' bytes and metadata, appended to segment files beside sled.
     log: Arc<ObjectLog>,
     subs: sled::Tree,
+    /// Subscription copies (quorum replication): id -> the node that placed it (the node
+    /// that took its Create), big endian.
+    placed: sled::Tree,
     meta: sled::Tree,
     /// Block data images: name, 0, version (big endian) -> bytes.
     images: sled::Tree,
@@ -193,6 +196,7 @@ impl Store {
             log,
             data: db.open_tree("data")?,
             subs: db.open_tree("subscriptions")?,
+            placed: db.open_tree("subscription_placed")?,
             images: db.open_tree("images")?,
             deliveries: db.open_tree("deliveries")?,
             replicas: db.open_tree("replicas")?,

@@ -2,6 +2,13 @@
 
 use super::*;
 
+fn corrupt_placed() -> StorageError {
+    StorageError::Corrupt {
+        tree: "subscription_placed",
+        source: CodecError::Truncated,
+    }
+}
+
 impl Store {
     /// A fresh subscription id (monotonic, durable across restarts).
     pub fn next_subscription_id(&self) -> Result<u64, StorageError> {
@@ -20,8 +27,56 @@ impl Store {
         Ok(())
     }
 
+    /// Stores a copy of subscription `id` that node `placed_by` placed here (quorum
+    /// replication), not yet durable.
+    pub fn put_subscription_copy_unflushed(
+        &self,
+        id: u64,
+        record: &[u8],
+        placed_by: u32,
+    ) -> Result<(), StorageError> {
+        self.subs.insert(id.to_be_bytes(), record)?;
+        self.placed
+            .insert(id.to_be_bytes(), &placed_by.to_be_bytes()[..])?;
+        Ok(())
+    }
+
+    /// Up to `limit` subscription copies with ids above `after`, in id order, that a node
+    /// in `placed_by` placed: (id, record, placer).
+    pub fn subscription_copies(
+        &self,
+        after: u64,
+        limit: usize,
+        placed_by: &std::collections::HashSet<u32>,
+    ) -> Result<Vec<(u64, Vec<u8>, u32)>, StorageError> {
+        let mut out = Vec::new();
+        if after == u64::MAX {
+            return Ok(out);
+        }
+        for kv in self.placed.range(after.saturating_add(1).to_be_bytes()..) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = kv?;
+            let by = <[u8; 4]>::try_from(v.as_ref())
+                .map(u32::from_be_bytes)
+                .map_err(|_| corrupt_placed())?;
+            if !placed_by.contains(&by) {
+                continue;
+            }
+            if let Some(record) = self.subs.get(&k)? {
+                let id = <[u8; 8]>::try_from(k.as_ref())
+                    .map(u64::from_be_bytes)
+                    .map_err(|_| corrupt_placed())?;
+                out.push((id, record.to_vec(), by));
+            }
+        }
+        Ok(out)
+    }
+
     /// Removes a subscription record, not yet durable; false if it did not exist.
     pub fn remove_subscription_unflushed(&self, id: u64) -> Result<bool, StorageError> {
+        self.placed.remove(id.to_be_bytes())?;
         Ok(self.subs.remove(id.to_be_bytes())?.is_some())
     }
 

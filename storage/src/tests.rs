@@ -423,3 +423,32 @@ async fn replicas_are_paged_by_origin_finished_for_good_and_survive_reopen() {
     assert_eq!(s.outbox_len(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_copies_are_listed_by_the_node_that_placed_them() {
+    let dir = temp_dir("placed");
+    let s = Store::open(&dir, 1).expect("open");
+    for (id, by) in [(1u64, 3u32), (2, 5), (3, 3), (4, 7)] {
+        s.put_subscription_copy_unflushed(id, format!("s{id}").as_bytes(), by)
+            .expect("put");
+    }
+    s.commit().await.expect("commit");
+    let want: std::collections::HashSet<u32> = [3, 7].into_iter().collect();
+    let all = s.subscription_copies(0, 10, &want).expect("list");
+    let ids: Vec<(u64, u32)> = all.iter().map(|(id, _, by)| (*id, *by)).collect();
+    assert_eq!(ids, [(1, 3), (3, 3), (4, 7)]);
+    assert_eq!(all[0].1, b"s1");
+    // paged, and a removed copy is gone from the listing
+    let page = s.subscription_copies(1, 1, &want).expect("page");
+    assert_eq!(page.iter().map(|c| c.0).collect::<Vec<_>>(), [3]);
+    assert!(s.remove_subscription_unflushed(3).expect("remove"));
+    let ids: Vec<u64> = s
+        .subscription_copies(0, 10, &want)
+        .expect("list")
+        .iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(ids, [1, 4]);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

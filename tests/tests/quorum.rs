@@ -3,7 +3,8 @@
 //! Two nodes are SIGKILLed in the middle of a burst of puts; every acknowledged object must
 //! still reach every matching subscriber (their successors take their outboxes over), no
 //! QoS 2 subscriber may see a duplicate, and no subscription is lost. Then one killed node
-//! returns: it catches up, and what is put through it is delivered too. And a node paused
+//! returns: it catches up (the subscription copy its position missed too), and what is put
+//! through it is delivered too. And a node paused
 //! past its lease (SIGSTOP) while its deliveries wait finds, when it continues, that its heir
 //! took its objects over and delivered them: it pushes none of them again (the lease fence).
 
@@ -254,6 +255,17 @@ fn a_3x3_grid_loses_no_acknowledged_object_when_two_nodes_die_mid_burst() {
             .subscriptions
             .len();
         assert_eq!(listed, subs.len(), "subscriptions listed after the kills");
+        // a subscription made through node 1 while node 4 is down: C(1) = {0, 1, 4, 7, 8}
+        // holds it, so node 4 must pull its copy when it returns
+        let late = tests::create_grpc_subscription(
+            &urls[1],
+            "temp >= 1000".into(),
+            &target,
+            v1::Qos::AtLeastOnce,
+            None,
+        )
+        .await
+        .expect("a subscription while node 4 is down");
 
         // node 4 returns on its disk: it catches up (its own outbox finished by its
         // successor leaves it) and takes puts again
@@ -264,6 +276,16 @@ fn a_3x3_grid_loses_no_acknowledged_object_when_two_nodes_die_mid_burst() {
             async move { (stats(&url4).await.ok()?.outbox_pending == 0).then_some(()) }
         })
         .await;
+        wait_for(
+            "node 4 pulled the subscription copy it missed",
+            Duration::from_secs(30),
+            || {
+                let url4 = url4.clone();
+                async move { (stats(&url4).await.ok()?.subscriptions == 1).then_some(()) }
+            },
+        )
+        .await;
+        eprintln!("node 4 holds the copy of subscription {late} made while it was down");
         let mut more = Vec::new();
         for i in 0..20 {
             let t = (i * 13 % 100) as i64;

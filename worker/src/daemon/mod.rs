@@ -45,6 +45,7 @@ mod membership;
 mod outbox;
 mod replicate;
 mod service;
+mod subcopies;
 mod takeover;
 mod tasks;
 mod workers;

@@ -402,13 +402,13 @@ impl Daemon {
                     .ok()
                     .flatten()
                     .is_some();
-                if (!update || held)
-                    && self
-                        .inner
-                        .store
-                        .put_subscription_unflushed(id, &record)
-                        .is_ok()
-                {
+                let store = &self.inner.store;
+                let put = match (update, held) {
+                    (true, false) => continue, // an update replaces copies, never adds one
+                    (true, true) => store.put_subscription_unflushed(id, &record),
+                    (false, _) => store.put_subscription_copy_unflushed(id, &record, me),
+                };
+                if put.is_ok() {
                     if self.inner.store.commit().await.is_ok() {
                         stored += 1;
                     }
@@ -424,6 +424,7 @@ impl Daemon {
                 id,
                 record: record.clone(),
                 only_if_held: update,
+                placed_by: me,
             };
             self.to_peer(n, PeerMsg::Subscription(copy, Some(tx.clone())));
         }
@@ -583,10 +584,14 @@ impl Daemon {
                     "larger than the object limit",
                 ));
             }
-            if c.only_if_held && store.get_subscription(c.id)?.is_none() {
-                continue;
+            if c.only_if_held {
+                if store.get_subscription(c.id)?.is_none() {
+                    continue;
+                }
+                store.put_subscription_unflushed(c.id, &c.record)?;
+            } else {
+                store.put_subscription_copy_unflushed(c.id, &c.record, c.placed_by)?;
             }
-            store.put_subscription_unflushed(c.id, &c.record)?;
             subs_changed = true;
         }
         for &id in &req.dropped_subscriptions {

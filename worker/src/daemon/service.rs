@@ -69,6 +69,13 @@ impl v1::daemon_server::Daemon for Daemon {
         Ok(Response::new(self.take_copies(request.into_inner()).await?))
     }
 
+    async fn subscription_copies(
+        &self,
+        request: Request<v1::SubscriptionCopiesRequest>,
+    ) -> Result<Response<v1::SubscriptionCopiesResponse>, Status> {
+        Ok(Response::new(self.copies_placed_by(request.into_inner())?))
+    }
+
     async fn replicas(
         &self,
         request: Request<v1::ReplicasRequest>,

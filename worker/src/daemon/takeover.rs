@@ -338,6 +338,10 @@ impl Daemon {
                 Err(e) => tracing::debug!("catching up with node {origin}: {e}"),
             }
         }
+        let subs = self.catch_up_subscriptions(&view).await;
+        if subs > 0 {
+            tracing::info!("caught up: {subs} subscription copies this position holds");
+        }
         let handed = self.learn_finished(&view).await;
         if pulled + handed.len() > 0 {
             tracing::info!(

@@ -1,0 +1,117 @@
+//! Subscription copies for a node that joins or returns (DESIGN §7): a subscription is
+//! stored on the column quorum C(j) of the node that took its Create, and a node that was
+//! not there then (a fresh disk at a free position, or a node that was down) pulls, at its
+//! catch-up, the copies its position must hold: those placed by every node whose column
+//! quorum contains it. Node 0 and node n-1 hold every subscription, so one of them answers
+//! all of it; without either, every live node answers what it holds.
+
+use super::*;
+use replicate::View;
+
+/// Copies per `Daemon.SubscriptionCopies` page.
+const PAGE: u32 = 512;
+
+impl Daemon {
+    /// Answers `Daemon.SubscriptionCopies`: the copies held here that the nodes asked for
+    /// placed.
+    pub(super) fn copies_placed_by(
+        &self,
+        r: v1::SubscriptionCopiesRequest,
+    ) -> Result<v1::SubscriptionCopiesResponse, ServiceError> {
+        if r.placed_by.len() > runtime::grid::MAX_POSITIONS as usize {
+            return Err(ServiceError::invalid(
+                "placed_by",
+                format!(
+                    "at most {} nodes (the grid's positions)",
+                    runtime::grid::MAX_POSITIONS
+                ),
+            ));
+        }
+        let limit = r.limit.clamp(1, 1024) as usize;
+        let want: HashSet<u32> = r.placed_by.into_iter().collect();
+        let mut v = self
+            .inner
+            .store
+            .subscription_copies(r.after_id, limit + 1, &want)?;
+        let more = v.len() > limit;
+        v.truncate(limit);
+        Ok(v1::SubscriptionCopiesResponse {
+            copies: v
+                .into_iter()
+                .map(|(id, record, placed_by)| v1::SubscriptionCopy {
+                    id,
+                    record,
+                    only_if_held: false,
+                    placed_by,
+                })
+                .collect(),
+            more,
+        })
+    }
+
+    /// Pulls the subscription copies this node's position must hold and lacks; the answer
+    /// is how many it stored.
+    pub(super) async fn catch_up_subscriptions(&self, view: &View) -> usize {
+        let Some(g) = view.grid else { return 0 };
+        let me = self.inner.cfg.node;
+        let placers: Vec<u32> = (0..g.len())
+            .filter(|&q| g.subscription_quorum(q).contains(&me))
+            .collect();
+        let full: Vec<u32> = [0, g.len() - 1]
+            .into_iter()
+            .filter(|&n| n != me && view.alive(n))
+            .take(1)
+            .collect();
+        let sources = if full.is_empty() {
+            (0..g.len()).collect()
+        } else {
+            full
+        };
+        let mut stored = 0;
+        for (node, ep) in view.live_endpoints(sources, &[me]) {
+            match self.pull_subscriptions(&ep, &placers).await {
+                Ok(n) => stored += n,
+                Err(e) => tracing::debug!("subscription copies from node {node}: {e}"),
+            }
+        }
+        stored
+    }
+
+    /// The copies placed by `placers` that the node at `ep` holds and this one lacks,
+    /// stored here.
+    async fn pull_subscriptions(&self, ep: &str, placers: &[u32]) -> Result<usize, ServiceError> {
+        let store = &self.inner.store;
+        let mut after = 0;
+        let mut stored = 0;
+        loop {
+            let r = self
+                .peer(ep)?
+                .subscription_copies(v1::SubscriptionCopiesRequest {
+                    after_id: after,
+                    limit: PAGE,
+                    placed_by: placers.to_vec(),
+                })
+                .await?
+                .into_inner();
+            for c in &r.copies {
+                if c.record.len() > self.inner.limits.max_object_bytes {
+                    return Err(ServiceError::invalid(
+                        "copies.record",
+                        "larger than the object limit",
+                    ));
+                }
+                if store.get_subscription(c.id)?.is_none() {
+                    store.put_subscription_copy_unflushed(c.id, &c.record, c.placed_by)?;
+                    stored += 1;
+                }
+            }
+            if stored > 0 {
+                store.commit().await?;
+            }
+            match r.copies.last() {
+                Some(last) if r.more => after = last.id,
+                _ => return Ok(stored),
+            }
+        }
+    }
+}
