@@ -223,6 +223,17 @@ impl Protocol {
         self.objects.len()
     }
 
+    /// With a grid, the endpoint of the live node (heard from within the node lease) that
+    /// holds position `node` at another endpoint than `endpoint`: two live nodes at one
+    /// position would both own its objects, so the second is refused until the first's lease
+    /// runs out.
+    pub fn position_held(&self, now: u64, node: u32, endpoint: &str) -> Option<&str> {
+        self.grid?;
+        let n = self.nodes.get(&node)?;
+        (n.endpoint != endpoint && now.saturating_sub(n.seen) <= self.node_lease_ms)
+            .then_some(n.endpoint.as_str())
+    }
+
     /// A node registered (or registered again) at `endpoint` with `workers`; the reply is the
     /// nonce.
     pub fn register(&mut self, now: u64, r: &v1::RegisterRequest) -> (u64, Vec<Output>) {

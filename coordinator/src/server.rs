@@ -164,6 +164,15 @@ impl Driver {
         let now = self.now();
         match m {
             Msg::Register(r, reply) => {
+                if self
+                    .protocol
+                    .position_held(now, r.node, &r.endpoint)
+                    .is_some()
+                {
+                    // nonce 0: refused (the caller names the holder)
+                    let _ = reply.send((0, self.protocol.membership(now)));
+                    return;
+                }
                 let Some(client) = self.link(&r) else {
                     let _ = reply.send((self.protocol.nonce(), self.protocol.membership(now)));
                     return;
@@ -347,7 +356,19 @@ impl v1::cluster_server::Cluster for Handle {
             )
             .into());
         }
+        let node = r.node;
         let (nonce, membership) = self.ask(|tx| Msg::Register(r, tx)).await?;
+        if nonce == 0 {
+            let holder = membership
+                .members
+                .iter()
+                .find(|m| m.node == node)
+                .map_or("", |m| m.endpoint.as_str());
+            return Err(Status::already_exists(format!(
+                "node: grid position {node} is held by a live node at {holder}; start this \
+                 one at a free position, or wait until that one's lease runs out"
+            )));
+        }
         Ok(Response::new(v1::RegisterResponse {
             nonce,
             membership: Some(membership),

@@ -555,3 +555,26 @@ fn an_heir_is_kept_until_it_dies_so_one_node_takes_a_position_over() {
     beat(&mut p, 2_600, &[0, 1, 2, 4, 6, 7, 8]);
     assert_eq!(heirs(&p.membership(3_000)).get(&3), Some(&4));
 }
+
+#[test]
+fn a_grid_position_held_by_a_live_node_is_not_given_to_another() {
+    use crate::protocol::Protocol;
+    let mut p = Protocol::new(cfg(), 7, 5, 0);
+    let at = |endpoint: &str| proto::v1::RegisterRequest {
+        node: 4,
+        endpoint: endpoint.into(),
+        workers: Vec::new(),
+        owns_from: 1,
+    };
+    p.register(0, &at("http://a"));
+    // without a grid a position is just a node id: no check
+    assert_eq!(p.position_held(10, 4, "http://b"), None);
+    p.set_grid(Some(runtime::grid::Grid::new(3, 3).expect("grid")));
+    let lease = cfg().lease_ms;
+    assert_eq!(p.position_held(10, 4, "http://b"), Some("http://a"));
+    // the same node again (a restart at its address), or a free position, is fine
+    assert_eq!(p.position_held(10, 4, "http://a"), None);
+    assert_eq!(p.position_held(10, 5, "http://b"), None);
+    // once the holder's lease ran out the position is free
+    assert_eq!(p.position_held(lease + 1, 4, "http://b"), None);
+}

@@ -25,9 +25,10 @@ pub(super) struct Lease {
 impl Daemon {
     /// A heartbeat (or registration) sent at `sent` was answered.
     pub(super) fn lease_renewed(&self, sent: Instant) {
-        let lease = self.view().lease;
-        if lease.is_zero() {
-            return;
+        let view = self.view();
+        let lease = view.lease;
+        if lease.is_zero() || view.grid.is_none() {
+            return; // no heirs without a grid: nothing to fence against
         }
         let now = Instant::now();
         let mut l = lock(&self.inner.lease);
@@ -61,8 +62,9 @@ impl Daemon {
 
     /// Whether this node may not hold its lease now (never without a grid).
     pub(super) fn fenced(&self) -> bool {
-        let lease = self.view().lease;
-        if lease.is_zero() {
+        let view = self.view();
+        let lease = view.lease;
+        if lease.is_zero() || view.grid.is_none() {
             return false;
         }
         let l = lock(&self.inner.lease);

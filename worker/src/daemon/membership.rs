@@ -67,6 +67,9 @@ impl Daemon {
                             me.resend(Duration::ZERO).await
                         });
                     }
+                    Err(e) if e.code() == tonic::Code::AlreadyExists => {
+                        tracing::warn!("registering with the coordinator: {}", e.message());
+                    }
                     Err(e) => tracing::debug!("registering with the coordinator: {e}"),
                 }
                 continue;
