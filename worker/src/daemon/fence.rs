@@ -20,6 +20,8 @@ pub(super) struct Lease {
     sent: Option<Instant>,
     /// The lease may have lapsed: fenced until this instant, then relearning.
     lapsed: Option<Instant>,
+    /// Lapses so far: a lapse during a relearn makes it run again before the fence lifts.
+    lapses: u64,
 }
 
 impl Daemon {
@@ -34,6 +36,9 @@ impl Daemon {
         let mut l = lock(&self.inner.lease);
         let lapsed = l.sent.is_some_and(|prev| now.duration_since(prev) > lease);
         l.sent = Some(sent);
+        if lapsed {
+            l.lapses += 1;
+        }
         if lapsed && l.lapsed.is_none() {
             l.lapsed = Some(now + lease);
             drop(l);
@@ -41,12 +46,17 @@ impl Daemon {
                 "this node's lease may have lapsed (no heartbeat answer for over {lease:?}): \
                  no QoS 2 pushes until it learned what others took over"
             );
-            let me = self.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(lease).await;
-                me.relearn().await;
-            });
+            self.relearn_later(lease);
         }
+    }
+
+    /// Relearns what others took over once `lease` passed.
+    fn relearn_later(&self, lease: Duration) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(lease).await;
+            me.relearn(lease).await;
+        });
     }
 
     /// Whether this node may push a delivery of `obj` now.
@@ -77,7 +87,8 @@ impl Daemon {
 
     /// After a lapse: the objects this node disseminated that a live node adopted or
     /// finished meanwhile leave its outbox and its delivery queues; then the fence lifts.
-    async fn relearn(&self) {
+    async fn relearn(&self, lease: Duration) {
+        let lapses = lock(&self.inner.lease).lapses;
         let view = self.view();
         let mut handed = self.learn_finished(&view).await;
         handed.extend(self.adopted_by_others(&view).await);
@@ -88,7 +99,14 @@ impl Daemon {
             );
         }
         self.hand_over(handed);
-        lock(&self.inner.lease).lapsed = None;
+        let mut l = lock(&self.inner.lease);
+        if l.lapses == lapses {
+            l.lapsed = None;
+        } else {
+            // it lapsed again meanwhile: what its heir took since is learnt too
+            drop(l);
+            self.relearn_later(lease);
+        }
     }
 
     /// The objects this node adopted from other origins that a live member of their quorum
