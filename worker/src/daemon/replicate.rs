@@ -42,8 +42,8 @@ pub(super) struct View {
     pub(super) owns_from: BTreeMap<u32, u64>,
     /// node -> the node the coordinator named to disseminate its orphaned objects.
     pub(super) heirs: BTreeMap<u32, u32>,
-    /// How long the coordinator waits for a heartbeat before it takes a node for dead
-    /// (zero: no grid, no fence).
+    /// How long the coordinator waits for a heartbeat before it takes a node for dead (the
+    /// lease fence uses it, with a grid only).
     pub(super) lease: Duration,
 }
 
