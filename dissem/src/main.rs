@@ -175,8 +175,11 @@ fn main() -> ExitCode {
             .with_writer(std::io::stderr)
             .try_init()
     } else {
+        // colour codes only for a terminal: a log file or a pipe gets plain text
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         tracing_subscriber::fmt()
             .with_env_filter(filter())
+            .with_ansi(ansi)
             .with_writer(std::io::stderr)
             .try_init()
     };

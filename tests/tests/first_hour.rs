@@ -68,3 +68,50 @@ fn the_metrics_port_serves_health_and_readiness() {
     up.kill();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Logs written to a pipe or a file carry no terminal colour codes.
+#[test]
+fn logs_to_a_pipe_are_plain_text() {
+    use std::io::BufRead;
+    let dir = temp_dir("plain-logs");
+    let mut child = std::process::Command::new(dissem_bin())
+        .args(["up", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.join("data"))
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn dissem up");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains("INFO")) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => seen.push(l),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        seen.iter().any(|l| l.contains("INFO")),
+        "no info line within 30 s: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|l| !l.contains('\u{1b}')),
+        "colour codes in piped logs: {seen:?}"
+    );
+}
