@@ -65,7 +65,12 @@ impl Default for ServerConfig {
 pub use crate::protocol::{block_name, parse_block};
 
 enum Msg {
-    Register(v1::RegisterRequest, oneshot::Sender<(u64, v1::Membership)>),
+    /// Answered with the nonce and membership, or the endpoint of the live node that holds
+    /// the position already (the registration is refused).
+    Register(
+        v1::RegisterRequest,
+        oneshot::Sender<Result<(u64, v1::Membership), String>>,
+    ),
     Heartbeat(v1::HeartbeatRequest, oneshot::Sender<(u64, v1::Membership)>),
     Arrived(v1::ArrivedRequest, oneshot::Sender<u32>),
     Done(v1::DoneRequest),
@@ -164,17 +169,12 @@ impl Driver {
         let now = self.now();
         match m {
             Msg::Register(r, reply) => {
-                if self
-                    .protocol
-                    .position_held(now, r.node, &r.endpoint)
-                    .is_some()
-                {
-                    // nonce 0: refused (the caller names the holder)
-                    let _ = reply.send((0, self.protocol.membership(now)));
+                if let Some(holder) = self.protocol.position_held(now, r.node, &r.endpoint) {
+                    let _ = reply.send(Err(holder.to_string()));
                     return;
                 }
                 let Some(client) = self.link(&r) else {
-                    let _ = reply.send((self.protocol.nonce(), self.protocol.membership(now)));
+                    let _ = reply.send(Ok((self.protocol.nonce(), self.protocol.membership(now))));
                     return;
                 };
                 self.nodes.insert(
@@ -191,7 +191,7 @@ impl Driver {
                     r.workers.len()
                 );
                 let (nonce, out) = self.protocol.register(now, &r);
-                let _ = reply.send((nonce, self.protocol.membership(now)));
+                let _ = reply.send(Ok((nonce, self.protocol.membership(now))));
                 self.send(out);
             }
             Msg::Heartbeat(h, reply) => {
@@ -357,18 +357,15 @@ impl v1::cluster_server::Cluster for Handle {
             .into());
         }
         let node = r.node;
-        let (nonce, membership) = self.ask(|tx| Msg::Register(r, tx)).await?;
-        if nonce == 0 {
-            let holder = membership
-                .members
-                .iter()
-                .find(|m| m.node == node)
-                .map_or("", |m| m.endpoint.as_str());
-            return Err(Status::already_exists(format!(
-                "node: grid position {node} is held by a live node at {holder}; start this \
-                 one at a free position, or wait until that one's lease runs out"
-            )));
-        }
+        let (nonce, membership) = self
+            .ask(|tx| Msg::Register(r, tx))
+            .await?
+            .map_err(|holder| {
+                Status::already_exists(format!(
+                    "node: grid position {node} is held by a live node at {holder}; start \
+                     this one at a free position, or wait until that one's lease runs out"
+                ))
+            })?;
         Ok(Response::new(v1::RegisterResponse {
             nonce,
             membership: Some(membership),

@@ -27,11 +27,9 @@ pub(super) struct Lease {
 impl Daemon {
     /// A heartbeat (or registration) sent at `sent` was answered.
     pub(super) fn lease_renewed(&self, sent: Instant) {
-        let view = self.view();
-        let lease = view.lease;
-        if lease.is_zero() || view.grid.is_none() {
+        let Some(lease) = self.fence_lease() else {
             return; // no heirs without a grid: nothing to fence against
-        }
+        };
         let now = Instant::now();
         let mut l = lock(&self.inner.lease);
         let lapsed = l.sent.is_some_and(|prev| now.duration_since(prev) > lease);
@@ -70,13 +68,18 @@ impl Daemon {
         Hold::Wait
     }
 
+    /// The node lease the fence keeps to: `None` without a grid (read on every QoS 2
+    /// attempt, so the view is not cloned for it).
+    fn fence_lease(&self) -> Option<Duration> {
+        let v = lock(&self.inner.view);
+        (v.grid.is_some() && !v.lease.is_zero()).then_some(v.lease)
+    }
+
     /// Whether this node may not hold its lease now (never without a grid).
     pub(super) fn fenced(&self) -> bool {
-        let view = self.view();
-        let lease = view.lease;
-        if lease.is_zero() || view.grid.is_none() {
+        let Some(lease) = self.fence_lease() else {
             return false;
-        }
+        };
         let l = lock(&self.inner.lease);
         match l.sent {
             _ if l.lapsed.is_some() => true,

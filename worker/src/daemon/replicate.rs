@@ -194,18 +194,13 @@ pub(super) fn replica_from_proto(
 /// Counts the peers' answers that stored what was sent, until `enough` did, every sender is
 /// gone (each peer answered), or `deadline` passes.
 async fn gather_acks(
-    mut rx: UnboundedReceiver<bool>,
+    rx: UnboundedReceiver<bool>,
     enough: usize,
     deadline: tokio::time::Instant,
 ) -> usize {
-    let mut acks = 0;
-    while acks < enough {
-        match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(ok)) => acks += usize::from(ok),
-            _ => break,
-        }
-    }
-    acks
+    // no grace: the wait ends as soon as `enough` stored it
+    let now = tokio::time::Instant::now();
+    gather_all_acks(rx, usize::MAX, enough, now, deadline).await
 }
 
 /// Counts the answers of `peers` peers until each answered, or `grace` passes with

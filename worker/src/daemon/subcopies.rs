@@ -93,6 +93,7 @@ impl Daemon {
                 })
                 .await?
                 .into_inner();
+            let before = stored;
             for c in &r.copies {
                 if c.record.len() > self.inner.limits.max_object_bytes {
                     return Err(ServiceError::invalid(
@@ -105,7 +106,7 @@ impl Daemon {
                     stored += 1;
                 }
             }
-            if stored > 0 {
+            if stored > before {
                 store.commit().await?;
             }
             match r.copies.last() {
