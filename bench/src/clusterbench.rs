@@ -211,7 +211,7 @@ async fn subscribe_with_progress(
 ) -> Vec<u64> {
     let mut ids = Vec::with_capacity(filters.len());
     for chunk in filters.chunks(1000) {
-        ids.extend(procs::subscribe_all(url, chunk, 64).await);
+        ids.extend(procs::subscribe_all(url, chunk, 256).await);
         bar.inc(chunk.len() as u64);
     }
     ids

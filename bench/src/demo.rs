@@ -417,7 +417,8 @@ pub async fn setup(
             };
             let mut c = client.clone();
             let i = next;
-            set.spawn(async move { (i, qos as u8, c.create(req).await) });
+            let level = runtime::validate::qos_number(qos);
+            set.spawn(async move { (i, level, c.create(req).await) });
             next += 1;
         }
         if let Some(r) = set.join_next().await {

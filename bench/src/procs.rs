@@ -299,6 +299,7 @@ pub async fn subscribe_all(url: &str, filters: &[String], concurrency: usize) ->
                         target: Some(v1::Target {
                             kind: Some(v1::target::Kind::Stream("test".into())),
                         }),
+                        qos: v1::Qos::AtMostOnce as i32,
                         ..v1::Subscription::default()
                     }),
                 };

@@ -20,6 +20,8 @@ const MAGIC: &[u8; 4] = b"DSIM";
 pub const FORMAT: u16 = 1;
 const KIND_SHARD: u8 = 1;
 const KIND_DELTA: u8 = 2;
+/// A full shard whose attribute names come first, in a table ([`encode_shard_table`]).
+const KIND_SHARD_TABLE: u8 = 3;
 const HEADER: usize = 4 + 2 + 1 + 8 + 8 + 4;
 
 /// Why an image could not be decoded.
@@ -61,6 +63,9 @@ pub struct DeltaImage {
 struct Writer {
     buf: Vec<u8>,
     attrs: std::collections::HashMap<String, u64>,
+    /// Table mode ([`SubEncoder`]): attribute names live in the image's table, in first-use
+    /// order here, and predicates carry only their index.
+    table: Option<Vec<String>>,
 }
 
 impl Writer {
@@ -128,8 +133,18 @@ impl Writer {
 
     fn pred(&mut self, p: &Predicate) {
         let next = self.attrs.len() as u64;
-        let idx = *self.attrs.entry(p.attr.clone()).or_insert(next);
-        if idx == next {
+        // the name is copied only the first time it is seen
+        let idx = match self.attrs.get(&p.attr) {
+            Some(i) => *i,
+            None => {
+                self.attrs.insert(p.attr.clone(), next);
+                if let Some(t) = &mut self.table {
+                    t.push(p.attr.clone());
+                }
+                next
+            }
+        };
+        if idx == next && self.table.is_none() {
             // first use: attribute index, then its name
             self.varint(idx);
             self.bytes(p.attr.as_bytes());
@@ -171,16 +186,20 @@ impl Writer {
         }
     }
 
-    fn subs(&mut self, subs: &[(u64, Dnf)]) {
+    fn subs<D: std::borrow::Borrow<Dnf>>(&mut self, subs: &[(u64, D)]) {
         self.varint(subs.len() as u64);
         for (id, dnf) in subs {
-            self.varint(*id);
-            self.varint(dnf.0.len() as u64);
-            for c in &dnf.0 {
-                self.varint(c.0.len() as u64);
-                for p in &c.0 {
-                    self.pred(p);
-                }
+            self.sub(*id, dnf.borrow());
+        }
+    }
+
+    fn sub(&mut self, id: u64, dnf: &Dnf) {
+        self.varint(id);
+        self.varint(dnf.0.len() as u64);
+        for c in &dnf.0 {
+            self.varint(c.0.len() as u64);
+            for p in &c.0 {
+                self.pred(p);
             }
         }
     }
@@ -202,14 +221,91 @@ fn frame(kind: u8, version: u64, base_version: u64, payload: Vec<u8>) -> Vec<u8>
 
 /// Encodes a full shard image.
 pub fn encode_shard(img: &ShardImage) -> Vec<u8> {
+    encode_shard_of(img.version, img.bloom, &img.subs)
+}
+
+/// Encodes a full shard image from shared subscriptions (`Arc<Dnf>`, `&Dnf`): the same bytes
+/// as [`encode_shard`], without copying any filter first.
+pub fn encode_shard_of<D: std::borrow::Borrow<Dnf>>(
+    version: u64,
+    bloom: BloomConfig,
+    subs: &[(u64, D)],
+) -> Vec<u8> {
     let mut w = Writer {
         buf: Vec::new(),
         attrs: Default::default(),
+        table: None,
     };
-    w.varint(img.bloom.bits as u64);
-    w.varint(img.bloom.k as u64);
-    w.subs(&img.subs);
-    frame(KIND_SHARD, img.version, 0, w.buf)
+    w.varint(bloom.bits as u64);
+    w.varint(bloom.k as u64);
+    w.subs(subs);
+    frame(KIND_SHARD, version, 0, w.buf)
+}
+
+/// Encodes subscriptions one at a time against one growing attribute table, so a registry
+/// can keep each subscription's bytes and write a full image by concatenation
+/// ([`encode_shard_table`]) instead of encoding every filter again for every version.
+#[derive(Debug)]
+pub struct SubEncoder {
+    w: Writer,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Writer({} attributes)", self.attrs.len())
+    }
+}
+
+impl Default for SubEncoder {
+    fn default() -> SubEncoder {
+        SubEncoder {
+            w: Writer {
+                buf: Vec::new(),
+                attrs: Default::default(),
+                table: Some(Vec::new()),
+            },
+        }
+    }
+}
+
+impl SubEncoder {
+    /// One subscription's bytes (valid with this encoder's table as it is now or later).
+    pub fn encode(&mut self, id: u64, dnf: &Dnf) -> Vec<u8> {
+        self.w.buf.clear();
+        self.w.sub(id, dnf);
+        std::mem::take(&mut self.w.buf)
+    }
+
+    /// The attribute table: every name encoded so far, by index.
+    pub fn table(&self) -> &[String] {
+        self.w.table.as_deref().unwrap_or(&[])
+    }
+}
+
+/// A full shard image from subscription bytes of one [`SubEncoder`] (in id order) and its
+/// table; decodes to the same [`ShardImage`] as [`encode_shard`] of the same subscriptions.
+pub fn encode_shard_table<B: AsRef<[u8]>>(
+    version: u64,
+    bloom: BloomConfig,
+    table: &[String],
+    subs: &[B],
+) -> Vec<u8> {
+    let mut w = Writer {
+        buf: Vec::with_capacity(subs.iter().map(|b| b.as_ref().len()).sum::<usize>() + 64),
+        attrs: Default::default(),
+        table: None,
+    };
+    w.varint(bloom.bits as u64);
+    w.varint(bloom.k as u64);
+    w.varint(table.len() as u64);
+    for name in table {
+        w.bytes(name.as_bytes());
+    }
+    w.varint(subs.len() as u64);
+    for b in subs {
+        w.buf.extend_from_slice(b.as_ref());
+    }
+    frame(KIND_SHARD_TABLE, version, 0, w.buf)
 }
 
 /// Encodes a delta image.
@@ -217,6 +313,7 @@ pub fn encode_delta(img: &DeltaImage) -> Vec<u8> {
     let mut w = Writer {
         buf: Vec::new(),
         attrs: Default::default(),
+        table: None,
     };
     w.subs(&img.upserts);
     w.varint(img.removes.len() as u64);
@@ -233,6 +330,8 @@ struct Reader<'a> {
     pos: usize,
     base: usize,
     attrs: Vec<String>,
+    /// The attributes came in a table: an index past it is corrupt, never a new name.
+    fixed: bool,
 }
 
 impl<'a> Reader<'a> {
@@ -296,6 +395,19 @@ impl<'a> Reader<'a> {
         Ok(n as usize)
     }
 
+    fn bloom(&mut self) -> Result<BloomConfig, ImageError> {
+        let bits = self.varint()?;
+        let k = self.varint()?;
+        let bloom = BloomConfig {
+            bits: u32::try_from(bits).unwrap_or(0),
+            k: u32::try_from(k).unwrap_or(0),
+        };
+        if bloom.validate().is_err() {
+            return self.corrupt(format!("invalid bloom setting {bits} bits, k {k}"));
+        }
+        Ok(bloom)
+    }
+
     fn string(&mut self) -> Result<String, ImageError> {
         let n = self.count(1, u32::MAX as u64, "string length")?;
         let b = self.take(n)?;
@@ -335,7 +447,7 @@ impl<'a> Reader<'a> {
 
     fn pred(&mut self) -> Result<Predicate, ImageError> {
         let idx = self.varint()?;
-        let attr = if idx as usize == self.attrs.len() {
+        let attr = if idx as usize == self.attrs.len() && !self.fixed {
             let name = self.string()?;
             if name.is_empty() {
                 return self.corrupt("empty attribute name");
@@ -483,16 +595,9 @@ fn decode_shard_payload(payload: &[u8], version: u64) -> Result<ShardImage, Imag
         pos: 0,
         base: HEADER,
         attrs: Vec::new(),
+        fixed: false,
     };
-    let bits = r.varint()?;
-    let k = r.varint()?;
-    let bloom = BloomConfig {
-        bits: u32::try_from(bits).unwrap_or(0),
-        k: u32::try_from(k).unwrap_or(0),
-    };
-    if bloom.validate().is_err() {
-        return r.corrupt(format!("invalid bloom setting {bits} bits, k {k}"));
-    }
+    let bloom = r.bloom()?;
     let subs = r.subs()?;
     finish(&r)?;
     Ok(ShardImage {
@@ -505,13 +610,41 @@ fn decode_shard_payload(payload: &[u8], version: u64) -> Result<ShardImage, Imag
 /// Decodes a full shard image.
 pub fn decode_shard(buf: &[u8]) -> Result<ShardImage, ImageError> {
     let f = unframe(buf)?;
-    if f.kind != KIND_SHARD {
-        return Err(ImageError::Kind {
+    match f.kind {
+        KIND_SHARD => decode_shard_payload(f.payload, f.version),
+        KIND_SHARD_TABLE => decode_shard_table(f.payload, f.version),
+        found => Err(ImageError::Kind {
             expected: "shard",
-            found: f.kind,
-        });
+            found,
+        }),
     }
-    decode_shard_payload(f.payload, f.version)
+}
+
+fn decode_shard_table(payload: &[u8], version: u64) -> Result<ShardImage, ImageError> {
+    let mut r = Reader {
+        buf: payload,
+        pos: 0,
+        base: HEADER,
+        attrs: Vec::new(),
+        fixed: false,
+    };
+    let bloom = r.bloom()?;
+    let n = r.count(2, u32::MAX as u64, "attribute")?;
+    for _ in 0..n {
+        let name = r.string()?;
+        if name.is_empty() {
+            return r.corrupt("empty attribute name");
+        }
+        r.attrs.push(name);
+    }
+    r.fixed = true;
+    let subs = r.subs()?;
+    finish(&r)?;
+    Ok(ShardImage {
+        version,
+        bloom,
+        subs,
+    })
 }
 
 /// Decodes a delta image.
@@ -528,6 +661,7 @@ pub fn decode_delta(buf: &[u8]) -> Result<DeltaImage, ImageError> {
         pos: 0,
         base: HEADER,
         attrs: Vec::new(),
+        fixed: false,
     };
     let upserts = r.subs()?;
     let n = r.count(1, u64::MAX, "removal")?;
@@ -554,6 +688,34 @@ pub fn decode_shard_payload_unchecked(payload: &[u8]) -> Result<ShardImage, Imag
 mod tests {
     use super::*;
     use crate::text::parse_text;
+
+    /// Subscription bytes kept per subscription and concatenated make the same shard as
+    /// encoding them all at once; an index past the table is corruption, not a panic.
+    #[test]
+    fn a_table_image_from_kept_bytes_decodes_like_a_full_one() {
+        let img = sample();
+        let mut enc = SubEncoder::default();
+        let bytes: Vec<Vec<u8>> = img.subs.iter().map(|(id, d)| enc.encode(*id, d)).collect();
+        let table = enc.table().to_vec();
+        // a later subscription may add names: earlier bytes stay valid
+        let extra = parse_text("brand_new = 1").expect("valid");
+        let extra_bytes = enc.encode(99_999, &extra);
+        let mut all = bytes.clone();
+        all.push(extra_bytes);
+        let out = encode_shard_table(img.version, img.bloom, enc.table(), &all);
+        let mut want = img.clone();
+        want.subs.push((99_999, extra));
+        assert_eq!(decode_shard(&out), Ok(want));
+        let short = encode_shard_table(img.version, img.bloom, &table, &all);
+        assert!(matches!(
+            decode_shard(&short),
+            Err(ImageError::Corrupt { .. })
+        ));
+        assert_eq!(
+            decode_shard(&encode_shard_table(img.version, img.bloom, &table, &bytes)),
+            Ok(img)
+        );
+    }
 
     fn sample() -> ShardImage {
         let filters = [

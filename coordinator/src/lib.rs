@@ -27,6 +27,7 @@
 //! simulated network. [`server`] is the I/O around it: the gRPC `Cluster` service, one driver
 //! task that owns the protocol, and the calls to the node daemons.
 
+mod kept;
 pub mod protocol;
 pub mod registry;
 mod scheduler;

@@ -1,11 +1,16 @@
 //! The cluster's subscription registry, kept by the coordinator: every subscription change
 //! goes into an in-memory map at once, and a publisher turns the map into a versioned,
-//! checksummed data image in storage (debounced, so registering 10,000 subscriptions one by
-//! one does not write 10,000 images). Objects are matched against the
-//! newest *published* version; workers load that version's image and hot-swap to newer ones.
+//! checksummed data image in storage. Objects are matched against the newest *published*
+//! version; workers load that version's image and hot-swap to newer ones.
+//!
+//! A change is in force once a version that holds it is published, and `Create`, `Update`
+//! and `Delete` answer only then (read-your-writes: a put after the answer is matched with
+//! the change). The publisher runs at once when idle; changes that come while it builds an
+//! image wait for the next one together, so a flood of creates still writes one image per
+//! build, not one per subscription.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use blocks::Dnf;
@@ -14,24 +19,39 @@ use runtime::{SHARD_IMAGE, cluster_shard_config};
 pub use crate::protocol::Published;
 use storage::Store;
 
+use crate::kept::KeptSubscriptions;
+
 use runtime::Limits;
 use runtime::ServiceError;
 use runtime::validate;
 
-/// Image versions kept in storage for workers still loading older ones.
-const KEEP_VERSIONS: u64 = 8;
+/// Image versions kept (in memory) for workers still loading older ones.
+const KEEP_VERSIONS: usize = 4;
 
-/// The registry: current index, dirty flag, newest published version.
+/// How long a change waits to be in force before its caller is told it is not yet.
+const IN_FORCE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The registry: current index, change counter, newest published version.
 #[derive(Debug, Clone)]
 pub struct Registry {
     store: Store,
-    subs: Arc<Mutex<BTreeMap<u64, Dnf>>>,
+    /// The subscriptions with their image bytes (a publication copies pointers).
+    subs: Arc<Mutex<KeptSubscriptions>>,
     dirty: Arc<AtomicBool>,
-    /// First and last change since the last publication.
-    changes: Arc<Mutex<Option<(std::time::Instant, std::time::Instant)>>>,
+    /// Changes made so far (each counted after it is in `subs`).
+    changes: Arc<AtomicU64>,
+    /// The change count the newest published version holds.
+    in_force: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Wakes the publisher (a permit is kept when it is busy).
+    wake: Arc<tokio::sync::Notify>,
     published: Arc<RwLock<Published>>,
+    /// The newest images by version. They are derived data: the subscriptions are stored,
+    /// and a start builds a new version from them; the store keeps only the newest version
+    /// number (an empty marker), so versions never repeat across restarts.
+    images: Arc<Mutex<BTreeMap<u64, Arc<Vec<u8>>>>>,
 }
 
+#[tonic::async_trait]
 impl runtime::subscriptions::SubscriptionIndex for Registry {
     fn upsert(&self, id: u64, dnf: Dnf) {
         Registry::upsert(self, id, dnf)
@@ -40,20 +60,28 @@ impl runtime::subscriptions::SubscriptionIndex for Registry {
     fn remove(&self, id: u64) {
         Registry::remove(self, id)
     }
+
+    async fn in_force(&self) -> Result<(), ServiceError> {
+        Registry::in_force(self).await
+    }
 }
 
 impl Registry {
     /// Loads every stored subscription and publishes a new version of the image.
     pub async fn load(store: Store, limits: &Limits) -> Result<Registry, ServiceError> {
-        let subs: BTreeMap<u64, Dnf> = validate::stored_subscriptions(&store, limits)?
-            .into_iter()
-            .collect();
+        let mut subs = KeptSubscriptions::default();
+        for (id, d) in validate::stored_subscriptions(&store, limits)? {
+            subs.upsert(id, d);
+        }
         let reg = Registry {
             store,
             subs: Arc::new(Mutex::new(subs)),
             dirty: Arc::new(AtomicBool::new(true)),
-            changes: Arc::new(Mutex::new(None)),
+            changes: Arc::new(AtomicU64::new(0)),
+            in_force: Arc::new(tokio::sync::watch::Sender::new(0)),
+            wake: Arc::new(tokio::sync::Notify::new()),
             published: Arc::new(RwLock::new(Published::default())),
+            images: Arc::default(),
         };
         reg.publish().await?;
         Ok(reg)
@@ -61,18 +89,32 @@ impl Registry {
 
     /// A subscription was created or replaced.
     pub fn upsert(&self, id: u64, dnf: Dnf) {
-        self.lock().insert(id, dnf);
+        self.lock().upsert(id, dnf);
         self.changed();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Dnf>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeptSubscriptions> {
         self.subs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A subscription was deleted.
     pub fn remove(&self, id: u64) {
-        if self.lock().remove(&id).is_some() {
+        if self.lock().remove(id) {
             self.changed();
+        }
+    }
+
+    /// Waits until every change made before the call is in a published version; a
+    /// publication that keeps failing makes it `Unavailable` after [`IN_FORCE_WAIT`] (the
+    /// change is stored and takes effect once a publication succeeds).
+    pub async fn in_force(&self) -> Result<(), ServiceError> {
+        let want = self.changes.load(Ordering::SeqCst);
+        let mut rx = self.in_force.subscribe();
+        match tokio::time::timeout(IN_FORCE_WAIT, rx.wait_for(|&v| v >= want)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) | Err(_) => Err(ServiceError::Unavailable(
+                "the change is stored but no image holding it could be published yet".into(),
+            )),
         }
     }
 
@@ -84,12 +126,13 @@ impl Registry {
             .clone()
     }
 
-    /// Writes a new image version if anything changed since the last one. Versions continue
-    /// from the newest stored one, so they never repeat across restarts.
+    /// Builds a new image version if anything changed since the last one. Versions continue
+    /// from the newest stored marker, so they never repeat across restarts.
     pub async fn publish(&self) -> Result<bool, ServiceError> {
         if !self.dirty.load(Ordering::Acquire) {
             return Ok(false);
         }
+        let started = std::time::Instant::now();
         let store = self.store.clone();
         // the store is read only for the first publication after a start
         let version = match self.published().version {
@@ -97,27 +140,21 @@ impl Registry {
             v => v,
         } + 1;
         self.dirty.store(false, Ordering::Release);
-        let subs: Vec<(u64, Dnf)> = self.lock().iter().map(|(k, v)| (*k, v.clone())).collect();
+        // every change counted here is in the map read below (it is counted after it is in)
+        let holds = self.changes.load(Ordering::SeqCst);
+        let snap = self.lock().snapshot();
         let (subscriptions, attributes, image) = tokio::task::spawn_blocking(move || {
-            let attributes: HashSet<String> = subs
-                .iter()
-                .flat_map(|(_, d)| d.0.iter().flat_map(|c| c.0.iter().map(|p| p.attr.clone())))
-                .collect();
-            let n = subs.len();
-            let image = blocks::image::encode_shard(&blocks::image::ShardImage {
-                version,
-                bloom: cluster_shard_config().bloom,
-                subs,
-            });
-            (n, attributes, image)
+            let n = snap.bytes.len();
+            let bloom = cluster_shard_config().bloom;
+            let image = blocks::image::encode_shard_table(version, bloom, &snap.table, &snap.bytes);
+            (n, snap.attributes, image)
         })
         .await
         .map_err(|e| ServiceError::Startup(format!("image build task: {e}")))?;
+        let built = started.elapsed();
         let stored = async {
-            store.put_image(SHARD_IMAGE, version, &image).await?;
-            if version > KEEP_VERSIONS {
-                store.prune_images(SHARD_IMAGE, version - KEEP_VERSIONS)?;
-            }
+            store.put_image(SHARD_IMAGE, version, &[]).await?;
+            store.prune_images(SHARD_IMAGE, version)?;
             Ok::<_, storage::StorageError>(())
         };
         if let Err(e) = stored.await {
@@ -125,52 +162,62 @@ impl Registry {
             self.dirty.store(true, Ordering::Release);
             return Err(e.into());
         }
+        let bytes = image.len();
+        {
+            let mut images = self.images.lock().unwrap_or_else(|p| p.into_inner());
+            images.insert(version, Arc::new(image));
+            while images.len() > KEEP_VERSIONS {
+                images.pop_first();
+            }
+        }
         *self.published.write().unwrap_or_else(|p| p.into_inner()) = Published {
             version,
             subscriptions,
             attributes: Arc::new(attributes),
         };
-        tracing::info!("published shard image version {version} ({subscriptions} subscriptions)");
+        self.in_force.send_modify(|v| *v = (*v).max(holds));
+        tracing::info!(
+            "published shard image version {version} ({subscriptions} subscriptions, {} KiB) \
+             in {} ms (built in {} ms)",
+            bytes / 1024,
+            started.elapsed().as_millis(),
+            built.as_millis()
+        );
         Ok(true)
     }
 
-    /// One stored image version (0: the newest).
-    pub fn image(&self, version: u64) -> Result<Option<(u64, Vec<u8>)>, ServiceError> {
+    /// One kept image version (0: the newest).
+    pub fn image(&self, version: u64) -> Option<(u64, Arc<Vec<u8>>)> {
+        let images = self.images.lock().unwrap_or_else(|p| p.into_inner());
         if version == 0 {
-            return Ok(self.store.latest_image(SHARD_IMAGE)?);
+            return images.last_key_value().map(|(v, i)| (*v, i.clone()));
         }
-        Ok(self
-            .store
-            .get_image(SHARD_IMAGE, version)?
-            .map(|b| (version, b)))
+        images.get(&version).map(|i| (version, i.clone()))
     }
 
-    /// Publishes changes until the task is dropped: once no change came for `quiet`, or
-    /// at the latest `max_delay` after the first unpublished change (a bulk registration
-    /// writes an image per `max_delay`, not one per subscription).
-    pub async fn publisher(self, quiet: std::time::Duration, max_delay: std::time::Duration) {
-        let mut tick = tokio::time::interval((quiet / 4).max(std::time::Duration::from_millis(5)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    /// Publishes changes until the task is dropped: at once when a change comes while it
+    /// is idle; the changes that come during a publication go into the next one together.
+    /// A failed publication is tried again after a pause.
+    pub async fn publisher(self) {
+        let mut pause = std::time::Duration::from_millis(50);
         loop {
-            tick.tick().await;
-            let due = match *self.changes.lock().unwrap_or_else(|p| p.into_inner()) {
-                Some((first, last)) => last.elapsed() >= quiet || first.elapsed() >= max_delay,
-                None => self.dirty.load(Ordering::Acquire),
-            };
-            if !due {
-                continue;
+            if !self.dirty.load(Ordering::Acquire) {
+                self.wake.notified().await;
             }
-            *self.changes.lock().unwrap_or_else(|p| p.into_inner()) = None;
-            if let Err(e) = self.publish().await {
-                tracing::warn!("publishing the shard image: {e}");
+            match self.publish().await {
+                Ok(_) => pause = std::time::Duration::from_millis(50),
+                Err(e) => {
+                    tracing::warn!("publishing the shard image: {e}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(2));
+                }
             }
         }
     }
 
     fn changed(&self) {
         self.dirty.store(true, Ordering::Release);
-        let now = std::time::Instant::now();
-        let mut c = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-        *c = Some((c.map_or(now, |(first, _)| first), now));
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.wake.notify_one();
     }
 }

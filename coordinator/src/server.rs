@@ -34,10 +34,6 @@ pub struct ServerConfig {
     pub sched: Config,
     /// How often batches are checked for their deadline and tasks for being overdue.
     pub tick: Duration,
-    /// Subscription changes are published as a new image version once none came for
-    /// `publish_quiet`, or `publish_max_delay` after the first at the latest.
-    pub publish_quiet: Duration,
-    pub publish_max_delay: Duration,
     /// An object whose test results went missing this many times is left to its node's
     /// outbox resend.
     pub max_attempts: u32,
@@ -53,8 +49,6 @@ impl Default for ServerConfig {
         ServerConfig {
             sched: Config::default(),
             tick: Duration::from_millis(2),
-            publish_quiet: Duration::from_millis(50),
-            publish_max_delay: Duration::from_millis(1000),
             max_attempts: 5,
             cluster_secret: runtime::cluster_secret::ClusterSecret::default(),
             grid: None,
@@ -417,12 +411,11 @@ impl v1::cluster_server::Cluster for Handle {
         request: Request<v1::ImageRequest>,
     ) -> Result<Response<v1::ImageResponse>, Status> {
         let v = request.into_inner().version;
-        let reg = self.registry.clone();
-        let img = tokio::task::spawn_blocking(move || reg.image(v))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))??;
-        match img {
-            Some((version, image)) => Ok(Response::new(v1::ImageResponse { version, image })),
+        match self.registry.image(v) {
+            Some((version, image)) => Ok(Response::new(v1::ImageResponse {
+                version,
+                image: image.to_vec(),
+            })),
             None => Err(ServiceError::NotFound(format!("image version {v}")).into()),
         }
     }
@@ -532,11 +525,7 @@ pub async fn start(
     cfg: ServerConfig,
 ) -> Result<Started, ServiceError> {
     let registry = Registry::load(store.clone(), &limits).await?;
-    let publisher = tokio::spawn(
-        registry
-            .clone()
-            .publisher(cfg.publish_quiet, cfg.publish_max_delay),
-    );
+    let publisher = tokio::spawn(registry.clone().publisher());
     let nonce = runtime::random_u64() | 1;
     tracing::info!("coordinator nonce {nonce:016x}");
     let (tx, rx) = mpsc::channel(8192);

@@ -12,10 +12,15 @@
 //! max-workers = 8
 //! ```
 //!
-//! Precedence: a flag on the command line, then its environment variable (`DISSEM_` + the
-//! flag in upper case with `_` for `-`, e.g. `DISSEM_MAX_WORKERS`), then the file, then the
-//! default. The file's settings become flags before clap parses, so `--help` documents every
+//! Precedence: a flag on the command line, then its environment variable, then the file, then
+//! the default. The file's settings become flags before clap parses, so `--help` documents every
 //! key and a bad key or value gets clap's error naming the flag.
+//!
+//! A flag has an environment variable only where `--help` shows one: every flag of the
+//! server commands (`DISSEM_` + the flag in upper case with `_` for `-`, e.g.
+//! `DISSEM_MAX_WORKERS`, given by [`with_env_names`]) and the client commands' connection
+//! flags (`DISSEM_NODE_URL`, `DISSEM_TOKEN`, `DISSEM_TLS_CA`). A client command's own flags
+//! have none, so `DISSEM_DATA` set for `dissem up` is not the bytes of a `dissem put`.
 
 use std::ffi::OsString;
 
@@ -52,6 +57,29 @@ fn value_args(
         }
     };
     Ok(vec![flag.into(), s.into()])
+}
+
+/// The commands whose every flag has an environment variable.
+pub const SERVER_COMMANDS: &[&str] = &["up", "coordinator", "node"];
+
+/// `root` with an environment variable named for every flag of the server commands that
+/// has none yet (clap reads it and `--help` shows it).
+pub fn with_env_names(mut root: clap::Command) -> clap::Command {
+    for cmd in SERVER_COMMANDS {
+        if root.find_subcommand(cmd).is_none() {
+            continue;
+        }
+        root = root.mut_subcommand(cmd, |sub| {
+            sub.mut_args(|a| match a.get_long() {
+                Some(l) if a.get_env().is_none() && !a.is_global_set() && l != "help" => {
+                    let var = env_var(l);
+                    a.env(var)
+                }
+                _ => a,
+            })
+        });
+    }
+    root
 }
 
 /// `args` with the settings of the environment (`DISSEM_<FLAG>`) and of the config file (if
@@ -111,19 +139,24 @@ pub fn apply(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>,
     let Some(sub) = root.find_subcommand(&cmd) else {
         return Ok(rest); // clap explains
     };
-    let flags: Vec<(String, bool)> = sub
+    let flags: Vec<(String, bool, Option<String>)> = sub
         .get_arguments()
         .filter(|a| !a.is_global_set())
         .filter_map(|a| {
-            a.get_long()
-                .map(|l| (l.to_string(), a.get_action().takes_values()))
+            a.get_long().map(|l| {
+                (
+                    l.to_string(),
+                    a.get_action().takes_values(),
+                    a.get_env().map(|e| e.to_string_lossy().to_string()),
+                )
+            })
         })
-        .filter(|(l, _)| l != "config" && l != "log-json" && l != "help")
+        .filter(|(l, _, _)| l != "config" && l != "log-json" && l != "help")
         .collect();
     let empty = toml::Table::new();
     let table = doc.get(&cmd).and_then(|t| t.as_table()).unwrap_or(&empty);
     for key in table.keys() {
-        if !flags.iter().any(|(f, _)| f == key) {
+        if !flags.iter().any(|(f, _, _)| f == key) {
             return Err(format!(
                 "config file {path}: [{cmd}] has no setting `{key}`; `dissem {cmd} --help` \
                  lists them"
@@ -135,7 +168,7 @@ pub fn apply(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>,
         .map(|a| a.to_string_lossy().to_string())
         .collect();
     let mut extra: Vec<OsString> = Vec::new();
-    for (key, takes_value) in &flags {
+    for (key, takes_value, env) in &flags {
         let flag = format!("--{key}");
         if given
             .iter()
@@ -143,7 +176,7 @@ pub fn apply(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>,
         {
             continue; // the command line wins
         }
-        if let Ok(v) = std::env::var(env_var(key)) {
+        if let Some(v) = env.as_ref().and_then(|e| std::env::var(e).ok()) {
             if *takes_value {
                 extra.push(flag.into());
                 extra.push(v.into());

@@ -58,35 +58,18 @@ enum Command {
     /// elastic workers run test and match tasks on the coordinator's orders.
     Node(NodeArgs),
     /// Stores one object on a node (metadata as name=value; quote strings that look numeric).
-    Put {
-        #[command(flatten)]
-        node: NodeArg,
-        /// Metadata attribute, name=value (repeatable).
-        #[arg(long = "attr")]
-        attrs: Vec<String>,
-        /// The object's bytes (UTF-8 text); empty by default.
-        #[arg(long, default_value = "")]
-        data: String,
-        /// Priority 0..=7.
-        #[arg(long, default_value_t = 0)]
-        priority: u32,
-    },
+    Put(client::PutArgs),
     /// Registers a subscription (text filter, or EventBridge JSON starting with `{`).
-    Subscribe {
+    Subscribe(client::SubscribeArgs),
+    /// Subscribes on the command line: prints each delivery as a JSON line on stdout, acks it,
+    /// and deletes the subscription at the end (Ctrl-C, --count) unless --durable.
+    Sub(client::SubArgs),
+    /// Shows one subscription.
+    Get {
         #[command(flatten)]
         node: NodeArg,
-        /// The filter, e.g. 'temp > 30 && site prefix "kr/"'.
-        #[arg(long)]
-        filter: String,
-        /// Where to push: grpc:URL, webhook:URL or stream:NAME.
-        #[arg(long)]
-        target: String,
-        /// 0 at most once, 1 at least once, 2 exactly once.
-        #[arg(long, default_value_t = 1)]
-        qos: u32,
-        /// Priority 0..=7 of the deliveries.
-        #[arg(long, default_value_t = 0)]
-        priority: u32,
+        /// The subscription id.
+        id: u64,
     },
     /// Deletes a subscription.
     Unsubscribe {
@@ -121,6 +104,14 @@ enum Command {
         #[command(flatten)]
         node: NodeArg,
     },
+    /// Says whether a JSON event matches a filter (text or EventBridge pattern), as
+    /// EventBridge's TestEventPattern does; exit code 0 if it matches, 1 if not.
+    TestPattern(client::TestPatternArgs),
+    /// Prints a shell completion script: `dissem completions bash > /etc/bash_completion.d/dissem`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Runs the whole system on this machine: an embedded cluster in a temporary directory,
     /// local subscriber endpoints of every kind, an iot subscription set, objects put at a
     /// target rate; prints what was delivered, lost, duplicated and how fast.
@@ -154,15 +145,26 @@ enum Command {
     },
 }
 
+/// The command line with the environment variable of every server flag named (`--help`
+/// shows them).
+fn cli_command() -> clap::Command {
+    config::with_env_names(Cli::command())
+}
+
 fn main() -> ExitCode {
-    let args = match config::apply(std::env::args_os().collect(), &Cli::command()) {
+    let command = cli_command();
+    let args = match config::apply(std::env::args_os().collect(), &command) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    let cli = Cli::parse_from(args);
+    let matches = command.get_matches_from(args);
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_default_env()
             // wgpu's backend probing logs errors for every API a machine lacks
@@ -224,33 +226,24 @@ fn main() -> ExitCode {
             }
         }),
         Command::Node(a) => node_cmd(a),
-        Command::Put {
-            node,
-            attrs,
-            data,
-            priority,
-        } => client(&node, |ch| async move {
-            Ok(vec![
-                worker::client::put(ch, data.into_bytes(), &attrs, priority).await?,
-            ])
+        Command::Put(a) => client::put(a),
+        Command::Subscribe(a) => client::subscribe(a),
+        Command::Sub(a) => client::sub(a),
+        Command::TestPattern(a) => client::test_pattern(a),
+        Command::Get { node, id } => client(&node, |ch| async move {
+            let s = worker::client::get(ch, id).await?;
+            Ok(worker::client::Printed::new(
+                worker::client::subscription_lines(&s),
+                worker::client::subscription_json(&s),
+            ))
         }),
-        Command::Subscribe {
-            node,
-            filter,
-            target,
-            qos,
-            priority,
-        } => client(&node, |ch| async move {
-            Ok(vec![
-                worker::client::subscribe(ch, &filter, &target, qos, priority)
-                    .await?
-                    .to_string(),
-            ])
-        }),
-        Command::Unsubscribe { node, id } => client(&node, |ch| async move {
-            worker::client::unsubscribe(ch, id).await?;
-            Ok(vec![format!("deleted {id}")])
-        }),
+        Command::Unsubscribe { node, id } => {
+            client(&node, |ch| async move { worker::client::unsubscribe(ch, id).await })
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut cli_command(), "dissem", &mut std::io::stdout());
+            Ok(true)
+        }
         Command::Subscriptions { node } => client(&node, worker::client::subscriptions),
         Command::Stats { node } => client(&node, worker::client::stats),
         Command::Bench {
@@ -278,6 +271,7 @@ fn main() -> ExitCode {
             eprintln!("error: engines disagree on the matches");
             ExitCode::FAILURE
         }
+        Err(e) if e.is::<client::NoMatch>() => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("error: {e:#}");
             exit_code(&e)

@@ -211,8 +211,16 @@ fn api_commands_against_a_running_node() {
     let (code, stats, _) = run(&["stats"]);
     assert_eq!(code, Some(0));
     assert!(
-        stats.contains("objects_stored 1") && stats.contains("subscriptions 1"),
-        "{stats}"
+        stats.contains("objects\n") && stats.contains("1 objects"),
+        "grouped, with units: {stats}"
+    );
+    let (code, stats, _) = run(&["stats", "-o", "json"]);
+    assert_eq!(code, Some(0));
+    let v: serde_json::Value = serde_json::from_str(&stats).expect("stats json");
+    assert_eq!(
+        (v["objects_stored"].as_u64(), v["subscriptions"].as_u64()),
+        (Some(1), Some(1)),
+        "{v}"
     );
     // errors name what to fix and exit 2
     let (code, _, err) = run(&["subscribe", "--filter", "temp >", "--target", "stream:x"]);

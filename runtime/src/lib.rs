@@ -20,6 +20,7 @@ pub mod rate;
 pub mod serve;
 pub mod subscriptions;
 pub mod target_guard;
+pub mod test_pattern;
 pub mod tls;
 pub mod validate;
 

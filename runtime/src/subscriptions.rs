@@ -18,11 +18,15 @@ use crate::error::ServiceError;
 use crate::validate;
 
 /// Where subscription changes go once they are stored.
+#[tonic::async_trait]
 pub trait SubscriptionIndex: Send + Sync + std::fmt::Debug {
     /// Subscription `id` now matches `dnf` (new or changed).
     fn upsert(&self, id: u64, dnf: blocks::Dnf);
     /// Subscription `id` is gone.
     fn remove(&self, id: u64);
+    /// Returns once every change told so far applies to every later put (the service
+    /// answers a change only then: read-your-writes).
+    async fn in_force(&self) -> Result<(), ServiceError>;
 }
 
 /// The service over one store and index.
@@ -55,7 +59,9 @@ impl Subscriptions {
     ) -> Result<v1::Subscription, ServiceError> {
         self.store.put_subscription(s.id, s.encode_to_vec()).await?;
         self.index.upsert(s.id, dnf);
+        self.index.in_force().await?;
         s.webhook_secret.clear();
+        s.webhook_headers.clear();
         Ok(s)
     }
 
@@ -122,6 +128,7 @@ impl Subscriptions {
 fn decode_sub(id: u64, bytes: &[u8]) -> Result<v1::Subscription, ServiceError> {
     let mut s = decode_stored(id, bytes)?;
     s.webhook_secret.clear(); // write-only
+    s.webhook_headers.clear();
     Ok(s)
 }
 
@@ -156,6 +163,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
             .ok_or_else(|| ServiceError::invalid("subscription", "required"))?;
         let dnf = validate::subscription(&s, &self.limits)?;
         validate::target_address(&s, &self.limits).await?;
+        s.qos = validate::qos(&s) as i32; // stored with its level, never unset
         s.tenant = caller.tenant().to_string();
         self.reserve_subscription(&caller)?;
         let saved = match self.store.next_subscription_id() {
@@ -178,6 +186,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         let caller = auth::caller(&request);
         let mut s = self.owned_subscription(&caller, request.into_inner().id)?;
         s.webhook_secret.clear(); // write-only
+        s.webhook_headers.clear();
         Ok(Response::new(s))
     }
 
@@ -240,6 +249,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         }
         let dnf = validate::subscription(&s, &self.limits)?;
         validate::target_address(&s, &self.limits).await?;
+        s.qos = validate::qos(&s) as i32;
         // the owner stays: an update never moves a subscription between tenants
         s.tenant = self.owned_subscription(&caller, s.id)?.tenant;
         Ok(Response::new(self.save_subscription(s, dnf).await?))
@@ -262,6 +272,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         }
         self.release_subscription(&owner);
         self.index.remove(id);
+        self.index.in_force().await?;
         Ok(Response::new(v1::DeleteSubscriptionResponse {}))
     }
 }

@@ -292,6 +292,24 @@ fn filter_names(dnf: &Dnf, field: &str, limits: &Limits) -> Result<(), ServiceEr
     Ok(())
 }
 
+/// The delivery guarantee of a subscription: an unset level is at least once (QoS 1), the
+/// one default of the API and the CLI.
+pub fn qos(s: &v1::Subscription) -> v1::Qos {
+    match v1::Qos::try_from(s.qos) {
+        Ok(v1::Qos::Unspecified) | Err(_) => v1::Qos::AtLeastOnce,
+        Ok(q) => q,
+    }
+}
+
+/// The MQTT-style number of a level: 0 at most once, 1 at least once, 2 exactly once.
+pub fn qos_number(q: v1::Qos) -> u8 {
+    match q {
+        v1::Qos::AtMostOnce => 0,
+        v1::Qos::Unspecified | v1::Qos::AtLeastOnce => 1,
+        v1::Qos::ExactlyOnce => 2,
+    }
+}
+
 /// The rest of a subscription: target, QoS, priority, retry policy, secret, and the names
 /// its filter uses.
 pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, ServiceError> {
@@ -316,7 +334,11 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, Servic
     if v1::Qos::try_from(s.qos).is_err() {
         return Err(ServiceError::invalid(
             "subscription.qos",
-            format!("{} is not a QoS level (0, 1 or 2)", s.qos),
+            format!(
+                "{} is not a QoS level (0 unset: at least once, 1 at least once, 2 exactly \
+                 once, 3 at most once)",
+                s.qos
+            ),
         ));
     }
     // exactly once is the gRPC release handshake; a webhook or stream has no second
@@ -333,6 +355,7 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, Servic
              streams deliver at least once: use QoS 1",
         ));
     }
+    webhook_options(s)?;
     if s.priority > 7 {
         return Err(ServiceError::invalid(
             "subscription.priority",
@@ -418,6 +441,103 @@ pub fn attributes_to_proto(metadata: &[(String, Value)]) -> Vec<v1::Attribute> {
             value: Some(value_to_proto(v)),
         })
         .collect()
+}
+
+/// Most extra webhook headers a subscription may carry, and the longest value.
+const MAX_WEBHOOK_HEADERS: usize = 16;
+const MAX_HEADER_VALUE: usize = 1024;
+/// The largest `push_batch` a subscription may ask for (the node caps it at its own).
+const MAX_PUSH_BATCH: u32 = 1000;
+
+/// Headers the node sets itself, or that would change how the request is framed.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+    "user-agent",
+    "webhook-request-origin",
+];
+
+/// `push_batch` and `webhook_headers`: only for webhook targets, bounded, and headers that
+/// cannot smuggle a second request or override what the node signs and frames.
+fn webhook_options(s: &v1::Subscription) -> Result<(), ServiceError> {
+    let webhook = matches!(
+        s.target.as_ref().and_then(|t| t.kind.as_ref()),
+        Some(v1::target::Kind::Webhook(_))
+    );
+    if s.push_batch > MAX_PUSH_BATCH {
+        return Err(ServiceError::invalid(
+            "subscription.push_batch",
+            format!("{} exceeds {MAX_PUSH_BATCH}", s.push_batch),
+        ));
+    }
+    if s.push_batch > 1 && !webhook {
+        return Err(ServiceError::invalid(
+            "subscription.push_batch",
+            "batches are for webhook targets (gRPC subscribers take DeliverBatch on their own)",
+        ));
+    }
+    if s.webhook_headers.is_empty() {
+        return Ok(());
+    }
+    if !webhook {
+        return Err(ServiceError::invalid(
+            "subscription.webhook_headers",
+            "headers are for webhook targets",
+        ));
+    }
+    if s.webhook_headers.len() > MAX_WEBHOOK_HEADERS {
+        return Err(ServiceError::invalid(
+            "subscription.webhook_headers",
+            format!(
+                "{} headers exceed the limit of {MAX_WEBHOOK_HEADERS}",
+                s.webhook_headers.len()
+            ),
+        ));
+    }
+    for (name, value) in &s.webhook_headers {
+        let field = "subscription.webhook_headers";
+        let token = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token {
+            return Err(ServiceError::invalid(
+                field,
+                format!("{:?} is not an HTTP header name", blocks::quote::clip(name)),
+            ));
+        }
+        let lower = name.to_ascii_lowercase();
+        if RESERVED_HEADERS.contains(&lower.as_str())
+            || lower.starts_with("ce-")
+            || lower.starts_with("x-dissem-")
+        {
+            return Err(ServiceError::invalid(
+                field,
+                format!("{name} is set by the node and cannot be overridden"),
+            ));
+        }
+        if value.len() > MAX_HEADER_VALUE
+            || value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
+        {
+            return Err(ServiceError::invalid(
+                field,
+                format!(
+                    "the value of {name} must be printable text of at most {MAX_HEADER_VALUE} bytes"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

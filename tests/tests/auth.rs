@@ -20,6 +20,7 @@ fn stream_sub(filter: &str, stream: &str) -> v1::CreateSubscriptionRequest {
             target: Some(v1::Target {
                 kind: Some(v1::target::Kind::Stream(stream.into())),
             }),
+            qos: v1::Qos::AtMostOnce as i32,
             ..Default::default()
         }),
     }

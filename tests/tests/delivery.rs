@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use proto::v1;
@@ -415,37 +415,49 @@ fn pushes_that_queue_for_a_slow_webhook_go_together_as_a_signed_batch() {
     let node = start_node(&dir, &[]);
     runtime().block_on(async {
         let url = node.url();
-        // each answer takes 300 ms: what matches meanwhile waits for the next POST
+        // each answer takes 300 ms: what matches meanwhile waits for the next POST, in one
+        // batch where the subscription asks for batches
         let (hook_url, hooks) = start_webhook("b4tch", Duration::from_millis(300)).await;
-        create(
-            &url,
-            Sub {
-                filter: "temp >= 0",
-                target: v1::target::Kind::Webhook(hook_url),
-                qos: v1::Qos::AtLeastOnce,
-                retry: None,
-                secret: "b4tch",
-            },
-        )
-        .await;
-        wait_published(&url, 1).await;
+        let (single_url, singles) = start_webhook("b4tch", Duration::from_millis(300)).await;
+        for (target, push_batch) in [(hook_url, 64), (single_url, 0)] {
+            v1::subscriptions_client::SubscriptionsClient::new(channel(&url))
+                .create(v1::CreateSubscriptionRequest {
+                    subscription: Some(v1::Subscription {
+                        filter: Some(v1::subscription::Filter::Text("temp >= 0".into())),
+                        target: Some(v1::Target {
+                            kind: Some(v1::target::Kind::Webhook(target)),
+                        }),
+                        qos: v1::Qos::AtLeastOnce as i32,
+                        webhook_secret: "b4tch".into(),
+                        push_batch,
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .expect("create");
+        }
         let temps: Vec<i64> = (0..40).collect();
         let ids = put_temps(&url, &temps, 0).await;
         let want = expected(&ids, &temps, |_| true);
-        wait_for("every event", Duration::from_secs(60), || {
-            let hooks = hooks.clone();
-            let want = want.clone();
-            async move {
-                let h: BTreeSet<String> = lock(&hooks).ok.iter().map(|x| x.1.clone()).collect();
-                (h == want).then_some(())
-            }
-        })
-        .await;
+        for hooks in [&hooks, &singles] {
+            wait_for("every event", Duration::from_secs(60), || {
+                let hooks = hooks.clone();
+                let want = want.clone();
+                async move {
+                    let h: BTreeSet<String> = lock(&hooks).ok.iter().map(|x| x.1.clone()).collect();
+                    (h == want).then_some(())
+                }
+            })
+            .await;
+        }
         let h = lock(&hooks);
         assert_eq!(h.bad_signatures, 0);
         assert_eq!(h.ok.len(), 40, "each event once");
         assert!(h.batches >= 1, "no POST carried a batch: {} posts", h.posts);
         assert!(h.posts < 40, "{} POSTs for 40 events", h.posts);
+        // batching is off by default: the CloudEvents SDKs parse single events
+        let s = lock(&singles);
+        assert_eq!((s.batches, s.posts, s.ok.len()), (0, 40, 40));
     });
     drop(node);
     let _ = std::fs::remove_dir_all(&dir);
@@ -1253,6 +1265,7 @@ fn a_mutual_tls_cluster_with_tokens_delivers_end_to_end() {
                         target: Some(v1::Target {
                             kind: Some(v1::target::Kind::Stream("alerts".into())),
                         }),
+                        qos: v1::Qos::AtMostOnce as i32,
                         ..Default::default()
                     }),
                 },
@@ -1314,8 +1327,8 @@ fn a_webhook_that_does_not_consent_gets_no_events() {
         let posts = Arc::new(AtomicU64::new(0));
         let p = posts.clone();
         // no WebHook-Allowed-Origin: this receiver never consents
-        let hook = serve_answers(move |method| {
-            let status = if *method == hyper::Method::OPTIONS {
+        let hook = serve_answers(move |req| {
+            let status = if req.method() == hyper::Method::OPTIONS {
                 405
             } else {
                 p.fetch_add(1, Ordering::SeqCst);
@@ -1357,9 +1370,11 @@ fn a_webhook_that_does_not_consent_gets_no_events() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A webhook receiver on loopback answering every request with `answer(method)`; its URL.
+/// A webhook receiver on loopback answering every request with `answer(request)`; its URL.
 async fn serve_answers(
-    answer: impl Fn(&hyper::Method) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>>
+    answer: impl Fn(
+        &hyper::Request<hyper::body::Incoming>,
+    ) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>>
     + Clone
     + Send
     + Sync
@@ -1373,7 +1388,7 @@ async fn serve_answers(
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(
                     move |req: hyper::Request<hyper::body::Incoming>| {
-                        let resp = answer(req.method());
+                        let resp = answer(&req);
                         async move { Ok::<_, hyper::Error>(resp) }
                     },
                 );
@@ -1401,4 +1416,96 @@ async fn first_dead_letters(url: &str) -> Vec<v1::DeadLetter> {
         }
     })
     .await
+}
+
+/// What a webhook answers decides what happens next: a 4xx other than 408/429 is
+/// dead-lettered at once with the status; a 429's `Retry-After` delays the retry; every
+/// request carries a User-Agent and the subscription's own headers.
+#[test]
+fn webhook_answers_are_honoured_and_requests_carry_agent_and_headers() {
+    let _serial = lock(&SERIAL);
+    let dir = temp_dir("delivery-answers");
+    let node = start_node(&dir, &["--skip-webhook-validation"]);
+    runtime().block_on(async {
+        let url = node.url();
+        // (path, when, user-agent, x-team) of every POST
+        type Seen = Vec<(String, Instant, String, String)>;
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let s2 = seen.clone();
+        let hook = serve_answers(move |req| {
+            let header = |n: &str| {
+                req.headers()
+                    .get(n)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let path = req.uri().path().to_string();
+            let mut seen = lock(&s2);
+            let earlier = seen.iter().filter(|x| x.0 == path).count();
+            seen.push((path.clone(), Instant::now(), header("user-agent"), header("x-team")));
+            let (status, retry_after) = match path.as_str() {
+                "/gone" => (410, None),
+                "/throttle" if earlier == 0 => (429, Some("1")),
+                _ => (200, None),
+            };
+            let mut b = hyper::Response::builder().status(status);
+            if let Some(r) = retry_after {
+                b = b.header("retry-after", r);
+            }
+            b.body(http_body_util::Full::new(hyper::body::Bytes::new()))
+                .unwrap_or_default()
+        })
+        .await;
+        let base = hook.trim_end_matches("/hook").to_string();
+        for (path, team) in [("/gone", ""), ("/throttle", "blue")] {
+            let mut headers = std::collections::HashMap::new();
+            if !team.is_empty() {
+                headers.insert("X-Team".to_string(), team.to_string());
+            }
+            v1::subscriptions_client::SubscriptionsClient::new(channel(&url))
+                .create(v1::CreateSubscriptionRequest {
+                    subscription: Some(v1::Subscription {
+                        filter: Some(v1::subscription::Filter::Text("temp > 0".into())),
+                        target: Some(v1::Target {
+                            kind: Some(v1::target::Kind::Webhook(format!("{base}{path}"))),
+                        }),
+                        retry: fast_retry(),
+                        webhook_headers: headers,
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .expect("create");
+        }
+        put_temps(&url, &[5], 0).await;
+        let dead = first_dead_letters(&url).await;
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert!(dead[0].reason.contains("410"), "{:?}", dead[0].reason);
+        let s3 = seen.clone();
+        wait_for("the throttled event", Duration::from_secs(30), || {
+            let seen = s3.clone();
+            async move { (lock(&seen).iter().filter(|x| x.0 == "/throttle").count() == 2).then_some(()) }
+        })
+        .await;
+        let seen = lock(&seen).clone();
+        let gone: Vec<_> = seen.iter().filter(|x| x.0 == "/gone").collect();
+        assert_eq!(gone.len(), 1, "a 410 is not retried");
+        let thr: Vec<_> = seen.iter().filter(|x| x.0 == "/throttle").collect();
+        let gap = thr[1].1 - thr[0].1;
+        assert!(gap >= Duration::from_millis(950), "retried {gap:?} after a Retry-After of 1 s");
+        for s in &seen {
+            assert!(s.2.starts_with("dissem/"), "user agent {:?}", s.2);
+        }
+        assert_eq!((thr[0].3.as_str(), gone[0].3.as_str()), ("blue", ""));
+        // the headers are write-only, like the secret
+        let listed = v1::subscriptions_client::SubscriptionsClient::new(channel(&url))
+            .list(v1::ListSubscriptionsRequest { after_id: 0, limit: 10 })
+            .await
+            .expect("list")
+            .into_inner();
+        assert!(listed.subscriptions.iter().all(|s| s.webhook_headers.is_empty()));
+    });
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -22,6 +22,22 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u1
     Ok((status, body))
 }
 
+/// `dissem up` on a free port with its data in `dir`.
+fn start_up(dir: &std::path::Path) -> Proc {
+    Proc::start(
+        &dissem_bin(),
+        &[
+            "up".to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--gpu".into(),
+            "off".into(),
+            "--data".into(),
+            dir.join("data").display().to_string(),
+        ],
+    )
+}
+
 /// The metrics port answers orchestrators' probes beside `/metrics`: `/healthz` when the
 /// process runs, `/readyz` when its services answer.
 #[test]
@@ -114,4 +130,309 @@ fn logs_to_a_pipe_are_plain_text() {
         seen.iter().all(|l| !l.contains('\u{1b}')),
         "colour codes in piped logs: {seen:?}"
     );
+}
+
+/// A subscription is in force when `Create` returns: a put made right after it is matched,
+/// every time (read-your-writes), and so is a `Delete`: a put after it is not.
+#[test]
+fn a_put_right_after_create_is_matched_every_time() {
+    use proto::v1;
+    use std::collections::BTreeMap;
+    const ROUNDS: i64 = 1000;
+    let dir = temp_dir("read-your-writes");
+    let mut up = start_up(&dir);
+    runtime().block_on(async {
+        let url = up.url();
+        // one stream subscriber receives every subscription's deliveries
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tx.send(v1::StreamClientMessage {
+            kind: Some(v1::stream_client_message::Kind::Attach("ryw".into())),
+        })
+        .await
+        .expect("attach");
+        let mut down = v1::stream_client::StreamClient::new(tests::channel(&url))
+            .open(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("open stream")
+            .into_inner();
+        let got = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<i64, Vec<u64>>::new()));
+        let g2 = got.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(d)) = down.message().await {
+                let n = d
+                    .metadata
+                    .iter()
+                    .find(|a| a.name == "n")
+                    .and_then(|a| match a.value.as_ref()?.kind.as_ref()? {
+                        v1::value::Kind::Integer(i) => Some(*i),
+                        v1::value::Kind::Decimal(d) => d.parse().ok(),
+                        _ => None,
+                    })
+                    .unwrap_or(-1);
+                g2.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(n)
+                    .or_default()
+                    .push(d.subscription_id);
+                let ack = v1::stream_client_message::Kind::Ack(d.delivery_id);
+                let _ = tx.send(v1::StreamClientMessage { kind: Some(ack) }).await;
+            }
+        });
+        let mut subs = v1::subscriptions_client::SubscriptionsClient::new(tests::channel(&url));
+        let mut ingest = v1::ingest_client::IngestClient::new(tests::channel(&url));
+        let put = |n: i64| v1::PutRequest {
+            metadata: vec![v1::Attribute {
+                name: "n".into(),
+                value: Some(v1::Value {
+                    kind: Some(v1::value::Kind::Integer(n)),
+                }),
+            }],
+            ..Default::default()
+        };
+        let mut ids = BTreeMap::new();
+        for n in 0..ROUNDS {
+            let s = subs
+                .create(v1::CreateSubscriptionRequest {
+                    subscription: Some(v1::Subscription {
+                        filter: Some(v1::subscription::Filter::Text(format!("n = {n}"))),
+                        target: Some(v1::Target {
+                            kind: Some(v1::target::Kind::Stream("ryw".into())),
+                        }),
+                        qos: v1::Qos::AtLeastOnce as i32,
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .expect("create")
+                .into_inner();
+            ids.insert(n, s.id);
+            ingest.put(put(n)).await.expect("put");
+        }
+        // a deleted subscription matches nothing put after the delete returned
+        subs.delete(v1::DeleteSubscriptionRequest { id: ids[&0] })
+            .await
+            .expect("delete");
+        ingest.put(put(0)).await.expect("put after delete");
+        // a marker put after everything: once it is delivered, everything before it was
+        let marker = subs
+            .create(v1::CreateSubscriptionRequest {
+                subscription: Some(v1::Subscription {
+                    filter: Some(v1::subscription::Filter::Text("n = -7".into())),
+                    target: Some(v1::Target {
+                        kind: Some(v1::target::Kind::Stream("ryw".into())),
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect("create marker")
+            .into_inner();
+        ingest.put(put(-7)).await.expect("put marker");
+        // a missing delivery is reported by what is missing, not as a timeout
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            let m = got.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if m.len() as i64 == ROUNDS + 1 && m.contains_key(&-7) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let m = got.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let missing: Vec<i64> = (0..ROUNDS).filter(|n| !m.contains_key(n)).collect();
+        assert!(
+            missing.is_empty(),
+            "{} of {ROUNDS} puts not matched: {missing:?}; got {m:?}",
+            missing.len()
+        );
+        for n in 0..ROUNDS {
+            assert_eq!(m.get(&n), Some(&vec![ids[&n]]), "object n = {n}");
+        }
+        assert_eq!(m.get(&-7), Some(&vec![marker.id]));
+    });
+    up.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs one client command of `dissem` against `url`: (exit code, stdout, stderr).
+fn cli(url: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(dissem_bin())
+        .args(args)
+        .env("DISSEM_NODE_URL", url)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run dissem");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// The README tour: `dissem up`, `dissem sub` in one terminal receiving the `dissem put` of
+/// another, as JSON lines; the other client commands and flags a first user reaches for.
+#[test]
+fn the_readme_tour_shows_a_delivery_on_the_command_line() {
+    use std::io::{BufRead, Write};
+    let dir = temp_dir("tour");
+    let mut up = start_up(&dir);
+    let url = up.url();
+    let mut sub = std::process::Command::new(dissem_bin())
+        .args(["sub", "-u", &url, "-f", "temp > 30", "--count", "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn dissem sub");
+    let stderr = sub.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(l);
+        }
+    });
+    let attached = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("dissem sub says when it is attached");
+    assert!(
+        attached.starts_with("attached: subscription "),
+        "{attached}"
+    );
+    // the subscription is in force once attached: these puts match at once
+    let (code, _, err) = cli(
+        &url,
+        &[
+            "put",
+            "-a",
+            "temp=31.5",
+            "-a",
+            "site=kr/seoul",
+            "-d",
+            "hello",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, _) = cli(&url, &["put", "-a", "temp=10"], &[]);
+    assert_eq!(code, Some(0));
+    // a variable meant for `dissem up --data` is not the bytes of a put; --file reads bytes
+    let bin = dir.join("bytes.bin");
+    std::fs::write(&bin, [0xff, 0x00, 0x01]).expect("write");
+    let (code, _, err) = cli(
+        &url,
+        &["put", "-a", "temp=40", "--file", &bin.display().to_string()],
+        &[("DISSEM_DATA", "/var/lib/dissem")],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let out = sub
+        .wait_with_output()
+        .expect("dissem sub ends after --count 2");
+    assert!(out.status.success(), "{:?}", out.status);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines[0]["metadata"]["temp"], 31.5);
+    assert_eq!(lines[0]["metadata"]["site"], "kr/seoul");
+    assert_eq!(lines[0]["data"], "hello");
+    assert_eq!(lines[1]["metadata"]["temp"], 40);
+    assert_eq!(lines[1]["data_base64"], "/wAB", "{}", lines[1]);
+    // the subscription went with the command
+    let (code, list, _) = cli(&url, &["subscriptions", "-o", "json"], &[]);
+    assert_eq!(code, Some(0));
+    assert_eq!(list, "[]");
+
+    // subscribe's options, get, --output json; an unset QoS is at least once
+    let (code, created, err) = cli(
+        &url,
+        &[
+            "subscribe",
+            "-f",
+            "temp > 1",
+            "-t",
+            "stream:later",
+            "--max-attempts",
+            "3",
+            "--ttl",
+            "90s",
+            "-o",
+            "json",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let created: serde_json::Value = serde_json::from_str(&created).expect("json");
+    assert_eq!(created["qos"], 1, "{created}");
+    assert_eq!(created["retry"]["max_attempts"], 3);
+    assert_eq!(created["retry"]["ttl_ms"], 90_000);
+    let id = created["id"].as_u64().expect("id").to_string();
+    let (code, got, _) = cli(&url, &["get", &id], &[]);
+    assert_eq!(code, Some(0));
+    assert!(got.contains("qos       1 (at least once)"), "{got}");
+    let (code, _, err) = cli(&url, &["get", "999999"], &[]);
+    assert_eq!(
+        (code, err.as_str()),
+        (Some(1), "error: subscription 999999 not found\n")
+    );
+    let (code, _, err) = cli(
+        &url,
+        &[
+            "subscribe",
+            "-f",
+            "a = 1",
+            "-t",
+            "stream:x",
+            "--ttl",
+            "5 parsecs",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--ttl"), "{err}");
+    let (code, _, err) = cli(&url, &["sub", "-f", "a = 1", "-q", "2"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--qos"), "{err}");
+
+    // EventBridge's TestEventPattern on the command line: exit 0 match, 1 no match
+    let event = r#"{"source":"aws.ec2","detail":{"state":"terminated"}}"#;
+    let (code, out, _) = cli(
+        &url,
+        &[
+            "test-pattern",
+            "--pattern",
+            r#"{"detail":{"state":["terminated"]}}"#,
+            "--event",
+            event,
+        ],
+        &[],
+    );
+    assert_eq!((code, out.as_str()), (Some(0), "match"));
+    let (code, out, _) = cli(
+        &url,
+        &[
+            "test-pattern",
+            "--pattern",
+            r#"{"source":["aws.s3"]}"#,
+            "--event",
+            event,
+        ],
+        &[],
+    );
+    assert_eq!((code, out.as_str()), (Some(1), "no match"));
+
+    // completions for the common shells
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, script, _) = cli(&url, &["completions", shell], &[]);
+        assert_eq!(code, Some(0));
+        assert!(
+            script.contains("dissem") && script.contains("subscribe"),
+            "{shell}"
+        );
+    }
+    let _ = std::io::stdout().flush();
+    up.kill();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -26,6 +26,7 @@ fn sub(filter: v1::subscription::Filter, target: v1::target::Kind) -> v1::Subscr
     v1::Subscription {
         filter: Some(filter),
         target: Some(v1::Target { kind: Some(target) }),
+        qos: v1::Qos::AtMostOnce as i32,
         ..Default::default()
     }
 }
@@ -245,8 +246,8 @@ fn subscriptions_that_can_never_work_are_refused() {
         .expect_err("https grpc");
         invalid(&e, &["subscription.target.grpc", "https"]);
         let mut q = sub(text("temp > 1"), stream("s"));
-        q.qos = 3;
-        let e = create(&url, q).await.expect_err("qos 3");
+        q.qos = 7;
+        let e = create(&url, q).await.expect_err("qos 7");
         invalid(&e, &["subscription.qos"]);
         let long = format!("\"{}\" > 1", "a".repeat(200));
         let e = create(&url, sub(text(&long), stream("s")))

@@ -23,6 +23,7 @@ pub struct Disseminator {
     index: Arc<RwLock<MatchIndex>>,
 }
 
+#[tonic::async_trait]
 impl runtime::subscriptions::SubscriptionIndex for Disseminator {
     fn upsert(&self, id: u64, dnf: blocks::Dnf) {
         Disseminator::upsert(self, id, dnf)
@@ -30,6 +31,11 @@ impl runtime::subscriptions::SubscriptionIndex for Disseminator {
 
     fn remove(&self, id: u64) {
         Disseminator::remove(self, id)
+    }
+
+    /// The index changes in place: a change is in force when it is told.
+    async fn in_force(&self) -> Result<(), ServiceError> {
+        Ok(())
     }
 }
 

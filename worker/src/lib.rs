@@ -16,6 +16,7 @@ pub mod proxy;
 pub mod push_http;
 pub mod regulate;
 pub mod services;
+pub mod subscriber;
 
 use std::sync::Arc;
 

@@ -120,6 +120,7 @@ async fn handshake(client: &WebhookClient, url: &str) -> Result<(), String> {
         .method(hyper::Method::OPTIONS)
         .uri(url)
         .header("WebHook-Request-Origin", REQUEST_ORIGIN)
+        .header("user-agent", concat!("dissem/", env!("CARGO_PKG_VERSION")))
         .body(Full::new(Bytes::new()))
         .map_err(|e| format!("building the validation request: {e}"))?;
     let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))

@@ -362,6 +362,7 @@ async fn subscription_crud_and_errors() {
         priority: 5,
         webhook_secret: "s3cret".into(),
         tenant: String::new(),
+        ..v1::Subscription::default()
     };
     let mut created = Vec::new();
     for i in 0..5 {
@@ -694,6 +695,7 @@ async fn stored_objects_are_matched_into_pending_deliveries() {
                     target: Some(v1::Target {
                         kind: Some(v1::target::Kind::Stream("s".into())),
                     }),
+                    qos: v1::Qos::AtMostOnce as i32,
                     ..v1::Subscription::default()
                 }),
             })

@@ -14,6 +14,7 @@ pub(super) struct Prepared {
     pub(super) object: Arc<CachedObject>,
 }
 
+#[derive(Debug, Clone)]
 pub(super) enum Outcome {
     Done,
     /// QoS 2: received by the subscriber, release still owed.
@@ -25,6 +26,15 @@ pub(super) enum Outcome {
     Postponed {
         received: bool,
     },
+    /// The endpoint will never take it (a webhook's 4xx other than 408/429): dead-lettered
+    /// now with the reason.
+    Refused(String),
+    /// The endpoint asked to be retried no sooner than `after` (`Retry-After`); counts as a
+    /// failed attempt.
+    Throttled {
+        after: Duration,
+        reason: String,
+    },
 }
 
 impl Deliverer {
@@ -33,7 +43,7 @@ impl Deliverer {
     /// their own; then each job's outcome is recorded.
     pub(super) async fn attempt(&self, jobs: Vec<Job>) {
         let mut grpc: HashMap<String, Vec<Prepared>> = HashMap::new();
-        let mut hooks: HashMap<(String, String), Vec<Prepared>> = HashMap::new();
+        let mut hooks: HashMap<HookKey, Vec<Prepared>> = HashMap::new();
         let mut single = Vec::new();
         // the subscriptions and objects of the call, each cache locked once
         let (subs, objects): (Vec<_>, Vec<_>) = {
@@ -59,11 +69,8 @@ impl Deliverer {
                 Some(v1::target::Kind::Grpc(url)) if self.batched_grpc(&p.s) => {
                     grpc.entry(url.clone()).or_default().push(p);
                 }
-                Some(v1::target::Kind::Webhook(url)) if self.inner.cfg.push_batch > 1 => {
-                    hooks
-                        .entry((url.clone(), p.s.webhook_secret.clone()))
-                        .or_default()
-                        .push(p);
+                Some(v1::target::Kind::Webhook(url)) if self.webhook_batch_size(&p.s) > 1 => {
+                    hooks.entry(HookKey::of(url, &p.s)).or_default().push(p);
                 }
                 _ => single.push(p),
             }
@@ -73,9 +80,9 @@ impl Deliverer {
             let me = self.clone();
             set.spawn(async move { me.grpc_batch(&url, ps).await });
         }
-        for ((url, secret), ps) in hooks {
+        for (key, ps) in hooks {
             let me = self.clone();
-            set.spawn(async move { me.webhook_batch(&url, &secret, ps).await });
+            set.spawn(async move { me.webhook_batch(&key, ps).await });
         }
         for mut p in single {
             let me = self.clone();
@@ -131,7 +138,7 @@ impl Deliverer {
             None => self.subscription(sub).await,
         };
         let s = match looked_up {
-            Ok(Some(s)) if job.in_memory && s.qos != v1::Qos::AtLeastOnce as i32 => {
+            Ok(Some(s)) if job.in_memory && runtime::validate::qos(&s) != v1::Qos::AtLeastOnce => {
                 // its QoS changed since it was last seen
                 self.to_record(sub, obj).await;
                 return None;
@@ -148,12 +155,19 @@ impl Deliverer {
                 return None;
             }
             Err(e) => {
-                self.retry_later(&job, attempts, received, None, format!("{e}"))
-                    .await;
+                self.retry_later(
+                    &job,
+                    attempts,
+                    received,
+                    None,
+                    format!("{e}"),
+                    Duration::ZERO,
+                )
+                .await;
                 return None;
             }
         };
-        match self.hold(obj, s.qos == v1::Qos::ExactlyOnce as i32) {
+        match self.hold(obj, runtime::validate::qos(&s) == v1::Qos::ExactlyOnce) {
             Hold::Go => {}
             Hold::Wait => {
                 self.postpone(&job, attempts, received).await;
@@ -182,8 +196,15 @@ impl Deliverer {
                 return None;
             }
             Err(e) => {
-                self.retry_later(&job, attempts, received, Some(&s), e.to_string())
-                    .await;
+                self.retry_later(
+                    &job,
+                    attempts,
+                    received,
+                    Some(&s),
+                    e.to_string(),
+                    Duration::ZERO,
+                )
+                .await;
                 return None;
             }
         };
@@ -251,13 +272,36 @@ impl Deliverer {
                     true,
                     Some(&p.s),
                     "release failed".into(),
+                    Duration::ZERO,
                 )
                 .await;
             }
             Ok(Outcome::Postponed { received }) => {
                 self.postpone(&p.job, p.attempts, received).await;
             }
-            Err(e) if p.s.qos == v1::Qos::AtMostOnce as i32 => {
+            Ok(Outcome::Refused(reason)) => {
+                self.count(sub, 1);
+                self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
+                self.dead_letter(sub, obj, reason, p.job.in_memory).await;
+            }
+            Ok(Outcome::Throttled { reason, .. })
+                if runtime::validate::qos(&p.s) == v1::Qos::AtMostOnce =>
+            {
+                self.count(sub, 1);
+                self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
+                self.dead_letter(
+                    sub,
+                    obj,
+                    format!("QoS 0 (at most once): the only attempt failed: {reason}"),
+                    p.job.in_memory,
+                )
+                .await;
+            }
+            Ok(Outcome::Throttled { after, reason }) => {
+                self.retry_later(&p.job, p.attempts, p.received, Some(&p.s), reason, after)
+                    .await;
+            }
+            Err(e) if runtime::validate::qos(&p.s) == v1::Qos::AtMostOnce => {
                 self.count(sub, 1);
                 self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
                 self.dead_letter(
@@ -269,8 +313,15 @@ impl Deliverer {
                 .await;
             }
             Err(e) => {
-                self.retry_later(&p.job, p.attempts, p.received, Some(&p.s), e)
-                    .await;
+                self.retry_later(
+                    &p.job,
+                    p.attempts,
+                    p.received,
+                    Some(&p.s),
+                    e,
+                    Duration::ZERO,
+                )
+                .await;
             }
         }
     }
@@ -287,7 +338,7 @@ impl Deliverer {
             .as_ref()
             .and_then(|t| t.kind.as_ref())
             .ok_or("the subscription has no target")?;
-        let exactly_once = s.qos == v1::Qos::ExactlyOnce as i32;
+        let exactly_once = runtime::validate::qos(s) == v1::Qos::ExactlyOnce;
         match target {
             v1::target::Kind::Grpc(url) => {
                 check_literal(url, self.inner.cfg.allow_private_targets)?;
@@ -364,9 +415,8 @@ impl Deliverer {
                 self.consented(url).await?;
                 let node = d.object_id.map_or(0, |o| o.node);
                 let event = event_json(&object.event, &d, node);
-                self.send_post(url, &s.webhook_secret, event, CLOUDEVENT)
-                    .await?;
-                Ok(Outcome::Done)
+                self.send_post(&HookKey::of(url, s), event, CLOUDEVENT)
+                    .await
             }
             v1::target::Kind::Stream(name) => {
                 self.to_stream(&stream_key(&s.tenant, name), d).await?;

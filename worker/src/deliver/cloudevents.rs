@@ -32,9 +32,8 @@ pub fn rfc3339(ms: u64) -> String {
     )
 }
 
-pub(super) fn base64(data: &[u8]) -> String {
-    pub(super) const T: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+pub fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for c in data.chunks(3) {
         let b = [c[0], *c.get(1).unwrap_or(&0), *c.get(2).unwrap_or(&0)];
@@ -59,6 +58,24 @@ pub fn cloudevent(d: &v1::Delivery, node: u32, received_unix_ms: u64) -> Vec<u8>
     )
 }
 
+/// An object's metadata as a JSON object: numbers as JSON numbers, text as strings.
+pub fn metadata_json(metadata: &[v1::Attribute]) -> serde_json::Map<String, serde_json::Value> {
+    let mut meta = serde_json::Map::new();
+    for a in metadata {
+        let v = match a.value.as_ref().and_then(|v| v.kind.as_ref()) {
+            Some(v1::value::Kind::Text(s)) => serde_json::Value::String(s.clone()),
+            Some(v1::value::Kind::Decimal(s)) => serde_json::from_str::<serde_json::Number>(s)
+                .map(serde_json::Value::Number)
+                .unwrap_or_else(|_| serde_json::Value::String(s.clone())),
+            Some(v1::value::Kind::Integer(i)) => serde_json::Value::from(*i),
+            Some(v1::value::Kind::Number(f)) => serde_json::Value::from(*f),
+            None => serde_json::Value::Null,
+        };
+        meta.insert(a.name.clone(), v);
+    }
+    meta
+}
+
 /// The parts of an object's CloudEvent that every delivery of it shares (JSON text), built
 /// once per object.
 #[derive(Debug)]
@@ -77,19 +94,7 @@ impl EventParts {
         data: &[u8],
         received_unix_ms: u64,
     ) -> EventParts {
-        let mut meta = serde_json::Map::new();
-        for a in metadata {
-            let v = match a.value.as_ref().and_then(|v| v.kind.as_ref()) {
-                Some(v1::value::Kind::Text(s)) => serde_json::Value::String(s.clone()),
-                Some(v1::value::Kind::Decimal(s)) => serde_json::from_str::<serde_json::Number>(s)
-                    .map(serde_json::Value::Number)
-                    .unwrap_or_else(|_| serde_json::Value::String(s.clone())),
-                Some(v1::value::Kind::Integer(i)) => serde_json::Value::from(*i),
-                Some(v1::value::Kind::Number(f)) => serde_json::Value::from(*f),
-                None => serde_json::Value::Null,
-            };
-            meta.insert(a.name.clone(), v);
-        }
+        let meta = metadata_json(metadata);
         EventParts {
             metadata: serde_json::to_string(&meta).unwrap_or_else(|_| "{}".into()),
             data_base64: (!data.is_empty()).then(|| base64(data)),

@@ -40,7 +40,7 @@ impl Deliverer {
         matches!(
             s.target.as_ref().and_then(|t| t.kind.as_ref()),
             Some(v1::target::Kind::Grpc(_))
-        ) && s.qos != v1::Qos::ExactlyOnce as i32
+        ) && runtime::validate::qos(s) != v1::Qos::ExactlyOnce
             && self.inner.cfg.push_batch > 1
     }
 

@@ -27,7 +27,7 @@ impl Deliverer {
     /// [`Deliverer::release`] once the records of the others are durable. `None` (nothing
     /// started) when pushes of `obj` are in memory already: a repeated hand-off.
     pub(super) fn hand_off(&self, obj: ObjectId, subs: Vec<u64>) -> Option<HandOff> {
-        let qos1 = |s: &v1::Subscription| s.qos == v1::Qos::AtLeastOnce as i32;
+        let qos1 = |s: &v1::Subscription| runtime::validate::qos(s) == v1::Qos::AtLeastOnce;
         let mut memory = Vec::new();
         let mut to_record = Vec::new();
         {

@@ -50,6 +50,7 @@ mod cloudevents;
 mod config;
 mod grpc_push;
 mod handoff;
+mod http_answer;
 mod queue;
 mod retry;
 mod settled;
@@ -57,7 +58,9 @@ mod stream;
 mod webhook;
 
 pub use cache::SubscriptionSource;
-pub use cloudevents::{SIGNATURE_HEADER, TIMESTAMP_HEADER, cloudevent, rfc3339, sign};
+pub use cloudevents::{
+    SIGNATURE_HEADER, TIMESTAMP_HEADER, base64, cloudevent, metadata_json, rfc3339, sign,
+};
 pub use config::DeliveryConfig;
 pub use handoff::{Accepted, HandOff};
 pub use settled::{Hold, Phases};
@@ -71,6 +74,7 @@ use config::*;
 use grpc_push::{BatchSupport, MAX_BATCH_BYTES, runs_by_size};
 use queue::{EndpointQueue, Job};
 use stream::Session;
+use webhook::HookKey;
 
 /// Counters for the admin API.
 #[derive(Debug, Default)]

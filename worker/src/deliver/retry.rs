@@ -106,6 +106,7 @@ impl Deliverer {
         received: bool,
         s: Option<&v1::Subscription>,
         error: String,
+        not_before: Duration,
     ) {
         let (sub, obj) = (job.sub, job.obj);
         self.count(sub, 1);
@@ -161,7 +162,8 @@ impl Deliverer {
             .saturating_mul(1u64 << (attempts - 1).min(30))
             .min(max_backoff);
         let jitter = runtime::random_u64() % (exp / 2 + 1);
-        let next = now + exp / 2 + jitter;
+        // the endpoint's Retry-After, when it sent one, is the earliest next attempt
+        let next = now + (exp / 2 + jitter).max(not_before.as_millis() as u64);
         tracing::debug!(
             "delivery {} attempt {attempts} failed ({error}); next in {} ms",
             delivery_id(sub, obj),

@@ -1,7 +1,37 @@
-//! Webhook pushes: CloudEvents POSTs (one event or a batch per secret), signed, to targets
-//! that consented to the validation handshake.
+//! Webhook pushes: CloudEvents POSTs (one event, or a batch where the subscription asks for
+//! one), signed, with the subscription's headers, to targets that consented to the
+//! validation handshake.
 
+use super::http_answer::{USER_AGENT, Verdict, judge};
 use super::*;
+
+/// What webhook deliveries share to go in one POST: URL, secret, extra headers and the
+/// largest batch the subscription takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct HookKey {
+    pub(super) url: String,
+    pub(super) secret: String,
+    /// Sorted by name.
+    pub(super) headers: Vec<(String, String)>,
+    pub(super) batch: usize,
+}
+
+impl HookKey {
+    pub(super) fn of(url: &str, s: &v1::Subscription) -> HookKey {
+        let mut headers: Vec<(String, String)> = s
+            .webhook_headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        headers.sort();
+        HookKey {
+            url: url.to_string(),
+            secret: s.webhook_secret.clone(),
+            headers,
+            batch: s.push_batch as usize,
+        }
+    }
+}
 
 impl Deliverer {
     /// Whether webhook `url` consents to this node's events (the validation handshake, unless
@@ -16,10 +46,20 @@ impl Deliverer {
             .await
     }
 
-    /// Webhook events to one URL with one secret in one POST (several past
+    /// How many webhook events of `s` may go in one POST: the subscription's `push_batch`
+    /// (off by default: CloudEvents SDKs parse single events), at most the node's.
+    pub(super) fn webhook_batch_size(&self, s: &v1::Subscription) -> usize {
+        (s.push_batch as usize)
+            .min(self.inner.cfg.push_batch)
+            .max(1)
+    }
+
+    /// Webhook events of one [`HookKey`] in one POST (several past the key's batch size or
     /// `MAX_BATCH_BYTES`): structured mode for one event, CloudEvents' batched mode for
     /// several; a 2xx acks them all.
-    pub(super) async fn webhook_batch(&self, url: &str, secret: &str, ps: Vec<Prepared>) {
+    pub(super) async fn webhook_batch(&self, key: &HookKey, ps: Vec<Prepared>) {
+        let url = key.url.as_str();
+        let most = key.batch.min(self.inner.cfg.push_batch).max(1);
         let events: Vec<Vec<u8>> = ps
             .iter()
             .map(|p| {
@@ -29,7 +69,14 @@ impl Deliverer {
             .collect();
         let sizes: Vec<usize> = events.iter().map(Vec::len).collect();
         let mut ps = ps.into_iter();
-        for run in runs_by_size(&sizes, MAX_BATCH_BYTES) {
+        let runs = runs_by_size(&sizes, MAX_BATCH_BYTES)
+            .into_iter()
+            .flat_map(|r| {
+                (r.start..r.end)
+                    .step_by(most)
+                    .map(move |s| s..(s + most).min(r.end))
+            });
+        for run in runs {
             let part = &events[run.clone()];
             let send = async {
                 check_literal(url, self.inner.cfg.allow_private_targets)?;
@@ -48,32 +95,37 @@ impl Deliverer {
                     body.push(b']');
                     (body, CLOUDEVENT_BATCH)
                 };
-                self.send_post(url, secret, body, ctype).await
+                self.send_post(key, body, ctype).await
             };
             let r = match tokio::time::timeout(self.inner.cfg.attempt_timeout, send).await {
                 Ok(r) => r,
                 Err(_) => Err(format!("POST {url}: {}", self.no_answer())),
             };
             for p in ps.by_ref().take(run.len()) {
-                self.settle(p, r.clone().map(|()| Outcome::Done)).await;
+                self.settle(p, r.clone()).await;
             }
         }
     }
 
-    /// One signed POST.
+    /// One signed POST with the key's headers; the answer judged ([`judge`]).
     pub(super) async fn send_post(
         &self,
-        url: &str,
-        secret: &str,
+        key: &HookKey,
         body: Vec<u8>,
         ctype: &str,
-    ) -> Result<(), String> {
+    ) -> Result<Outcome, String> {
+        let url = key.url.as_str();
         let ts = runtime::now_ms() / 1000; // receivers compare it with their wall clock
-        let mut req = hyper::Request::post(url)
+        let mut req = hyper::Request::post(url);
+        for (name, value) in &key.headers {
+            req = req.header(name.as_str(), value.as_str());
+        }
+        req = req
             .header("content-type", ctype)
+            .header("user-agent", USER_AGENT)
             .header(TIMESTAMP_HEADER, ts.to_string());
-        if !secret.is_empty() {
-            req = req.header(SIGNATURE_HEADER, sign(secret, ts, &body));
+        if !key.secret.is_empty() {
+            req = req.header(SIGNATURE_HEADER, sign(&key.secret, ts, &body));
         }
         let req = req
             .body(Full::new(Bytes::from(body)))
@@ -82,10 +134,26 @@ impl Deliverer {
             .request(req)
             .await
             .map_err(|e| format!("POST {url}: {e}"))?;
-        if resp.status().is_success() {
-            Ok(())
-        } else {
-            Err(format!("POST {url}: HTTP {}", resp.status()))
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok());
+        match judge(
+            url,
+            resp.status(),
+            retry_after,
+            std::time::SystemTime::now(),
+        ) {
+            Verdict::Accepted => Ok(Outcome::Done),
+            Verdict::Refused(reason) => Ok(Outcome::Refused(reason)),
+            Verdict::Retry {
+                after: Some(after),
+                reason,
+            } => Ok(Outcome::Throttled { after, reason }),
+            Verdict::Retry {
+                after: None,
+                reason,
+            } => Err(reason),
         }
     }
 }

@@ -1,0 +1,378 @@
+//! Client-side helpers behind the `dissem` CLI's API commands (`put`, `subscribe`, `get`,
+//! `unsubscribe`, `subscriptions`, `stats`, ...): the connection with its token, argument
+//! forms to API messages, and each call's answer as text lines and as JSON ([`Printed`],
+//! rendered by `render`).
+
+mod render;
+
+pub use render::{Printed, subscription_json, subscription_lines};
+
+use proto::v1;
+use tonic::metadata::{Ascii, MetadataValue};
+
+use runtime::error::ServiceError;
+
+/// Adds the caller's bearer token (if any) to every call.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Bearer(..)"
+        } else {
+            "Bearer(none)"
+        })
+    }
+}
+
+impl Bearer {
+    /// `token` as an `authorization: Bearer` header (`None`: no header).
+    pub fn new(token: Option<&str>) -> Result<Bearer, ServiceError> {
+        token
+            .map(|t| {
+                MetadataValue::try_from(format!("Bearer {}", t.trim()))
+                    .map_err(|_| ServiceError::invalid("--token", "not a valid header value"))
+            })
+            .transpose()
+            .map(Bearer)
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A connection whose calls carry the caller's token.
+pub type Channel =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>;
+
+/// Connects to a node (e.g. `http://127.0.0.1:7700`, or `https://` verified against `ca`,
+/// else the bundled web roots), presenting `token` if given.
+pub async fn connect(
+    url: &str,
+    token: Option<&str>,
+    ca: Option<&std::path::Path>,
+) -> Result<Channel, ServiceError> {
+    let bearer = Bearer::new(token)?;
+    let mut endpoint = tonic::transport::Channel::from_shared(url.to_string())
+        .map_err(|e| ServiceError::invalid("--node-url", e.to_string()))?;
+    if url.starts_with("https://") {
+        let ca = ca.map(runtime::tls::ca).transpose()?;
+        endpoint = endpoint
+            .tls_config(runtime::tls::client(ca, None))
+            .map_err(|e| ServiceError::invalid("--node-url", e.to_string()))?;
+    }
+    let ch = endpoint
+        .connect()
+        .await
+        .map_err(|e| ServiceError::Unavailable(format!("cannot reach {url}: {e}")))?;
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        ch, bearer,
+    ))
+}
+
+/// Parses `name=value` metadata: numbers (exact decimals) unless quoted or not numeric.
+pub fn parse_attribute(arg: &str) -> Result<v1::Attribute, ServiceError> {
+    let (name, value) = arg
+        .split_once('=')
+        .ok_or_else(|| ServiceError::invalid("--attr", format!("{arg:?} is not name=value")))?;
+    let kind = if let Some(q) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+        v1::value::Kind::Text(q.to_string())
+    } else if blocks::Num::parse(value).is_ok() {
+        v1::value::Kind::Decimal(value.to_string())
+    } else {
+        v1::value::Kind::Text(value.to_string())
+    };
+    Ok(v1::Attribute {
+        name: name.to_string(),
+        value: Some(v1::Value { kind: Some(kind) }),
+    })
+}
+
+/// What `dissem put` stores: the bytes, the metadata arguments, the priority and an
+/// optional message id (a repeat of the id within the dedup window is acknowledged once).
+#[derive(Debug, Clone, Default)]
+pub struct PutSpec {
+    pub data: Vec<u8>,
+    pub attrs: Vec<String>,
+    pub priority: u32,
+    pub message_id: Option<String>,
+}
+
+/// Puts one object; prints its id `node:seq`.
+pub async fn put(ch: Channel, spec: PutSpec) -> Result<Printed, ServiceError> {
+    let metadata = spec
+        .attrs
+        .iter()
+        .map(|a| parse_attribute(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let r = v1::ingest_client::IngestClient::new(ch)
+        .put(v1::PutRequest {
+            data: spec.data,
+            metadata,
+            priority: spec.priority,
+            message_id: spec.message_id.unwrap_or_default(),
+        })
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner();
+    let id = r.id.unwrap_or_default();
+    Ok(Printed::new(
+        vec![format!("{}:{}", id.node, id.seq)],
+        serde_json::json!({"id": format!("{}:{}", id.node, id.seq), "node": id.node, "seq": id.seq}),
+    ))
+}
+
+/// A subscription target from `grpc:URL`, `webhook:URL` or `stream:NAME`.
+pub fn parse_target(arg: &str) -> Result<v1::Target, ServiceError> {
+    let (kind, rest) = arg.split_once(':').ok_or_else(|| {
+        ServiceError::invalid("--target", "expected grpc:URL, webhook:URL or stream:NAME")
+    })?;
+    let kind = match kind {
+        "grpc" => v1::target::Kind::Grpc(rest.to_string()),
+        "webhook" => v1::target::Kind::Webhook(rest.to_string()),
+        "stream" => v1::target::Kind::Stream(rest.to_string()),
+        other => {
+            return Err(ServiceError::invalid(
+                "--target",
+                format!("unknown target kind {other:?}: expected grpc, webhook or stream"),
+            ));
+        }
+    };
+    Ok(v1::Target { kind: Some(kind) })
+}
+
+/// A filter argument as the API's filter: EventBridge JSON when it starts with `{`, else
+/// the text syntax.
+pub fn filter_of(arg: &str) -> v1::subscription::Filter {
+    if arg.trim_start().starts_with('{') {
+        v1::subscription::Filter::Eventbridge(arg.to_string())
+    } else {
+        v1::subscription::Filter::Text(arg.to_string())
+    }
+}
+
+/// A `--qos` argument: 0 at most once, 1 at least once, 2 exactly once.
+pub fn parse_qos(qos: u32) -> Result<v1::Qos, ServiceError> {
+    match qos {
+        0 => Ok(v1::Qos::AtMostOnce),
+        1 => Ok(v1::Qos::AtLeastOnce),
+        2 => Ok(v1::Qos::ExactlyOnce),
+        q => Err(ServiceError::invalid(
+            "--qos",
+            format!("{q} is not 0, 1 or 2"),
+        )),
+    }
+}
+
+/// What `dissem subscribe` registers.
+#[derive(Debug, Clone, Default)]
+pub struct SubscribeSpec {
+    /// Text filter, or EventBridge JSON starting with `{`.
+    pub filter: String,
+    /// `grpc:URL`, `webhook:URL` or `stream:NAME`.
+    pub target: String,
+    /// Unset: the server's default (at least once).
+    pub qos: Option<u32>,
+    pub priority: u32,
+    /// The webhook signing secret (write-only).
+    pub secret: Option<String>,
+    /// Attempts before dead-lettering.
+    pub max_attempts: Option<u32>,
+    /// Give up after this many milliseconds.
+    pub ttl_ms: Option<u64>,
+    /// Webhook deliveries per POST (a CloudEvents batch); unset: one event per POST.
+    pub push_batch: Option<u32>,
+    /// Extra webhook request headers, `Name: value` (write-only).
+    pub headers: Vec<String>,
+}
+
+/// A `--header 'Name: value'` argument.
+pub fn parse_header(arg: &str) -> Result<(String, String), ServiceError> {
+    let (name, value) = arg.split_once(':').ok_or_else(|| {
+        ServiceError::invalid("--header", format!("{arg:?} is not `Name: value`"))
+    })?;
+    Ok((name.trim().to_string(), value.trim().to_string()))
+}
+
+impl SubscribeSpec {
+    /// The subscription to create.
+    pub fn to_subscription(&self) -> Result<v1::Subscription, ServiceError> {
+        let retry =
+            (self.max_attempts.is_some() || self.ttl_ms.is_some()).then(|| v1::RetryPolicy {
+                max_attempts: self.max_attempts.unwrap_or(0),
+                ttl_ms: self.ttl_ms.unwrap_or(0),
+                ..v1::RetryPolicy::default()
+            });
+        Ok(v1::Subscription {
+            filter: Some(filter_of(&self.filter)),
+            target: Some(parse_target(&self.target)?),
+            qos: self
+                .qos
+                .map(parse_qos)
+                .transpose()?
+                .unwrap_or(v1::Qos::Unspecified) as i32,
+            priority: self.priority,
+            webhook_secret: self.secret.clone().unwrap_or_default(),
+            retry,
+            push_batch: self.push_batch.unwrap_or(0),
+            webhook_headers: self
+                .headers
+                .iter()
+                .map(|h| parse_header(h))
+                .collect::<Result<_, _>>()?,
+            ..v1::Subscription::default()
+        })
+    }
+}
+
+/// Creates a subscription; returns it as stored (without its write-only parts).
+pub async fn create(ch: Channel, s: v1::Subscription) -> Result<v1::Subscription, ServiceError> {
+    Ok(v1::subscriptions_client::SubscriptionsClient::new(ch)
+        .create(v1::CreateSubscriptionRequest {
+            subscription: Some(s),
+        })
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner())
+}
+
+/// Registers a subscription; returns it as stored.
+pub async fn subscribe(
+    ch: Channel,
+    spec: &SubscribeSpec,
+) -> Result<v1::Subscription, ServiceError> {
+    create(ch, spec.to_subscription()?).await
+}
+
+/// One subscription.
+pub async fn get(ch: Channel, id: u64) -> Result<v1::Subscription, ServiceError> {
+    Ok(v1::subscriptions_client::SubscriptionsClient::new(ch)
+        .get(v1::GetSubscriptionRequest { id })
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner())
+}
+
+/// Deletes a subscription.
+pub async fn unsubscribe(ch: Channel, id: u64) -> Result<Printed, ServiceError> {
+    v1::subscriptions_client::SubscriptionsClient::new(ch)
+        .delete(v1::DeleteSubscriptionRequest { id })
+        .await
+        .map_err(ServiceError::from)?;
+    Ok(Printed::new(
+        vec![format!("deleted {id}")],
+        serde_json::json!({ "deleted": id }),
+    ))
+}
+
+/// Every subscription the caller may see.
+pub async fn list_subscriptions(ch: Channel) -> Result<Vec<v1::Subscription>, ServiceError> {
+    let mut client = v1::subscriptions_client::SubscriptionsClient::new(ch);
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = client
+            .list(v1::ListSubscriptionsRequest {
+                after_id: after,
+                limit: 1000,
+            })
+            .await
+            .map_err(ServiceError::from)?
+            .into_inner();
+        out.extend(page.subscriptions);
+        if page.next_after_id == 0 {
+            return Ok(out);
+        }
+        after = page.next_after_id;
+    }
+}
+
+/// Every subscription, one line each: `id  filter  -> target`.
+pub async fn subscriptions(ch: Channel) -> Result<Printed, ServiceError> {
+    let subs = list_subscriptions(ch).await?;
+    Ok(render::subscription_list(&subs))
+}
+
+/// The node's counters.
+pub async fn stats(ch: Channel) -> Result<Printed, ServiceError> {
+    let s = v1::admin_client::AdminClient::new(ch)
+        .stats(v1::StatsRequest {})
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner();
+    Ok(render::stats(&s))
+}
+
+/// The workers a node hosts, or (asked of the coordinator) every worker of the cluster.
+pub async fn workers(ch: Channel) -> Result<Printed, ServiceError> {
+    let w = v1::admin_client::AdminClient::new(ch)
+        .workers(v1::WorkersRequest {})
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner();
+    let lines = w
+        .workers
+        .iter()
+        .map(|w| format!("{} node {} {} {}", w.id, w.node, w.state, w.block))
+        .collect();
+    let json = w
+        .workers
+        .iter()
+        .map(
+            |w| serde_json::json!({"id": w.id, "node": w.node, "state": w.state, "block": w.block}),
+        )
+        .collect();
+    Ok(Printed::new(lines, serde_json::Value::Array(json)))
+}
+
+/// A node's dead letters, one line each: subscription, object, when, why.
+pub async fn dead_letters(ch: Channel, limit: u32) -> Result<Printed, ServiceError> {
+    let r = v1::admin_client::AdminClient::new(ch)
+        .dead_letters(v1::DeadLettersRequest { limit })
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner();
+    let mut lines = Vec::new();
+    let mut json = Vec::new();
+    for d in &r.dead_letters {
+        let o = d.object_id.unwrap_or_default();
+        let at = crate::deliver::rfc3339(d.at_unix_ms);
+        lines.push(format!(
+            "subscription {} object {}:{} at {at} {}",
+            d.subscription_id, o.node, o.seq, d.reason
+        ));
+        json.push(serde_json::json!({
+            "subscription": d.subscription_id,
+            "object": format!("{}:{}", o.node, o.seq),
+            "at": at,
+            "reason": d.reason,
+        }));
+    }
+    if lines.is_empty() {
+        lines.push("no dead letters".into());
+    }
+    Ok(Printed::new(lines, serde_json::Value::Array(json)))
+}
+
+/// Redrives every dead letter of a node.
+pub async fn redrive_all(ch: Channel) -> Result<Printed, ServiceError> {
+    let r = v1::admin_client::AdminClient::new(ch)
+        .redrive(v1::RedriveRequest {
+            dead_letters: Vec::new(),
+            all: true,
+        })
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner();
+    Ok(Printed::new(
+        vec![format!("redriven {}", r.redriven)],
+        serde_json::json!({ "redriven": r.redriven }),
+    ))
+}

@@ -1,0 +1,230 @@
+//! The `dissem sub` loop: a subscriber on the command line. It attaches to a stream target,
+//! creates a subscription that pushes to it, prints each delivery as one JSON line on stdout,
+//! acknowledges it once printed, and deletes the subscription when it ends (Ctrl-C, SIGTERM,
+//! `--count` reached, stdout closed) unless the stream is durable.
+//!
+//! The stream is attached before the subscription exists, so nothing matched after `Create`
+//! answers (the subscription is in force for every later put) can miss the subscriber.
+
+use proto::v1;
+use tokio_stream::StreamExt;
+
+use crate::client::Channel;
+use runtime::error::ServiceError;
+
+/// What `dissem sub` was asked for.
+#[derive(Debug, Clone)]
+pub struct SubOptions {
+    /// The filter (text, or EventBridge JSON starting with `{`).
+    pub filter: String,
+    /// 0 at most once, 1 at least once (a stream has no exactly-once handshake).
+    pub qos: u32,
+    /// A durable stream name: the subscription outlives this process, and attaching again
+    /// under the same name resumes it. `None`: a fresh stream, deleted at the end.
+    pub durable: Option<String>,
+    /// Exit after this many deliveries.
+    pub count: Option<u64>,
+}
+
+/// How the loop ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubEnd {
+    /// The subscription's id.
+    pub subscription: u64,
+    /// Deliveries printed.
+    pub printed: u64,
+    /// Whether the subscription was deleted (not durable).
+    pub deleted: bool,
+}
+
+/// One delivery as the JSON line `dissem sub` prints: ids, subject, metadata, and the data
+/// as text when it is UTF-8, else base64 (`data_base64`).
+pub fn delivery_json(d: &v1::Delivery) -> String {
+    let o = d.object_id.unwrap_or_default();
+    let mut m = serde_json::Map::new();
+    m.insert("delivery_id".into(), d.delivery_id.clone().into());
+    m.insert("subscription".into(), d.subscription_id.into());
+    m.insert("subject".into(), format!("{}:{}", o.node, o.seq).into());
+    m.insert("priority".into(), d.priority.into());
+    m.insert("attempt".into(), d.attempt.into());
+    m.insert(
+        "metadata".into(),
+        serde_json::Value::Object(crate::deliver::metadata_json(&d.metadata)),
+    );
+    if !d.data.is_empty() {
+        match std::str::from_utf8(&d.data) {
+            Ok(t) => m.insert("data".into(), t.into()),
+            Err(_) => m.insert("data_base64".into(), crate::deliver::base64(&d.data).into()),
+        };
+    }
+    serde_json::Value::Object(m).to_string()
+}
+
+/// The stream of a `dissem sub` without `--durable`: unique per run.
+fn fresh_stream() -> String {
+    format!("sub-{:016x}", runtime::random_u64())
+}
+
+/// Runs the loop: `line` gets each JSON line (false: the reader went away, the loop ends),
+/// `attached` is told once the subscription is in force. Ends on `stop` as well.
+pub async fn run(
+    ch: Channel,
+    opts: &SubOptions,
+    mut attached: impl FnMut(&str, u64),
+    mut line: impl FnMut(&str) -> bool,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<SubEnd, ServiceError> {
+    let qos = match opts.qos {
+        0 => v1::Qos::AtMostOnce,
+        1 => v1::Qos::AtLeastOnce,
+        2 => {
+            return Err(ServiceError::invalid(
+                "--qos",
+                "a stream has no exactly-once handshake; `dissem sub` takes 0 or 1 (QoS 2 \
+                 needs a gRPC subscriber endpoint: `dissem subscribe --target grpc:URL --qos 2`)",
+            ));
+        }
+        q => return Err(ServiceError::invalid("--qos", format!("{q} is not 0 or 1"))),
+    };
+    let stream = match &opts.durable {
+        Some(name) => {
+            runtime::validate::stream_name("--durable", name)?;
+            name.clone()
+        }
+        None => fresh_stream(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tx.send(v1::StreamClientMessage {
+        kind: Some(v1::stream_client_message::Kind::Attach(stream.clone())),
+    })
+    .await
+    .map_err(|_| ServiceError::Unavailable("the stream closed".into()))?;
+    let mut down = v1::stream_client::StreamClient::new(ch.clone())
+        .open(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner();
+    let id = match durable_subscription(&ch, &stream, opts).await? {
+        Some(id) => id,
+        None => {
+            crate::client::create(
+                ch.clone(),
+                v1::Subscription {
+                    filter: Some(crate::client::filter_of(&opts.filter)),
+                    target: Some(v1::Target {
+                        kind: Some(v1::target::Kind::Stream(stream.clone())),
+                    }),
+                    qos: qos as i32,
+                    ..v1::Subscription::default()
+                },
+            )
+            .await?
+            .id
+        }
+    };
+    attached(&stream, id);
+    let mut printed = 0u64;
+    let result = {
+        tokio::pin!(stop);
+        loop {
+            if opts.count.is_some_and(|c| printed >= c) {
+                break Ok(());
+            }
+            let d = tokio::select! {
+                _ = &mut stop => break Ok(()),
+                d = down.next() => d,
+            };
+            match d {
+                Some(Ok(d)) => {
+                    if !line(&delivery_json(&d)) {
+                        break Ok(()); // the reader went away: no ack, the node keeps it
+                    }
+                    printed += 1;
+                    let ack = v1::stream_client_message::Kind::Ack(d.delivery_id);
+                    let _ = tx.send(v1::StreamClientMessage { kind: Some(ack) }).await;
+                }
+                Some(Err(s)) => break Err(ServiceError::from(s)),
+                None => {
+                    break Err(ServiceError::Unavailable(
+                        "the node closed the stream".into(),
+                    ));
+                }
+            }
+        }
+    };
+    let deleted = opts.durable.is_none();
+    if deleted {
+        // the subscription goes with the run, also when the stream failed
+        let mut c = v1::subscriptions_client::SubscriptionsClient::new(ch.clone());
+        if let Err(s) = c.delete(v1::DeleteSubscriptionRequest { id }).await {
+            tracing::warn!("deleting subscription {id}: {}", s.message());
+        }
+    }
+    // acks sent, then the stream closes
+    drop(tx);
+    result.map(|()| SubEnd {
+        subscription: id,
+        printed,
+        deleted,
+    })
+}
+
+/// The existing subscription of a durable stream name with the same filter, if any: `dissem
+/// sub --durable NAME` run again resumes it instead of creating a second one.
+async fn durable_subscription(
+    ch: &Channel,
+    stream: &str,
+    opts: &SubOptions,
+) -> Result<Option<u64>, ServiceError> {
+    if opts.durable.is_none() {
+        return Ok(None);
+    }
+    let want = crate::client::filter_of(&opts.filter);
+    Ok(crate::client::list_subscriptions(ch.clone())
+        .await?
+        .into_iter()
+        .find(|s| {
+            let same_stream = matches!(
+                s.target.as_ref().and_then(|t| t.kind.as_ref()),
+                Some(v1::target::Kind::Stream(n)) if n == stream
+            );
+            same_stream && s.filter.as_ref() == Some(&want)
+        })
+        .map(|s| s.id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_is_one_json_line_with_text_or_base64_data() {
+        let d = v1::Delivery {
+            delivery_id: "7-1-42".into(),
+            subscription_id: 7,
+            object_id: Some(v1::ObjectId { node: 1, seq: 42 }),
+            metadata: vec![v1::Attribute {
+                name: "temp".into(),
+                value: Some(v1::Value {
+                    kind: Some(v1::value::Kind::Decimal("31.5".into())),
+                }),
+            }],
+            data: b"hello".to_vec(),
+            priority: 3,
+            attempt: 1,
+        };
+        let v: serde_json::Value = serde_json::from_str(&delivery_json(&d)).expect("json");
+        assert_eq!(v["subject"], "1:42");
+        assert_eq!(v["subscription"], 7);
+        assert_eq!(v["metadata"]["temp"], 31.5);
+        assert_eq!(v["data"], "hello");
+        assert!(!delivery_json(&d).contains('\n'));
+        let bin = v1::Delivery {
+            data: vec![0xff, 0x00],
+            ..d
+        };
+        let v: serde_json::Value = serde_json::from_str(&delivery_json(&bin)).expect("json");
+        assert_eq!(v["data_base64"], "/wA=");
+        assert!(v.get("data").is_none());
+    }
+}
