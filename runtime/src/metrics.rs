@@ -1,8 +1,10 @@
 //! The Prometheus metrics endpoint (`GET /metrics`, text exposition format 0.0.4): ingest,
 //! matching, deliveries by outcome, retries, dead letters, queue depths, workers by state and
-//! block, the coordinator's scheduler figures, and per-subscription delivery counters. The
-//! figures come from the process's own `Admin` service, so the endpoint and `dissem stats`
-//! never disagree. `/healthz` (the process answers) and `/readyz` (its own services answer)
+//! block, the coordinator's scheduler figures, per-subscription delivery counters for the
+//! [`TOP_SUBSCRIPTIONS`] subscriptions with the most failed pushes (a bounded number of
+//! series however many subscriptions there are), times in seconds, build and process
+//! figures. The figures come from the process's own `Admin` service, so the endpoint and
+//! `dissem stats` never disagree. `/healthz` (the process answers) and `/readyz` (its own services answer)
 //! are served beside it, for orchestrators' probes.
 
 use std::fmt::Write;
@@ -13,6 +15,10 @@ use hyper::body::Bytes;
 use proto::v1;
 use tokio::net::TcpListener;
 use tonic::Request;
+
+/// Subscriptions with per-subscription series: those with the most failed and dead-lettered
+/// pushes (then the most acknowledged), so a scrape stays small at a million subscriptions.
+pub const TOP_SUBSCRIPTIONS: usize = 20;
 
 /// Per-subscription push counters: (subscription, [acked, failed, dead-lettered]).
 pub trait SubscriptionCounters: Send + Sync {
@@ -69,6 +75,13 @@ pub fn render(
         "The process: its role and node id.",
         "gauge",
         &[(format!("role=\"{role}\",node=\"{}\"", s.node), 1.0)],
+    );
+    line(
+        &mut o,
+        "dissem_build_info",
+        "The build: its version.",
+        "gauge",
+        &[(format!("version=\"{}\"", env!("CARGO_PKG_VERSION")), 1.0)],
     );
     if s.role != "coordinator" {
         line(
@@ -194,12 +207,12 @@ pub fn render(
         );
         line(
             &mut o,
-            "dissem_task_mean_ms",
-            "Mean task completion time by kind, ms.",
+            "dissem_task_mean_seconds",
+            "Mean task completion time by kind.",
             "gauge",
             &[
-                ("kind=\"test\"".into(), c.mean_test_ms),
-                ("kind=\"match\"".into(), c.mean_match_ms),
+                ("kind=\"test\"".into(), c.mean_test_ms / 1e3),
+                ("kind=\"match\"".into(), c.mean_match_ms / 1e3),
             ],
         );
         line(
@@ -246,12 +259,12 @@ pub fn render(
         );
         line(
             &mut o,
-            "dissem_match_latency_ms",
-            "Put -> matched latency over the last 100,000 objects, ms.",
-            "gauge",
+            "dissem_match_latency_seconds",
+            "Put -> matched latency over the last 100,000 objects.",
+            "summary",
             &[
-                ("quantile=\"0.5\"".into(), c.match_latency_p50_ms),
-                ("quantile=\"0.99\"".into(), c.match_latency_p99_ms),
+                ("quantile=\"0.5\"".into(), c.match_latency_p50_ms / 1e3),
+                ("quantile=\"0.99\"".into(), c.match_latency_p99_ms / 1e3),
             ],
         );
     }
@@ -274,8 +287,17 @@ pub fn render(
             .collect::<Vec<_>>(),
     );
     if !per_sub.is_empty() {
-        let mut samples = Vec::with_capacity(per_sub.len() * 3);
-        for (sub, [acked, failed, dead]) in per_sub {
+        let mut top: Vec<&(u64, [u64; 3])> = per_sub.iter().collect();
+        top.sort_by_key(|(id, [acked, failed, dead])| {
+            (
+                std::cmp::Reverse(failed + dead),
+                std::cmp::Reverse(*acked),
+                *id,
+            )
+        });
+        top.truncate(TOP_SUBSCRIPTIONS);
+        let mut samples = Vec::with_capacity(top.len() * 3);
+        for (sub, [acked, failed, dead]) in top {
             samples.push((
                 format!("subscription=\"{sub}\",outcome=\"acked\""),
                 *acked as f64,
@@ -292,7 +314,7 @@ pub fn render(
         line(
             &mut o,
             "dissem_subscription_deliveries_total",
-            "Push attempts per subscription by outcome.",
+            "Push attempts by outcome of the 20 subscriptions with the most failures.",
             "counter",
             &samples,
         );
@@ -317,7 +339,58 @@ async fn scrape(src: &MetricsSource) -> Result<String, tonic::Status> {
         .as_ref()
         .map(|d| d.per_subscription())
         .unwrap_or_default();
-    Ok(render(&s, &w, &per_sub))
+    let mut out = render(&s, &w, &per_sub);
+    process_metrics(&mut out);
+    Ok(out)
+}
+
+/// The process figures Prometheus clients export (Linux `/proc`; nothing elsewhere).
+fn process_metrics(o: &mut String) {
+    const TICKS: f64 = 100.0; // USER_HZ on Linux
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    // the fields after the command name, which is in parentheses and may hold spaces
+    let Some(fields) = stat
+        .rsplit_once(')')
+        .map(|(_, f)| f.split_whitespace().collect::<Vec<_>>())
+    else {
+        return;
+    };
+    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    // fields[0] is field 3 (state): utime 14, stime 15, starttime 22, rss 24
+    if let (Some(u), Some(st)) = (field(11), field(12)) {
+        line(
+            o,
+            "process_cpu_seconds_total",
+            "User and system CPU time.",
+            "counter",
+            &[(String::new(), (u + st) / TICKS)],
+        );
+    }
+    if let Some(rss) = field(21) {
+        line(
+            o,
+            "process_resident_memory_bytes",
+            "Resident memory.",
+            "gauge",
+            &[(String::new(), rss * 4096.0)],
+        );
+    }
+    let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    });
+    if let (Some(boot), Some(start)) = (boot, field(19)) {
+        line(
+            o,
+            "process_start_time_seconds",
+            "Start time since the Unix epoch.",
+            "gauge",
+            &[(String::new(), boot + start / TICKS)],
+        );
+    }
 }
 
 /// Whether the process's own services answer (its `Admin.Stats`).
@@ -368,5 +441,41 @@ pub async fn serve(listener: TcpListener, src: MetricsSource) {
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                 .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_subscription_series_are_bounded_and_times_are_seconds() {
+        let per_sub: Vec<(u64, [u64; 3])> = (0..10_000).map(|i| (i, [5, i % 7, 0])).collect();
+        let s = v1::StatsResponse {
+            role: "embedded".into(),
+            cluster: Some(v1::ClusterStats {
+                match_latency_p99_ms: 250.0,
+                ..v1::ClusterStats::default()
+            }),
+            ..v1::StatsResponse::default()
+        };
+        let out = render(&s, &[], &per_sub);
+        let series = out
+            .lines()
+            .filter(|l| l.starts_with("dissem_subscription_deliveries_total{"))
+            .count();
+        assert_eq!(series, TOP_SUBSCRIPTIONS * 3);
+        // the ones shown are those with the most failures
+        assert!(
+            out.contains("subscription=\"6\",outcome=\"failed\"} 6"),
+            "{out}"
+        );
+        assert!(out.contains("dissem_match_latency_seconds{quantile=\"0.99\"} 0.25"));
+        assert!(out.contains("# TYPE dissem_match_latency_seconds summary"));
+        assert!(out.contains("dissem_build_info{version="));
+        assert!(!out.contains("_ms"), "no millisecond series");
+        let mut p = String::new();
+        process_metrics(&mut p);
+        assert!(p.contains("process_resident_memory_bytes"), "{p}");
     }
 }
