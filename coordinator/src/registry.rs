@@ -1,6 +1,7 @@
 //! The cluster's subscription registry, kept by the coordinator: every subscription change
-//! goes into an in-memory map at once, and a publisher turns the map into a versioned,
-//! checksummed data image in storage. Objects are matched against the newest *published*
+//! goes into an in-memory map at once, and a publisher turns the map into versioned,
+//! checksummed data images, kept in memory (derived from the stored subscriptions). Objects
+//! are matched against the newest *published*
 //! version; workers load that version's image and hot-swap to newer ones.
 //!
 //! A change is in force once a version that holds it is published, and `Create`, `Update`

@@ -6,14 +6,33 @@ use super::http_answer::{USER_AGENT, Verdict, judge};
 use super::*;
 
 /// What webhook deliveries share to go in one POST: URL, secret, extra headers and the
-/// largest batch the subscription takes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// largest batch the subscription takes. Its `Debug` shows neither the secret nor header
+/// values.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub(super) struct HookKey {
     pub(super) url: String,
     pub(super) secret: String,
     /// Sorted by name.
     pub(super) headers: Vec<(String, String)>,
     pub(super) batch: usize,
+}
+
+impl std::fmt::Debug for HookKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookKey")
+            .field("url", &self.url)
+            .field("signed", &!self.secret.is_empty())
+            .field(
+                "headers",
+                &self
+                    .headers
+                    .iter()
+                    .map(|h| h.0.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .field("batch", &self.batch)
+            .finish()
+    }
 }
 
 impl HookKey {
