@@ -241,8 +241,12 @@ fn main() -> ExitCode {
             client(&node, |ch| async move { worker::client::unsubscribe(ch, id).await })
         }
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut cli_command(), "dissem", &mut std::io::stdout());
-            Ok(true)
+            // written whole, so a reader that goes away ends it quietly, not in a panic
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cli_command(), "dissem", &mut script);
+            client::print_lines(&[String::from_utf8_lossy(&script).trim_end().to_string()])
+                .map(|()| true)
+                .map_err(anyhow::Error::from)
         }
         Command::Subscriptions { node } => client(&node, worker::client::subscriptions),
         Command::Stats { node } => client(&node, worker::client::stats),
