@@ -69,6 +69,14 @@ struct Writer {
 }
 
 impl Writer {
+    fn new(table: Option<Vec<String>>) -> Writer {
+        Writer {
+            buf: Vec::new(),
+            attrs: Default::default(),
+            table,
+        }
+    }
+
     fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.buf.push((v as u8) | 0x80);
@@ -186,10 +194,10 @@ impl Writer {
         }
     }
 
-    fn subs<D: std::borrow::Borrow<Dnf>>(&mut self, subs: &[(u64, D)]) {
+    fn subs(&mut self, subs: &[(u64, Dnf)]) {
         self.varint(subs.len() as u64);
         for (id, dnf) in subs {
-            self.sub(*id, dnf.borrow());
+            self.sub(*id, dnf);
         }
     }
 
@@ -221,25 +229,11 @@ fn frame(kind: u8, version: u64, base_version: u64, payload: Vec<u8>) -> Vec<u8>
 
 /// Encodes a full shard image.
 pub fn encode_shard(img: &ShardImage) -> Vec<u8> {
-    encode_shard_of(img.version, img.bloom, &img.subs)
-}
-
-/// Encodes a full shard image from shared subscriptions (`Arc<Dnf>`, `&Dnf`): the same bytes
-/// as [`encode_shard`], without copying any filter first.
-pub fn encode_shard_of<D: std::borrow::Borrow<Dnf>>(
-    version: u64,
-    bloom: BloomConfig,
-    subs: &[(u64, D)],
-) -> Vec<u8> {
-    let mut w = Writer {
-        buf: Vec::new(),
-        attrs: Default::default(),
-        table: None,
-    };
-    w.varint(bloom.bits as u64);
-    w.varint(bloom.k as u64);
-    w.subs(subs);
-    frame(KIND_SHARD, version, 0, w.buf)
+    let mut w = Writer::new(None);
+    w.varint(img.bloom.bits as u64);
+    w.varint(img.bloom.k as u64);
+    w.subs(&img.subs);
+    frame(KIND_SHARD, img.version, 0, w.buf)
 }
 
 /// Encodes subscriptions one at a time against one growing attribute table, so a registry
@@ -259,11 +253,7 @@ impl std::fmt::Debug for Writer {
 impl Default for SubEncoder {
     fn default() -> SubEncoder {
         SubEncoder {
-            w: Writer {
-                buf: Vec::new(),
-                attrs: Default::default(),
-                table: Some(Vec::new()),
-            },
+            w: Writer::new(Some(Vec::new())),
         }
     }
 }
@@ -290,11 +280,9 @@ pub fn encode_shard_table<B: AsRef<[u8]>>(
     table: &[String],
     subs: &[B],
 ) -> Vec<u8> {
-    let mut w = Writer {
-        buf: Vec::with_capacity(subs.iter().map(|b| b.as_ref().len()).sum::<usize>() + 64),
-        attrs: Default::default(),
-        table: None,
-    };
+    let mut w = Writer::new(None);
+    w.buf
+        .reserve(subs.iter().map(|b| b.as_ref().len()).sum::<usize>() + 64);
     w.varint(bloom.bits as u64);
     w.varint(bloom.k as u64);
     w.varint(table.len() as u64);
@@ -310,11 +298,7 @@ pub fn encode_shard_table<B: AsRef<[u8]>>(
 
 /// Encodes a delta image.
 pub fn encode_delta(img: &DeltaImage) -> Vec<u8> {
-    let mut w = Writer {
-        buf: Vec::new(),
-        attrs: Default::default(),
-        table: None,
-    };
+    let mut w = Writer::new(None);
     w.subs(&img.upserts);
     w.varint(img.removes.len() as u64);
     for id in &img.removes {
@@ -335,6 +319,16 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    fn new(payload: &'a [u8]) -> Reader<'a> {
+        Reader {
+            buf: payload,
+            pos: 0,
+            base: HEADER,
+            attrs: Vec::new(),
+            fixed: false,
+        }
+    }
+
     fn corrupt<T>(&self, what: impl Into<String>) -> Result<T, ImageError> {
         Err(ImageError::Corrupt {
             offset: self.base + self.pos,
@@ -589,15 +583,26 @@ fn finish(r: &Reader<'_>) -> Result<(), ImageError> {
     Ok(())
 }
 
-fn decode_shard_payload(payload: &[u8], version: u64) -> Result<ShardImage, ImageError> {
-    let mut r = Reader {
-        buf: payload,
-        pos: 0,
-        base: HEADER,
-        attrs: Vec::new(),
-        fixed: false,
-    };
+/// A full shard's payload; `table`: its attribute names come first (kind 3), and every
+/// predicate names one of them by index.
+fn decode_shard_payload(
+    payload: &[u8],
+    version: u64,
+    table: bool,
+) -> Result<ShardImage, ImageError> {
+    let mut r = Reader::new(payload);
     let bloom = r.bloom()?;
+    if table {
+        let n = r.count(2, u32::MAX as u64, "attribute")?;
+        for _ in 0..n {
+            let name = r.string()?;
+            if name.is_empty() {
+                return r.corrupt("empty attribute name");
+            }
+            r.attrs.push(name);
+        }
+        r.fixed = true;
+    }
     let subs = r.subs()?;
     finish(&r)?;
     Ok(ShardImage {
@@ -611,40 +616,13 @@ fn decode_shard_payload(payload: &[u8], version: u64) -> Result<ShardImage, Imag
 pub fn decode_shard(buf: &[u8]) -> Result<ShardImage, ImageError> {
     let f = unframe(buf)?;
     match f.kind {
-        KIND_SHARD => decode_shard_payload(f.payload, f.version),
-        KIND_SHARD_TABLE => decode_shard_table(f.payload, f.version),
+        KIND_SHARD => decode_shard_payload(f.payload, f.version, false),
+        KIND_SHARD_TABLE => decode_shard_payload(f.payload, f.version, true),
         found => Err(ImageError::Kind {
             expected: "shard",
             found,
         }),
     }
-}
-
-fn decode_shard_table(payload: &[u8], version: u64) -> Result<ShardImage, ImageError> {
-    let mut r = Reader {
-        buf: payload,
-        pos: 0,
-        base: HEADER,
-        attrs: Vec::new(),
-        fixed: false,
-    };
-    let bloom = r.bloom()?;
-    let n = r.count(2, u32::MAX as u64, "attribute")?;
-    for _ in 0..n {
-        let name = r.string()?;
-        if name.is_empty() {
-            return r.corrupt("empty attribute name");
-        }
-        r.attrs.push(name);
-    }
-    r.fixed = true;
-    let subs = r.subs()?;
-    finish(&r)?;
-    Ok(ShardImage {
-        version,
-        bloom,
-        subs,
-    })
 }
 
 /// Decodes a delta image.
@@ -656,13 +634,7 @@ pub fn decode_delta(buf: &[u8]) -> Result<DeltaImage, ImageError> {
             found: f.kind,
         });
     }
-    let mut r = Reader {
-        buf: f.payload,
-        pos: 0,
-        base: HEADER,
-        attrs: Vec::new(),
-        fixed: false,
-    };
+    let mut r = Reader::new(f.payload);
     let upserts = r.subs()?;
     let n = r.count(1, u64::MAX, "removal")?;
     let mut removes = Vec::with_capacity(n);
@@ -681,7 +653,7 @@ pub fn decode_delta(buf: &[u8]) -> Result<DeltaImage, ImageError> {
 /// Decodes a shard payload without the frame (for robustness tests of the parser itself).
 #[doc(hidden)]
 pub fn decode_shard_payload_unchecked(payload: &[u8]) -> Result<ShardImage, ImageError> {
-    decode_shard_payload(payload, 0)
+    decode_shard_payload(payload, 0, false)
 }
 
 #[cfg(test)]

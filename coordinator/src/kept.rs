@@ -13,7 +13,7 @@ use blocks::image::SubEncoder;
 /// One subscription: its filter and its bytes in the encoder's table.
 #[derive(Debug)]
 struct Kept {
-    dnf: Arc<Dnf>,
+    dnf: Dnf,
     bytes: Arc<[u8]>,
 }
 
@@ -49,13 +49,7 @@ impl KeptSubscriptions {
             *self.attrs.entry(n.to_string()).or_insert(0) += 1;
         }
         let bytes: Arc<[u8]> = self.encoder.encode(id, &dnf).into();
-        self.subs.insert(
-            id,
-            Kept {
-                dnf: Arc::new(dnf),
-                bytes,
-            },
-        );
+        self.subs.insert(id, Kept { dnf, bytes });
         // names that no subscription uses any more stay in the table until it is twice what
         // is in use; then every filter is encoded again against a fresh one
         let table = self.encoder.table().len();

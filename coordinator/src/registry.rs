@@ -11,7 +11,7 @@
 //! build, not one per subscription.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use blocks::Dnf;
@@ -38,7 +38,6 @@ pub struct Registry {
     store: Store,
     /// The subscriptions with their image bytes (a publication copies pointers).
     subs: Arc<Mutex<KeptSubscriptions>>,
-    dirty: Arc<AtomicBool>,
     /// Changes made so far (each counted after it is in `subs`).
     changes: Arc<AtomicU64>,
     /// The change count the newest published version holds.
@@ -77,7 +76,6 @@ impl Registry {
         let reg = Registry {
             store,
             subs: Arc::new(Mutex::new(subs)),
-            dirty: Arc::new(AtomicBool::new(true)),
             changes: Arc::new(AtomicU64::new(0)),
             in_force: Arc::new(tokio::sync::watch::Sender::new(0)),
             wake: Arc::new(tokio::sync::Notify::new()),
@@ -130,7 +128,8 @@ impl Registry {
     /// Builds a new image version if anything changed since the last one. Versions continue
     /// from the newest stored marker, so they never repeat across restarts.
     pub async fn publish(&self) -> Result<bool, ServiceError> {
-        if !self.dirty.load(Ordering::Acquire) {
+        // the first publication after a start runs even with no change
+        if self.published().version != 0 && !self.pending() {
             return Ok(false);
         }
         let started = std::time::Instant::now();
@@ -140,7 +139,6 @@ impl Registry {
             0 => store.latest_image(SHARD_IMAGE)?.map_or(0, |(v, _)| v),
             v => v,
         } + 1;
-        self.dirty.store(false, Ordering::Release);
         // every change counted here is in the map read below (it is counted after it is in)
         let holds = self.changes.load(Ordering::SeqCst);
         let snap = self.lock().snapshot();
@@ -159,8 +157,7 @@ impl Registry {
             Ok::<_, storage::StorageError>(())
         };
         if let Err(e) = stored.await {
-            // still unpublished: the next round tries again
-            self.dirty.store(true, Ordering::Release);
+            // still unpublished (`in_force` did not move): the next round tries again
             return Err(e.into());
         }
         let bytes = image.len();
@@ -202,7 +199,7 @@ impl Registry {
     pub async fn publisher(self) {
         let mut pause = std::time::Duration::from_millis(50);
         loop {
-            if !self.dirty.load(Ordering::Acquire) {
+            if !self.pending() {
                 self.wake.notified().await;
             }
             match self.publish().await {
@@ -216,8 +213,12 @@ impl Registry {
         }
     }
 
+    /// Whether a change is not in a published version yet.
+    fn pending(&self) -> bool {
+        self.changes.load(Ordering::SeqCst) > *self.in_force.borrow()
+    }
+
     fn changed(&self) {
-        self.dirty.store(true, Ordering::Release);
         self.changes.fetch_add(1, Ordering::SeqCst);
         self.wake.notify_one();
     }

@@ -139,24 +139,23 @@ pub fn apply(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>,
     let Some(sub) = root.find_subcommand(&cmd) else {
         return Ok(rest); // clap explains
     };
-    let flags: Vec<(String, bool, Option<String>)> = sub
+    let flags: Vec<(String, Option<String>)> = sub
         .get_arguments()
         .filter(|a| !a.is_global_set())
         .filter_map(|a| {
             a.get_long().map(|l| {
                 (
                     l.to_string(),
-                    a.get_action().takes_values(),
                     a.get_env().map(|e| e.to_string_lossy().to_string()),
                 )
             })
         })
-        .filter(|(l, _, _)| l != "config" && l != "log-json" && l != "help")
+        .filter(|(l, _)| l != "config" && l != "log-json" && l != "help")
         .collect();
     let empty = toml::Table::new();
     let table = doc.get(&cmd).and_then(|t| t.as_table()).unwrap_or(&empty);
     for key in table.keys() {
-        if !flags.iter().any(|(f, _, _)| f == key) {
+        if !flags.iter().any(|(f, _)| f == key) {
             return Err(format!(
                 "config file {path}: [{cmd}] has no setting `{key}`; `dissem {cmd} --help` \
                  lists them"
@@ -168,7 +167,7 @@ pub fn apply(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>,
         .map(|a| a.to_string_lossy().to_string())
         .collect();
     let mut extra: Vec<OsString> = Vec::new();
-    for (key, takes_value, env) in &flags {
+    for (key, env) in &flags {
         let flag = format!("--{key}");
         if given
             .iter()
@@ -176,14 +175,8 @@ pub fn apply(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>,
         {
             continue; // the command line wins
         }
-        if let Some(v) = env.as_ref().and_then(|e| std::env::var(e).ok()) {
-            if *takes_value {
-                extra.push(flag.into());
-                extra.push(v.into());
-            } else if matches!(v.as_str(), "1" | "true" | "yes" | "on") {
-                extra.push(flag.into());
-            }
-            continue;
+        if env.as_ref().is_some_and(|e| std::env::var_os(e).is_some()) {
+            continue; // clap reads the variable: it wins over the file
         }
         if let Some(v) = table.get(key) {
             extra.extend(value_args(&flag, v, &path, &cmd)?);

@@ -12,6 +12,8 @@ use proto::v1;
 
 /// The deepest object nesting of a test event.
 const MAX_EVENT_DEPTH: usize = 32;
+/// The largest test event.
+const MAX_EVENT_BYTES: usize = 1 << 20;
 
 /// An event's attributes, each with every value it has (several for an array).
 #[derive(Debug, Default)]
@@ -83,10 +85,13 @@ pub fn test_pattern(pattern: &str, event: &str, limits: &Limits) -> Result<bool,
         ..v1::Subscription::default()
     };
     let dnf = crate::validate::filter(&s, limits)?;
-    if event.len() > limits.max_filter_bytes.max(1 << 20) {
+    if event.len() > MAX_EVENT_BYTES {
         return Err(ServiceError::invalid(
             "--event",
-            format!("{} bytes is more than a test event may have", event.len()),
+            format!(
+                "{} bytes exceed the limit of {MAX_EVENT_BYTES}",
+                event.len()
+            ),
         ));
     }
     let json: serde_json::Value = serde_json::from_str(event)

@@ -272,7 +272,7 @@ fn cli(url: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, 
 /// another, as JSON lines; the other client commands and flags a first user reaches for.
 #[test]
 fn the_readme_tour_shows_a_delivery_on_the_command_line() {
-    use std::io::{BufRead, Write};
+    use std::io::BufRead;
     let dir = temp_dir("tour");
     let mut up = start_up(&dir);
     let url = up.url();
@@ -432,7 +432,6 @@ fn the_readme_tour_shows_a_delivery_on_the_command_line() {
             "{shell}"
         );
     }
-    let _ = std::io::stdout().flush();
     up.kill();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -74,18 +74,14 @@ pub async fn run(
     mut line: impl FnMut(&str) -> bool,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<SubEnd, ServiceError> {
-    let qos = match opts.qos {
-        0 => v1::Qos::AtMostOnce,
-        1 => v1::Qos::AtLeastOnce,
-        2 => {
-            return Err(ServiceError::invalid(
-                "--qos",
-                "a stream has no exactly-once handshake; `dissem sub` takes 0 or 1 (QoS 2 \
-                 needs a gRPC subscriber endpoint: `dissem subscribe --target grpc:URL --qos 2`)",
-            ));
-        }
-        q => return Err(ServiceError::invalid("--qos", format!("{q} is not 0 or 1"))),
-    };
+    let qos = crate::client::parse_qos(opts.qos)?;
+    if qos == v1::Qos::ExactlyOnce {
+        return Err(ServiceError::invalid(
+            "--qos",
+            "a stream has no exactly-once handshake; `dissem sub` takes 0 or 1 (QoS 2 needs a \
+             gRPC subscriber endpoint: `dissem subscribe --target grpc:URL --qos 2`)",
+        ));
+    }
     let stream = match &opts.durable {
         Some(name) => {
             runtime::validate::stream_name("--durable", name)?;

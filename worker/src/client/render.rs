@@ -106,162 +106,260 @@ pub(super) fn subscription_list(subs: &[v1::Subscription]) -> Printed {
     )
 }
 
-/// A group of counters: its heading and (name, value, unit) rows.
-type Group = (&'static str, Vec<(&'static str, String, &'static str)>);
+/// One counter: its API name (the JSON key), its label, value and unit.
+type Row = (&'static str, &'static str, Value, &'static str);
 
-/// The node's (or the cluster's) counters, grouped with units; JSON keeps the API's names.
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) if n.is_f64() => format!("{:.2}", n.as_f64().unwrap_or(0.0)),
+        other => other.to_string(),
+    }
+}
+
+/// The node's (or the cluster's) counters, grouped with units; JSON keeps the API's names
+/// (the cluster's under `cluster`).
 pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
-    let n = |v: u64| v.to_string();
-    let mut groups: Vec<Group> = vec![(
+    let mut groups: Vec<(&'static str, Vec<Row>)> = vec![(
         "node",
         vec![
-            ("role", s.role.clone(), ""),
-            ("id", n(u64::from(s.node)), ""),
-            ("subscriptions", n(s.subscriptions), ""),
+            ("role", "role", json!(s.role), ""),
+            ("node", "id", json!(s.node), ""),
+            ("subscriptions", "subscriptions", json!(s.subscriptions), ""),
         ],
     )];
-    let mut j = json!({
-        "role": s.role,
-        "node": s.node,
-        "subscriptions": s.subscriptions,
-    });
+    let mut cluster_groups = Vec::new();
     if s.role != "coordinator" {
         groups.push((
             "objects",
             vec![
-                ("stored", n(s.objects_stored), "objects"),
-                ("puts accepted", n(s.puts_accepted), "puts"),
-                ("puts rejected", n(s.puts_rejected), "puts"),
-                ("outbox pending", n(s.outbox_pending), "objects"),
-                ("matches handed", n(s.matches_handed), "pairs"),
-                ("matches repeated", n(s.matches_repeated), "pairs"),
+                (
+                    "objects_stored",
+                    "stored",
+                    json!(s.objects_stored),
+                    "objects",
+                ),
+                (
+                    "puts_accepted",
+                    "puts accepted",
+                    json!(s.puts_accepted),
+                    "puts",
+                ),
+                (
+                    "puts_rejected",
+                    "puts rejected",
+                    json!(s.puts_rejected),
+                    "puts",
+                ),
+                (
+                    "outbox_pending",
+                    "outbox pending",
+                    json!(s.outbox_pending),
+                    "objects",
+                ),
+                (
+                    "matches_handed",
+                    "matches handed",
+                    json!(s.matches_handed),
+                    "pairs",
+                ),
+                (
+                    "matches_repeated",
+                    "matches repeated",
+                    json!(s.matches_repeated),
+                    "pairs",
+                ),
             ],
         ));
         groups.push((
             "deliveries",
             vec![
-                ("records", n(s.deliveries), "deliveries"),
-                ("acknowledged", n(s.deliveries_acked), "deliveries"),
-                ("failed attempts", n(s.delivery_failures), "attempts"),
-                ("dead-lettered", n(s.dead_lettered), "deliveries"),
-                ("queued", n(s.deliveries_queued), "deliveries"),
-            ],
-        ));
-        if s.copies_unfinished + s.copies_finished + s.objects_taken_over > 0 {
-            groups.push((
-                "replicas",
-                vec![
-                    ("copies unfinished", n(s.copies_unfinished), "objects"),
-                    ("copies finished", n(s.copies_finished), "objects"),
-                    ("taken over", n(s.objects_taken_over), "objects"),
-                ],
-            ));
-        }
-        for (k, v) in [
-            ("objects_stored", s.objects_stored),
-            ("puts_accepted", s.puts_accepted),
-            ("puts_rejected", s.puts_rejected),
-            ("outbox_pending", s.outbox_pending),
-            ("matches_handed", s.matches_handed),
-            ("matches_repeated", s.matches_repeated),
-            ("deliveries", s.deliveries),
-            ("deliveries_acked", s.deliveries_acked),
-            ("delivery_failures", s.delivery_failures),
-            ("dead_lettered", s.dead_lettered),
-            ("deliveries_queued", s.deliveries_queued),
-            ("copies_unfinished", s.copies_unfinished),
-            ("copies_finished", s.copies_finished),
-            ("objects_taken_over", s.objects_taken_over),
-        ] {
-            j[k] = json!(v);
-        }
-    }
-    if let Some(c) = &s.cluster {
-        let ms = |v: f64| format!("{v:.2}");
-        groups.push((
-            "cluster",
-            vec![
-                ("coordinator nonce", format!("{:016x}", c.nonce), ""),
-                ("nodes", n(u64::from(c.nodes)), "nodes"),
-                ("image version", n(c.image_version), ""),
+                ("deliveries", "records", json!(s.deliveries), "deliveries"),
                 (
-                    "image subscriptions",
-                    n(c.image_subscriptions),
-                    "subscriptions",
+                    "deliveries_acked",
+                    "acknowledged",
+                    json!(s.deliveries_acked),
+                    "deliveries",
+                ),
+                (
+                    "delivery_failures",
+                    "failed attempts",
+                    json!(s.delivery_failures),
+                    "attempts",
+                ),
+                (
+                    "dead_lettered",
+                    "dead-lettered",
+                    json!(s.dead_lettered),
+                    "deliveries",
+                ),
+                (
+                    "deliveries_queued",
+                    "queued",
+                    json!(s.deliveries_queued),
+                    "deliveries",
                 ),
             ],
         ));
         groups.push((
-            "matching",
+            "replicas",
             vec![
-                ("objects arrived", n(c.objects_arrived), "objects"),
-                ("objects matched", n(c.objects_matched), "objects"),
-                ("objects in flight", n(c.objects_in_flight), "objects"),
-                ("latency p50", ms(c.match_latency_p50_ms), "ms"),
-                ("latency p99", ms(c.match_latency_p99_ms), "ms"),
-                ("mean test task", ms(c.mean_test_ms), "ms"),
-                ("mean match task", ms(c.mean_match_ms), "ms"),
+                (
+                    "copies_unfinished",
+                    "copies unfinished",
+                    json!(s.copies_unfinished),
+                    "objects",
+                ),
+                (
+                    "copies_finished",
+                    "copies finished",
+                    json!(s.copies_finished),
+                    "objects",
+                ),
+                (
+                    "objects_taken_over",
+                    "taken over",
+                    json!(s.objects_taken_over),
+                    "objects",
+                ),
             ],
         ));
-        let mut workers: Vec<(&'static str, String, &'static str)> = vec![
-            ("waiting tasks", n(c.waiting_tasks), "tasks"),
-            ("open batches", n(c.open_batches), "batches"),
-            ("reassignments", n(c.reassignments), "tasks"),
-            ("dead workers", n(c.dead_workers), "workers"),
-            ("block loads", n(c.loads), "loads"),
-            ("messages", n(c.messages), "messages"),
-        ];
-        let mut w: Vec<_> = c.workers.iter().collect();
-        w.sort();
-        let mut wj = serde_json::Map::new();
-        for (k, v) in w {
-            wj.insert(k.clone(), json!(v));
-        }
-        let by_block = c
-            .workers
+    }
+    if let Some(c) = &s.cluster {
+        cluster_groups.push((
+            "cluster",
+            vec![
+                (
+                    "nonce",
+                    "coordinator nonce",
+                    json!(format!("{:016x}", c.nonce)),
+                    "",
+                ),
+                ("nodes", "nodes", json!(c.nodes), "nodes"),
+                ("image_version", "image version", json!(c.image_version), ""),
+                (
+                    "image_subscriptions",
+                    "image subscriptions",
+                    json!(c.image_subscriptions),
+                    "subscriptions",
+                ),
+            ],
+        ));
+        cluster_groups.push((
+            "matching",
+            vec![
+                (
+                    "objects_arrived",
+                    "objects arrived",
+                    json!(c.objects_arrived),
+                    "objects",
+                ),
+                (
+                    "objects_matched",
+                    "objects matched",
+                    json!(c.objects_matched),
+                    "objects",
+                ),
+                (
+                    "objects_in_flight",
+                    "objects in flight",
+                    json!(c.objects_in_flight),
+                    "objects",
+                ),
+                (
+                    "match_latency_p50_ms",
+                    "latency p50",
+                    json!(c.match_latency_p50_ms),
+                    "ms",
+                ),
+                (
+                    "match_latency_p99_ms",
+                    "latency p99",
+                    json!(c.match_latency_p99_ms),
+                    "ms",
+                ),
+                (
+                    "mean_test_ms",
+                    "mean test task",
+                    json!(c.mean_test_ms),
+                    "ms",
+                ),
+                (
+                    "mean_match_ms",
+                    "mean match task",
+                    json!(c.mean_match_ms),
+                    "ms",
+                ),
+            ],
+        ));
+        let workers: std::collections::BTreeMap<&String, &u64> = c.workers.iter().collect();
+        let by_block = workers
             .iter()
             .map(|(k, v)| format!("{k} {v}"))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
             .collect::<Vec<_>>()
             .join(", ");
-        workers.push(("by block", by_block, ""));
-        groups.push(("workers", workers));
-        j["cluster"] = json!({
-            "nonce": format!("{:016x}", c.nonce),
-            "image_version": c.image_version,
-            "image_subscriptions": c.image_subscriptions,
-            "nodes": c.nodes,
-            "waiting_tasks": c.waiting_tasks,
-            "open_batches": c.open_batches,
-            "mean_test_ms": c.mean_test_ms,
-            "mean_match_ms": c.mean_match_ms,
-            "reassignments": c.reassignments,
-            "dead_workers": c.dead_workers,
-            "objects_arrived": c.objects_arrived,
-            "objects_matched": c.objects_matched,
-            "objects_in_flight": c.objects_in_flight,
-            "messages": c.messages,
-            "loads": c.loads,
-            "match_latency_p50_ms": c.match_latency_p50_ms,
-            "match_latency_p99_ms": c.match_latency_p99_ms,
-            "workers": Value::Object(wj),
-        });
+        cluster_groups.push((
+            "workers",
+            vec![
+                (
+                    "waiting_tasks",
+                    "waiting tasks",
+                    json!(c.waiting_tasks),
+                    "tasks",
+                ),
+                (
+                    "open_batches",
+                    "open batches",
+                    json!(c.open_batches),
+                    "batches",
+                ),
+                (
+                    "reassignments",
+                    "reassignments",
+                    json!(c.reassignments),
+                    "tasks",
+                ),
+                (
+                    "dead_workers",
+                    "dead workers",
+                    json!(c.dead_workers),
+                    "workers",
+                ),
+                ("loads", "block loads", json!(c.loads), "loads"),
+                ("messages", "messages", json!(c.messages), "messages"),
+                // one line here; the JSON form is the map (below)
+                ("workers", "by block", json!(by_block), ""),
+            ],
+        ));
     }
+    let rows_json = |gs: &[(&str, Vec<Row>)]| -> serde_json::Map<String, Value> {
+        gs.iter()
+            .flat_map(|g| g.1.iter().map(|r| (r.0.to_string(), r.2.clone())))
+            .collect()
+    };
+    let mut j = rows_json(&groups);
+    if let Some(c) = &s.cluster {
+        let mut cj = rows_json(&cluster_groups);
+        cj.insert("workers".into(), json!(c.workers));
+        j.insert("cluster".into(), Value::Object(cj));
+    }
+    groups.extend(cluster_groups);
+    // a node that replicates nothing has no replica figures to show
+    groups.retain(|(h, rows)| *h != "replicas" || rows.iter().any(|r| r.2 != json!(0)));
     let width = groups
         .iter()
-        .flat_map(|g| g.1.iter().map(|r| r.0.len()))
+        .flat_map(|g| g.1.iter().map(|r| r.1.len()))
         .max()
         .unwrap_or(0);
     let mut lines = Vec::new();
     for (heading, rows) in groups {
         lines.push(heading.to_string());
-        for (name, value, unit) in rows {
-            let line = format!("  {name:<width$}  {value} {unit}");
+        for (_, label, value, unit) in rows {
+            let line = format!("  {label:<width$}  {} {unit}", text(&value));
             lines.push(line.trim_end().to_string());
         }
     }
-    Printed::new(lines, j)
+    Printed::new(lines, Value::Object(j))
 }
 
 #[cfg(test)]

@@ -69,7 +69,9 @@ impl Deliverer {
                 Some(v1::target::Kind::Grpc(url)) if self.batched_grpc(&p.s) => {
                     grpc.entry(url.clone()).or_default().push(p);
                 }
-                Some(v1::target::Kind::Webhook(url)) if self.webhook_batch_size(&p.s) > 1 => {
+                Some(v1::target::Kind::Webhook(url))
+                    if self.webhook_batch_size(p.s.push_batch as usize) > 1 =>
+                {
                     hooks.entry(HookKey::of(url, &p.s)).or_default().push(p);
                 }
                 _ => single.push(p),
@@ -279,51 +281,31 @@ impl Deliverer {
             Ok(Outcome::Postponed { received }) => {
                 self.postpone(&p.job, p.attempts, received).await;
             }
-            Ok(Outcome::Refused(reason)) => {
-                self.count(sub, 1);
-                self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
-                self.dead_letter(sub, obj, reason, p.job.in_memory).await;
+            Ok(Outcome::Refused(reason)) => self.failed(p, reason, None).await,
+            Ok(Outcome::Throttled { after, reason }) => self.failed(p, reason, Some(after)).await,
+            Err(e) => self.failed(p, e, Some(Duration::ZERO)).await,
+        }
+    }
+
+    /// A failed attempt: dead-lettered at once when the endpoint refused it for good
+    /// (`retry_after` `None`) or it was QoS 0's only attempt, else retried not before
+    /// `retry_after`.
+    async fn failed(&self, p: Prepared, reason: String, retry_after: Option<Duration>) {
+        let (sub, obj) = (p.job.sub, p.job.obj);
+        let reason = match retry_after {
+            Some(_) if runtime::validate::qos(&p.s) == v1::Qos::AtMostOnce => {
+                format!("QoS 0 (at most once): the only attempt failed: {reason}")
             }
-            Ok(Outcome::Throttled { reason, .. })
-                if runtime::validate::qos(&p.s) == v1::Qos::AtMostOnce =>
-            {
-                self.count(sub, 1);
-                self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
-                self.dead_letter(
-                    sub,
-                    obj,
-                    format!("QoS 0 (at most once): the only attempt failed: {reason}"),
-                    p.job.in_memory,
-                )
-                .await;
-            }
-            Ok(Outcome::Throttled { after, reason }) => {
+            Some(after) => {
                 self.retry_later(&p.job, p.attempts, p.received, Some(&p.s), reason, after)
                     .await;
+                return;
             }
-            Err(e) if runtime::validate::qos(&p.s) == v1::Qos::AtMostOnce => {
-                self.count(sub, 1);
-                self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
-                self.dead_letter(
-                    sub,
-                    obj,
-                    format!("QoS 0 (at most once): the only attempt failed: {e}"),
-                    p.job.in_memory,
-                )
-                .await;
-            }
-            Err(e) => {
-                self.retry_later(
-                    &p.job,
-                    p.attempts,
-                    p.received,
-                    Some(&p.s),
-                    e,
-                    Duration::ZERO,
-                )
-                .await;
-            }
-        }
+            None => reason,
+        };
+        self.count(sub, 1);
+        self.inner.counters.failures.fetch_add(1, Ordering::Relaxed);
+        self.dead_letter(sub, obj, reason, p.job.in_memory).await;
     }
 
     pub(super) async fn push(

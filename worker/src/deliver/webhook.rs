@@ -65,12 +65,11 @@ impl Deliverer {
             .await
     }
 
-    /// How many webhook events of `s` may go in one POST: the subscription's `push_batch`
-    /// (off by default: CloudEvents SDKs parse single events), at most the node's.
-    pub(super) fn webhook_batch_size(&self, s: &v1::Subscription) -> usize {
-        (s.push_batch as usize)
-            .min(self.inner.cfg.push_batch)
-            .max(1)
+    /// How many webhook events may go in one POST: what the subscription asked
+    /// (`push_batch`; off by default: CloudEvents SDKs parse single events), at most the
+    /// node's.
+    pub(super) fn webhook_batch_size(&self, asked: usize) -> usize {
+        asked.min(self.inner.cfg.push_batch).max(1)
     }
 
     /// Webhook events of one [`HookKey`] in one POST (several past the key's batch size or
@@ -78,7 +77,7 @@ impl Deliverer {
     /// several; a 2xx acks them all.
     pub(super) async fn webhook_batch(&self, key: &HookKey, ps: Vec<Prepared>) {
         let url = key.url.as_str();
-        let most = key.batch.min(self.inner.cfg.push_batch).max(1);
+        let most = self.webhook_batch_size(key.batch);
         let events: Vec<Vec<u8>> = ps
             .iter()
             .map(|p| {
