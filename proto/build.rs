@@ -1,6 +1,8 @@
 //! Generates the `dissem.v1` code from the .proto files with protox (a pure-Rust protobuf
 //! compiler: no protoc install needed) and tonic-prost-build, and writes the encoded file
-//! descriptor set that gRPC server reflection serves.
+//! descriptor set that gRPC server reflection serves. The subset of etcd's v3 API that the
+//! coordinator election uses (`etcd/etcd.proto`) is compiled the same way, on its own: it is
+//! a client of someone else's service, not part of ours (reflection does not list it).
 
 use std::path::PathBuf;
 
@@ -28,5 +30,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .codec_path("crate::codec::DissemCodec")
         .compile_fds(fds)?;
+    println!("cargo:rerun-if-changed=etcd/etcd.proto");
+    let etcd = protox::compile(["etcd/etcd.proto"], ["."])?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .compile_fds(etcd)?;
     Ok(())
 }

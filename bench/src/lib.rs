@@ -11,6 +11,8 @@ pub mod churnmetrics;
 pub mod clusterbench;
 pub mod demo;
 pub mod e2e;
+pub mod elected;
+pub mod failoverbench;
 pub mod ingestbench;
 pub mod matchbench;
 pub mod mem;

@@ -43,7 +43,7 @@ fn log_file(args: &[String]) -> Option<std::fs::File> {
 
 impl Proc {
     /// Starts `<bin> <args>` (the dissem binary) and waits (up to 30 s) for its
-    /// "listening on ADDR" line. Children log at `warn` unless `DISSEM_TEST_LOG` says more,
+    /// "listening on ADDR" line (or an elected coordinator's "campaigning" line: no address). Children log at `warn` unless `DISSEM_TEST_LOG` says more,
     /// to this process's stderr, or with `DISSEM_TEST_LOG_DIR` each to its own file there
     /// (named after its `--data` folder and the folder above it).
     pub fn start(bin: &Path, args: &[String]) -> Proc {
@@ -69,12 +69,16 @@ impl Proc {
         let line = rx
             .recv_timeout(Duration::from_secs(30))
             .unwrap_or_else(|_| panic!("dissem {args:?} did not report its address"));
-        let addr = line
-            .split("listening on ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
+        // an elected coordinator listens only once it leads (etcd names its address)
+        let addr = if line.contains("campaigning through etcd") {
+            String::new()
+        } else {
+            line.split("listening on ")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+                .to_string()
+        };
         Proc {
             child,
             bin: bin.to_path_buf(),

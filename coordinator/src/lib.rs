@@ -25,10 +25,12 @@
 //! [`protocol`] wraps the scheduler with the rest of the protocol (nodes, objects in flight,
 //! nonces, retries), also without I/O; `sim` steps it with simulated node daemons over a
 //! simulated network. [`server`] is the I/O around it: the gRPC `Cluster` service, one driver
-//! task that owns the protocol, and the calls to the node daemons.
+//! task that owns the protocol, and the calls to the node daemons. [`rebuild`] is what an
+//! elected leader (`--etcd`) does before it serves: the registry from the nodes' copies.
 
 mod kept;
 pub mod protocol;
+pub mod rebuild;
 pub mod registry;
 mod scheduler;
 pub mod server;

@@ -49,6 +49,9 @@ pub struct Registry {
     /// and a start builds a new version from them; the store keeps only the newest version
     /// number (an empty marker), so versions never repeat across restarts.
     images: Arc<Mutex<BTreeMap<u64, Arc<Vec<u8>>>>>,
+    /// Versions start above this (an elected leader's epoch, shifted: no two leaders
+    /// publish one version number).
+    floor: u64,
 }
 
 #[tonic::async_trait]
@@ -67,8 +70,9 @@ impl runtime::subscriptions::SubscriptionIndex for Registry {
 }
 
 impl Registry {
-    /// Loads every stored subscription and publishes a new version of the image.
-    pub async fn load(store: Store, limits: &Limits) -> Result<Registry, ServiceError> {
+    /// Loads every stored subscription and publishes a new version of the image, numbered
+    /// above `floor` and above every version stored before.
+    pub async fn load(store: Store, limits: &Limits, floor: u64) -> Result<Registry, ServiceError> {
         let mut subs = KeptSubscriptions::default();
         for (id, d) in validate::stored_subscriptions(&store, limits)? {
             subs.upsert(id, d);
@@ -81,6 +85,7 @@ impl Registry {
             wake: Arc::new(tokio::sync::Notify::new()),
             published: Arc::new(RwLock::new(Published::default())),
             images: Arc::default(),
+            floor,
         };
         reg.publish().await?;
         Ok(reg)
@@ -136,7 +141,10 @@ impl Registry {
         let store = self.store.clone();
         // the store is read only for the first publication after a start
         let version = match self.published().version {
-            0 => store.latest_image(SHARD_IMAGE)?.map_or(0, |(v, _)| v),
+            0 => store
+                .latest_image(SHARD_IMAGE)?
+                .map_or(0, |(v, _)| v)
+                .max(self.floor),
             v => v,
         } + 1;
         // every change counted here is in the map read below (it is counted after it is in)

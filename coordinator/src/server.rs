@@ -42,6 +42,29 @@ pub struct ServerConfig {
     /// The grid of quorum replication (`--grid TxW`): node ids are its positions. `None`:
     /// objects live on the node that took them.
     pub grid: Option<runtime::grid::Grid>,
+    /// The nonce of this coordinator (0: a random one).
+    pub nonce: u64,
+    /// An elected leader (`--etcd`): it acts only while its fence holds.
+    pub elected: Option<ElectedRole>,
+}
+
+/// What an elected coordinator leads with.
+#[derive(Debug, Clone)]
+pub struct ElectedRole {
+    /// Holds while this coordinator surely leads: nothing goes out to nodes, and no node is
+    /// answered as if this one led, once it does not.
+    pub fence: runtime::election::Fence,
+    /// The leadership's epoch: image versions and subscription ids start at `epoch << 32`.
+    pub epoch: u64,
+    /// Where node records go when nodes register.
+    pub etcd: runtime::etcd::Etcd,
+}
+
+impl ElectedRole {
+    /// The first number this leadership hands out (versions, subscription ids).
+    pub fn floor(&self) -> u64 {
+        self.epoch << 32
+    }
 }
 
 impl Default for ServerConfig {
@@ -52,6 +75,8 @@ impl Default for ServerConfig {
             max_attempts: 5,
             cluster_secret: runtime::cluster_secret::ClusterSecret::default(),
             grid: None,
+            nonce: 0,
+            elected: None,
         }
     }
 }
@@ -97,7 +122,17 @@ struct Driver {
     /// Put -> matched latencies (ms) of the last matched objects, a ring.
     latencies: Vec<u32>,
     latency_next: usize,
+    /// An elected leader unsure of its lease (since then): the protocol's clock stands
+    /// still and what it asks to send waits in `held_back`.
+    suspended: Option<Instant>,
+    /// Time spent suspended before, left out of the protocol's clock.
+    paused: Duration,
+    held_back: Vec<Output>,
 }
+
+/// Outputs held back while unsure of the lease, at most (beyond: dropped; the protocol's
+/// timeouts and the nodes' outbox resends make up for them).
+const HELD_BACK_LIMIT: usize = 1 << 20;
 
 const LATENCY_SAMPLES: usize = 100_000;
 
@@ -110,8 +145,41 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 }
 
 impl Driver {
+    /// The protocol's clock: it stands still while this leader is unsure of its lease, so
+    /// no lease or timeout of the protocol runs out because etcd was away.
     fn now(&self) -> u64 {
-        self.t0.elapsed().as_millis() as u64
+        let end = self.suspended.unwrap_or_else(Instant::now);
+        end.saturating_duration_since(self.t0)
+            .saturating_sub(self.paused)
+            .as_millis() as u64
+    }
+
+    /// Whether this coordinator surely leads (always, unless elected); notes a suspension
+    /// beginning, and at its end sends what was held back.
+    fn leading(&mut self) -> bool {
+        let Some(e) = &self.cfg.elected else {
+            return true;
+        };
+        let held = e.fence.held();
+        match (held, self.suspended) {
+            (false, None) => {
+                tracing::warn!("unsure of the leader lease: sending nothing until etcd answers");
+                self.suspended = Some(Instant::now());
+            }
+            (true, Some(at)) => {
+                self.paused += at.elapsed();
+                self.suspended = None;
+                let out = std::mem::take(&mut self.held_back);
+                tracing::info!(
+                    "the lease held: leading on after {} ms, sending {} held-back messages",
+                    at.elapsed().as_millis(),
+                    out.len()
+                );
+                self.send(out);
+            }
+            _ => {}
+        }
+        held
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
@@ -124,8 +192,10 @@ impl Driver {
                     None => return,
                 },
                 _ = tick.tick() => {
-                    let out = self.protocol.tick(self.now());
-                    self.send(out);
+                    if self.leading() {
+                        let out = self.protocol.tick(self.now());
+                        self.send(out);
+                    }
                 }
             }
         }
@@ -184,6 +254,19 @@ impl Driver {
                     r.endpoint,
                     r.workers.len()
                 );
+                if let Some(e) = &self.cfg.elected {
+                    let etcd = e.etcd.clone();
+                    let rec = crate::rebuild::NodeRecord {
+                        node: r.node,
+                        endpoint: r.endpoint.clone(),
+                        owns_from: r.owns_from,
+                    };
+                    tokio::spawn(async move {
+                        if let Err(e) = crate::rebuild::record_node(&etcd, &rec).await {
+                            tracing::warn!("recording node {} in etcd: {e}", rec.node);
+                        }
+                    });
+                }
                 let (nonce, out) = self.protocol.register(now, &r);
                 let _ = reply.send(Ok((nonce, self.protocol.membership(now))));
                 self.send(out);
@@ -234,6 +317,15 @@ impl Driver {
     /// Carries out what the protocol asked for: calls to nodes (an assignment that fails
     /// comes back as [`Msg::AssignFailed`]) and latency samples.
     fn send(&mut self, out: Vec<Output>) {
+        if !self.leading() {
+            // unsure of the lease: not one message goes out until it is known to hold
+            let room = HELD_BACK_LIMIT.saturating_sub(self.held_back.len());
+            if out.len() > room {
+                tracing::warn!("{} held-back messages dropped", out.len() - room);
+            }
+            self.held_back.extend(out.into_iter().take(room));
+            return;
+        }
         for o in out {
             match o {
                 Output::Send { node, call } => {
@@ -313,9 +405,21 @@ struct Handle {
     grid: Option<runtime::grid::Grid>,
     registry: Registry,
     store: Store,
+    fence: Option<runtime::election::Fence>,
 }
 
 impl Handle {
+    /// Refuses what only the leader may answer, once this coordinator does not surely lead.
+    fn leading(&self) -> Result<(), Status> {
+        match &self.fence {
+            Some(f) if !f.held() => Err(Status::unavailable(
+                "this coordinator is not sure it leads (no answer from etcd within its lease); \
+                 try again shortly, or the coordinator the etcd leader key names",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     async fn ask<T>(&self, m: impl FnOnce(oneshot::Sender<T>) -> Msg) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
         self.tx
@@ -333,6 +437,7 @@ impl v1::cluster_server::Cluster for Handle {
         &self,
         request: Request<v1::RegisterRequest>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
+        self.leading()?;
         let r = request.into_inner();
         if r.endpoint.is_empty() {
             return Err(ServiceError::invalid("endpoint", "required").into());
@@ -370,6 +475,7 @@ impl v1::cluster_server::Cluster for Handle {
         &self,
         request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
+        self.leading()?;
         let r = request.into_inner();
         let (nonce, membership) = self.ask(|tx| Msg::Heartbeat(r, tx)).await?;
         Ok(Response::new(v1::HeartbeatResponse {
@@ -382,6 +488,7 @@ impl v1::cluster_server::Cluster for Handle {
         &self,
         request: Request<v1::ArrivedRequest>,
     ) -> Result<Response<v1::ArrivedResponse>, Status> {
+        self.leading()?;
         let r = request.into_inner();
         let accepted = self.ask(|tx| Msg::Arrived(r, tx)).await?;
         Ok(Response::new(v1::ArrivedResponse { accepted }))
@@ -475,9 +582,15 @@ pub struct Started {
     limits: Limits,
     cluster_secret: runtime::cluster_secret::ClusterSecret,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    nonce: u64,
 }
 
 impl Started {
+    /// This coordinator's nonce.
+    pub fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
     /// The `Cluster` service, for a node daemon in the same process.
     pub fn link(&self) -> ToCoordinator {
         ToCoordinator::Local(Arc::new(self.handle.clone()))
@@ -524,14 +637,20 @@ pub async fn start(
     limits: Limits,
     cfg: ServerConfig,
 ) -> Result<Started, ServiceError> {
-    let registry = Registry::load(store.clone(), &limits).await?;
+    let floor = cfg.elected.as_ref().map_or(0, ElectedRole::floor);
+    store.raise_subscription_ids(floor);
+    let registry = Registry::load(store.clone(), &limits, floor).await?;
     let publisher = tokio::spawn(registry.clone().publisher());
-    let nonce = runtime::random_u64() | 1;
+    let nonce = match cfg.nonce {
+        0 => runtime::random_u64() | 1,
+        n => n,
+    };
     tracing::info!("coordinator nonce {nonce:016x}");
     let (tx, rx) = mpsc::channel(8192);
     let sched = cfg.sched;
     let cluster_secret = cfg.cluster_secret.clone();
     let grid = cfg.grid;
+    let fence = cfg.elected.as_ref().map(|e| e.fence.clone());
     let mut protocol = Protocol::new(sched, nonce, cfg.max_attempts, 0);
     protocol.set_grid(grid);
     let driver = Driver {
@@ -544,6 +663,9 @@ pub async fn start(
         local: None,
         latencies: Vec::new(),
         latency_next: 0,
+        suspended: None,
+        paused: Duration::ZERO,
+        held_back: Vec::new(),
     };
     let driver = tokio::spawn(driver.run(rx));
     Ok(Started {
@@ -552,12 +674,14 @@ pub async fn start(
             grid,
             registry: registry.clone(),
             store: store.clone(),
+            fence,
         },
         registry,
         store,
         limits,
         cluster_secret,
         tasks: vec![publisher, driver],
+        nonce,
     })
 }
 
@@ -572,6 +696,16 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
     let started = start(store, limits, cfg).await?;
+    serve_started(started, listener, metrics, shutdown).await
+}
+
+/// Serves a started coordinator's gRPC services on `listener` until `shutdown` resolves.
+pub async fn serve_started(
+    started: Started,
+    listener: runtime::listen::Listener,
+    metrics: Option<TcpListener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServiceError> {
     let metrics = metrics.map(|l| {
         (
             l,

@@ -1,4 +1,4 @@
-//! The benchmark commands (`bench match|ingest|cluster|e2e|quorum|churn`) and `demo`: flags in, a call into
+//! The benchmark commands (`bench match|ingest|cluster|e2e|quorum|churn|failover`) and `demo`: flags in, a call into
 //! the `bench` crate, figures out.
 
 use bench::matchbench::{self, EngineChoice, MatchBenchOptions};
@@ -22,6 +22,60 @@ pub(super) enum Bench {
     Quorum(QuorumArgs),
     /// Seed 004's churn experiment, 10x compressed: nodes join and die under a stream of puts.
     Churn(ChurnArgs),
+    /// Coordinator failover on etcd: the leader SIGKILLed under steady puts, time until
+    /// matching resumes, nothing lost, no QoS 2 duplicate (needs `etcd` on the PATH).
+    Failover(FailoverArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct FailoverArgs {
+    /// Times the leader is SIGKILLed (each time restarted as a standby).
+    #[arg(long, default_value_t = 5)]
+    pub(super) kills: usize,
+    /// Coordinator processes (one leads).
+    #[arg(long, default_value_t = 3)]
+    pub(super) coordinators: usize,
+    /// Node processes (a one-row grid).
+    #[arg(long, default_value_t = 3)]
+    pub(super) nodes: u32,
+    /// Puts per second, spread over the nodes.
+    #[arg(long, default_value_t = 100)]
+    pub(super) rate: u32,
+    /// The coordinators' etcd lease in seconds.
+    #[arg(long, default_value_t = 2)]
+    pub(super) lease_ttl: u64,
+    /// Seconds of steady running before each kill.
+    #[arg(long, default_value_t = 3.0)]
+    pub(super) between_s: f64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+}
+
+pub(super) fn bench_failover(a: FailoverArgs) -> anyhow::Result<bool> {
+    if a.coordinators < 2 || a.nodes == 0 || a.rate == 0 {
+        bail!("--coordinators must be at least 2, --nodes and --rate at least 1");
+    }
+    if !(a.between_s.is_finite() && a.between_s > 0.0) {
+        bail!("--between-s must be a positive number of seconds");
+    }
+    let report = bench::failoverbench::run(&bench::failoverbench::FailoverOptions {
+        bin: std::env::current_exe()?,
+        kills: a.kills,
+        coordinators: a.coordinators,
+        nodes: a.nodes,
+        rate: a.rate,
+        lease_ttl: a.lease_ttl,
+        between: std::time::Duration::from_secs_f64(a.between_s),
+    })?;
+    bench::failoverbench::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    if !report.pass {
+        bail!("the failover benchmark failed: objects lost, QoS 2 duplicates, or a slow failover");
+    }
+    Ok(true)
 }
 
 #[derive(clap::Args, Debug)]

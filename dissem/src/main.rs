@@ -17,11 +17,13 @@ use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 mod benches;
 mod client;
 mod config;
+mod elected;
 mod embedded;
 mod serve;
 
 use benches::{
-    Bench, bench_churn, bench_cluster, bench_e2e, bench_ingest, bench_match, bench_quorum, demo,
+    Bench, bench_churn, bench_cluster, bench_e2e, bench_failover, bench_ingest, bench_match,
+    bench_quorum, demo,
 };
 use client::{NodeArg, TokenCmd, client};
 use serve::{CoordinatorArgs, NodeArgs, UpArgs, WorkerFlags, coordinator_cmd, node_cmd, up};
@@ -268,6 +270,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Bench::Churn(a),
         } => bench_churn(a),
+        Command::Bench {
+            which: Bench::Failover(a),
+        } => bench_failover(a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -256,7 +256,7 @@ impl UpArgs {
 }
 
 /// Prints the first line on stdout (the address, for scripts and tests) at once.
-fn announce(line: String) -> anyhow::Result<()> {
+pub(super) fn announce(line: String) -> anyhow::Result<()> {
     use std::io::Write;
     println!("{line}");
     std::io::stdout().flush()?;
@@ -264,7 +264,7 @@ fn announce(line: String) -> anyhow::Result<()> {
 }
 
 /// Resolves on Ctrl-C (SIGINT).
-async fn shutdown() {
+pub(super) async fn shutdown() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
@@ -312,6 +312,8 @@ pub(super) struct CoordinatorArgs {
     #[arg(long)]
     pub(super) grid: Option<runtime::grid::Grid>,
     #[command(flatten)]
+    pub(super) election: crate::elected::ElectionFlags,
+    #[command(flatten)]
     pub(super) listen_flags: ListenFlags,
 }
 
@@ -343,7 +345,6 @@ pub(super) fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
             listen: a.listen_flags.config()?,
             ..runtime::Limits::default()
         };
-        let (listener, addr) = runtime::bind(a.listen).await?;
         let cfg = coordinator::server::ServerConfig {
             sched: coordinator::Config {
                 test_batch: a.batch,
@@ -359,6 +360,10 @@ pub(super) fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
             grid: a.grid,
             ..coordinator::server::ServerConfig::default()
         };
+        if a.election.etcd.is_some() {
+            return crate::elected::coordinate(&a, store, limits, cfg, &secret_file).await;
+        }
+        let (listener, addr) = runtime::bind(a.listen).await?;
         let grid = a.grid.map(|g| format!(", grid {g}")).unwrap_or_default();
         announce(format!(
             "dissem coordinator listening on {addr} (data in {}, cluster secret in {}{grid})",
@@ -512,13 +517,20 @@ impl WorkerFlags {
 pub(super) struct NodeArgs {
     #[command(flatten)]
     pub(super) up: UpArgs,
-    /// The coordinator's URL.
+    /// The coordinator's URL (without --etcd).
     #[arg(
         long,
         default_value = "http://127.0.0.1:7600",
         env = "DISSEM_COORDINATOR_URL"
     )]
     pub(super) coordinator: String,
+    /// Follow the coordinator that etcd elects instead of --coordinator: the etcd members'
+    /// client URLs, comma-separated (the coordinators' --etcd).
+    #[arg(long)]
+    pub(super) etcd: Option<String>,
+    /// The prefix of every key the cluster keeps in etcd (the coordinators' --etcd-prefix).
+    #[arg(long, default_value = crate::elected::DEFAULT_PREFIX)]
+    pub(super) etcd_prefix: String,
     /// The URL other processes reach this node at (default: http:// + the listen address).
     #[arg(long)]
     pub(super) advertise: Option<String>,
@@ -571,12 +583,18 @@ pub(super) fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
         cfg.cluster_secret = runtime::cluster_secret::ClusterSecret::load(secret_file)?;
         cfg.write_copies = a.write_copies;
         cfg.critical_priority = a.critical_priority;
+        let coordinator = match &a.etcd {
+            Some(urls) => {
+                cfg.etcd = Some(runtime::etcd::Etcd::connect(urls, &a.etcd_prefix)?);
+                format!("elected through etcd {urls}")
+            }
+            None => a.coordinator.clone(),
+        };
         announce(format!(
-            "dissem node {} listening on {} (data in {}, coordinator {})",
+            "dissem node {} listening on {} (data in {}, coordinator {coordinator})",
             u.node,
             n.addr,
             u.data.display(),
-            a.coordinator
         ))?;
         let metrics = metrics_listener(u.metrics_listen).await?;
         let listener = u.listen_flags.listener(n.listener, &n.limits)?;

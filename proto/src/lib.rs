@@ -15,5 +15,17 @@ pub mod v1 {
     tonic::include_proto!("dissem.v1");
 }
 
+/// Clients of the part of etcd's v3 API that coordinator election uses (package
+/// `etcdserverpb`: `KV`, `Lease`, `Watch`).
+#[allow(
+    missing_debug_implementations,
+    clippy::all,
+    clippy::pedantic,
+    rust_2018_idioms
+)]
+pub mod etcd {
+    tonic::include_proto!("etcdserverpb");
+}
+
 /// The encoded file descriptor set of every `dissem.v1` file, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("dissem_descriptor");

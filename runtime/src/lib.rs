@@ -6,12 +6,15 @@
 //! (`cluster_secret`), TLS settings (`tls`), per-connection rates (`rate`), the outbound
 //! address rule (`target_guard`), the Prometheus endpoint (`metrics`), the public
 //! `Subscriptions` service over a subscription index (`subscriptions`) and the links between
-//! the roles (`link`), and the xS-grid of quorum replication (`grid`).
+//! the roles (`link`), the xS-grid of quorum replication (`grid`), and coordinator election
+//! on etcd (`etcd`, a small client; `election`).
 
 pub mod auth;
 pub mod cluster_secret;
 pub mod config;
+pub mod election;
 pub mod error;
+pub mod etcd;
 pub mod grid;
 pub mod link;
 pub mod listen;

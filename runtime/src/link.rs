@@ -21,6 +21,74 @@ pub const LOCAL_ENDPOINT: &str = "local:";
 pub enum ToCoordinator {
     Grpc(ClusterClient<Internal>),
     Local(Arc<dyn v1::cluster_server::Cluster>),
+    /// Whichever coordinator the etcd leader key names (`dissem node --etcd`).
+    Elected(Arc<Elected>),
+}
+
+/// The coordinator an election chose, followed through etcd: calls go to the leader the key
+/// names now, over one channel per leader address.
+pub struct Elected {
+    leader: crate::election::LeaderWatch,
+    stamp: crate::cluster_secret::Stamp,
+    channel: std::sync::Mutex<Option<(String, tonic::transport::Channel)>>,
+}
+
+impl std::fmt::Debug for Elected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elected")
+            .field("leader", &self.leader.current())
+            .finish()
+    }
+}
+
+impl Elected {
+    pub fn new(
+        leader: crate::election::LeaderWatch,
+        stamp: crate::cluster_secret::Stamp,
+    ) -> Elected {
+        Elected {
+            leader,
+            stamp,
+            channel: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The leader's nonce, when one leads and serves: the only coordinator whose
+    /// assignments a node takes.
+    pub fn nonce(&self) -> Option<u64> {
+        self.leader.current().map(|l| l.nonce)
+    }
+
+    /// The leader as the etcd key names it.
+    pub fn leader(&self) -> &crate::election::LeaderWatch {
+        &self.leader
+    }
+
+    /// A channel to the leader that serves now.
+    pub fn channel(&self) -> Result<tonic::transport::Channel, Status> {
+        let Some(l) = self.leader.current() else {
+            return Err(Status::unavailable(
+                "no coordinator leads yet (the etcd leader key names none that serves)",
+            ));
+        };
+        let mut c = crate::lock(&self.channel);
+        if let Some((url, ch)) = &*c
+            && *url == l.url
+        {
+            return Ok(ch.clone());
+        }
+        let ch = crate::channel(&l.url).map_err(Status::from)?;
+        *c = Some((l.url, ch.clone()));
+        Ok(ch)
+    }
+
+    fn client(&self) -> Result<ClusterClient<Internal>, Status> {
+        Ok(
+            ClusterClient::with_interceptor(self.channel()?, self.stamp.clone())
+                .max_decoding_message_size(1 << 30)
+                .max_encoding_message_size(64 << 20),
+        )
+    }
 }
 
 impl std::fmt::Debug for ToCoordinator {
@@ -28,6 +96,7 @@ impl std::fmt::Debug for ToCoordinator {
         f.write_str(match self {
             ToCoordinator::Grpc(_) => "ToCoordinator::Grpc",
             ToCoordinator::Local(_) => "ToCoordinator::Local",
+            ToCoordinator::Elected(_) => "ToCoordinator::Elected",
         })
     }
 }
@@ -38,12 +107,21 @@ macro_rules! coord_call {
             match self {
                 ToCoordinator::Grpc(c) => c.clone().$name(r).await.map(|x| x.into_inner()),
                 ToCoordinator::Local(h) => h.$name(Request::new(r)).await.map(|x| x.into_inner()),
+                ToCoordinator::Elected(e) => e.client()?.$name(r).await.map(|x| x.into_inner()),
             }
         }
     };
 }
 
 impl ToCoordinator {
+    /// The nonce of the coordinator that leads, when an election decides it (`None`: any
+    /// coordinator this node registered with may assign).
+    pub fn leader_nonce(&self) -> Option<u64> {
+        match self {
+            ToCoordinator::Elected(e) => Some(e.nonce().unwrap_or(0)),
+            _ => None,
+        }
+    }
     coord_call!(register, v1::RegisterRequest, v1::RegisterResponse);
     coord_call!(heartbeat, v1::HeartbeatRequest, v1::HeartbeatResponse);
     coord_call!(arrived, v1::ArrivedRequest, v1::ArrivedResponse);

@@ -119,6 +119,9 @@ pub struct Store {
     /// The floor last written to sled.
     outbox_floor_written: Arc<AtomicU64>,
     commit: Arc<Commit>,
+    /// Subscription ids are handed out from here on when it is above sled's counter (an
+    /// elected coordinator's epoch; 0: sled's counter alone).
+    subscription_id_floor: Arc<AtomicU64>,
 }
 
 fn now_ms() -> u64 {
@@ -210,6 +213,7 @@ impl Store {
             adopted: Arc::default(),
             outbox_floor_written: Arc::default(),
             commit: Arc::new(Commit::default()),
+            subscription_id_floor: Arc::default(),
         };
         store.load_outbox()?;
         Ok(store)

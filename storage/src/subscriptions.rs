@@ -12,7 +12,34 @@ fn corrupt_placed() -> StorageError {
 impl Store {
     /// A fresh subscription id (monotonic, durable across restarts).
     pub fn next_subscription_id(&self) -> Result<u64, StorageError> {
-        Ok(self.db.generate_id()? + 1)
+        let counted = self.db.generate_id()? + 1;
+        if self.subscription_id_floor.load(Ordering::Acquire) == 0 {
+            return Ok(counted);
+        }
+        // both sequences only grow, so their maximum does too
+        let floor = self.subscription_id_floor.fetch_add(1, Ordering::AcqRel);
+        Ok(counted.max(floor))
+    }
+
+    /// Hands subscription ids out from `floor` on (if that is above what was handed out):
+    /// an elected coordinator numbers from its epoch, so no two leaders hand out one id.
+    pub fn raise_subscription_ids(&self, floor: u64) {
+        self.subscription_id_floor
+            .fetch_max(floor, Ordering::AcqRel);
+    }
+
+    /// Replaces every stored subscription with `records` (id, encoded record) and makes it
+    /// durable: a new coordinator leader's registry, rebuilt from the nodes' copies.
+    pub async fn replace_subscriptions(
+        &self,
+        records: &[(u64, Vec<u8>)],
+    ) -> Result<(), StorageError> {
+        self.subs.clear()?;
+        self.placed.clear()?;
+        for (id, r) in records {
+            self.subs.insert(id.to_be_bytes(), r.as_slice())?;
+        }
+        self.commit().await
     }
 
     /// Stores (or replaces) a subscription record durably.

@@ -76,9 +76,13 @@ pub async fn run_node(
     metrics: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
-    let coordinator = runtime::channel(&cfg.coordinator)?;
+    let link = daemon::Daemon::link(&cfg)?;
+    let coordinator = match &link {
+        runtime::link::ToCoordinator::Elected(e) => proxy::Coordinator::Elected(e.clone()),
+        _ => proxy::Coordinator::Fixed(runtime::channel(&cfg.coordinator)?),
+    };
     let cluster_auth = cfg.cluster_secret.check();
-    let daemon = daemon::Daemon::start(cfg, store.clone(), limits)?;
+    let daemon = daemon::Daemon::start(cfg, store.clone(), limits, link)?;
     let node = services::Node::new(store, limits, services::Sink::Cluster(daemon.clone()));
     let metrics = metrics.map(|l| {
         (

@@ -3,17 +3,26 @@
 //! codes included, with the caller's token. Subscribers can use any node. With a grid
 //! (quorum replication) a created subscription is also stored on every live member of the
 //! node's column quorum before Create returns; an update replaces those copies and a delete
-//! drops them.
+//! drops them. With an elected coordinator (`--etcd`), calls go to the leader etcd names.
 
 use proto::v1;
 use proto::v1::subscriptions_client::SubscriptionsClient;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+/// Where the coordinator is.
+#[derive(Debug, Clone)]
+pub enum Coordinator {
+    /// A (lazily connected) channel to the one coordinator.
+    Fixed(Channel),
+    /// Whichever coordinator etcd names as leader.
+    Elected(std::sync::Arc<runtime::link::Elected>),
+}
+
 /// Forwards to the coordinator.
 #[derive(Debug, Clone)]
 pub struct SubscriptionsProxy {
-    client: SubscriptionsClient<Channel>,
+    coordinator: Coordinator,
     /// Places the copies of subscriptions (a node with a grid).
     placement: Option<crate::daemon::Daemon>,
 }
@@ -22,17 +31,27 @@ impl SubscriptionsProxy {
     /// A proxy over a (lazily connected) channel to the coordinator.
     pub fn new(channel: Channel) -> SubscriptionsProxy {
         SubscriptionsProxy {
-            client: SubscriptionsClient::new(channel),
+            coordinator: Coordinator::Fixed(channel),
             placement: None,
         }
     }
 
     /// The same, placing copies of the subscriptions through `daemon` (with a grid).
-    pub fn with_placement(channel: Channel, daemon: crate::daemon::Daemon) -> SubscriptionsProxy {
+    pub fn with_placement(
+        coordinator: Coordinator,
+        daemon: crate::daemon::Daemon,
+    ) -> SubscriptionsProxy {
         SubscriptionsProxy {
-            client: SubscriptionsClient::new(channel),
+            coordinator,
             placement: Some(daemon),
         }
+    }
+
+    fn client(&self) -> Result<SubscriptionsClient<Channel>, Status> {
+        Ok(SubscriptionsClient::new(match &self.coordinator {
+            Coordinator::Fixed(ch) => ch.clone(),
+            Coordinator::Elected(e) => e.channel()?,
+        }))
     }
 
     async fn place(&self, id: u64, update: bool) {
@@ -65,7 +84,7 @@ impl v1::subscriptions_server::Subscriptions for SubscriptionsProxy {
         &self,
         request: Request<v1::CreateSubscriptionRequest>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        let r = self.client.clone().create(forward(request)).await?;
+        let r = self.client()?.create(forward(request)).await?;
         self.place(r.get_ref().id, false).await;
         Ok(r)
     }
@@ -74,21 +93,21 @@ impl v1::subscriptions_server::Subscriptions for SubscriptionsProxy {
         &self,
         request: Request<v1::GetSubscriptionRequest>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        self.client.clone().get(forward(request)).await
+        self.client()?.get(forward(request)).await
     }
 
     async fn list(
         &self,
         request: Request<v1::ListSubscriptionsRequest>,
     ) -> Result<Response<v1::ListSubscriptionsResponse>, Status> {
-        self.client.clone().list(forward(request)).await
+        self.client()?.list(forward(request)).await
     }
 
     async fn update(
         &self,
         request: Request<v1::Subscription>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        let r = self.client.clone().update(forward(request)).await?;
+        let r = self.client()?.update(forward(request)).await?;
         self.place(r.get_ref().id, true).await;
         Ok(r)
     }
@@ -98,7 +117,7 @@ impl v1::subscriptions_server::Subscriptions for SubscriptionsProxy {
         request: Request<v1::DeleteSubscriptionRequest>,
     ) -> Result<Response<v1::DeleteSubscriptionResponse>, Status> {
         let id = request.get_ref().id;
-        let r = self.client.clone().delete(forward(request)).await?;
+        let r = self.client()?.delete(forward(request)).await?;
         if let Some(d) = &self.placement {
             d.drop_subscription(id).await;
         }

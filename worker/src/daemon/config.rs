@@ -53,6 +53,8 @@ pub struct DaemonConfig {
     pub critical_priority: u8,
     /// How long a put waits for its copies before it is answered `UNAVAILABLE`.
     pub replicate_timeout: Duration,
+    /// Follow the coordinator that etcd elects (the leader key) instead of `coordinator`.
+    pub etcd: Option<runtime::etcd::Etcd>,
 }
 
 impl DaemonConfig {
@@ -81,6 +83,7 @@ impl DaemonConfig {
             write_copies: 3,
             critical_priority: 6,
             replicate_timeout: Duration::from_secs(5),
+            etcd: None,
         }
     }
 }

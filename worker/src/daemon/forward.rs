@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// The longest an `Arrived` waits for its answer (what it carried is resent later).
+const ARRIVED_LIMIT: Duration = Duration::from_secs(5);
+
 impl Daemon {
     /// A stored object (still in the outbox) to be matched: queued for the coordinator.
     pub fn arrived(&self, id: ObjectId, priority: u8, metadata: &[(String, blocks::Value)]) {
@@ -50,7 +53,22 @@ impl Daemon {
             node: self.inner.cfg.node,
             objects,
         };
-        if let Err(e) = self.inner.coord.arrived(req).await {
+        let call = tokio::time::timeout(ARRIVED_LIMIT, self.inner.coord.arrived(req));
+        let answer = match &self.inner.coord {
+            // a leader that stops answering (paused, cut off) is replaced: the objects go to
+            // the next one with the outbox resend after registering, not after this call
+            ToCoordinator::Elected(e) => {
+                let mut leader = e.leader().changes();
+                tokio::select! {
+                    r = call => r,
+                    _ = leader.changed() => return,
+                }
+            }
+            _ => call.await,
+        };
+        if let Err(e) =
+            answer.unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer in time")))
+        {
             tracing::debug!("sending {n} objects to the coordinator failed (resent later): {e}");
         }
     }

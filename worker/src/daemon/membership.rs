@@ -7,6 +7,13 @@ use super::*;
 /// The longest a catch-up after registration may hold the outbox resend up.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
 
+/// The longest a registration or heartbeat waits for its answer.
+const CALL_LIMIT: Duration = Duration::from_secs(5);
+
+fn late() -> tonic::Status {
+    tonic::Status::deadline_exceeded(format!("no answer within {CALL_LIMIT:?}"))
+}
+
 impl Daemon {
     pub(super) fn worker_states(&self) -> Vec<v1::WorkerState> {
         lock(&self.inner.workers)
@@ -16,6 +23,43 @@ impl Daemon {
                 block: s.block.clone(),
             })
             .collect()
+    }
+
+    /// With an elected coordinator: registers again as soon as etcd names a new leader that
+    /// serves (the heartbeat's nonce check is the second path, as in seed 002).
+    pub(super) async fn follow_leader(
+        self,
+        mut changes: tokio::sync::watch::Receiver<Option<runtime::election::LeaderInfo>>,
+    ) {
+        while changes.changed().await.is_ok() {
+            let nonce = changes
+                .borrow_and_update()
+                .as_ref()
+                .filter(|l| !l.url.is_empty())
+                .map(|l| l.nonce);
+            if let Some(n) = nonce
+                && n != self.inner.nonce.load(Ordering::Acquire)
+            {
+                self.inner.reregister.notify_one();
+            }
+        }
+    }
+
+    /// `call`'s answer, unless a new leader is named first (`None`: a call to a leader that
+    /// was paused or cut off would otherwise hold registration with the new one up), or
+    /// the call takes longer than [`CALL_LIMIT`].
+    async fn unless_leader_changes<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+    ) -> Option<Result<T, tonic::Status>> {
+        let limit = tokio::time::timeout(CALL_LIMIT, call);
+        if !matches!(self.inner.coord, ToCoordinator::Elected(_)) {
+            return Some(limit.await.unwrap_or_else(|_| Err(late())));
+        }
+        tokio::select! {
+            r = limit => Some(r.unwrap_or_else(|_| Err(late()))),
+            _ = self.inner.reregister.notified() => None,
+        }
     }
 
     /// Registration and heartbeats; registers again when the coordinator's nonce changes.
@@ -39,7 +83,12 @@ impl Daemon {
                 };
                 *lock(&self.inner.changes) = Changes::default();
                 let sent = Instant::now();
-                match self.inner.coord.register(req).await {
+                let call = self.inner.coord.register(req);
+                let Some(answer) = self.unless_leader_changes(call).await else {
+                    self.inner.reregister.notify_one(); // register with the new one at once
+                    continue;
+                };
+                match answer {
                     Ok(r) => {
                         let nonce = r.nonce;
                         tracing::info!("registered with coordinator {nonce:016x}");
@@ -83,7 +132,15 @@ impl Daemon {
                 terminated: changes.terminated.clone(),
             };
             let sent = Instant::now();
-            match self.inner.coord.heartbeat(req).await {
+            let call = self.inner.coord.heartbeat(req);
+            let Some(answer) = self.unless_leader_changes(call).await else {
+                let mut c = lock(&self.inner.changes);
+                c.started.extend(changes.started);
+                c.terminated.extend(changes.terminated);
+                self.inner.reregister.notify_one(); // register with the new one at once
+                continue;
+            };
+            match answer {
                 Ok(r) if r.nonce == known => {
                     self.set_view(r.membership.as_ref());
                     self.lease_renewed(sent);

@@ -124,16 +124,33 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// A daemon that reaches its coordinator over gRPC at `cfg.coordinator`, started
-    /// ([`Daemon::new`] then [`Daemon::spawn`]).
-    pub fn start(cfg: DaemonConfig, store: Store, limits: Limits) -> Result<Daemon, ServiceError> {
+    /// The link to the coordinator `cfg` names: the leader etcd elects (with `cfg.etcd`),
+    /// else the one at `cfg.coordinator`, over gRPC.
+    pub fn link(cfg: &DaemonConfig) -> Result<ToCoordinator, ServiceError> {
+        if let Some(etcd) = &cfg.etcd {
+            let leader = runtime::election::LeaderWatch::start(etcd.clone());
+            return Ok(ToCoordinator::Elected(Arc::new(
+                runtime::link::Elected::new(leader, cfg.cluster_secret.stamp()),
+            )));
+        }
         let coord = ClusterClient::with_interceptor(
             runtime::channel(&cfg.coordinator)?,
             cfg.cluster_secret.stamp(),
         )
         .max_decoding_message_size(1 << 30)
         .max_encoding_message_size(64 << 20);
-        let d = Daemon::new(cfg, store, limits, ToCoordinator::Grpc(coord))?;
+        Ok(ToCoordinator::Grpc(coord))
+    }
+
+    /// A daemon that reaches its coordinator over `coord`, started ([`Daemon::new`] then
+    /// [`Daemon::spawn`]).
+    pub fn start(
+        cfg: DaemonConfig,
+        store: Store,
+        limits: Limits,
+        coord: ToCoordinator,
+    ) -> Result<Daemon, ServiceError> {
+        let d = Daemon::new(cfg, store, limits, coord)?;
         d.spawn();
         Ok(d)
     }
@@ -208,6 +225,9 @@ impl Daemon {
         }
         tokio::spawn(self.clone().forwarder(rx));
         tokio::spawn(self.clone().membership());
+        if let ToCoordinator::Elected(e) = &self.inner.coord {
+            tokio::spawn(self.clone().follow_leader(e.leader().changes()));
+        }
         tokio::spawn(self.clone().resender());
         tokio::spawn(self.clone().regulator());
         if let Some(rx) = lock(&self.inner.finished_rx).take() {

@@ -22,6 +22,15 @@ impl v1::daemon_server::Daemon for Daemon {
         request: Request<v1::AssignRequest>,
     ) -> Result<Response<v1::AssignResponse>, Status> {
         let req = request.into_inner();
+        if let Some(leader) = self.inner.coord.leader_nonce()
+            && req.nonce != leader
+        {
+            // a deposed leader that still sends (paused past its lease, cut off from etcd)
+            return Err(Status::failed_precondition(format!(
+                "nonce: {:016x} is not the coordinator etcd names as leader",
+                req.nonce
+            )));
+        }
         let tx = {
             let mut ws = lock(&self.inner.workers);
             let slot = ws

@@ -1,0 +1,269 @@
+//! Real etcd and elected clusters on loopback, for the failover benchmark and tests: an
+//! `etcd` process (Debian's `etcd-server`) on free ports with its own data directory, that
+//! can be killed and restarted on the same ports and data; and a cluster of several
+//! `dissem coordinator --etcd` processes (one leads, the others stand by) and `dissem node
+//! --etcd` processes in a one-row grid.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use runtime::election::LeaderInfo;
+use runtime::etcd::Etcd;
+
+use crate::procs::{Proc, try_wait_for};
+
+/// Whether an `etcd` binary is on the PATH.
+pub fn etcd_available() -> bool {
+    Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// One etcd member.
+#[derive(Debug)]
+pub struct EtcdProc {
+    child: Option<Child>,
+    dir: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+    /// Its client URL.
+    pub url: String,
+}
+
+impl EtcdProc {
+    /// Starts etcd with its data in `dir` on two free ports and waits until it answers.
+    pub async fn start(dir: &Path) -> anyhow::Result<EtcdProc> {
+        let mut e = EtcdProc {
+            child: None,
+            dir: dir.to_path_buf(),
+            client_port: free_port()?,
+            peer_port: free_port()?,
+            url: String::new(),
+        };
+        e.url = format!("http://127.0.0.1:{}", e.client_port);
+        e.spawn().await?;
+        Ok(e)
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::File::create(self.dir.with_extension("log"))?;
+        let child = Command::new("etcd")
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args(["--name", "dissem-test"])
+            .args(["--listen-client-urls", &self.url])
+            .args(["--advertise-client-urls", &self.url])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("dissem-test={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .context("starting etcd (Debian's etcd-server package)")?;
+        self.child = Some(child);
+        let client = Etcd::connect(&self.url, "/probe/")?;
+        let up = try_wait_for(Duration::from_secs(15), || {
+            let c = client.clone();
+            async move { c.get("x").await.ok().map(|_| ()) }
+        })
+        .await;
+        if up.is_none() {
+            bail!(
+                "etcd at {} did not answer within 15 s (log: {})",
+                self.url,
+                self.dir.with_extension("log").display()
+            );
+        }
+        Ok(())
+    }
+
+    /// SIGKILL, and wait until it is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same ports and data (after [`EtcdProc::kill`]).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn().await
+    }
+}
+
+impl Drop for EtcdProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// etcd, coordinators campaigning through it, and nodes following the leader.
+#[derive(Debug)]
+pub struct ElectedCluster {
+    /// Coordinator `k` is named `c<k>`.
+    pub coordinators: Vec<Proc>,
+    pub nodes: Vec<Proc>,
+    pub client: Etcd,
+    /// Last: dropped (killed) after the processes that use it.
+    pub etcd: EtcdProc,
+    pub dir: PathBuf,
+    bin: PathBuf,
+    lease_ttl: u64,
+    /// The grid is `1 x grid_nodes`.
+    grid_nodes: u32,
+}
+
+fn s(x: &str) -> String {
+    x.to_string()
+}
+
+impl ElectedCluster {
+    /// Starts etcd, `coordinators` coordinators (the first leads once it wins) and `nodes`
+    /// nodes in a `1 x nodes` grid, each with `node_args` added, and waits until every
+    /// node is registered with the leader.
+    pub async fn start(
+        bin: &Path,
+        dir: &Path,
+        coordinators: usize,
+        nodes: u32,
+        lease_ttl: u64,
+        node_args: &[String],
+    ) -> anyhow::Result<ElectedCluster> {
+        let etcd = EtcdProc::start(&dir.join("etcd")).await?;
+        let client = Etcd::connect(&etcd.url, "/dissem/")?;
+        let mut c = ElectedCluster {
+            client,
+            etcd,
+            coordinators: Vec::new(),
+            nodes: Vec::new(),
+            dir: dir.to_path_buf(),
+            bin: bin.to_path_buf(),
+            lease_ttl,
+            grid_nodes: nodes,
+        };
+        std::fs::create_dir_all(dir)?;
+        runtime::cluster_secret::ClusterSecret::load_or_create(&c.secret_file())?;
+        for k in 0..coordinators {
+            let p = c.start_coordinator(k);
+            c.coordinators.push(p);
+            if k == 0 {
+                c.wait_leader(Duration::from_secs(15)).await?;
+            }
+        }
+        let secret = c.secret_file().display().to_string();
+        for id in 0..nodes {
+            let mut args = vec![
+                s("node"),
+                s("--listen"),
+                s("127.0.0.1:0"),
+                s("--data"),
+                dir.join(format!("node{id}")).display().to_string(),
+                s("--node"),
+                id.to_string(),
+                s("--etcd"),
+                c.etcd.url.clone(),
+                s("--cluster-secret-file"),
+                secret.clone(),
+            ];
+            args.extend(node_args.iter().cloned());
+            c.nodes.push(Proc::start(bin, &args));
+        }
+        let leader = c.wait_leader(Duration::from_secs(15)).await?;
+        let want = nodes;
+        let ok = try_wait_for(Duration::from_secs(20), || {
+            let url = leader.url.clone();
+            async move {
+                let s = crate::procs::stats(&url).await.ok()?;
+                (s.cluster?.nodes >= want).then_some(())
+            }
+        })
+        .await;
+        if ok.is_none() {
+            bail!("the {want} nodes did not all register with the leader within 20 s");
+        }
+        Ok(c)
+    }
+
+    fn secret_file(&self) -> PathBuf {
+        self.dir.join("cluster.secret")
+    }
+
+    /// Starts coordinator `k` (a standby until it wins).
+    pub fn start_coordinator(&self, k: usize) -> Proc {
+        let args = vec![
+            s("coordinator"),
+            s("--listen"),
+            s("127.0.0.1:0"),
+            s("--data"),
+            self.dir
+                .join(format!("coordinator{k}"))
+                .display()
+                .to_string(),
+            s("--etcd"),
+            self.etcd.url.clone(),
+            s("--name"),
+            format!("c{k}"),
+            s("--grid"),
+            format!("1x{}", self.grid_nodes),
+            s("--lease-ttl"),
+            self.lease_ttl.to_string(),
+            s("--allow-private-targets"),
+            s("--cluster-secret-file"),
+            self.secret_file().display().to_string(),
+        ];
+        Proc::start(&self.bin, &args)
+    }
+
+    /// The leader the key names now, if it serves.
+    pub async fn leader(&self) -> Option<LeaderInfo> {
+        let kv = self
+            .client
+            .get(runtime::election::LEADER_KEY)
+            .await
+            .ok()??;
+        let mut l: LeaderInfo = serde_json::from_slice(&kv.value).ok()?;
+        l.epoch = kv.create_revision as u64;
+        (!l.url.is_empty()).then_some(l)
+    }
+
+    /// Waits up to `limit` for a leader that serves.
+    pub async fn wait_leader(&self, limit: Duration) -> anyhow::Result<LeaderInfo> {
+        match try_wait_for(limit, || self.leader()).await {
+            Some(l) => Ok(l),
+            None => bail!("no coordinator leads within {limit:?}"),
+        }
+    }
+
+    /// Waits up to `limit` for a serving leader of another epoch than `epoch`.
+    pub async fn wait_new_leader(&self, epoch: u64, limit: Duration) -> anyhow::Result<LeaderInfo> {
+        let started = Instant::now();
+        match try_wait_for(limit, || async {
+            self.leader().await.filter(|l| l.epoch != epoch)
+        })
+        .await
+        {
+            Some(l) => Ok(l),
+            None => bail!(
+                "no new leader after epoch {epoch} within {:?}",
+                started.elapsed()
+            ),
+        }
+    }
+
+    /// The index of the coordinator named `name` (`c<k>`).
+    pub fn index_of(name: &str) -> Option<usize> {
+        name.strip_prefix('c')?.parse().ok()
+    }
+}

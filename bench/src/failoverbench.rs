@@ -1,0 +1,294 @@
+//! `dissem bench failover` (issue 15): etcd, three coordinators (one leads), three nodes in a
+//! one-row grid, a QoS 1 and a QoS 2 subscriber on a recording gRPC endpoint, and steady
+//! puts through every node. The leader is SIGKILLed several times (each time restarted as a
+//! standby once a new leader serves). Per kill: the time until a new leader serves
+//! (`election_ms`) and until matching resumes (`failover_ms`: the first delivery of an object
+//! acknowledged after the kill, which only the new leader can have matched). Overall: objects
+//! acknowledged, delivered to both subscribers, lost, and QoS 2 duplicates.
+//!
+//! Pass: nothing lost, no duplicate, failover p99 at most 3 s (with the default 2 s lease).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use proto::v1;
+use serde::Serialize;
+use storage::ObjectId;
+
+use crate::elected::ElectedCluster;
+use crate::procs::{self, create_grpc_subscription, put_retrying, try_wait_for};
+use crate::recorder::Recorder;
+
+/// The failover p99 that passes.
+pub const P99_LIMIT_MS: f64 = 3000.0;
+
+/// Options of the failover benchmark.
+#[derive(Debug, Clone)]
+pub struct FailoverOptions {
+    pub bin: std::path::PathBuf,
+    pub kills: usize,
+    pub coordinators: usize,
+    pub nodes: u32,
+    /// Puts per second, spread over the nodes.
+    pub rate: u32,
+    /// The coordinators' `--lease-ttl` (seconds).
+    pub lease_ttl: u64,
+    /// Steady running between a recovery and the next kill.
+    pub between: Duration,
+}
+
+/// One kill of the leader.
+#[derive(Debug, Clone, Serialize)]
+pub struct Kill {
+    pub killed: String,
+    pub epoch: u64,
+    pub new_leader: String,
+    /// Kill to a new leader serving (its address in the leader key).
+    pub election_ms: f64,
+    /// Kill to the first delivery of an object acknowledged after the kill.
+    pub failover_ms: f64,
+}
+
+/// The figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailoverReport {
+    pub coordinators: usize,
+    pub nodes: u32,
+    pub lease_ttl_s: u64,
+    pub rate: u32,
+    pub kills: Vec<Kill>,
+    pub failover_p50_ms: f64,
+    pub failover_p99_ms: f64,
+    pub failover_max_ms: f64,
+    /// Objects acknowledged to the putter.
+    pub acknowledged: usize,
+    /// Acknowledged objects both subscribers were shown.
+    pub delivered: usize,
+    /// Acknowledged objects some subscriber was never shown.
+    pub lost: usize,
+    /// QoS 2 deliveries shown more than once.
+    pub duplicates: u64,
+    /// QoS 1 deliveries shown again (allowed: at least once).
+    pub qos1_repeats: u64,
+    pub pass: bool,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).ceil() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Acknowledged objects and when.
+pub type Acked = Arc<Mutex<Vec<(ObjectId, Instant)>>>;
+
+/// Puts at `rate` per second through `urls` in turn until `stop` (objects with a counter `n`,
+/// message ids `failover-<n>`), recording each acknowledged id with when it was acknowledged.
+pub async fn put_steadily(urls: Vec<String>, rate: u32, acked: Acked, stop: Arc<AtomicBool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
+    let mut set = tokio::task::JoinSet::new();
+    let mut i = 0usize;
+    while !stop.load(Ordering::SeqCst) {
+        tick.tick().await;
+        let url = urls[i % urls.len()].clone();
+        let acked = acked.clone();
+        let n = i;
+        set.spawn(async move {
+            let req = v1::PutRequest {
+                data: Vec::new(),
+                metadata: runtime::validate::attributes_to_proto(&[(
+                    "n".to_string(),
+                    blocks::Value::Num(blocks::num::Num::from(n as i64)),
+                )]),
+                priority: 0,
+                message_id: format!("failover-{n}"),
+            };
+            if let Ok(id) = put_retrying(&url, req, Duration::from_secs(10)).await {
+                runtime::lock(&acked).push((id, Instant::now()));
+            }
+        });
+        i += 1;
+        while set.try_join_next().is_some() {}
+    }
+    while set.join_next().await.is_some() {}
+}
+
+/// Runs the benchmark on a runtime of its own.
+pub fn run(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run_async(o))
+}
+
+async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
+    if !crate::elected::etcd_available() {
+        anyhow::bail!("the failover benchmark needs etcd (apt-get install etcd-server)");
+    }
+    let dir = procs::temp_dir("failover");
+    let (rec, target) = Recorder::start().await?;
+    eprintln!(
+        "starting etcd, {} coordinators and {} nodes",
+        o.coordinators, o.nodes
+    );
+    let mut c = ElectedCluster::start(
+        &o.bin,
+        &dir,
+        o.coordinators,
+        o.nodes,
+        o.lease_ttl,
+        &procs::small_node_flags(),
+    )
+    .await?;
+    let node0 = c.nodes[0].url();
+    let q2 = create_grpc_subscription(&node0, "n >= 0".into(), &target, v1::Qos::ExactlyOnce, None)
+        .await
+        .context("creating the QoS 2 subscription")?;
+    rec.expect_qos2(q2);
+    let q1 = create_grpc_subscription(&node0, "n >= 0".into(), &target, v1::Qos::AtLeastOnce, None)
+        .await
+        .context("creating the QoS 1 subscription")?;
+    let acked: Acked = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let putter = tokio::spawn(put_steadily(
+        c.nodes.iter().map(|n| n.url()).collect(),
+        o.rate,
+        acked.clone(),
+        stop.clone(),
+    ));
+    let mut kills = Vec::new();
+    for k in 0..o.kills {
+        tokio::time::sleep(o.between).await;
+        let l = c.wait_leader(Duration::from_secs(15)).await?;
+        let idx = ElectedCluster::index_of(&l.name)
+            .filter(|&i| i < c.coordinators.len())
+            .with_context(|| format!("the leader {:?} is none of ours", l.name))?;
+        let killed_at = Instant::now();
+        c.coordinators[idx].kill();
+        let new = c.wait_new_leader(l.epoch, Duration::from_secs(20)).await?;
+        let election_ms = killed_at.elapsed().as_secs_f64() * 1e3;
+        let first = try_wait_for(Duration::from_secs(30), || {
+            let after: Vec<ObjectId> = runtime::lock(&acked)
+                .iter()
+                .filter(|(_, t)| *t >= killed_at)
+                .map(|(id, _)| *id)
+                .collect();
+            let rec = rec.clone();
+            async move {
+                after
+                    .iter()
+                    .flat_map(|id| [(q1, *id), (q2, *id)])
+                    .filter_map(|p| rec.first_shown(p))
+                    .min()
+            }
+        })
+        .await
+        .context("no object acknowledged after the kill was delivered within 30 s")?;
+        let failover_ms = first.saturating_duration_since(killed_at).as_secs_f64() * 1e3;
+        eprintln!(
+            "kill {}: {} (epoch {}) -> {} serving after {election_ms:.0} ms, matching resumed \
+             after {failover_ms:.0} ms",
+            k + 1,
+            l.name,
+            l.epoch,
+            new.name
+        );
+        kills.push(Kill {
+            killed: l.name.clone(),
+            epoch: l.epoch,
+            new_leader: new.name,
+            election_ms,
+            failover_ms,
+        });
+        c.coordinators[idx] = c.start_coordinator(idx);
+    }
+    tokio::time::sleep(o.between).await;
+    stop.store(true, Ordering::SeqCst);
+    putter.await?;
+    let objects: Vec<ObjectId> = runtime::lock(&acked).iter().map(|(id, _)| *id).collect();
+    let all_shown = |rec: &Recorder| {
+        objects
+            .iter()
+            .filter(|id| {
+                rec.first_shown((q1, **id)).is_some() && rec.first_shown((q2, **id)).is_some()
+            })
+            .count()
+    };
+    eprintln!(
+        "waiting for the last deliveries of {} objects",
+        objects.len()
+    );
+    let _ = try_wait_for(Duration::from_secs(60), || {
+        let done = all_shown(&rec) == objects.len();
+        async move { done.then_some(()) }
+    })
+    .await;
+    let delivered = all_shown(&rec);
+    let duplicates = rec.extra_shows(|s| s == q2);
+    let qos1_repeats = rec.extra_shows(|s| s == q1);
+    let mut f: Vec<f64> = kills.iter().map(|k| k.failover_ms).collect();
+    f.sort_by(f64::total_cmp);
+    let failover_p99_ms = percentile(&f, 0.99);
+    let lost = objects.len() - delivered;
+    let report = FailoverReport {
+        coordinators: o.coordinators,
+        nodes: o.nodes,
+        lease_ttl_s: o.lease_ttl,
+        rate: o.rate,
+        failover_p50_ms: percentile(&f, 0.5),
+        failover_p99_ms,
+        failover_max_ms: f.last().copied().unwrap_or(0.0),
+        kills,
+        acknowledged: objects.len(),
+        delivered,
+        lost,
+        duplicates,
+        qos1_repeats,
+        pass: lost == 0 && duplicates == 0 && failover_p99_ms <= P99_LIMIT_MS,
+    };
+    drop(c);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(report)
+}
+
+/// Prints the figures.
+pub fn print(r: &FailoverReport) {
+    println!(
+        "failover: {} coordinators, {} nodes, lease {} s, {} puts/s",
+        r.coordinators, r.nodes, r.lease_ttl_s, r.rate
+    );
+    println!(
+        "{:>4}  {:>8}  {:>6}  {:>10}  {:>11}  {:>11}",
+        "kill", "killed", "epoch", "new leader", "election ms", "failover ms"
+    );
+    for (i, k) in r.kills.iter().enumerate() {
+        println!(
+            "{:>4}  {:>8}  {:>6}  {:>10}  {:>11.0}  {:>11.0}",
+            i + 1,
+            k.killed,
+            k.epoch,
+            k.new_leader,
+            k.election_ms,
+            k.failover_ms
+        );
+    }
+    println!(
+        "failover p50 {:.0} ms, p99 {:.0} ms (limit {P99_LIMIT_MS:.0}), max {:.0} ms",
+        r.failover_p50_ms, r.failover_p99_ms, r.failover_max_ms
+    );
+    println!(
+        "objects: {} acknowledged, {} delivered, {} lost; QoS 2 duplicates {}, QoS 1 repeats \
+         {}: {}",
+        r.acknowledged,
+        r.delivered,
+        r.lost,
+        r.duplicates,
+        r.qos1_repeats,
+        if r.pass { "PASS" } else { "FAIL" }
+    );
+}

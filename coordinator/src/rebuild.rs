@@ -1,0 +1,177 @@
+//! What a coordinator that just won the election does before it serves: rebuild the
+//! subscription registry from the nodes' copies, and find the nodes from etcd.
+//!
+//! A subscription created through a node is stored on every live member of that node's
+//! column quorum before Create returns (quorum replication), and node 0 and node n-1 belong
+//! to every column quorum, so either holds all of them. The new leader asks them first; if
+//! neither answers in full it takes the union of every member's copies. Its own disk may
+//! hold a registry from an earlier leadership, changed since: it is replaced, not merged.
+//!
+//! Cluster membership (node ids = grid positions, endpoints, `owns_from`) lives in etcd under
+//! `nodes/<id>`: the leader writes a node's record when it registers, and that is how the
+//! next leader finds the nodes before they re-register.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proto::v1;
+use proto::v1::daemon_client::DaemonClient;
+use runtime::ServiceError;
+use runtime::cluster_secret::ClusterSecret;
+use runtime::etcd::Etcd;
+use runtime::grid::Grid;
+use serde::{Deserialize, Serialize};
+use storage::Store;
+
+/// The etcd key prefix of node records.
+pub const NODES: &str = "nodes/";
+
+/// Copies asked per page.
+const PAGE: u32 = 1024;
+
+/// How long one node may take to answer one page.
+const PAGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A node as etcd records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub node: u32,
+    pub endpoint: String,
+    #[serde(default)]
+    pub owns_from: u64,
+}
+
+/// Writes a node's record (on registration).
+pub async fn record_node(etcd: &Etcd, r: &NodeRecord) -> Result<(), ServiceError> {
+    let value = serde_json::to_vec(r).map_err(|e| ServiceError::Startup(e.to_string()))?;
+    etcd.put(&format!("{NODES}{}", r.node), value, 0).await?;
+    Ok(())
+}
+
+/// Every node etcd knows, by id (records that do not parse are skipped with a warning).
+pub async fn nodes(etcd: &Etcd) -> Result<BTreeMap<u32, NodeRecord>, ServiceError> {
+    let mut out = BTreeMap::new();
+    for kv in etcd.get_prefix(NODES).await? {
+        match serde_json::from_slice::<NodeRecord>(&kv.value) {
+            Ok(r) => {
+                out.insert(r.node, r);
+            }
+            Err(e) => tracing::warn!(
+                "etcd key {}: not a node record: {e}",
+                String::from_utf8_lossy(&kv.key)
+            ),
+        }
+    }
+    Ok(out)
+}
+
+/// Every copy the node at `endpoint` holds, by id.
+async fn pull(
+    endpoint: &str,
+    secret: &ClusterSecret,
+    positions: u32,
+    max_record: usize,
+) -> Result<BTreeMap<u64, Vec<u8>>, ServiceError> {
+    let mut client = DaemonClient::with_interceptor(runtime::channel(endpoint)?, secret.stamp())
+        .max_decoding_message_size(64 << 20);
+    let mut out = BTreeMap::new();
+    let mut after = 0;
+    loop {
+        let page = client.subscription_copies(v1::SubscriptionCopiesRequest {
+            after_id: after,
+            limit: PAGE,
+            placed_by: (0..positions).collect(),
+        });
+        let r = tokio::time::timeout(PAGE_TIMEOUT, page)
+            .await
+            .map_err(|_| ServiceError::Unavailable(format!("{endpoint}: no answer")))?
+            .map_err(|s| ServiceError::Unavailable(format!("{endpoint}: {}", s.message())))?
+            .into_inner();
+        for c in &r.copies {
+            if c.record.len() > max_record {
+                return Err(ServiceError::invalid(
+                    "copies.record",
+                    format!("{endpoint} sent a record over {max_record} bytes"),
+                ));
+            }
+        }
+        let last = r.copies.last().map(|c| c.id);
+        out.extend(r.copies.into_iter().map(|c| (c.id, c.record)));
+        match last {
+            Some(id) if r.more && id > after => after = id,
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// Replaces the registry in `store` with the copies the nodes in etcd hold: the answer is
+/// how many subscriptions it holds now. With no node recorded yet (a new cluster) the store
+/// is left as it is. Fails when nodes are recorded but none answers (the caller tries again:
+/// leading with an empty registry would match objects against nothing).
+pub async fn rebuild(
+    store: &Store,
+    etcd: &Etcd,
+    grid: Grid,
+    secret: &ClusterSecret,
+    max_record: usize,
+) -> Result<usize, ServiceError> {
+    let nodes = nodes(etcd).await?;
+    if nodes.is_empty() {
+        let n = store.subscription_count();
+        tracing::info!("no node recorded in etcd: keeping the {n} subscriptions on this disk");
+        return Ok(n);
+    }
+    let positions = grid.len();
+    let full: Vec<&NodeRecord> = [0, positions.saturating_sub(1)]
+        .iter()
+        .filter_map(|n| nodes.get(n))
+        .collect();
+    let mut copies = None;
+    for r in full {
+        match pull(&r.endpoint, secret, positions, max_record).await {
+            Ok(c) => {
+                tracing::info!(
+                    "registry: {} subscriptions from node {} (it holds them all)",
+                    c.len(),
+                    r.node
+                );
+                copies = Some(c);
+                break;
+            }
+            Err(e) => tracing::warn!("subscription copies from node {}: {e}", r.node),
+        }
+    }
+    let copies = match copies {
+        Some(c) => c,
+        None => {
+            let mut union = BTreeMap::new();
+            let mut answered = 0;
+            for r in nodes.values() {
+                match pull(&r.endpoint, secret, positions, max_record).await {
+                    Ok(c) => {
+                        answered += 1;
+                        union.extend(c);
+                    }
+                    Err(e) => tracing::debug!("subscription copies from node {}: {e}", r.node),
+                }
+            }
+            if answered == 0 {
+                return Err(ServiceError::Unavailable(format!(
+                    "none of the {} recorded nodes gave its subscription copies",
+                    nodes.len()
+                )));
+            }
+            tracing::warn!(
+                "registry: {} subscriptions from {answered} of {} nodes (node 0 and node {} \
+                 hold them all and did not answer)",
+                union.len(),
+                nodes.len(),
+                positions - 1
+            );
+            union
+        }
+    };
+    let records: Vec<(u64, Vec<u8>)> = copies.into_iter().collect();
+    store.replace_subscriptions(&records).await?;
+    Ok(records.len())
+}

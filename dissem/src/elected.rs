@@ -1,0 +1,175 @@
+//! `dissem coordinator --etcd`: a coordinator that leads only when etcd elects it. It stands
+//! by until it wins (`runtime::election`), rebuilds the registry from the nodes' copies
+//! (`coordinator::rebuild`), serves with its epoch and a fence, announces its address and
+//! nonce in the leader key. While it is unsure of its lease (etcd down, a pause) it sends
+//! nothing; once etcd says the lease is gone it goes back to standing by (its services are
+//! dropped, so nothing of the old leadership acts on).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::bail;
+
+use crate::serve::{CoordinatorArgs, announce, metrics_listener, shutdown};
+
+/// The default key prefix in etcd.
+pub(super) const DEFAULT_PREFIX: &str = "/dissem/";
+
+/// How often a leader checks whether its leadership is lost for good (it checks that it
+/// surely leads before every message anyway).
+const FENCE_CHECK: Duration = Duration::from_millis(20);
+
+/// How long a new leader tries to rebuild its registry before it gives leadership up.
+const REBUILD_LIMIT: Duration = Duration::from_secs(20);
+
+#[derive(clap::Args, Debug)]
+pub(super) struct ElectionFlags {
+    /// Campaign for leadership through etcd (its members' client URLs, comma-separated): any
+    /// number of coordinators run, exactly one leads, and nodes follow it (`dissem node
+    /// --etcd`). Needs --grid (a new leader rebuilds subscriptions from the nodes' copies).
+    #[arg(long)]
+    pub(super) etcd: Option<String>,
+    /// This coordinator's name in the leader key (default: the host name and process id).
+    #[arg(long)]
+    pub(super) name: Option<String>,
+    /// The prefix of every key the cluster keeps in etcd.
+    #[arg(long, default_value = DEFAULT_PREFIX)]
+    pub(super) etcd_prefix: String,
+    /// The leader's etcd lease in seconds: a dead leader is replaced after at most this
+    /// (etcd's minimum is about 2).
+    #[arg(long, default_value_t = 2)]
+    pub(super) lease_ttl: u64,
+    /// The URL nodes reach this coordinator at (default: http:// + the listen address).
+    #[arg(long)]
+    pub(super) advertise: Option<String>,
+}
+
+fn default_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "coordinator".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Campaigns, leads while elected, stands by again when deposed; returns on Ctrl-C.
+pub(super) async fn coordinate(
+    a: &CoordinatorArgs,
+    store: storage::Store,
+    limits: runtime::Limits,
+    base: coordinator::server::ServerConfig,
+    secret_file: &Path,
+) -> anyhow::Result<bool> {
+    let e = &a.election;
+    let Some(urls) = &e.etcd else {
+        bail!("--etcd is required here")
+    };
+    let Some(grid) = a.grid else {
+        bail!(
+            "--etcd needs --grid: a new leader rebuilds the subscriptions from the copies the \
+             grid's nodes hold"
+        )
+    };
+    if !(1..=60).contains(&e.lease_ttl) {
+        bail!("--lease-ttl must be 1..=60 seconds, got {}", e.lease_ttl);
+    }
+    let etcd = runtime::etcd::Etcd::connect(urls, &e.etcd_prefix)?;
+    let name = e.name.clone().unwrap_or_else(default_name);
+    announce(format!(
+        "dissem coordinator {name} campaigning through etcd {urls} (data in {}, cluster secret \
+         in {}, grid {grid})",
+        a.data.display(),
+        secret_file.display()
+    ))?;
+    let mut stop = std::pin::pin!(shutdown());
+    loop {
+        let leadership = tokio::select! {
+            l = runtime::election::campaign(&etcd, &name, e.lease_ttl as i64) => l,
+            _ = &mut stop => return Ok(true),
+        };
+        let fence = leadership.fence.clone();
+        let led = tokio::select! {
+            r = lead(a, &name, &store, &limits, &base, &etcd, &leadership, grid) => r,
+            _ = fence.lost(FENCE_CHECK) => Ok(()),
+            _ = &mut stop => {
+                leadership.resign().await;
+                return Ok(true);
+            }
+        };
+        if let Err(e) = led {
+            tracing::error!("leading: {e:#}");
+        }
+        tracing::warn!(
+            "no longer leading (epoch {}): standing by again",
+            leadership.epoch
+        );
+        leadership.resign().await;
+    }
+}
+
+/// One leadership: rebuild, serve, announce; returns when serving ends or fails.
+#[allow(clippy::too_many_arguments)]
+async fn lead(
+    a: &CoordinatorArgs,
+    name: &str,
+    store: &storage::Store,
+    limits: &runtime::Limits,
+    base: &coordinator::server::ServerConfig,
+    etcd: &runtime::etcd::Etcd,
+    leadership: &runtime::election::Leadership,
+    grid: runtime::grid::Grid,
+) -> anyhow::Result<()> {
+    let started_at = std::time::Instant::now();
+    let mut pause = Duration::from_millis(50);
+    let subscriptions = loop {
+        match coordinator::rebuild::rebuild(
+            store,
+            etcd,
+            grid,
+            &base.cluster_secret,
+            limits.max_object_bytes,
+        )
+        .await
+        {
+            Ok(n) => break n,
+            Err(e) if started_at.elapsed() < REBUILD_LIMIT => {
+                tracing::warn!("rebuilding the registry: {e}; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => bail!("rebuilding the registry: {e}"),
+        }
+    };
+    let (listener, addr) = runtime::bind(a.listen).await?;
+    let url = a
+        .election
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("{}://{addr}", a.listen_flags.scheme()));
+    let cfg = coordinator::server::ServerConfig {
+        elected: Some(coordinator::server::ElectedRole {
+            fence: leadership.fence.clone(),
+            epoch: leadership.epoch,
+            etcd: etcd.clone(),
+        }),
+        ..base.clone()
+    };
+    let started = coordinator::server::start(store.clone(), *limits, cfg).await?;
+    let nonce = started.nonce();
+    let metrics = metrics_listener(a.metrics_listen).await?;
+    let listener = a.listen_flags.listener(listener, limits)?;
+    leadership
+        .announce(&runtime::election::LeaderInfo {
+            name: name.to_string(),
+            url: url.clone(),
+            nonce,
+            epoch: leadership.epoch,
+        })
+        .await?;
+    tracing::info!(
+        "leading (epoch {}) on {url} with {subscriptions} subscriptions, {} ms after winning",
+        leadership.epoch,
+        started_at.elapsed().as_millis()
+    );
+    coordinator::server::serve_started(started, listener, metrics, std::future::pending()).await?;
+    Ok(())
+}

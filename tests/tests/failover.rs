@@ -1,0 +1,277 @@
+//! Coordinator failover on etcd with real processes (issue 15): a real etcd (Debian's
+//! `etcd-server`) on free ports, two coordinators campaigning through it, three nodes in a
+//! one-row grid following the leader, and a QoS 1 and a QoS 2 subscriber on a recording gRPC
+//! endpoint in this process. The leader is SIGKILLed in the middle of a burst; the leader is
+//! paused past its lease and continued (it must stop leading, and nodes refuse its
+//! assignments); etcd itself is killed and restarted. Every acknowledged object reaches both
+//! subscribers, and the QoS 2 one sees none twice.
+//!
+//! Without an `etcd` binary the tests say so and pass, unless `DISSEM_REQUIRE_ETCD` is set
+//! (CI installs etcd and sets it, so a missing etcd fails there).
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bench::elected::{ElectedCluster, etcd_available};
+use bench::failoverbench::{Acked, put_steadily};
+use bench::recorder::Recorder;
+use proto::v1;
+use storage::ObjectId;
+use tests::{create_grpc_subscription, dissem_bin, runtime, small_node_flags, temp_dir, wait_for};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn have_etcd() -> bool {
+    if etcd_available() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("DISSEM_REQUIRE_ETCD").is_none(),
+        "DISSEM_REQUIRE_ETCD is set but there is no etcd binary (apt-get install etcd-server)"
+    );
+    eprintln!("skipped: no etcd binary on the PATH (apt-get install etcd-server)");
+    false
+}
+
+/// A running cluster with both subscriptions and a putter.
+struct Setup {
+    cluster: ElectedCluster,
+    rec: Recorder,
+    q1: u64,
+    q2: u64,
+    acked: Acked,
+    stop: Arc<AtomicBool>,
+    putter: tokio::task::JoinHandle<()>,
+    dir: std::path::PathBuf,
+}
+
+async fn setup(name: &str, rate: u32) -> Setup {
+    let dir = temp_dir(name);
+    let (rec, target) = Recorder::start().await.expect("recorder");
+    let cluster = ElectedCluster::start(&dissem_bin(), &dir, 2, 3, 2, &small_node_flags())
+        .await
+        .expect("cluster");
+    let node0 = cluster.nodes[0].url();
+    let q2 = create_grpc_subscription(&node0, "n >= 0".into(), &target, v1::Qos::ExactlyOnce, None)
+        .await
+        .expect("QoS 2 subscription");
+    rec.expect_qos2(q2);
+    let q1 = create_grpc_subscription(&node0, "n >= 0".into(), &target, v1::Qos::AtLeastOnce, None)
+        .await
+        .expect("QoS 1 subscription");
+    let acked: Acked = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let putter = tokio::spawn(put_steadily(
+        cluster.nodes.iter().map(|n| n.url()).collect(),
+        rate,
+        acked.clone(),
+        stop.clone(),
+    ));
+    Setup {
+        cluster,
+        rec,
+        q1,
+        q2,
+        acked,
+        stop,
+        putter,
+        dir,
+    }
+}
+
+/// Runs `body` on a fresh cluster (one scenario at a time) once `rate` puts were
+/// acknowledged; without etcd, says so and passes (unless `DISSEM_REQUIRE_ETCD`).
+fn scenario<F: std::future::Future<Output = ()>>(
+    name: &str,
+    rate: u32,
+    body: impl FnOnce(Setup) -> F,
+) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !have_etcd() {
+        return;
+    }
+    runtime().block_on(async {
+        let s = setup(name, rate).await;
+        s.wait_acked(rate as usize).await;
+        body(s).await
+    });
+}
+
+impl Setup {
+    /// The leader now and which of the coordinators it is.
+    async fn leader(&self) -> (runtime::election::LeaderInfo, usize) {
+        let l = self
+            .cluster
+            .wait_leader(Duration::from_secs(5))
+            .await
+            .expect("a leader");
+        let k = ElectedCluster::index_of(&l.name).expect("one of ours");
+        (l, k)
+    }
+
+    fn acked(&self) -> Vec<ObjectId> {
+        self.acked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    async fn wait_acked(&self, n: usize) {
+        wait_for(
+            &format!("{n} acknowledged puts"),
+            Duration::from_secs(30),
+            || {
+                let have = self.acked().len();
+                async move { (have >= n).then_some(()) }
+            },
+        )
+        .await;
+    }
+
+    /// Stops the puts; then every acknowledged object must reach both subscribers, the QoS
+    /// 2 one exactly once. The answer is how many objects were acknowledged.
+    async fn finish(mut self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        (&mut self.putter).await.expect("putter");
+        let objects = self.acked();
+        let missing = |rec: &Recorder| -> Vec<ObjectId> {
+            objects
+                .iter()
+                .filter(|id| {
+                    rec.first_shown((self.q1, **id)).is_none()
+                        || rec.first_shown((self.q2, **id)).is_none()
+                })
+                .copied()
+                .collect()
+        };
+        let _ = tests::try_wait_for(Duration::from_secs(60), || {
+            let done = missing(&self.rec).is_empty();
+            async move { done.then_some(()) }
+        })
+        .await;
+        let lost = missing(&self.rec);
+        assert!(
+            lost.is_empty(),
+            "{} of {} acknowledged objects were not delivered to both subscribers, e.g. {:?}",
+            lost.len(),
+            objects.len(),
+            &lost[..lost.len().min(5)]
+        );
+        let dups = self.rec.extra_shows(|s| s == self.q2);
+        assert_eq!(dups, 0, "QoS 2 deliveries shown twice");
+        drop(self.cluster);
+        let _ = std::fs::remove_dir_all(&self.dir);
+        objects.len()
+    }
+}
+
+#[test]
+fn a_leader_killed_mid_burst_is_replaced_and_nothing_is_lost() {
+    scenario("failover-kill", 150, async |mut s| {
+        let (old, k) = s.leader().await;
+        let killed_at = Instant::now();
+        s.cluster.coordinators[k].kill();
+        let new = s
+            .cluster
+            .wait_new_leader(old.epoch, Duration::from_secs(10))
+            .await
+            .expect("a new leader");
+        assert_ne!(new.name, old.name, "the killed coordinator cannot lead");
+        assert!(new.epoch > old.epoch, "epochs only grow");
+        eprintln!("new leader after {:?}", killed_at.elapsed());
+        let before = s.acked().len();
+        s.wait_acked(before + 150).await;
+        let n = s.finish().await;
+        assert!(n >= 300, "{n} puts");
+    });
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_stops_leading_and_nodes_ignore_it() {
+    scenario("failover-pause", 100, async |s| {
+        let (old, k) = s.leader().await;
+        s.cluster.coordinators[k].signal("STOP");
+        let new = s
+            .cluster
+            .wait_new_leader(old.epoch, Duration::from_secs(10))
+            .await
+            .expect("a new leader while the old one is paused");
+        let before = s.acked().len();
+        s.wait_acked(before + 100).await;
+        s.cluster.coordinators[k].signal("CONT");
+        // the old leader's lease ran out while it was paused: once it runs again it must
+        // not serve as leader (its services are gone) and the key keeps naming the new one
+        let old_url = old.url.clone();
+        wait_for(
+            "the paused leader to stop serving",
+            Duration::from_secs(5),
+            || {
+                let url = old_url.clone();
+                async move { tests::stats(&url).await.is_err().then_some(()) }
+            },
+        )
+        .await;
+        let still = s.cluster.leader().await.expect("a leader");
+        assert_eq!(
+            still.epoch, new.epoch,
+            "the continued leader took the key back"
+        );
+        // and a node refuses an assignment that carries the deposed leader's nonce
+        let secret = runtime::cluster_secret::ClusterSecret::load(&s.dir.join("cluster.secret"))
+            .expect("cluster secret");
+        let mut d = v1::daemon_client::DaemonClient::with_interceptor(
+            tests::channel(&s.cluster.nodes[1].url()),
+            secret.stamp(),
+        );
+        let e = d
+            .assign(v1::AssignRequest {
+                nonce: old.nonce,
+                worker: 1,
+                task: 1,
+                block: "match".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("an assignment from the deposed leader");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        let before = s.acked().len();
+        s.wait_acked(before + 50).await;
+        s.finish().await;
+    });
+}
+
+#[test]
+fn etcd_restarted_the_cluster_keeps_serving_and_elects_again() {
+    scenario("failover-etcd", 100, async |mut s| {
+        let (first, _) = s.leader().await;
+        s.cluster.etcd.kill();
+        // puts go on while etcd is down: nodes store them and the leader (or, if its lease
+        // lapsed meanwhile, the next one) matches them
+        let before = s.acked().len();
+        s.wait_acked(before + 50).await;
+        s.cluster.etcd.restart().await.expect("etcd restarted");
+        let (leader, k) = s.leader().await;
+        // etcd keeps leases across its restart, so the leader's lease lived on: it held
+        // everything back while etcd was away and leads on
+        assert_eq!(
+            (leader.name.as_str(), leader.epoch),
+            (first.name.as_str(), first.epoch),
+            "the leader changed across etcd's restart"
+        );
+        let before = s.acked().len();
+        s.wait_acked(before + 100).await;
+        // the election works again: the leader's death is noticed and another takes over
+        s.cluster.coordinators[k].kill();
+        s.cluster
+            .wait_new_leader(leader.epoch, Duration::from_secs(15))
+            .await
+            .expect("a new leader after etcd's restart");
+        let before = s.acked().len();
+        s.wait_acked(before + 100).await;
+        s.finish().await;
+    });
+}
