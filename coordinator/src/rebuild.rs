@@ -65,6 +65,26 @@ pub async fn nodes(etcd: &Etcd) -> Result<BTreeMap<u32, NodeRecord>, ServiceErro
     Ok(out)
 }
 
+/// The etcd key of the cluster's grid.
+pub const GRID: &str = "grid";
+
+/// Records `grid` as the cluster's grid, or checks it is the one recorded: every coordinator
+/// of a cluster must lay the nodes out alike (positions, quorums, heirs).
+pub async fn agree_on_grid(etcd: &Etcd, grid: Grid) -> Result<(), ServiceError> {
+    let mine = grid.to_string();
+    match etcd.create(GRID, mine.clone().into_bytes(), 0).await? {
+        Ok(_) => Ok(()),
+        Err(kv) if kv.value == mine.as_bytes() => Ok(()),
+        Err(kv) => Err(ServiceError::invalid(
+            "grid",
+            format!(
+                "this coordinator has {mine}, but the cluster in etcd has {}",
+                String::from_utf8_lossy(&kv.value)
+            ),
+        )),
+    }
+}
+
 /// Every copy the node at `endpoint` holds, by id.
 async fn pull(
     endpoint: &str,

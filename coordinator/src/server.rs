@@ -604,11 +604,16 @@ impl Started {
 
     /// The public `Subscriptions` service over the registry.
     pub fn subscriptions(&self) -> Subscriptions {
-        Subscriptions::new(
+        let s = Subscriptions::new(
             self.store.clone(),
             self.limits,
             Arc::new(self.registry.clone()),
-        )
+        );
+        if self.handle.fence.is_some() {
+            // elected: the next leader knows only the subscriptions the nodes hold copies of
+            return s.changes_only_through_nodes(self.cluster_secret.clone());
+        }
+        s
     }
 
     /// Cluster counters for the admin API.

@@ -74,6 +74,9 @@ pub(super) async fn coordinate(
     }
     let etcd = runtime::etcd::Etcd::connect(urls, &e.etcd_prefix)?;
     let name = e.name.clone().unwrap_or_else(default_name);
+    coordinator::rebuild::agree_on_grid(&etcd, grid)
+        .await
+        .map_err(|e| anyhow::anyhow!("--{e}"))?;
     announce(format!(
         "dissem coordinator {name} campaigning through etcd {urls} (data in {}, cluster secret \
          in {}, grid {grid})",

@@ -157,6 +157,13 @@ impl ClusterSecret {
             == 0
     }
 
+    /// Whether `metadata` carries this secret (a call from a member of the cluster).
+    pub fn presented_in(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
+        metadata
+            .get(HEADER)
+            .is_some_and(|v| self.matches(v.as_bytes()))
+    }
+
     /// The interceptor that internal clients add (stamps every call with the secret).
     pub fn stamp(&self) -> Stamp {
         Stamp {

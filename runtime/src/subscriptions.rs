@@ -37,6 +37,9 @@ pub struct Subscriptions {
     index: Arc<dyn SubscriptionIndex>,
     /// Subscriptions per tenant, counted once on the first create under a quota.
     tenant_subs: Arc<Mutex<Option<HashMap<String, u64>>>>,
+    /// Changes only from members of the cluster (an elected coordinator: a node forwards
+    /// them and places the copies the next leader rebuilds the registry from).
+    changes_from: Option<crate::cluster_secret::ClusterSecret>,
 }
 
 impl Subscriptions {
@@ -47,6 +50,31 @@ impl Subscriptions {
             limits,
             index,
             tenant_subs: Arc::default(),
+            changes_from: None,
+        }
+    }
+
+    /// Takes Create, Update and Delete only from members of the cluster (calls carrying
+    /// `secret`): the nodes, which place the copies a new leader rebuilds from.
+    pub fn changes_only_through_nodes(
+        mut self,
+        secret: crate::cluster_secret::ClusterSecret,
+    ) -> Subscriptions {
+        self.changes_from = Some(secret);
+        self
+    }
+
+    /// Refuses a change that did not come through a node, where one is required.
+    fn through_node<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        match &self.changes_from {
+            Some(secret) if !secret.presented_in(request.metadata()) => {
+                Err(Status::failed_precondition(
+                    "this coordinator is elected (--etcd): create, update and delete \
+                     subscriptions through a node, whose copies are what the next leader \
+                     rebuilds the registry from",
+                ))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -156,6 +184,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         &self,
         request: Request<v1::CreateSubscriptionRequest>,
     ) -> Result<Response<v1::Subscription>, Status> {
+        self.through_node(&request)?;
         let caller = auth::caller(&request);
         let mut s = request
             .into_inner()
@@ -242,6 +271,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         &self,
         request: Request<v1::Subscription>,
     ) -> Result<Response<v1::Subscription>, Status> {
+        self.through_node(&request)?;
         let caller = auth::caller(&request);
         let mut s = request.into_inner();
         if s.id == 0 {
@@ -259,6 +289,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         &self,
         request: Request<v1::DeleteSubscriptionRequest>,
     ) -> Result<Response<v1::DeleteSubscriptionResponse>, Status> {
+        self.through_node(&request)?;
         let caller = auth::caller(&request);
         let id = request.into_inner().id;
         let owner = self.owned_subscription(&caller, id)?.tenant;

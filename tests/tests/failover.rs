@@ -173,6 +173,19 @@ impl Setup {
 fn a_leader_killed_mid_burst_is_replaced_and_nothing_is_lost() {
     scenario("failover-kill", 150, async |mut s| {
         let (old, k) = s.leader().await;
+        // the next leader rebuilds from the nodes' copies: a change sent to the leader
+        // itself (no copies) is refused, naming the way that works
+        let e = tests::create_grpc_subscription(
+            &old.url,
+            "n >= 0".into(),
+            "http://127.0.0.1:9",
+            v1::Qos::AtLeastOnce,
+            None,
+        )
+        .await
+        .expect_err("a create sent to the elected coordinator directly");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        assert!(e.message().contains("through a node"), "{e}");
         let killed_at = Instant::now();
         s.cluster.coordinators[k].kill();
         let new = s
@@ -273,5 +286,47 @@ fn etcd_restarted_the_cluster_keeps_serving_and_elects_again() {
         let before = s.acked().len();
         s.wait_acked(before + 100).await;
         s.finish().await;
+    });
+}
+
+#[test]
+fn a_coordinator_with_another_grid_than_the_cluster_is_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !have_etcd() {
+        return;
+    }
+    runtime().block_on(async {
+        let dir = temp_dir("failover-grid");
+        let etcd = bench::elected::EtcdProc::start(&dir.join("etcd"))
+            .await
+            .expect("etcd");
+        let coordinator = |grid: &str, k: u32| {
+            let d = dir.join(format!("c{k}"));
+            vec![
+                "coordinator".to_string(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--data".into(),
+                d.display().to_string(),
+                "--etcd".into(),
+                etcd.url.clone(),
+                "--grid".into(),
+                grid.into(),
+            ]
+        };
+        let first = tests::Proc::start(&dissem_bin(), &coordinator("1x3", 0));
+        let out = std::process::Command::new(dissem_bin())
+            .args(coordinator("2x2", 1))
+            .output()
+            .expect("second coordinator");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "a usage error: {err}");
+        assert!(
+            err.contains("2x2") && err.contains("1x3") && err.contains("grid"),
+            "{err}"
+        );
+        drop(first);
+        drop(etcd);
+        let _ = std::fs::remove_dir_all(&dir);
     });
 }

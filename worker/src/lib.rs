@@ -82,6 +82,7 @@ pub async fn run_node(
         _ => proxy::Coordinator::Fixed(runtime::channel(&cfg.coordinator)?),
     };
     let cluster_auth = cfg.cluster_secret.check();
+    let secret = cfg.cluster_secret.clone();
     let daemon = daemon::Daemon::start(cfg, store.clone(), limits, link)?;
     let node = services::Node::new(store, limits, services::Sink::Cluster(daemon.clone()));
     let metrics = metrics.map(|l| {
@@ -102,7 +103,7 @@ pub async fn run_node(
             r.add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
                 .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
                 .add_service(SubscriptionsServer::new(
-                    proxy::SubscriptionsProxy::with_placement(coordinator, daemon.clone()),
+                    proxy::SubscriptionsProxy::with_placement(coordinator, daemon.clone(), &secret),
                 ))
                 .add_service(AdminServer::new(node))
                 .add_service(proto::v1::stream_server::StreamServer::new(

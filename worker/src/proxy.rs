@@ -23,6 +23,9 @@ pub enum Coordinator {
 #[derive(Debug, Clone)]
 pub struct SubscriptionsProxy {
     coordinator: Coordinator,
+    /// Changes carry the cluster secret to an elected coordinator (it takes them only from
+    /// nodes, which place the copies).
+    stamp: Option<runtime::cluster_secret::Stamp>,
     /// Places the copies of subscriptions (a node with a grid).
     placement: Option<crate::daemon::Daemon>,
 }
@@ -32,6 +35,7 @@ impl SubscriptionsProxy {
     pub fn new(channel: Channel) -> SubscriptionsProxy {
         SubscriptionsProxy {
             coordinator: Coordinator::Fixed(channel),
+            stamp: None,
             placement: None,
         }
     }
@@ -40,10 +44,28 @@ impl SubscriptionsProxy {
     pub fn with_placement(
         coordinator: Coordinator,
         daemon: crate::daemon::Daemon,
+        secret: &runtime::cluster_secret::ClusterSecret,
     ) -> SubscriptionsProxy {
         SubscriptionsProxy {
             coordinator,
+            stamp: Some(secret.stamp()),
             placement: Some(daemon),
+        }
+    }
+
+    /// A change to forward: the caller's credentials and, to say it comes from a node, the
+    /// cluster secret.
+    fn change<T>(&self, request: Request<T>) -> Result<Request<T>, Status> {
+        use tonic::service::Interceptor;
+        let out = forward(request);
+        match &self.stamp {
+            Some(stamp) => {
+                let (meta, ext, msg) = out.into_parts();
+                let stamped = stamp.clone().call(Request::from_parts(meta, ext, ()))?;
+                let (meta, ext, ()) = stamped.into_parts();
+                Ok(Request::from_parts(meta, ext, msg))
+            }
+            None => Ok(out),
         }
     }
 
@@ -84,7 +106,7 @@ impl v1::subscriptions_server::Subscriptions for SubscriptionsProxy {
         &self,
         request: Request<v1::CreateSubscriptionRequest>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        let r = self.client()?.create(forward(request)).await?;
+        let r = self.client()?.create(self.change(request)?).await?;
         self.place(r.get_ref().id, false).await;
         Ok(r)
     }
@@ -107,7 +129,7 @@ impl v1::subscriptions_server::Subscriptions for SubscriptionsProxy {
         &self,
         request: Request<v1::Subscription>,
     ) -> Result<Response<v1::Subscription>, Status> {
-        let r = self.client()?.update(forward(request)).await?;
+        let r = self.client()?.update(self.change(request)?).await?;
         self.place(r.get_ref().id, true).await;
         Ok(r)
     }
@@ -117,7 +139,7 @@ impl v1::subscriptions_server::Subscriptions for SubscriptionsProxy {
         request: Request<v1::DeleteSubscriptionRequest>,
     ) -> Result<Response<v1::DeleteSubscriptionResponse>, Status> {
         let id = request.get_ref().id;
-        let r = self.client()?.delete(forward(request)).await?;
+        let r = self.client()?.delete(self.change(request)?).await?;
         if let Some(d) = &self.placement {
             d.drop_subscription(id).await;
         }
