@@ -9,7 +9,10 @@
 //!
 //! Cluster membership (node ids = grid positions, endpoints, `owns_from`) lives in etcd under
 //! `nodes/<id>`: the leader writes a node's record when it registers, and that is how the
-//! next leader finds the nodes before they re-register.
+//! next leader finds the nodes to rebuild from. Each node also keeps `live/<id>` under a
+//! lease of its own while it runs; a new leader takes those as registered (with no workers
+//! yet) before they register themselves, so its first membership answers hold every node
+//! that is up.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -50,8 +53,17 @@ pub async fn record_node(etcd: &Etcd, r: &NodeRecord) -> Result<(), ServiceError
 
 /// Every node etcd knows, by id (records that do not parse are skipped with a warning).
 pub async fn nodes(etcd: &Etcd) -> Result<BTreeMap<u32, NodeRecord>, ServiceError> {
+    records(etcd, NODES).await
+}
+
+/// The nodes whose presence key is there (up now, as far as their etcd leases say).
+pub async fn live_nodes(etcd: &Etcd) -> Result<BTreeMap<u32, NodeRecord>, ServiceError> {
+    records(etcd, runtime::election::LIVE_PREFIX).await
+}
+
+async fn records(etcd: &Etcd, prefix: &str) -> Result<BTreeMap<u32, NodeRecord>, ServiceError> {
     let mut out = BTreeMap::new();
-    for kv in etcd.get_prefix(NODES).await? {
+    for kv in etcd.get_prefix(prefix).await? {
         match serde_json::from_slice::<NodeRecord>(&kv.value) {
             Ok(r) => {
                 out.insert(r.node, r);

@@ -58,6 +58,8 @@ pub struct ElectedRole {
     pub epoch: u64,
     /// Where node records go when nodes register.
     pub etcd: runtime::etcd::Etcd,
+    /// The nodes etcd says are up: taken as registered (no workers yet) from the start.
+    pub live: Vec<crate::rebuild::NodeRecord>,
 }
 
 impl ElectedRole {
@@ -656,6 +658,11 @@ pub async fn start(
     let cluster_secret = cfg.cluster_secret.clone();
     let grid = cfg.grid;
     let fence = cfg.elected.as_ref().map(|e| e.fence.clone());
+    let live = cfg
+        .elected
+        .as_ref()
+        .map(|e| e.live.clone())
+        .unwrap_or_default();
     let mut protocol = Protocol::new(sched, nonce, cfg.max_attempts, 0);
     protocol.set_grid(grid);
     let driver = Driver {
@@ -673,6 +680,16 @@ pub async fn start(
         held_back: Vec::new(),
     };
     let driver = tokio::spawn(driver.run(rx));
+    for n in live {
+        let (reply, _) = oneshot::channel();
+        let r = v1::RegisterRequest {
+            node: n.node,
+            endpoint: n.endpoint,
+            workers: Vec::new(),
+            owns_from: n.owns_from,
+        };
+        let _ = tx.send(Msg::Register(r, reply)).await;
+    }
     Ok(Started {
         handle: Handle {
             tx,

@@ -142,6 +142,13 @@ async fn lead(
             Err(e) => bail!("rebuilding the registry: {e}"),
         }
     };
+    let live: Vec<_> = match coordinator::rebuild::live_nodes(etcd).await {
+        Ok(l) => l.into_values().collect(),
+        Err(e) => {
+            tracing::warn!("reading which nodes are up: {e}");
+            Vec::new()
+        }
+    };
     let (listener, addr) = runtime::bind(a.listen).await?;
     let url = a
         .election
@@ -153,6 +160,7 @@ async fn lead(
             fence: leadership.fence.clone(),
             epoch: leadership.epoch,
             etcd: etcd.clone(),
+            live,
         }),
         ..base.clone()
     };

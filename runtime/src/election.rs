@@ -28,6 +28,10 @@ use crate::etcd::{Change, Etcd};
 /// The leader key's name under the etcd prefix.
 pub const LEADER_KEY: &str = "leader";
 
+/// The prefix of the nodes' presence keys (`live/<id>`, each under its node's own lease,
+/// `{"node","endpoint","owns_from"}`): who is up, for a new leader before they register.
+pub const LIVE_PREFIX: &str = "live/";
+
 /// What the leader key says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct LeaderInfo {

@@ -194,6 +194,18 @@ fn a_leader_killed_mid_burst_is_replaced_and_nothing_is_lost() {
             .await
             .expect("a new leader");
         assert_ne!(new.name, old.name, "the killed coordinator cannot lead");
+        // membership is in etcd: the node records (endpoints, positions) and each running
+        // node's presence under its own lease
+        for prefix in ["nodes/", runtime::election::LIVE_PREFIX] {
+            let n = s
+                .cluster
+                .client
+                .get_prefix(prefix)
+                .await
+                .expect("etcd")
+                .len();
+            assert_eq!(n, 3, "{prefix} keys in etcd");
+        }
         assert!(new.epoch > old.epoch, "epochs only grow");
         eprintln!("new leader after {:?}", killed_at.elapsed());
         let before = s.acked().len();

@@ -43,6 +43,7 @@ mod forward;
 mod matched;
 mod membership;
 mod outbox;
+mod presence;
 mod replicate;
 mod service;
 mod subcopies;
@@ -227,6 +228,9 @@ impl Daemon {
         tokio::spawn(self.clone().membership());
         if let ToCoordinator::Elected(e) = &self.inner.coord {
             tokio::spawn(self.clone().follow_leader(e.leader().changes()));
+        }
+        if let Some(etcd) = self.inner.cfg.etcd.clone() {
+            tokio::spawn(self.clone().presence(etcd));
         }
         tokio::spawn(self.clone().resender());
         tokio::spawn(self.clone().regulator());
