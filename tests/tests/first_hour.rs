@@ -435,3 +435,126 @@ fn the_readme_tour_shows_a_delivery_on_the_command_line() {
     up.kill();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A stream subscription keeps its deliveries while nobody is attached (no attempt counted,
+/// so its `max_attempts` does not run out), and a subscriber that attaches later gets the
+/// backlog, as a JetStream durable consumer does; a delivery still waiting when its TTL
+/// passes is dead-lettered, saying so.
+#[test]
+fn a_stream_keeps_its_deliveries_until_a_subscriber_attaches() {
+    use proto::v1;
+    let dir = temp_dir("durable-stream");
+    let mut up = start_up(&dir);
+    runtime().block_on(async {
+        let url = up.url();
+        let mut subs = v1::subscriptions_client::SubscriptionsClient::new(tests::channel(&url));
+        let create =
+            |filter: &str, stream: &str, retry: v1::RetryPolicy| v1::CreateSubscriptionRequest {
+                subscription: Some(v1::Subscription {
+                    filter: Some(v1::subscription::Filter::Text(filter.into())),
+                    target: Some(v1::Target {
+                        kind: Some(v1::target::Kind::Stream(stream.into())),
+                    }),
+                    retry: Some(retry),
+                    ..Default::default()
+                }),
+            };
+        // two quick attempts would dead-letter it at once if waiting counted as failing
+        let late = subs
+            .create(create(
+                "n < 100",
+                "later",
+                v1::RetryPolicy {
+                    max_attempts: 2,
+                    initial_backoff_ms: 10,
+                    ..Default::default()
+                },
+            ))
+            .await
+            .expect("create")
+            .into_inner()
+            .id;
+        let short = subs
+            .create(create(
+                "n >= 100",
+                "never",
+                v1::RetryPolicy {
+                    ttl_ms: 1500,
+                    ..Default::default()
+                },
+            ))
+            .await
+            .expect("create")
+            .into_inner()
+            .id;
+        let mut ingest = v1::ingest_client::IngestClient::new(tests::channel(&url));
+        for n in [1, 2, 3, 100] {
+            let mut p = tests::temp_put(0);
+            p.metadata[0].name = "n".into();
+            p.metadata[0].value = Some(v1::Value {
+                kind: Some(v1::value::Kind::Integer(n)),
+            });
+            ingest.put(p).await.expect("put");
+        }
+        // the delivery with the short TTL and nobody attached is given up on, naming why
+        let mut admin = v1::admin_client::AdminClient::new(tests::channel(&url));
+        let dead = wait_for("the TTL's dead letter", Duration::from_secs(15), || {
+            let mut admin = admin.clone();
+            async move {
+                let d = admin
+                    .dead_letters(v1::DeadLettersRequest { limit: 10 })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .dead_letters;
+                (!d.is_empty()).then_some(d)
+            }
+        })
+        .await;
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].subscription_id, short);
+        assert!(
+            dead[0].reason.contains("no subscriber attached") && dead[0].reason.contains("TTL"),
+            "{}",
+            dead[0].reason
+        );
+        // now a subscriber attaches to the other stream and gets the whole backlog
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tx.send(v1::StreamClientMessage {
+            kind: Some(v1::stream_client_message::Kind::Attach("later".into())),
+        })
+        .await
+        .expect("attach");
+        let mut down = v1::stream_client::StreamClient::new(tests::channel(&url))
+            .open(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("open stream")
+            .into_inner();
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let d = tokio::time::timeout(Duration::from_secs(10), down.message())
+                .await
+                .expect("the backlog within 10 s")
+                .expect("stream")
+                .expect("a delivery");
+            assert_eq!(d.subscription_id, late);
+            got.push(d.delivery_id.clone());
+            let ack = v1::stream_client_message::Kind::Ack(d.delivery_id);
+            tx.send(v1::StreamClientMessage { kind: Some(ack) })
+                .await
+                .expect("ack");
+        }
+        got.sort();
+        got.dedup();
+        assert_eq!(got.len(), 3, "{got:?}");
+        let still = admin
+            .dead_letters(v1::DeadLettersRequest { limit: 10 })
+            .await
+            .expect("dead letters")
+            .into_inner()
+            .dead_letters;
+        assert_eq!(still.len(), 1, "only the TTL's: {still:?}");
+    });
+    up.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -28,8 +28,9 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
     d
 }
 
-/// Pushes one QoS 1 delivery under `policy` to a stream nobody has open (every attempt fails
-/// at once, with no I/O to wait on) until it dead-letters: its reason, the tokio time the
+/// Pushes one QoS 1 delivery under `policy` to a gRPC target on a private address the node
+/// does not allow (every attempt fails at once, with no I/O to wait on) until it
+/// dead-letters: its reason, the tokio time the
 /// schedule took, and the wall time.
 async fn until_dead_letter(name: &str, policy: v1::RetryPolicy) -> (String, Duration, Duration) {
     let dir = temp_dir(name);
@@ -45,7 +46,7 @@ async fn until_dead_letter(name: &str, policy: v1::RetryPolicy) -> (String, Dura
         id: 7,
         filter: Some(v1::subscription::Filter::Text("a > 1".into())),
         target: Some(v1::Target {
-            kind: Some(v1::target::Kind::Stream("nobody".into())),
+            kind: Some(v1::target::Kind::Grpc("http://127.0.0.1:1".into())),
         }),
         qos: v1::Qos::AtLeastOnce as i32,
         retry: Some(policy),
@@ -86,7 +87,7 @@ async fn until_dead_letter(name: &str, policy: v1::RetryPolicy) -> (String, Dura
         panic!("not a dead letter: {state:?}");
     };
     assert!(
-        reason.contains("nobody"),
+        reason.contains("127.0.0.1"),
         "the last error is named: {reason}"
     );
     (reason.clone(), took, wall.elapsed())

@@ -17,6 +17,8 @@ pub(super) struct Prepared {
 #[derive(Debug, Clone)]
 pub(super) enum Outcome {
     Done,
+    /// A stream with nobody attached (the stream's key): the delivery waits for one.
+    Detached(String),
     /// QoS 2: received by the subscriber, release still owed.
     Received,
     /// Not pushed, or (QoS 2, `received`) not released: this node may not push it now
@@ -281,6 +283,7 @@ impl Deliverer {
             Ok(Outcome::Postponed { received }) => {
                 self.postpone(&p.job, p.attempts, received).await;
             }
+            Ok(Outcome::Detached(stream)) => self.park(p, stream).await,
             Ok(Outcome::Refused(reason)) => self.failed(p, reason, None).await,
             Ok(Outcome::Throttled { after, reason }) => self.failed(p, reason, Some(after)).await,
             Err(e) => self.failed(p, e, Some(Duration::ZERO)).await,
@@ -290,7 +293,7 @@ impl Deliverer {
     /// A failed attempt: dead-lettered at once when the endpoint refused it for good
     /// (`retry_after` `None`) or it was QoS 0's only attempt, else retried not before
     /// `retry_after`.
-    async fn failed(&self, p: Prepared, reason: String, retry_after: Option<Duration>) {
+    pub(super) async fn failed(&self, p: Prepared, reason: String, retry_after: Option<Duration>) {
         let (sub, obj) = (p.job.sub, p.job.obj);
         let reason = match retry_after {
             Some(_) if runtime::validate::qos(&p.s) == v1::Qos::AtMostOnce => {
@@ -400,10 +403,7 @@ impl Deliverer {
                 self.send_post(&HookKey::of(url, s), event, CLOUDEVENT)
                     .await
             }
-            v1::target::Kind::Stream(name) => {
-                self.to_stream(&stream_key(&s.tenant, name), d).await?;
-                Ok(Outcome::Done)
-            }
+            v1::target::Kind::Stream(name) => self.to_stream(&stream_key(&s.tenant, name), d).await,
         }
     }
 }

@@ -45,6 +45,7 @@ use runtime::lock;
 use runtime::validate;
 
 mod attempt;
+mod backlog;
 mod cache;
 mod cloudevents;
 mod config;
@@ -100,6 +101,10 @@ struct Inner {
     owed: Mutex<HashMap<ObjectId, (usize, bool)>>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
+    /// Stream deliveries waiting for a subscriber to attach (durable streams).
+    backlog: Mutex<backlog::Backlog>,
+    /// The backlog's TTL check runs (started with the first waiting delivery).
+    backlog_ttl: std::sync::atomic::AtomicBool,
     /// Clients per lane (`on_bulk()` as the index): a connection is driven by the runtime
     /// that opened it, so the lanes never share one.
     grpc: Mutex<HashMap<(String, bool), Channel>>,
@@ -190,6 +195,8 @@ impl Deliverer {
                 owed: Mutex::new(HashMap::new()),
                 queues: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
+                backlog: Mutex::default(),
+                backlog_ttl: std::sync::atomic::AtomicBool::new(false),
                 grpc: Mutex::new(HashMap::new()),
                 http: [http(), http()],
                 consents: crate::push_http::Consents::default(),

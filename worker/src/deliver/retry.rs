@@ -6,7 +6,25 @@ use super::*;
 /// How long a delivery that may not be pushed now ([`Hold::Wait`]) waits.
 const POSTPONE_MS: u64 = 100;
 
+/// How long a delivery of `s` may take from its put (its retry policy's TTL, or the default).
+pub(super) fn ttl_ms(s: Option<&v1::Subscription>) -> u64 {
+    s.and_then(|s| s.retry)
+        .map(|r| r.ttl_ms)
+        .filter(|t| *t > 0)
+        .unwrap_or(DEFAULT_TTL_MS)
+}
+
 impl Deliverer {
+    /// When `obj` was put (now, if it is gone).
+    pub(super) fn born(&self, obj: ObjectId) -> u64 {
+        self.inner
+            .store
+            .get(obj)
+            .ok()
+            .flatten()
+            .map_or(self.now_ms(), |o| o.received_unix_ms)
+    }
+
     /// Records a delivery's new state. Only the QoS 2 "received" phase must be durable
     /// before the next step (a lost one would deliver again); the others are written without
     /// waiting for a flush: after a crash an older state means one more attempt, which QoS 1
@@ -117,10 +135,7 @@ impl Deliverer {
             .map(|r| r.max_attempts)
             .filter(|m| *m > 0)
             .unwrap_or(DEFAULT_MAX_ATTEMPTS);
-        let ttl = retry
-            .map(|r| r.ttl_ms)
-            .filter(|t| *t > 0)
-            .unwrap_or(DEFAULT_TTL_MS);
+        let ttl = ttl_ms(s);
         let initial = retry
             .map(|r| r.initial_backoff_ms)
             .filter(|t| *t > 0)
@@ -129,13 +144,7 @@ impl Deliverer {
             .map(|r| r.max_backoff_ms)
             .filter(|t| *t > 0)
             .unwrap_or(DEFAULT_MAX_BACKOFF_MS);
-        let born = self
-            .inner
-            .store
-            .get(obj)
-            .ok()
-            .flatten()
-            .map_or(self.now_ms(), |o| o.received_unix_ms);
+        let born = self.born(obj);
         let now = self.now_ms();
         if attempts >= max_attempts {
             self.dead_letter(

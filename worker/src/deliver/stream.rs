@@ -1,5 +1,6 @@
 //! Named streams: subscribers open a stream to the node (`Stream.Open`) and ack upstream;
-//! deliveries to a stream go to one of its open sessions.
+//! deliveries to a stream go to one of its open sessions, and wait for one while none is
+//! open (`backlog`).
 
 use super::*;
 
@@ -21,13 +22,14 @@ pub fn stream_key(tenant: &str, name: &str) -> String {
 }
 
 impl Deliverer {
-    pub(super) async fn to_stream(&self, name: &str, d: v1::Delivery) -> Result<(), String> {
+    /// Pushes `d` to one of the stream's sessions and waits for its ack; `Detached` when
+    /// nobody has the stream open (the delivery waits for a subscriber, see `backlog`).
+    pub(super) async fn to_stream(&self, name: &str, d: v1::Delivery) -> Result<Outcome, String> {
         let (tx, acks) = {
             let streams = lock(&self.inner.streams);
-            let sessions = streams
-                .get(name)
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| format!("no subscriber has stream {name:?} open"))?;
+            let Some(sessions) = streams.get(name).filter(|v| !v.is_empty()) else {
+                return Ok(Outcome::Detached(name.to_string()));
+            };
             let i = (self.inner.seq.load(Ordering::Relaxed) as usize) % sessions.len();
             (sessions[i].tx.clone(), sessions[i].acks.clone())
         };
@@ -40,7 +42,8 @@ impl Deliverer {
         }
         ack_rx
             .await
-            .map_err(|_| format!("stream {name:?} closed before the ack"))
+            .map_err(|_| format!("stream {name:?} closed before the ack"))?;
+        Ok(Outcome::Done)
     }
 }
 
@@ -84,6 +87,7 @@ impl v1::stream_server::Stream for Deliverer {
                 acks: acks.clone(),
             });
         tracing::info!("stream {name:?} attached");
+        self.attached(&name);
         let me = self.clone();
         tokio::spawn(async move {
             while let Some(Ok(m)) = input.next().await {
