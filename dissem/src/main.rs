@@ -153,7 +153,39 @@ fn cli_command() -> clap::Command {
     config::with_env_names(Cli::command())
 }
 
+/// Re-executes this process with a private `XDG_RUNTIME_DIR` when none is set: the Vulkan
+/// loader and Mesa print "XDG_RUNTIME_DIR is invalid or not set in the environment" on
+/// stderr for every GPU probe without one (a container, a CI job, a `sudo` shell), which
+/// reads as an error of ours. The directory is `dissem-runtime-<uid>` in the temporary
+/// directory, mode 0700; one that exists and is not this user's is not used.
+fn ensure_runtime_dir() {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some() {
+        return;
+    }
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("dissem-runtime-{uid}"));
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    let ours = std::fs::symlink_metadata(&dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0);
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    if !ours {
+        return;
+    }
+    // returns only when the exec failed: then run on as we are
+    let _ = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("XDG_RUNTIME_DIR", &dir)
+        .exec();
+}
+
 fn main() -> ExitCode {
+    ensure_runtime_dir();
     let command = cli_command();
     let args = match config::apply(std::env::args_os().collect(), &command) {
         Ok(a) => a,

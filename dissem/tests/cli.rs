@@ -351,3 +351,30 @@ fn bench_e2e_writes_json_and_an_svg_plot() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// With no `XDG_RUNTIME_DIR` (a container, a CI job) the Vulkan loader and Mesa complain on
+/// stderr at every GPU probe; dissem gives itself a private one, so none of that reaches the
+/// terminal.
+#[test]
+fn no_runtime_dir_noise_reaches_the_terminal() {
+    let out = dissem()
+        .args([
+            "bench",
+            "match",
+            "--subs",
+            "200",
+            "--events",
+            "64",
+            "--check-events",
+            "16",
+            "--engine",
+            "gpu",
+        ])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("dissem bench match");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
+}
