@@ -13,6 +13,7 @@ pub mod demo;
 pub mod e2e;
 pub mod elected;
 pub mod failoverbench;
+pub mod given;
 pub mod ingestbench;
 pub mod matchbench;
 pub mod mem;

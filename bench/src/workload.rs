@@ -350,14 +350,16 @@ impl IotSpec {
 }
 
 /// A workload choice.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Workload {
     Uniform(UniformSpec),
     Iot(IotSpec),
+    /// A user's own filters and events (`--patterns FILE --events FILE`).
+    Given(std::sync::Arc<crate::given::Given>),
 }
 
 impl Workload {
-    /// `n` subscriptions with ids `0..n`.
+    /// `n` subscriptions with ids `0..n` (a given workload: its own, `n` at most).
     pub fn subscriptions(
         &self,
         seed: u64,
@@ -365,29 +367,37 @@ impl Workload {
         mut progress: impl FnMut(usize),
     ) -> Vec<(u64, Dnf)> {
         let mut rng = Rng::new(seed);
+        let mut next: Box<dyn FnMut(&mut Rng) -> Dnf + '_> = match self {
+            Workload::Uniform(u) => Box::new(move |r: &mut Rng| u.subscription(r)),
+            Workload::Iot(t) => Box::new(move |r: &mut Rng| t.subscription(r)),
+            Workload::Given(g) => {
+                return g
+                    .subscriptions
+                    .iter()
+                    .take(n)
+                    .enumerate()
+                    .map(|(i, d)| (i as u64, d.clone()))
+                    .collect();
+            }
+        };
         (0..n)
             .map(|i| {
                 if i % 65536 == 0 {
                     progress(i);
                 }
-                let d = match self {
-                    Workload::Uniform(u) => u.subscription(&mut rng),
-                    Workload::Iot(t) => t.subscription(&mut rng),
-                };
-                (i as u64, d)
+                (i as u64, next(&mut rng))
             })
             .collect()
     }
 
-    /// `n` events.
+    /// `n` events (a given workload: its own, repeated in order up to `n`).
     pub fn events(&self, seed: u64, n: usize) -> Vec<Event> {
         let mut rng = Rng::new(seed.wrapping_add(0x5eed));
-        (0..n as u64)
-            .map(|i| match self {
-                Workload::Uniform(u) => u.event(&mut rng),
-                Workload::Iot(t) => t.event(&mut rng, i),
-            })
-            .collect()
+        match self {
+            Workload::Uniform(u) => (0..n).map(|_| u.event(&mut rng)).collect(),
+            Workload::Iot(t) => (0..n as u64).map(|i| t.event(&mut rng, i)).collect(),
+            Workload::Given(g) => g.events.iter().cycle().take(n).cloned().collect(),
+        }
     }
 }
 

@@ -411,6 +411,26 @@ pub(super) enum KindArg {
     Eq,
 }
 
+/// `--events`: a count, or a file of events.
+#[derive(Debug, Clone)]
+pub(super) enum EventsArg {
+    Count(usize),
+    File(PathBuf),
+}
+
+impl std::str::FromStr for EventsArg {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<EventsArg, Self::Err> {
+        Ok(match s.parse() {
+            Ok(n) => EventsArg::Count(n),
+            Err(_) => EventsArg::File(PathBuf::from(s)),
+        })
+    }
+}
+
+/// Events a given workload is repeated up to, so its throughput is measured over enough.
+const GIVEN_MIN_EVENTS: usize = 2_000;
+
 #[derive(clap::Args, Debug)]
 pub(super) struct MatchArgs {
     /// Workload to generate.
@@ -419,9 +439,14 @@ pub(super) struct MatchArgs {
     /// Number of subscriptions.
     #[arg(long, default_value_t = 100_000)]
     pub(super) subs: usize,
-    /// Number of events to match.
-    #[arg(long, default_value_t = 2_000)]
-    pub(super) events: usize,
+    /// Number of events to match, or with --patterns a file of JSON events (one object per
+    /// line; repeated in order up to 2,000 events when it holds fewer).
+    #[arg(long, default_value = "2000")]
+    pub(super) events: EventsArg,
+    /// Your own filters instead of a generated workload: a file with one per line
+    /// (EventBridge JSON, or the text syntax); needs --events FILE.
+    #[arg(long)]
+    pub(super) patterns: Option<PathBuf>,
     /// Random seed (the same seed gives the same workload).
     #[arg(long, default_value_t = 1)]
     pub(super) seed: u64,
@@ -499,7 +524,23 @@ pub(super) fn bench_match(a: MatchArgs) -> anyhow::Result<bool> {
     }
     opts.bloom = blocks_bloom(a.bloom_bits, a.bloom_k)?;
     opts.subs = a.subs;
-    opts.events = a.events;
+    match (&a.patterns, &a.events) {
+        (Some(p), EventsArg::File(e)) => {
+            let given = bench::given::load(p, e)?;
+            opts.subs = given.subscriptions.len();
+            opts.events = given.events.len().max(GIVEN_MIN_EVENTS);
+            opts.workload_name = format!("{} x {}", p.display(), e.display());
+            opts.workload = Workload::Given(std::sync::Arc::new(given));
+        }
+        (Some(_), EventsArg::Count(_)) => {
+            bail!("--patterns needs --events FILE (JSON events, one per line)")
+        }
+        (None, EventsArg::File(e)) => bail!(
+            "--events {}: not a number; a file of events goes with --patterns FILE",
+            e.display()
+        ),
+        (None, EventsArg::Count(n)) => opts.events = *n,
+    }
     opts.seed = a.seed;
     opts.check_events = a.check_events;
     opts.batch = a.batch;
