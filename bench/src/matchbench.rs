@@ -42,6 +42,9 @@ pub struct MatchBenchOptions {
     pub strategy: StrategyChoice,
     /// Cells per numeric attribute for the cell strategy.
     pub cells: usize,
+    /// Threads the CPU engines match on (batches dealt out in turn; the GPU engine and the
+    /// naive reference use one).
+    pub threads: usize,
 }
 
 impl MatchBenchOptions {
@@ -70,6 +73,7 @@ impl MatchBenchOptions {
             bloom: blocks::bloom::BloomConfig::default(),
             strategy: StrategyChoice::Auto,
             cells: ShardConfig::default().cells,
+            threads: 1,
         })
     }
 }
@@ -129,12 +133,59 @@ pub struct MatchBenchReport {
     pub seed: u64,
     pub bloom_bits: u32,
     pub bloom_k: u32,
+    /// Threads the CPU engines matched on.
+    pub threads: usize,
     pub engines: Vec<EngineReport>,
     /// Events per second of each engine relative to the naive reference (same run).
     pub speedup_vs_naive: Vec<(String, f64)>,
     pub identical_matches: bool,
     /// Engines that could not run on this workload, and why.
     pub skipped: Vec<String>,
+}
+
+/// The CPU engine over `threads` threads: batch `i` goes to thread `i % threads`; the
+/// matches come back in event order. The answer is (Bloom-rejected, verified) candidates.
+fn match_on_threads(
+    index: &MatchIndex,
+    events: &[blocks::Event],
+    opts: &MatchBenchOptions,
+    bar: &indicatif::ProgressBar,
+    all: &mut Vec<Vec<u64>>,
+) -> (u64, u64) {
+    let chunks: Vec<&[blocks::Event]> = events.chunks(opts.batch).collect();
+    let threads = opts.threads.min(chunks.len()).max(1);
+    type Done = Vec<(usize, Vec<Vec<u64>>, u64, u64)>;
+    let parts: Vec<Done> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let chunks = &chunks;
+                sc.spawn(move || {
+                    let mut ctx = index.base().new_ctx();
+                    let mut done = Vec::new();
+                    for (i, chunk) in chunks.iter().enumerate().skip(t).step_by(threads) {
+                        let mut out = Vec::new();
+                        let c = index.match_batch(chunk, &mut ctx, &mut out);
+                        bar.inc(chunk.len() as u64);
+                        done.push((i, out, c.bloom_rejected, c.verified));
+                    }
+                    done
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let mut done: Vec<_> = parts.into_iter().flatten().collect();
+    done.sort_unstable_by_key(|d| d.0);
+    let (mut rejected, mut verified) = (0, 0);
+    for (_, mut out, r, v) in done {
+        all.append(&mut out);
+        rejected += r;
+        verified += v;
+    }
+    (rejected, verified)
 }
 
 /// Runs the benchmark.
@@ -239,7 +290,16 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         let mut verified = 0;
         let mut filter_seconds = 0.0;
         let t = Instant::now();
+        if subset.is_none() && opts.threads > 1 {
+            // the index is shared read-only; each thread has its own context
+            let (rej, ver) = match_on_threads(&index, &events, opts, &bar, &mut all);
+            rejected += rej;
+            verified += ver;
+        }
         for chunk in events.chunks(opts.batch) {
+            if subset.is_none() && opts.threads > 1 {
+                break; // matched above
+            }
             let c = match subset.as_mut() {
                 Some(m) => {
                     let tf = Instant::now();
@@ -383,6 +443,7 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         seed: opts.seed,
         bloom_bits: opts.bloom.bits,
         bloom_k: opts.bloom.k,
+        threads: opts.threads,
         engines,
         speedup_vs_naive,
         identical_matches: identical,
@@ -427,8 +488,15 @@ fn report(
 /// Prints the report as a table.
 pub fn print(r: &MatchBenchReport) {
     println!(
-        "workload {}: {} subscriptions, {} events (all engines compared on the first {}), seed {}, bloom {} bits k={}",
-        r.workload, r.subscriptions, r.events, r.checked_events, r.seed, r.bloom_bits, r.bloom_k
+        "workload {}: {} subscriptions, {} events (all engines compared on the first {}), seed {}, bloom {} bits k={}, {} thread(s) for cpu and bloom",
+        r.workload,
+        r.subscriptions,
+        r.events,
+        r.checked_events,
+        r.seed,
+        r.bloom_bits,
+        r.bloom_k,
+        r.threads
     );
     println!(
         "{:<7} {:<8} {:>9} {:>12} {:>11} {:>10} {:>12} {:>10} {:>7} {:>9}",

@@ -459,6 +459,9 @@ pub(super) struct MatchArgs {
     /// Events per match batch.
     #[arg(long, default_value_t = 256)]
     pub(super) batch: usize,
+    /// Threads the cpu and bloom engines match on (batches dealt out in turn).
+    #[arg(long, default_value_t = 1)]
+    pub(super) threads: usize,
     /// Bloom filter bits (m): a multiple of 64, 64..=1024.
     #[arg(long, default_value_t = 256)]
     pub(super) bloom_bits: u32,
@@ -544,6 +547,10 @@ pub(super) fn bench_match(a: MatchArgs) -> anyhow::Result<bool> {
     opts.seed = a.seed;
     opts.check_events = a.check_events;
     opts.batch = a.batch;
+    if a.threads == 0 || a.threads > 256 {
+        bail!("--threads must be between 1 and 256, got {}", a.threads);
+    }
+    opts.threads = a.threads;
     if a.cells == 0 || a.cells > 1024 {
         bail!("--cells must be between 1 and 1024, got {}", a.cells);
     }

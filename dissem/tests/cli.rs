@@ -458,3 +458,45 @@ fn bench_match_runs_a_users_own_patterns_and_events() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--threads 2`: the CPU engines match on two threads and still give exactly the naive
+/// reference's matches, in event order.
+#[test]
+fn bench_match_on_two_threads_matches_the_reference() {
+    let dir = std::env::temp_dir().join(format!("dissem-threads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let json = dir.join("out.json");
+    let out = dissem()
+        .args([
+            "bench",
+            "match",
+            "--subs",
+            "3000",
+            "--events",
+            "1500",
+            "--check-events",
+            "1500",
+            "--batch",
+            "64",
+            "--threads",
+            "2",
+            "--engine",
+            "all",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("dissem bench match");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("2 thread(s)"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parses");
+    assert_eq!(report["threads"], 2);
+    assert_eq!(report["identical_matches"], true, "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
