@@ -42,8 +42,6 @@ pub struct ServerConfig {
     /// The grid of quorum replication (`--grid TxW`): node ids are its positions. `None`:
     /// objects live on the node that took them.
     pub grid: Option<runtime::grid::Grid>,
-    /// The nonce of this coordinator (0: a random one).
-    pub nonce: u64,
     /// An elected leader (`--etcd`): it acts only while its fence holds.
     pub elected: Option<ElectedRole>,
 }
@@ -77,7 +75,6 @@ impl Default for ServerConfig {
             max_attempts: 5,
             cluster_secret: runtime::cluster_secret::ClusterSecret::default(),
             grid: None,
-            nonce: 0,
             elected: None,
         }
     }
@@ -648,10 +645,7 @@ pub async fn start(
     store.raise_subscription_ids(floor);
     let registry = Registry::load(store.clone(), &limits, floor).await?;
     let publisher = tokio::spawn(registry.clone().publisher());
-    let nonce = match cfg.nonce {
-        0 => runtime::random_u64() | 1,
-        n => n,
-    };
+    let nonce = runtime::random_u64() | 1;
     tracing::info!("coordinator nonce {nonce:016x}");
     let (tx, rx) = mpsc::channel(8192);
     let sched = cfg.sched;

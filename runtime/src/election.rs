@@ -151,11 +151,6 @@ impl Leadership {
         }
     }
 
-    /// The lease the leader key is attached to (other keys this leader writes can share it).
-    pub fn lease(&self) -> i64 {
-        self.lease
-    }
-
     /// Gives leadership up now (the key goes with the lease), so a standby need not wait for
     /// the lease to run out.
     pub async fn resign(self) {
@@ -240,12 +235,12 @@ async fn try_campaign(
     ttl_s: i64,
     logged_holder: &mut String,
 ) -> Result<Option<Leadership>, ServiceError> {
+    // the lease may start counting as soon as etcd has the request: time it from the ask
+    let asked = Instant::now();
     let (lease, ttl) = etcd.grant(ttl_s).await?;
-    let granted = Instant::now();
     let ttl = Duration::from_secs(ttl.max(1) as u64);
-    let fence = Fence::new(granted + ttl);
-    // renewed about six times per TTL: an etcd restart of a second or so does not cost
-    // the lease
+    let fence = Fence::new(asked + ttl);
+    // renewed about six times per TTL, so the fence stays well ahead of the lease's end
     let every = (ttl / 6).max(Duration::from_millis(100));
     let keep = tokio::spawn(keep_alive(etcd.clone(), lease, every, fence.clone()));
     let value = serde_json::to_vec(&LeaderInfo {
@@ -327,20 +322,6 @@ impl LeaderWatch {
     /// The leader the key names now (`None`: none, or none that serves yet).
     pub fn current(&self) -> Option<LeaderInfo> {
         self.rx.borrow().clone().filter(|l| !l.url.is_empty())
-    }
-
-    /// Waits until a serving leader is known, up to `limit`.
-    pub async fn wait(&self, limit: Duration) -> Option<LeaderInfo> {
-        let mut rx = self.rx.clone();
-        let r = tokio::time::timeout(
-            limit,
-            rx.wait_for(|l| l.as_ref().is_some_and(|l| !l.url.is_empty())),
-        )
-        .await;
-        match r {
-            Ok(Ok(l)) => l.clone(),
-            _ => None,
-        }
     }
 
     /// A receiver that sees every change of the leader from now on (`changed()` waits for
