@@ -558,3 +558,91 @@ fn a_stream_keeps_its_deliveries_until_a_subscriber_attaches() {
     up.kill();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Whether `python3` can import grpc and grpc_tools (`pip install grpcio grpcio-tools`).
+fn have_python_grpc() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var_os("DISSEM_REQUIRE_PYTHON").is_none(),
+            "DISSEM_REQUIRE_PYTHON is set but python3 cannot import grpc and grpc_tools"
+        );
+        eprintln!("skipped: python3 with grpcio and grpcio-tools is not installed");
+    }
+    ok
+}
+
+/// The README's Python recipe, run as written: its stub-generation command (in a copy of
+/// the .proto files) and its script, against `dissem up`; the script prints the delivery of
+/// the object it put.
+#[test]
+fn the_readme_python_recipe_runs() {
+    if !have_python_grpc() {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repository root")
+        .to_path_buf();
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    // the lines after `marker`'s line, up to the end of its code block
+    let after = |marker: &str| -> String {
+        let at = readme.find(marker).expect("marker in the README");
+        let rest = &readme[at + marker.len()..];
+        let start = rest.find('\n').map_or(0, |i| i + 1);
+        let end = rest[start..].find("\n```").expect("end of block");
+        rest[start..start + end].to_string()
+    };
+    let generate = after("```sh\npip install grpcio grpcio-tools");
+    let script = after("<!-- python-recipe -->\n```python");
+    let dir = temp_dir("python-recipe");
+    // the command reads proto/ relative to where it runs: a copy, so stubs land in `dir`
+    let copy = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(root.join("proto"))
+        .arg(&dir)
+        .status()
+        .expect("cp");
+    assert!(copy.success());
+    let stubs = std::process::Command::new("sh")
+        .args(["-c", &generate])
+        .current_dir(&dir)
+        .output()
+        .expect("protoc");
+    assert!(
+        stubs.status.success(),
+        "{generate}\n{}",
+        String::from_utf8_lossy(&stubs.stderr)
+    );
+    std::fs::write(dir.join("recipe.py"), &script).expect("script");
+    let mut up = start_up(&dir);
+    let mut child = std::process::Command::new("python3")
+        .arg("recipe.py")
+        .arg(&up.addr)
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the recipe did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("subscription 1 got hot ("), "{stdout}");
+    up.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}
