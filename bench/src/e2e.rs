@@ -59,54 +59,118 @@ fn p99(l: &BTreeMap<u8, Latency>, p: u8) -> f64 {
     l.get(&p).map_or(0.0, |x| x.p99_ms)
 }
 
-/// An SVG bar chart of p99 latency per priority: half load and overload side by side.
+/// A round step for about five ticks up to `max`.
+fn tick_step(max: f64) -> f64 {
+    let raw = (max / 5.0).max(1e-9);
+    let mag = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag)
+}
+
+/// An SVG bar chart of p99 latency per priority, half load and overload side by side: a
+/// title and subtitle, both axes labelled with ticks and grid lines, a legend, and each
+/// bar's value written above it (and as hover text).
 pub fn svg(r: &E2eReport) -> String {
-    let (w, h, left, bottom) = (720.0, 360.0, 60.0, 40.0);
+    let (w, h, left, right, top, bottom) = (900.0, 460.0, 80.0, 20.0, 70.0, 60.0);
     let half = &r.half_load.phase.latency_by_priority;
     let over = &r.overload.phase.latency_by_priority;
     let max = (0..8u8)
         .flat_map(|p| [p99(half, p), p99(over, p)])
         .fold(1.0f64, f64::max);
-    let plot_h = h - bottom - 30.0;
-    let slot = (w - left - 20.0) / 8.0;
+    let step = tick_step(max);
+    let top_value = (max / step).ceil() * step;
+    let plot_h = h - top - bottom;
+    let plot_w = w - left - right;
+    let slot = plot_w / 8.0;
+    let y0 = h - bottom;
+    let y_of = |v: f64| y0 - plot_h * v / top_value;
     let mut s = String::new();
     let _ = write!(
         s,
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
-         font-family=\"sans-serif\" font-size=\"12\">\
+         viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
-         <text x=\"{left}\" y=\"18\">p99 put -> delivered (ms) per priority: half load \
-         ({:.0}/s, blue) and 2x overload ({:.0}/s, red); {} subscriptions</text>",
-        r.half_load.rate, r.overload.rate, r.subscriptions
+         <text x=\"{}\" y=\"22\" font-size=\"16\" text-anchor=\"middle\">p99 latency, \
+         put to delivered, per priority</text>\
+         <text x=\"{}\" y=\"42\" text-anchor=\"middle\" fill=\"#444\">{} subscriptions; \
+         half load {:.0} objects/s, 2x overload {:.0} objects/s</text>",
+        w / 2.0,
+        w / 2.0,
+        r.subscriptions,
+        r.half_load.rate,
+        r.overload.rate
     );
-    let y0 = h - bottom;
+    // grid, ticks and the y axis's label
+    let digits = if step >= 1.0 { 0 } else { 2 };
+    for k in 0..=((top_value / step).round() as usize) {
+        let v = step * k as f64;
+        let y = y_of(v);
+        let _ = write!(
+            s,
+            "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{v:.digits$}</text>",
+            w - right,
+            left - 6.0,
+            y + 4.0
+        );
+    }
     let _ = write!(
         s,
-        "<line x1=\"{left}\" y1=\"{y0}\" x2=\"{}\" y2=\"{y0}\" stroke=\"black\"/>\
-         <line x1=\"{left}\" y1=\"30\" x2=\"{left}\" y2=\"{y0}\" stroke=\"black\"/>\
-         <text x=\"4\" y=\"34\">{max:.0}</text><text x=\"4\" y=\"{y0}\">0</text>",
-        w - 20.0
+        "<line x1=\"{left}\" y1=\"{y0}\" x2=\"{:.1}\" y2=\"{y0}\" stroke=\"black\"/>\
+         <line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{y0}\" stroke=\"black\"/>\
+         <text transform=\"translate(20 {:.1}) rotate(-90)\" text-anchor=\"middle\">p99 \
+         latency (ms)</text>\
+         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">object priority (7 most \
+         urgent)</text>",
+        w - right,
+        top + plot_h / 2.0,
+        left + plot_w / 2.0,
+        h - 14.0
     );
+    // the legend, top right inside the plot
+    let lx = w - right - 230.0;
+    for (i, (label, color)) in [
+        (format!("half load ({:.0}/s)", r.half_load.rate), "#3366cc"),
+        (format!("2x overload ({:.0}/s)", r.overload.rate), "#cc3333"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let ly = top + 8.0 + 18.0 * i as f64;
+        let _ = write!(
+            s,
+            "<rect x=\"{lx:.1}\" y=\"{ly:.1}\" width=\"12\" height=\"12\" fill=\"{color}\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\">{label}</text>",
+            lx + 18.0,
+            ly + 10.0
+        );
+    }
     for p in 0..8u8 {
-        let x = left + slot * p as f64 + slot * 0.15;
-        let bw = slot * 0.35;
+        let x = left + slot * p as f64 + slot * 0.12;
+        let bw = slot * 0.38;
         for (i, (v, color)) in [(p99(half, p), "#3366cc"), (p99(over, p), "#cc3333")]
             .into_iter()
             .enumerate()
         {
-            let bh = plot_h * v / max;
+            let bx = x + bw * i as f64;
+            let y = y_of(v);
             let _ = write!(
                 s,
-                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{bw:.1}\" height=\"{bh:.1}\" \
-                 fill=\"{color}\"><title>priority {p}: {v:.1} ms</title></rect>",
-                x + bw * i as f64,
-                y0 - bh
+                "<rect x=\"{bx:.1}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"{:.1}\" \
+                 fill=\"{color}\"><title>priority {p}: {v:.1} ms</title></rect>\
+                 <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\">{v:.1}</text>",
+                y0 - y,
+                bx + bw / 2.0,
+                y - 3.0
             );
         }
         let _ = write!(
             s,
-            "<text x=\"{:.1}\" y=\"{:.1}\">{p}</text>",
-            x + bw * 0.8,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{p}</text>",
+            x + bw,
             y0 + 16.0
         );
     }
@@ -241,4 +305,14 @@ pub fn print(r: &E2eReport) {
         "priority 7 p99 at 2x overload / at half load: {:.2} (priority 0: {:.2}); lost {}",
         r.p7_p99_overload_over_half, r.p0_p99_overload_over_half, r.lost
     );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ticks_are_round() {
+        assert_eq!(super::tick_step(100.0), 20.0);
+        assert_eq!(super::tick_step(7.0), 2.0);
+        assert_eq!(super::tick_step(0.3), 0.1);
+    }
 }

@@ -349,6 +349,24 @@ fn bench_e2e_writes_json_and_an_svg_plot() {
         plot.starts_with("<svg") && plot.contains("priority 7"),
         "{plot}"
     );
+    // readable without hovering: axis labels, a legend, each bar's value as text, and a
+    // title that fits the width (centred at half of it)
+    for part in [
+        "p99 latency (ms)",
+        "object priority",
+        "half load (",
+        "2x overload (",
+        "text-anchor=\"middle\">p99 latency, put to delivered",
+    ] {
+        assert!(plot.contains(part), "{part:?} missing:\n{plot}");
+    }
+    let p7 = v["half_load"]["phase"]["latency_by_priority"]["7"]["p99_ms"]
+        .as_f64()
+        .expect("p99");
+    assert!(
+        plot.contains(&format!(">{p7:.1}</text>")),
+        "the value {p7:.1} on its bar:\n{plot}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
