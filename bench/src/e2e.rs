@@ -1,8 +1,10 @@
 //! `dissem bench e2e`: durable put -> push delivered, through an embedded cluster, to gRPC
 //! push and webhook subscribers on loopback (the `demo` setup with those two kinds, QoS 1).
-//! Three phases on the same cluster and subscriptions: saturation (writers put as fast as
-//! they can; objects/s until the last delivery), half that rate (latency per priority), and
-//! twice that rate (overload: priority 7 against priority 0). Prints the figures, writes
+//! Phases on the same cluster and subscriptions: a calibration burst that estimates the
+//! saturation rate, saturation itself sustained for `--saturation-seconds` (writers put as
+//! fast as they can; objects/s until the last delivery), half that rate (latency per
+//! priority), and twice that rate (overload: priority 7 against priority 0, and whether a
+//! backlog built up, as it must when the rate really is twice what the cluster sustains). Prints the figures, writes
 //! JSON and an SVG plot of p99 latency per priority at half load and overload.
 
 use std::collections::BTreeMap;
@@ -21,8 +23,11 @@ use crate::progress::Progress;
 pub struct E2eOptions {
     pub bin: PathBuf,
     pub subs: usize,
-    /// Objects of the saturation phase.
+    /// Objects of the calibration burst that estimates the saturation rate.
     pub objects: usize,
+    /// The saturation phase runs unthrottled for about this long (at the rate the burst
+    /// estimated), so its rate is a sustained one.
+    pub saturation_seconds: f64,
     /// Length of the half-load and overload phases, seconds.
     pub seconds: f64,
     pub writers: usize,
@@ -41,8 +46,13 @@ pub struct RatedPhase {
 pub struct E2eReport {
     pub subscriptions: usize,
     pub writers: usize,
-    /// Objects/s from the first put to the last delivery, writers unthrottled.
+    /// Objects/s from the first put to the last delivery, writers unthrottled, over the
+    /// sustained phase.
     pub saturation_objects_per_second: f64,
+    /// How long the sustained saturation phase ran (first put to last delivery).
+    pub saturation_seconds: f64,
+    /// The calibration burst's rate (objects/s), which sized the sustained phase.
+    pub burst_objects_per_second: f64,
     /// Deliveries (pushes acknowledged) per second in the saturation phase.
     pub saturation_deliveries_per_second: f64,
     pub saturation: Phase,
@@ -52,6 +62,12 @@ pub struct E2eReport {
     pub p7_p99_overload_over_half: f64,
     /// Priority-0 p99 at 2x overload divided by its p99 at half load, for comparison.
     pub p0_p99_overload_over_half: f64,
+    /// At 2x overload, how long deliveries went on after the last put: a backlog that built
+    /// up while the puts outran delivery.
+    pub overload_backlog_seconds: f64,
+    /// Whether the overload phase built a backlog (deliveries ended over a tenth of the
+    /// phase after the puts). When not, the saturation rate was not a saturation.
+    pub overload_backlog_built: bool,
     pub lost: usize,
 }
 
@@ -198,26 +214,48 @@ pub fn run(opts: &E2eOptions) -> anyhow::Result<E2eReport> {
         )
         .await?;
         let patience = Duration::from_secs(15);
-        let sat = s
+        let unthrottled = |seed: u64, objects: usize| PhaseSpec {
+            seed,
+            objects,
+            rate: None,
+            writers: opts.writers,
+            patience,
+        };
+        let burst = s
             .phase(
-                &PhaseSpec {
-                    seed: opts.seed + 1,
-                    objects: opts.objects,
-                    rate: None,
-                    writers: opts.writers,
-                    patience,
-                },
+                &unthrottled(opts.seed + 1, opts.objects),
                 &progress,
-                "saturation",
+                "calibration burst",
             )
             .await?;
-        let ops = sat.put as f64 / sat.delivered_seconds.max(1e-9);
+        let burst_ops = burst.put as f64 / burst.delivered_seconds.max(1e-9);
+        // sized from the last rate seen until a phase lasts most of the time asked for (a
+        // burst underestimates: the cluster speeds up as it warms)
+        let mut rate = burst_ops;
+        let mut round = 0;
+        let sat = loop {
+            let objects = ((rate * opts.saturation_seconds) as usize).max(opts.objects);
+            let sat = s
+                .phase(
+                    &unthrottled(opts.seed + 4 + round, objects),
+                    &progress,
+                    "saturation",
+                )
+                .await?;
+            rate = sat.put as f64 / sat.delivered_seconds.max(1e-9);
+            round += 1;
+            if sat.delivered_seconds >= 0.8 * opts.saturation_seconds || round == 3 {
+                break sat;
+            }
+        };
+        let ops = rate;
         let dps = sat.latency.count as f64 / sat.delivered_seconds.max(1e-9);
         progress.line(&format!(
             "saturation: {ops:.0} objects/s, {dps:.0} deliveries/s end to end"
         ));
         let half_load = rated(&s, opts, ops, 0.5, 2, "half load", &progress).await?;
         let overload = rated(&s, opts, ops, 2.0, 3, "2x overload", &progress).await?;
+        let backlog = (overload.phase.delivered_seconds - overload.phase.put_seconds).max(0.0);
         let ratio = |p: u8| {
             let h = p99(&half_load.phase.latency_by_priority, p);
             if h > 0.0 {
@@ -231,7 +269,11 @@ pub fn run(opts: &E2eOptions) -> anyhow::Result<E2eReport> {
             writers: opts.writers,
             saturation_objects_per_second: ops,
             saturation_deliveries_per_second: dps,
-            lost: sat.lost + half_load.phase.lost + overload.phase.lost,
+            lost: burst.lost + sat.lost + half_load.phase.lost + overload.phase.lost,
+            saturation_seconds: sat.delivered_seconds,
+            burst_objects_per_second: burst_ops,
+            overload_backlog_seconds: backlog,
+            overload_backlog_built: backlog > 0.1 * overload.phase.put_seconds,
             p7_p99_overload_over_half: ratio(7),
             p0_p99_overload_over_half: ratio(0),
             saturation: sat,
@@ -276,9 +318,11 @@ pub fn print(r: &E2eReport) {
         r.subscriptions, r.writers
     );
     println!(
-        "saturation: {:.0} objects/s, {:.0} deliveries/s ({} objects, {} deliveries, p50 {:.1} ms, p99 {:.1} ms)",
+        "saturation: {:.0} objects/s, {:.0} deliveries/s sustained over {:.1} s (burst estimate {:.0}/s; {} objects, {} deliveries, p50 {:.1} ms, p99 {:.1} ms)",
         r.saturation_objects_per_second,
         r.saturation_deliveries_per_second,
+        r.saturation_seconds,
+        r.burst_objects_per_second,
         r.saturation.put,
         r.saturation.latency.count,
         r.saturation.latency.p50_ms,
@@ -301,6 +345,15 @@ pub fn print(r: &E2eReport) {
             );
         }
     }
+    println!(
+        "2x overload: deliveries went on {:.2} s after the last put: {}",
+        r.overload_backlog_seconds,
+        if r.overload_backlog_built {
+            "a backlog built up, as an overload should"
+        } else {
+            "no backlog built up (the phase was absorbed: the saturation rate above is not one)"
+        }
+    );
     println!(
         "priority 7 p99 at 2x overload / at half load: {:.2} (priority 0: {:.2}); lost {}",
         r.p7_p99_overload_over_half, r.p0_p99_overload_over_half, r.lost

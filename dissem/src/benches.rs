@@ -185,7 +185,10 @@ pub(super) struct E2eArgs {
     /// Subscriptions of the iot workload.
     #[arg(long, default_value_t = 100_000)]
     pub(super) subs: usize,
-    /// Objects of the saturation phase.
+    /// Seconds the saturation phase is sustained for (sized from a calibration burst).
+    #[arg(long, default_value_t = 5.0)]
+    pub(super) saturation_seconds: f64,
+    /// Objects of the calibration burst that estimates the saturation rate.
     #[arg(long, default_value_t = 5_000)]
     pub(super) objects: usize,
     /// Seconds of the half-load and overload phases.
@@ -206,10 +209,20 @@ pub(super) struct E2eArgs {
 }
 
 pub(super) fn bench_e2e(a: E2eArgs) -> anyhow::Result<bool> {
+    if !(a.saturation_seconds.is_finite()
+        && a.saturation_seconds > 0.0
+        && a.saturation_seconds <= 600.0)
+    {
+        bail!(
+            "--saturation-seconds must be in (0, 600], got {}",
+            a.saturation_seconds
+        );
+    }
     let report = bench::e2e::run(&bench::e2e::E2eOptions {
         bin: std::env::current_exe()?,
         subs: a.subs,
         objects: a.objects,
+        saturation_seconds: a.saturation_seconds,
         seconds: a.seconds,
         writers: a.writers,
         seed: a.seed,

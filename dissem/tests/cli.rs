@@ -325,6 +325,8 @@ fn bench_e2e_writes_json_and_an_svg_plot() {
             "200",
             "--seconds",
             "0.5",
+            "--saturation-seconds",
+            "1",
             "--json",
         ])
         .arg(&json)
@@ -343,6 +345,18 @@ fn bench_e2e_writes_json_and_an_svg_plot() {
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
     assert_eq!(v["lost"], 0, "{v}");
     assert!(v["saturation_objects_per_second"].as_f64().unwrap_or(0.0) > 0.0);
+    // saturation is sustained (sized from the burst to about the second asked for), and
+    // the overload phase says whether a backlog built up
+    assert!(
+        v["saturation_seconds"].as_f64().unwrap_or(0.0) > 0.4,
+        "a sustained phase, not a burst: {v}"
+    );
+    assert!(v["burst_objects_per_second"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(v["overload_backlog_seconds"].as_f64().is_some(), "{v}");
+    assert!(v["overload_backlog_built"].is_boolean(), "{v}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("sustained over"), "{stdout}");
+    assert!(stdout.contains("after the last put"), "{stdout}");
     assert!(v["half_load"]["phase"]["latency_by_priority"]["7"]["count"].as_u64() > Some(0));
     let plot = std::fs::read_to_string(&svg).expect("svg");
     assert!(
