@@ -86,6 +86,53 @@ pub(super) struct EventParts {
     pub(super) data_base64: Option<String>,
     /// RFC 3339.
     pub(super) time: String,
+    /// `,"traceparent":..,"tracestate":..` when the object carries a W3C trace context
+    /// (the CloudEvents distributed-tracing extension), else empty.
+    pub(super) trace: String,
+}
+
+/// The longest `tracestate` carried (W3C Trace Context's limit).
+const MAX_TRACESTATE: usize = 512;
+
+/// Whether `s` is a W3C `traceparent`: `vv-<32 hex>-<16 hex>-<2 hex>`, lowercase, with
+/// neither id all zeros.
+fn is_traceparent(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    let hex = |p: &str, n: usize| {
+        p.len() == n
+            && p.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    parts.len() == 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && hex(parts[3], 2)
+        && parts[1].bytes().any(|b| b != b'0')
+        && parts[2].bytes().any(|b| b != b'0')
+}
+
+/// The trace-context fragment of an object's events: from its `traceparent` (and
+/// `tracestate`) text attributes, when the traceparent is well formed.
+fn trace_fragment(metadata: &[v1::Attribute]) -> String {
+    let text = |name: &str| {
+        metadata.iter().find(|a| a.name == name).and_then(|a| {
+            match a.value.as_ref()?.kind.as_ref()? {
+                v1::value::Kind::Text(t) => Some(t.as_str()),
+                _ => None,
+            }
+        })
+    };
+    let Some(tp) = text("traceparent").filter(|t| is_traceparent(t)) else {
+        return String::new();
+    };
+    let mut out = format!(r#","traceparent":"{tp}""#);
+    if let Some(ts) = text("tracestate").filter(|t| !t.is_empty() && t.len() <= MAX_TRACESTATE) {
+        out.push_str(",\"tracestate\":");
+        out.push_str(&serde_json::Value::String(ts.to_string()).to_string());
+    }
+    out
 }
 
 impl EventParts {
@@ -99,6 +146,7 @@ impl EventParts {
             metadata: serde_json::to_string(&meta).unwrap_or_else(|_| "{}".into()),
             data_base64: (!data.is_empty()).then(|| base64(data)),
             time: rfc3339(received_unix_ms),
+            trace: trace_fragment(metadata),
         }
     }
 }
@@ -117,7 +165,7 @@ pub(super) fn event_json(p: &EventParts, d: &v1::Delivery, node: u32) -> Vec<u8>
     }
     let _ = write!(
         s,
-        r#""metadata":{},"object":{{"node":{},"seq":{}}},"priority":{},"subscription":{}}},"datacontenttype":"application/json","id":{},"source":"dissem://node/{node}","specversion":"1.0","subject":"{}:{}","time":"{}","type":"dissem.object.matched"}}"#,
+        r#""metadata":{},"object":{{"node":{},"seq":{}}},"priority":{},"subscription":{}}},"datacontenttype":"application/json","id":{},"source":"dissem://node/{node}","specversion":"1.0","subject":"{}:{}","time":"{}"{},"type":"dissem.object.matched"}}"#,
         p.metadata,
         obj.node,
         obj.seq,
@@ -126,7 +174,8 @@ pub(super) fn event_json(p: &EventParts, d: &v1::Delivery, node: u32) -> Vec<u8>
         serde_json::Value::String(d.delivery_id.clone()),
         obj.node,
         obj.seq,
-        p.time
+        p.time,
+        p.trace
     );
     s.into_bytes()
 }
@@ -218,6 +267,48 @@ mod tests {
         );
         d.data.clear();
         assert_eq!(cloudevent(&d, 1, 1_700_000_000_123), reference(&d));
+    }
+
+    /// A put's W3C trace context travels into its CloudEvents as the distributed-tracing
+    /// extension's attributes; a malformed traceparent is left out.
+    #[test]
+    fn a_trace_context_in_the_metadata_becomes_the_events_traceparent() {
+        let text = |name: &str, t: &str| v1::Attribute {
+            name: name.into(),
+            value: Some(v1::Value {
+                kind: Some(v1::value::Kind::Text(t.into())),
+            }),
+        };
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut d = v1::Delivery {
+            delivery_id: "7-1-42".into(),
+            subscription_id: 7,
+            object_id: Some(v1::ObjectId { node: 1, seq: 42 }),
+            metadata: vec![
+                text("traceparent", tp),
+                text("tracestate", "congo=t61rcWkgMzE"),
+            ],
+            ..Default::default()
+        };
+        let ev: serde_json::Value =
+            serde_json::from_slice(&cloudevent(&d, 1, 0)).expect("valid JSON");
+        assert_eq!(ev["traceparent"], tp);
+        assert_eq!(ev["tracestate"], "congo=t61rcWkgMzE");
+        assert_eq!(
+            ev["data"]["metadata"]["traceparent"], tp,
+            "still in the metadata"
+        );
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "not a trace",
+        ] {
+            d.metadata = vec![text("traceparent", bad)];
+            let ev: serde_json::Value =
+                serde_json::from_slice(&cloudevent(&d, 1, 0)).expect("valid JSON");
+            assert!(ev.get("traceparent").is_none(), "{bad}: {ev}");
+        }
     }
 
     #[test]
