@@ -39,11 +39,6 @@ impl Deliverer {
         let ttl = retry::ttl_ms(Some(&p.s));
         let born = self.born(obj);
         let now = self.now_ms();
-        let name = stream
-            .split('\u{0}')
-            .next_back()
-            .unwrap_or_default()
-            .to_string();
         if now.saturating_sub(born) >= ttl {
             let reason = format!(
                 "no subscriber attached to stream {name:?} within the subscription's TTL of \
