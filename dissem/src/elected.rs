@@ -74,9 +74,6 @@ pub(super) async fn coordinate(
     }
     let etcd = runtime::etcd::Etcd::connect(urls, &e.etcd_prefix)?;
     let name = e.name.clone().unwrap_or_else(default_name);
-    coordinator::rebuild::agree_on_grid(&etcd, grid)
-        .await
-        .map_err(|e| anyhow::anyhow!("--{e}"))?;
     announce(format!(
         "dissem coordinator {name} campaigning through etcd {urls} (data in {}, cluster secret \
          in {}, grid {grid})",
@@ -84,6 +81,18 @@ pub(super) async fn coordinate(
         secret_file.display()
     ))?;
     let mut stop = std::pin::pin!(shutdown());
+    // the grid must be the cluster's; etcd may not be up yet (then: wait for it)
+    loop {
+        match coordinator::rebuild::agree_on_grid(&etcd, grid).await {
+            Ok(()) => break,
+            Err(e @ runtime::ServiceError::InvalidArgument { .. }) => bail!("--{e}"),
+            Err(e) => tracing::warn!("checking the cluster's grid in etcd: {e}; trying again"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = &mut stop => return Ok(true),
+        }
+    }
     loop {
         let leadership = tokio::select! {
             l = runtime::election::campaign(&etcd, &name, e.lease_ttl as i64) => l,
