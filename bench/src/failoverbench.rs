@@ -75,20 +75,12 @@ pub struct FailoverReport {
     pub pass: bool,
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).ceil() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 /// Acknowledged objects and when.
 pub type Acked = Arc<Mutex<Vec<(ObjectId, Instant)>>>;
 
 /// Puts at `rate` per second through `urls` in turn until `stop` (objects with a counter `n`,
 /// message ids `failover-<n>`), recording each acknowledged id with when it was acknowledged.
-pub async fn put_steadily(urls: Vec<String>, rate: u32, acked: Acked, stop: Arc<AtomicBool>) {
+async fn put_steadily(urls: Vec<String>, rate: u32, acked: Acked, stop: Arc<AtomicBool>) {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
     let mut set = tokio::task::JoinSet::new();
     let mut i = 0usize;
@@ -117,6 +109,98 @@ pub async fn put_steadily(urls: Vec<String>, rate: u32, acked: Acked, stop: Arc<
     while set.join_next().await.is_some() {}
 }
 
+/// Steady puts through every node of `c` and the two subscribers that check them: a QoS 1
+/// and a QoS 2 subscription (`n >= 0`, every object), created through node 0, pushing to a
+/// recording gRPC endpoint. The benchmark and the failover tests run the same traffic.
+#[derive(Debug)]
+pub struct Traffic {
+    pub rec: Recorder,
+    pub q1: u64,
+    pub q2: u64,
+    pub acked: Acked,
+    stop: Arc<AtomicBool>,
+    putter: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Traffic {
+    /// Creates the subscriptions and starts putting at `rate` per second.
+    pub async fn start(c: &ElectedCluster, rate: u32) -> anyhow::Result<Traffic> {
+        let (rec, target) = Recorder::start().await?;
+        let node0 = c.nodes[0].url();
+        let sub =
+            |qos: v1::Qos| create_grpc_subscription(&node0, "n >= 0".into(), &target, qos, None);
+        let q2 = sub(v1::Qos::ExactlyOnce)
+            .await
+            .context("creating the QoS 2 subscription")?;
+        rec.expect_qos2(q2);
+        let q1 = sub(v1::Qos::AtLeastOnce)
+            .await
+            .context("creating the QoS 1 subscription")?;
+        let acked: Acked = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let putter = tokio::spawn(put_steadily(
+            c.nodes.iter().map(|n| n.url()).collect(),
+            rate,
+            acked.clone(),
+            stop.clone(),
+        ));
+        Ok(Traffic {
+            rec,
+            q1,
+            q2,
+            acked,
+            stop,
+            putter: Some(putter),
+        })
+    }
+
+    /// The objects acknowledged so far.
+    pub fn acked(&self) -> Vec<ObjectId> {
+        runtime::lock(&self.acked)
+            .iter()
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Stops the puts (waiting for those in flight); the answer is every acknowledged object.
+    pub async fn stop(&mut self) -> anyhow::Result<Vec<ObjectId>> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(p) = self.putter.take() {
+            p.await?;
+        }
+        Ok(self.acked())
+    }
+
+    /// Of `objects`, those some subscriber was not shown, after waiting up to `limit` for
+    /// them.
+    pub async fn undelivered(&self, objects: &[ObjectId], limit: Duration) -> Vec<ObjectId> {
+        let missing = || -> Vec<ObjectId> {
+            objects
+                .iter()
+                .filter(|id| {
+                    self.rec.first_shown((self.q1, **id)).is_none()
+                        || self.rec.first_shown((self.q2, **id)).is_none()
+                })
+                .copied()
+                .collect()
+        };
+        let _ = try_wait_for(limit, || {
+            let done = missing().is_empty();
+            async move { done.then_some(()) }
+        })
+        .await;
+        missing()
+    }
+
+    /// QoS 2 deliveries shown more than once, and QoS 1 ones shown again.
+    pub fn repeats(&self) -> (u64, u64) {
+        (
+            self.rec.extra_shows(|s| s == self.q2),
+            self.rec.extra_shows(|s| s == self.q1),
+        )
+    }
+}
+
 /// Runs the benchmark on a runtime of its own.
 pub fn run(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
     tokio::runtime::Builder::new_multi_thread()
@@ -131,7 +215,6 @@ async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
         anyhow::bail!("the failover benchmark needs etcd (apt-get install etcd-server)");
     }
     let dir = procs::temp_dir("failover");
-    let (rec, target) = Recorder::start().await?;
     eprintln!(
         "starting etcd, {} coordinators and {} nodes",
         o.coordinators, o.nodes
@@ -145,22 +228,8 @@ async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
         &procs::small_node_flags(),
     )
     .await?;
-    let node0 = c.nodes[0].url();
-    let q2 = create_grpc_subscription(&node0, "n >= 0".into(), &target, v1::Qos::ExactlyOnce, None)
-        .await
-        .context("creating the QoS 2 subscription")?;
-    rec.expect_qos2(q2);
-    let q1 = create_grpc_subscription(&node0, "n >= 0".into(), &target, v1::Qos::AtLeastOnce, None)
-        .await
-        .context("creating the QoS 1 subscription")?;
-    let acked: Acked = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let putter = tokio::spawn(put_steadily(
-        c.nodes.iter().map(|n| n.url()).collect(),
-        o.rate,
-        acked.clone(),
-        stop.clone(),
-    ));
+    let mut traffic = Traffic::start(&c, o.rate).await?;
+    let (rec, q1, q2) = (traffic.rec.clone(), traffic.q1, traffic.q2);
     let mut kills = Vec::new();
     for k in 0..o.kills {
         tokio::time::sleep(o.between).await;
@@ -173,7 +242,7 @@ async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
         let new = c.wait_new_leader(l.epoch, Duration::from_secs(20)).await?;
         let election_ms = killed_at.elapsed().as_secs_f64() * 1e3;
         let first = try_wait_for(Duration::from_secs(30), || {
-            let after: Vec<ObjectId> = runtime::lock(&acked)
+            let after: Vec<ObjectId> = runtime::lock(&traffic.acked)
                 .iter()
                 .filter(|(_, t)| *t >= killed_at)
                 .map(|(id, _)| *id)
@@ -208,39 +277,26 @@ async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
         c.coordinators[idx] = c.start_coordinator(idx);
     }
     tokio::time::sleep(o.between).await;
-    stop.store(true, Ordering::SeqCst);
-    putter.await?;
-    let objects: Vec<ObjectId> = runtime::lock(&acked).iter().map(|(id, _)| *id).collect();
-    let all_shown = |rec: &Recorder| {
-        objects
-            .iter()
-            .filter(|id| {
-                rec.first_shown((q1, **id)).is_some() && rec.first_shown((q2, **id)).is_some()
-            })
-            .count()
-    };
+    let objects = traffic.stop().await?;
     eprintln!(
         "waiting for the last deliveries of {} objects",
         objects.len()
     );
-    let _ = try_wait_for(Duration::from_secs(60), || {
-        let done = all_shown(&rec) == objects.len();
-        async move { done.then_some(()) }
-    })
-    .await;
-    let delivered = all_shown(&rec);
-    let duplicates = rec.extra_shows(|s| s == q2);
-    let qos1_repeats = rec.extra_shows(|s| s == q1);
+    let lost = traffic
+        .undelivered(&objects, Duration::from_secs(60))
+        .await
+        .len();
+    let delivered = objects.len() - lost;
+    let (duplicates, qos1_repeats) = traffic.repeats();
     let mut f: Vec<f64> = kills.iter().map(|k| k.failover_ms).collect();
     f.sort_by(f64::total_cmp);
-    let failover_p99_ms = percentile(&f, 0.99);
-    let lost = objects.len() - delivered;
+    let failover_p99_ms = crate::percentile(&f, 0.99);
     let report = FailoverReport {
         coordinators: o.coordinators,
         nodes: o.nodes,
         lease_ttl_s: o.lease_ttl,
         rate: o.rate,
-        failover_p50_ms: percentile(&f, 0.5),
+        failover_p50_ms: crate::percentile(&f, 0.5),
         failover_p99_ms,
         failover_max_ms: f.last().copied().unwrap_or(0.0),
         kills,

@@ -14,7 +14,7 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use blocks::{Dnf, Event, Num, Value};
+use blocks::{Dnf, Event, Value};
 use proto::v1;
 
 /// The deepest object nesting of an event.
@@ -94,13 +94,7 @@ fn flatten(
                 "{path} is an array; object metadata has one value per attribute"
             ));
         }
-        serde_json::Value::String(s) => Value::Str(s.clone()),
-        serde_json::Value::Number(n) => Value::Num(
-            Num::parse(&n.to_string())
-                .map_err(|e| format!("{path}: {n} is not an exact number: {e}"))?,
-        ),
-        serde_json::Value::Bool(b) => Value::Str(b.to_string()),
-        serde_json::Value::Null => Value::Str("null".into()),
+        scalar => runtime::test_pattern::json_scalar(path, scalar)?,
     };
     out.push((path.to_string(), scalar));
     Ok(())
@@ -149,7 +143,7 @@ mod tests {
         let e = event(r#"{"source":"aws.ec2","detail":{"state":"running","n":5,"ok":true}}"#)
             .expect("event");
         assert_eq!(e.get("detail.state"), Some(&Value::Str("running".into())));
-        assert_eq!(e.get("detail.n"), Some(&Value::Num(Num::from(5))));
+        assert_eq!(e.get("detail.n"), Some(&Value::Num(blocks::Num::from(5))));
         assert_eq!(e.get("detail.ok"), Some(&Value::Str("true".into())));
         let err = event(r#"{"resources":["a","b"]}"#).expect_err("array");
         assert!(err.contains("resources is an array"), "{err}");

@@ -27,6 +27,14 @@ pub mod workload;
 pub use blocks::bloom::BloomConfig;
 pub use blocks::{Strategy, StrategyChoice};
 
+/// The `p` quantile (0..=1) of `sorted` by nearest rank (0 for none).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
 /// Writes a serialisable report as pretty JSON.
 pub fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {
     use anyhow::Context;

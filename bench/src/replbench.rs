@@ -53,13 +53,6 @@ pub struct ReplicatedReport {
     pub ratios: Vec<(usize, f64)>,
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 /// Runs one cluster per setting, one after the other.
 pub fn run(opts: &ReplicatedOptions) -> anyhow::Result<ReplicatedReport> {
     if opts.write_copies.is_empty() || opts.write_copies.contains(&0) {
@@ -182,8 +175,8 @@ async fn run_one(opts: &ReplicatedOptions, copies: usize) -> anyhow::Result<Repl
         write_copies: copies,
         objects,
         objects_per_second: objects as f64 / secs.max(1e-9),
-        p50_ms: percentile(&lat, 0.5),
-        p99_ms: percentile(&lat, 0.99),
+        p50_ms: crate::percentile(&lat, 0.5),
+        p99_ms: crate::percentile(&lat, 0.99),
         copies_per_object: held as f64 / (objects.max(1) as f64),
     })
 }

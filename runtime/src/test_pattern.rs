@@ -15,6 +15,24 @@ const MAX_EVENT_DEPTH: usize = 32;
 /// The largest test event.
 const MAX_EVENT_BYTES: usize = 1 << 20;
 
+/// A JSON scalar at `path` as a metadata value: strings as text, numbers exactly (or an
+/// error naming the path), booleans and `null` as the text `true`, `false`, `null` (object
+/// metadata has no such types). Objects and arrays are the caller's to walk.
+pub fn json_scalar(path: &str, v: &serde_json::Value) -> Result<Value, String> {
+    Ok(match v {
+        serde_json::Value::String(s) => Value::Str(s.clone()),
+        serde_json::Value::Number(n) => Value::Num(
+            Num::parse(&n.to_string())
+                .map_err(|e| format!("{path}: {n} is not an exact number: {e}"))?,
+        ),
+        serde_json::Value::Bool(b) => Value::Str(b.to_string()),
+        serde_json::Value::Null => Value::Str("null".into()),
+        serde_json::Value::Object(_) | serde_json::Value::Array(_) => {
+            return Err(format!("{path}: not a single value"));
+        }
+    })
+}
+
 /// An event's attributes, each with every value it has (several for an array).
 #[derive(Debug, Default)]
 struct Values(std::collections::BTreeMap<String, Vec<Value>>);
@@ -45,18 +63,7 @@ impl Values {
                 }
                 return Ok(());
             }
-            serde_json::Value::String(s) => Value::Str(s.clone()),
-            serde_json::Value::Number(n) => match Num::parse(&n.to_string()) {
-                Ok(x) => Value::Num(x),
-                Err(e) => {
-                    return Err(ServiceError::invalid(
-                        "--event",
-                        format!("{path}: {n} is not an exact number: {e}"),
-                    ));
-                }
-            },
-            serde_json::Value::Bool(b) => Value::Str(b.to_string()),
-            serde_json::Value::Null => Value::Str("null".into()),
+            scalar => json_scalar(path, scalar).map_err(|e| ServiceError::invalid("--event", e))?,
         };
         self.0.entry(path.to_string()).or_default().push(scalar);
         Ok(())

@@ -9,17 +9,14 @@
 //! Without an `etcd` binary the tests say so and pass, unless `DISSEM_REQUIRE_ETCD` is set
 //! (CI installs etcd and sets it, so a missing etcd fails there).
 
-use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bench::elected::{ElectedCluster, etcd_available};
-use bench::failoverbench::{Acked, put_steadily};
-use bench::recorder::Recorder;
+use bench::failoverbench::Traffic;
 use proto::v1;
 use storage::ObjectId;
-use tests::{create_grpc_subscription, dissem_bin, runtime, small_node_flags, temp_dir, wait_for};
+use tests::{dissem_bin, runtime, small_node_flags, temp_dir, wait_for};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -35,48 +32,22 @@ fn have_etcd() -> bool {
     false
 }
 
-/// A running cluster with both subscriptions and a putter.
+/// A running cluster with the benchmark's traffic: both subscriptions and a putter.
 struct Setup {
     cluster: ElectedCluster,
-    rec: Recorder,
-    q1: u64,
-    q2: u64,
-    acked: Acked,
-    stop: Arc<AtomicBool>,
-    putter: tokio::task::JoinHandle<()>,
+    traffic: Traffic,
     dir: std::path::PathBuf,
 }
 
 async fn setup(name: &str, rate: u32) -> Setup {
     let dir = temp_dir(name);
-    let (rec, target) = Recorder::start().await.expect("recorder");
     let cluster = ElectedCluster::start(&dissem_bin(), &dir, 2, 3, 2, &small_node_flags())
         .await
         .expect("cluster");
-    let node0 = cluster.nodes[0].url();
-    let q2 = create_grpc_subscription(&node0, "n >= 0".into(), &target, v1::Qos::ExactlyOnce, None)
-        .await
-        .expect("QoS 2 subscription");
-    rec.expect_qos2(q2);
-    let q1 = create_grpc_subscription(&node0, "n >= 0".into(), &target, v1::Qos::AtLeastOnce, None)
-        .await
-        .expect("QoS 1 subscription");
-    let acked: Acked = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let putter = tokio::spawn(put_steadily(
-        cluster.nodes.iter().map(|n| n.url()).collect(),
-        rate,
-        acked.clone(),
-        stop.clone(),
-    ));
+    let traffic = Traffic::start(&cluster, rate).await.expect("traffic");
     Setup {
         cluster,
-        rec,
-        q1,
-        q2,
-        acked,
-        stop,
-        putter,
+        traffic,
         dir,
     }
 }
@@ -112,12 +83,7 @@ impl Setup {
     }
 
     fn acked(&self) -> Vec<ObjectId> {
-        self.acked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(id, _)| *id)
-            .collect()
+        self.traffic.acked()
     }
 
     async fn wait_acked(&self, n: usize) {
@@ -135,25 +101,11 @@ impl Setup {
     /// Stops the puts; then every acknowledged object must reach both subscribers, the QoS
     /// 2 one exactly once. The answer is how many objects were acknowledged.
     async fn finish(mut self) -> usize {
-        self.stop.store(true, Ordering::SeqCst);
-        (&mut self.putter).await.expect("putter");
-        let objects = self.acked();
-        let missing = |rec: &Recorder| -> Vec<ObjectId> {
-            objects
-                .iter()
-                .filter(|id| {
-                    rec.first_shown((self.q1, **id)).is_none()
-                        || rec.first_shown((self.q2, **id)).is_none()
-                })
-                .copied()
-                .collect()
-        };
-        let _ = tests::try_wait_for(Duration::from_secs(60), || {
-            let done = missing(&self.rec).is_empty();
-            async move { done.then_some(()) }
-        })
-        .await;
-        let lost = missing(&self.rec);
+        let objects = self.traffic.stop().await.expect("putter");
+        let lost = self
+            .traffic
+            .undelivered(&objects, Duration::from_secs(60))
+            .await;
         assert!(
             lost.is_empty(),
             "{} of {} acknowledged objects were not delivered to both subscribers, e.g. {:?}",
@@ -161,7 +113,7 @@ impl Setup {
             objects.len(),
             &lost[..lost.len().min(5)]
         );
-        let dups = self.rec.extra_shows(|s| s == self.q2);
+        let (dups, _) = self.traffic.repeats();
         assert_eq!(dups, 0, "QoS 2 deliveries shown twice");
         drop(self.cluster);
         let _ = std::fs::remove_dir_all(&self.dir);

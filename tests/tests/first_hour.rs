@@ -22,6 +22,29 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u1
     Ok((status, body))
 }
 
+/// Opens stream `name` on the node at `url`: the sender for acks, and the deliveries.
+async fn attach(
+    url: &str,
+    name: &str,
+) -> (
+    tokio::sync::mpsc::Sender<proto::v1::StreamClientMessage>,
+    tonic::Streaming<proto::v1::Delivery>,
+) {
+    use proto::v1;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tx.send(v1::StreamClientMessage {
+        kind: Some(v1::stream_client_message::Kind::Attach(name.into())),
+    })
+    .await
+    .expect("attach");
+    let down = v1::stream_client::StreamClient::new(tests::channel(url))
+        .open(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("open stream")
+        .into_inner();
+    (tx, down)
+}
+
 /// `dissem up` on a free port with its data in `dir`.
 fn start_up(dir: &std::path::Path) -> Proc {
     Proc::start(
@@ -144,17 +167,7 @@ fn a_put_right_after_create_is_matched_every_time() {
     runtime().block_on(async {
         let url = up.url();
         // one stream subscriber receives every subscription's deliveries
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tx.send(v1::StreamClientMessage {
-            kind: Some(v1::stream_client_message::Kind::Attach("ryw".into())),
-        })
-        .await
-        .expect("attach");
-        let mut down = v1::stream_client::StreamClient::new(tests::channel(&url))
-            .open(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .expect("open stream")
-            .into_inner();
+        let (tx, mut down) = attach(&url, "ryw").await;
         let got = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<i64, Vec<u64>>::new()));
         let g2 = got.clone();
         tokio::spawn(async move {
@@ -519,17 +532,7 @@ fn a_stream_keeps_its_deliveries_until_a_subscriber_attaches() {
             dead[0].reason
         );
         // now a subscriber attaches to the other stream and gets the whole backlog
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
-        tx.send(v1::StreamClientMessage {
-            kind: Some(v1::stream_client_message::Kind::Attach("later".into())),
-        })
-        .await
-        .expect("attach");
-        let mut down = v1::stream_client::StreamClient::new(tests::channel(&url))
-            .open(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .expect("open stream")
-            .into_inner();
+        let (tx, mut down) = attach(&url, "later").await;
         let mut got = Vec::new();
         while got.len() < 3 {
             let d = tokio::time::timeout(Duration::from_secs(10), down.message())
