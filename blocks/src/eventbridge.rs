@@ -2,11 +2,17 @@
 //!
 //! Nested objects name attributes by their dotted path (`{"detail": {"temp": ...}}` constrains
 //! `detail.temp`). Each leaf is an array of matchers, any one of which may match; the keys of an
-//! object must all match. Supported matchers: exact strings and numbers, `prefix`, `suffix`,
-//! `anything-but` (a value, a list of values, `{"prefix": ..}` or `{"suffix": ..}`), `numeric`
-//! (one or two comparisons), `exists`, `equals-ignore-case`, and `$or` (a list of patterns).
-//! Not supported, with an error naming them: `null`, booleans, `wildcard`, `cidr`, and
-//! case-insensitive prefix/suffix. Errors give the JSON path of the offending element.
+//! object must all match. Supported matchers: exact strings and numbers, `null`, `true` and
+//! `false`, `prefix` and `suffix` (also with `{"equals-ignore-case": ..}`), `anything-but` (a
+//! value, a list of values, or `{"prefix" | "suffix" | "wildcard" | "equals-ignore-case": ..}`,
+//! the last two also with a list), `numeric` (one or two comparisons), `exists`,
+//! `equals-ignore-case`, `wildcard`, `cidr` (IPv4 and IPv6), and `$or` (a list of patterns).
+//! Errors give the JSON path of the offending element.
+//!
+//! Object metadata holds numbers and strings only, so JSON's `true`, `false` and `null` are
+//! the texts `"true"`, `"false"` and `"null"` there (what `dissem test-pattern` and `bench
+//! match --events` make of a JSON event); the pattern matchers `true`, `false` and `null` match
+//! those texts.
 //!
 //! As AWS does, a pattern whose object repeats a key is refused (a JSON decoder would silently
 //! keep the last one). Objects and `$or` nest at most [`MAX_NESTING`] deep.
@@ -38,8 +44,6 @@ pub enum PatternError {
     },
     #[error("at {path}: patterns nest at most {MAX_NESTING} levels deep (the nesting limit)")]
     TooDeep { path: String },
-    #[error("at {path}: {what} is not supported")]
-    Unsupported { path: String, what: String },
     #[error("{0}")]
     Dnf(#[from] DnfError),
 }
@@ -222,18 +226,8 @@ fn leaf(attr: &str, list: &[Json], path: &str) -> Result<Formula, PatternError> 
             Json::String(s) => strs.push(s.clone()),
             Json::Number(_) => nums.push(num_of(&p, m)?),
             Json::Object(_) => others.push(matcher(attr, m, &p)?),
-            Json::Null => {
-                return Err(PatternError::Unsupported {
-                    path: p,
-                    what: "matching null".into(),
-                });
-            }
-            Json::Bool(_) => {
-                return Err(PatternError::Unsupported {
-                    path: p,
-                    what: "matching booleans".into(),
-                });
-            }
+            Json::Null => strs.push("null".to_string()),
+            Json::Bool(b) => strs.push(b.to_string()),
             Json::Array(_) => return unexpected(&p, "a value or a matcher object", m),
         }
     }
@@ -252,7 +246,7 @@ fn leaf(attr: &str, list: &[Json], path: &str) -> Result<Formula, PatternError> 
             false,
         )));
     }
-    alts.extend(others.into_iter().map(Formula::Pred));
+    alts.extend(others);
     Ok(if alts.len() == 1 {
         alts.remove(0)
     } else {
@@ -260,7 +254,7 @@ fn leaf(attr: &str, list: &[Json], path: &str) -> Result<Formula, PatternError> 
     })
 }
 
-fn matcher(attr: &str, m: &Json, path: &str) -> Result<Predicate, PatternError> {
+fn matcher(attr: &str, m: &Json, path: &str) -> Result<Formula, PatternError> {
     let Json::Object(obj) = m else {
         return unexpected(path, "a matcher object", m);
     };
@@ -271,45 +265,79 @@ fn matcher(attr: &str, m: &Json, path: &str) -> Result<Predicate, PatternError> 
         return unexpected(path, "exactly one matcher key", m);
     };
     let p = format!("{path}.{key}");
-    let pred = |test, negated| Ok(Predicate::new(attr, test, negated));
+    let pred = |test, negated| Ok(Formula::Pred(Predicate::new(attr, test, negated)));
     match key.as_str() {
         "prefix" => match arg {
             Json::String(s) => pred(Test::Prefix(s.clone()), false),
-            Json::Object(_) => Err(PatternError::Unsupported {
-                path: p,
-                what: "case-insensitive prefix".into(),
-            }),
-            other => unexpected(&p, "a string", other),
+            Json::Object(_) => pred(Test::PrefixIgnoreCase(ignore_case(arg, &p)?), false),
+            other => unexpected(&p, "a string or {\"equals-ignore-case\": ..}", other),
         },
         "suffix" => match arg {
             Json::String(s) => pred(Test::Suffix(s.clone()), false),
-            Json::Object(_) => Err(PatternError::Unsupported {
-                path: p,
-                what: "case-insensitive suffix".into(),
-            }),
-            other => unexpected(&p, "a string", other),
+            Json::Object(_) => pred(Test::SuffixIgnoreCase(ignore_case(arg, &p)?), false),
+            other => unexpected(&p, "a string or {\"equals-ignore-case\": ..}", other),
         },
         "equals-ignore-case" => pred(Test::EqIgnoreCase(str_of(&p, arg)?.to_string()), false),
+        "wildcard" => pred(wildcard(&p, arg)?, false),
+        "cidr" => {
+            let text = str_of(&p, arg)?;
+            match crate::pattern::canonical_cidr(text) {
+                Ok(c) => pred(Test::Cidr(c), false),
+                Err(e) => unexpected(&p, &format!("a CIDR range ({e})"), arg),
+            }
+        }
         "exists" => match arg {
             Json::Bool(b) => pred(Test::Exists, !*b),
             other => unexpected(&p, "true or false", other),
         },
         "anything-but" => anything_but(attr, arg, &p),
         "numeric" => numeric(attr, arg, &p),
-        "wildcard" | "cidr" => Err(PatternError::Unsupported {
-            path: p,
-            what: format!("the `{key}` matcher"),
-        }),
         _ => unexpected(
             path,
-            "one of prefix, suffix, anything-but, numeric, exists, equals-ignore-case",
+            "one of prefix, suffix, anything-but, numeric, exists, equals-ignore-case, \
+             wildcard, cidr",
             &Json::String(key.clone()),
         ),
     }
 }
 
-fn anything_but(attr: &str, arg: &Json, path: &str) -> Result<Predicate, PatternError> {
-    let neg = |test| Ok(Predicate::new(attr, test, true));
+/// The string of `{"equals-ignore-case": "..."}` (a case-insensitive prefix or suffix).
+fn ignore_case(arg: &Json, path: &str) -> Result<String, PatternError> {
+    match arg {
+        Json::Object(obj) if obj.len() == 1 && obj.contains_key("equals-ignore-case") => {
+            Ok(str_of(
+                &format!("{path}.equals-ignore-case"),
+                &obj["equals-ignore-case"],
+            )?
+            .to_string())
+        }
+        other => unexpected(path, "{\"equals-ignore-case\": \"...\"}", other),
+    }
+}
+
+/// A wildcard test from its JSON string, checked.
+fn wildcard(path: &str, arg: &Json) -> Result<Test, PatternError> {
+    let text = str_of(path, arg)?;
+    match crate::pattern::check_wildcard(text) {
+        Ok(()) => Ok(Test::Wildcard(text.to_string())),
+        Err(e) => unexpected(path, &format!("a wildcard ({e})"), arg),
+    }
+}
+
+fn anything_but(attr: &str, arg: &Json, path: &str) -> Result<Formula, PatternError> {
+    let neg = |test| Ok(Formula::Pred(Predicate::new(attr, test, true)));
+    // `anything-but` a list of tests: none of them holds, so each negation holds
+    let none_of = |tests: Vec<Test>| {
+        let mut all: Vec<Formula> = tests
+            .into_iter()
+            .map(|t| Formula::Pred(Predicate::new(attr, t, true)))
+            .collect();
+        Ok(if all.len() == 1 {
+            all.remove(0)
+        } else {
+            Formula::And(all)
+        })
+    };
     match arg {
         Json::String(s) => neg(Test::StrIn(vec![s.clone()])),
         Json::Number(_) => {
@@ -346,19 +374,38 @@ fn anything_but(attr: &str, arg: &Json, path: &str) -> Result<Predicate, Pattern
             match k {
                 "prefix" => neg(Test::Prefix(str_of(&p, v)?.to_string())),
                 "suffix" => neg(Test::Suffix(str_of(&p, v)?.to_string())),
-                "equals-ignore-case" => neg(Test::EqIgnoreCase(str_of(&p, v)?.to_string())),
-                _ => unexpected(path, "prefix, suffix or equals-ignore-case", arg),
+                "equals-ignore-case" | "wildcard" => {
+                    let items: Vec<(String, &Json)> = match v {
+                        Json::Array(list) if !list.is_empty() => list
+                            .iter()
+                            .enumerate()
+                            .map(|(i, x)| (format!("{p}[{i}]"), x))
+                            .collect(),
+                        Json::Array(_) => return unexpected(&p, "a non-empty list", v),
+                        _ => vec![(p.clone(), v)],
+                    };
+                    let mut tests = Vec::new();
+                    for (ip, x) in items {
+                        tests.push(if k == "wildcard" {
+                            wildcard(&ip, x)?
+                        } else {
+                            Test::EqIgnoreCase(str_of(&ip, x)?.to_string())
+                        });
+                    }
+                    none_of(tests)
+                }
+                _ => unexpected(path, "prefix, suffix, wildcard or equals-ignore-case", arg),
             }
         }
         other => unexpected(
             path,
-            "a value, a non-empty list or a prefix/suffix object",
+            "a value, a non-empty list or a prefix/suffix/wildcard/equals-ignore-case object",
             other,
         ),
     }
 }
 
-fn numeric(attr: &str, arg: &Json, path: &str) -> Result<Predicate, PatternError> {
+fn numeric(attr: &str, arg: &Json, path: &str) -> Result<Formula, PatternError> {
     let Json::Array(items) = arg else {
         return unexpected(path, r#"an array such as [">", 0, "<=", 5]"#, arg);
     };
@@ -400,7 +447,7 @@ fn numeric(attr: &str, arg: &Json, path: &str) -> Result<Predicate, PatternError
             Test::Interval { lo, hi }
         }
     };
-    Ok(Predicate::new(attr, test, false))
+    Ok(Formula::Pred(Predicate::new(attr, test, false)))
 }
 
 #[cfg(test)]
@@ -456,15 +503,36 @@ mod tests {
             r#"{"n": [123456789012345678901]}"#,
             "n = 123456789012345678901",
         );
+        ok(r#"{"u": [null, true]}"#, r#"u in ["null", "true"]"#);
+        ok(
+            r#"{"s": [{"prefix": {"equals-ignore-case": "EventB"}}]}"#,
+            r#"s iprefix "eventb""#,
+        );
+        ok(
+            r#"{"s": [{"suffix": {"equals-ignore-case": ".PNG"}}]}"#,
+            r#"s isuffix ".png""#,
+        );
+        ok(
+            r#"{"s": [{"wildcard": "dir/*.png"}]}"#,
+            r#"s wildcard "dir/*.png""#,
+        );
+        ok(
+            r#"{"ip": [{"cidr": "10.0.0.9/24"}]}"#,
+            r#"ip cidr "10.0.0.0/24""#,
+        );
+        ok(
+            r#"{"s": [{"anything-but": {"wildcard": "*/lib/*"}}]}"#,
+            r#"s not wildcard "*/lib/*""#,
+        );
+        ok(
+            r#"{"s": [{"anything-but": {"equals-ignore-case": ["A", "b"]}}]}"#,
+            r#"s not ieq "a" && s not ieq "b""#,
+        );
     }
 
     #[test]
     fn rejects_with_paths() {
         bad(r#"{"a": "x"}"#, "at $.a: expected an array of matchers");
-        bad(
-            r#"{"a": [null]}"#,
-            "at $.a[0]: matching null is not supported",
-        );
         bad(
             r#"{"a": [{"numeric": [">", "x"]}]}"#,
             "at $.a[0].numeric[1]: expected a number",
@@ -472,8 +540,28 @@ mod tests {
         bad(r#"{"a": [{"numeric": ["~", 1]}]}"#, "at $.a[0].numeric[0]");
         bad(r#"{"a": [{"numeric": [">", 5, "<", 1]}]}"#, "lower bound");
         bad(
-            r#"{"a": [{"wildcard": "x*"}]}"#,
-            "`wildcard` matcher is not supported",
+            r#"{"a": [{"wildcard": "x**"}]}"#,
+            "at $.a[0].wildcard: expected a wildcard",
+        );
+        bad(
+            r#"{"a": [{"cidr": "10.0.0.0/40"}]}"#,
+            "at $.a[0].cidr: expected a CIDR range (the prefix length 40 is longer",
+        );
+        bad(
+            r#"{"a": [{"cidr": "10.0.0.0"}]}"#,
+            "at $.a[0].cidr: expected a CIDR range (not of the form address/prefix-length",
+        );
+        bad(
+            r#"{"a": [{"prefix": {"ignore": "x"}}]}"#,
+            "at $.a[0].prefix: expected {\"equals-ignore-case\"",
+        );
+        bad(
+            r#"{"a": [{"anything-but": {"wildcard": []}}]}"#,
+            "at $.a[0].anything-but.wildcard: expected a non-empty list",
+        );
+        bad(
+            r#"{"a": [{"anything-but": {"wildcard": ["ok*", "x**"]}}]}"#,
+            "at $.a[0].anything-but.wildcard[1]",
         );
         bad(r#"{"a": [{"bogus": 1}]}"#, "expected one of prefix");
         bad(r#"{"a": [1.5e400]}"#, "exactly representable");

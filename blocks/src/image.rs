@@ -168,6 +168,10 @@ impl Writer {
             Test::Suffix(_) => 5,
             Test::Contains(_) => 6,
             Test::EqIgnoreCase(_) => 7,
+            Test::PrefixIgnoreCase(_) => 8,
+            Test::SuffixIgnoreCase(_) => 9,
+            Test::Wildcard(_) => 10,
+            Test::Cidr(_) => 11,
         };
         self.buf.push(tag << 1 | p.negated as u8);
         match &p.test {
@@ -188,8 +192,10 @@ impl Writer {
                     self.bytes(s.as_bytes());
                 }
             }
-            Test::Prefix(s) | Test::Suffix(s) | Test::Contains(s) | Test::EqIgnoreCase(s) => {
-                self.bytes(s.as_bytes())
+            other => {
+                if let Some((_, s)) = other.word_constant() {
+                    self.bytes(s.as_bytes())
+                }
             }
         }
     }
@@ -487,6 +493,19 @@ impl<'a> Reader<'a> {
             5 => Test::Suffix(self.string()?),
             6 => Test::Contains(self.string()?),
             7 => Test::EqIgnoreCase(self.string()?),
+            8 => Test::PrefixIgnoreCase(self.string()?),
+            9 => Test::SuffixIgnoreCase(self.string()?),
+            10 => {
+                let w = self.string()?;
+                if let Err(e) = crate::pattern::check_wildcard(&w) {
+                    return self.corrupt(format!("wildcard: {e}"));
+                }
+                Test::Wildcard(w)
+            }
+            11 => match crate::pattern::canonical_cidr(&self.string()?) {
+                Ok(c) => Test::Cidr(c),
+                Err(e) => return self.corrupt(format!("cidr: {e}")),
+            },
             t => return self.corrupt(format!("unknown predicate tag {t}")),
         };
         Ok(Predicate::new(attr, test, negated))

@@ -14,6 +14,7 @@ pub mod index;
 pub mod interval;
 pub mod num;
 pub mod numeric;
+pub mod pattern;
 pub mod predicate;
 pub mod quote;
 pub mod reference;

@@ -99,6 +99,16 @@ pub enum Test {
     Contains(String),
     /// A string equal to the constant ignoring case (the constant is stored lowercased).
     EqIgnoreCase(String),
+    /// A string starting with the constant ignoring case (stored lowercased).
+    PrefixIgnoreCase(String),
+    /// A string ending with the constant ignoring case (stored lowercased).
+    SuffixIgnoreCase(String),
+    /// A string matching an EventBridge wildcard (`*` any run; `\*` and `\\` escape);
+    /// see [`crate::pattern`].
+    Wildcard(String),
+    /// A string that is an IP address inside a CIDR range, kept in canonical form
+    /// (`10.0.0.0/24`); see [`crate::pattern`].
+    Cidr(String),
 }
 
 /// A constraint on one attribute.
@@ -121,8 +131,27 @@ impl Test {
             (Test::Suffix(p), Value::Str(s)) => s.ends_with(p.as_str()),
             (Test::Contains(p), Value::Str(s)) => s.contains(p.as_str()),
             (Test::EqIgnoreCase(p), Value::Str(s)) => s.to_lowercase() == *p,
+            (Test::PrefixIgnoreCase(p), Value::Str(s)) => s.to_lowercase().starts_with(p.as_str()),
+            (Test::SuffixIgnoreCase(p), Value::Str(s)) => s.to_lowercase().ends_with(p.as_str()),
+            (Test::Wildcard(p), Value::Str(s)) => crate::pattern::wildcard_matches(p, s),
+            (Test::Cidr(c), Value::Str(s)) => crate::pattern::cidr_matches(c, s),
             _ => false,
         }
+    }
+
+    /// A test of one string constant: the text syntax's word for it, and the constant.
+    pub fn word_constant(&self) -> Option<(&'static str, &str)> {
+        Some(match self {
+            Test::Prefix(s) => ("prefix", s),
+            Test::Suffix(s) => ("suffix", s),
+            Test::Contains(s) => ("contains", s),
+            Test::EqIgnoreCase(s) => ("ieq", s),
+            Test::PrefixIgnoreCase(s) => ("iprefix", s),
+            Test::SuffixIgnoreCase(s) => ("isuffix", s),
+            Test::Wildcard(s) => ("wildcard", s),
+            Test::Cidr(s) => ("cidr", s),
+            Test::Exists | Test::Interval { .. } | Test::NumIn(_) | Test::StrIn(_) => return None,
+        })
     }
 
     /// Whether the test applies to numbers (true) or strings (false); `Exists` to both.
@@ -168,6 +197,9 @@ impl Predicate {
                 Test::StrIn(v)
             }
             Test::EqIgnoreCase(s) => Test::EqIgnoreCase(s.to_lowercase()),
+            Test::PrefixIgnoreCase(s) => Test::PrefixIgnoreCase(s.to_lowercase()),
+            Test::SuffixIgnoreCase(s) => Test::SuffixIgnoreCase(s.to_lowercase()),
+            Test::Cidr(s) => Test::Cidr(crate::pattern::canonical_cidr(&s).unwrap_or(s)),
             t => t,
         };
         Predicate {
@@ -205,6 +237,9 @@ impl Predicate {
             Test::Prefix(p) | Test::Suffix(p) => 0.5 / (1.0 + p.len() as f64),
             Test::Contains(p) => 0.5 / (1.0 + p.len() as f64),
             Test::EqIgnoreCase(_) => 0.01,
+            Test::PrefixIgnoreCase(p) | Test::SuffixIgnoreCase(p) => 0.5 / (1.0 + p.len() as f64),
+            Test::Wildcard(p) => 0.5 / (1.0 + p.len() as f64),
+            Test::Cidr(_) => 0.1,
         };
         if self.negated { 1.0 - base } else { base }
     }
@@ -294,13 +329,8 @@ impl fmt::Display for Predicate {
                 }
                 f.write_str("]")
             }
-            Test::Prefix(s) | Test::Suffix(s) | Test::Contains(s) | Test::EqIgnoreCase(s) => {
-                let word = match &self.test {
-                    Test::Prefix(_) => "prefix",
-                    Test::Suffix(_) => "suffix",
-                    Test::Contains(_) => "contains",
-                    _ => "ieq",
-                };
+            other => {
+                let (word, s) = other.word_constant().unwrap_or(("ieq", ""));
                 write!(f, " {}{word} ", if neg { "not " } else { "" })?;
                 write_str_lit(f, s)
             }

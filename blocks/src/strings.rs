@@ -7,14 +7,18 @@
 //! instead: with 100,000 device ids a tree walk costs dozens of cache misses, a hash lookup one
 //! or two, and the answer is the same. `contains` uses an Aho-Corasick automaton over all the
 //! substrings (one pass over the value finds every one that occurs); `ieq` is a hash lookup of
-//! the lowercased value. Results are "flags": dense ids of positive string tests, which the
-//! match block and the Bloom encoding turn into predicates.
+//! the lowercased value, and `iprefix`/`isuffix` walk two more trees with it. Wildcards and
+//! CIDR ranges (`crate::pattern`) are parsed once here and tried one by one: a block holds few
+//! of them in the workloads we know, and an index over globs is left for when one holds many.
+//! Results are "flags": dense ids of positive string tests, which the match block and the
+//! Bloom encoding turn into predicates.
 
 use std::collections::HashMap;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
 use crate::hash::FastMap;
+use crate::pattern::{Cidr, Glob};
 
 const NONE: u32 = u32::MAX;
 
@@ -154,6 +158,10 @@ impl Tst {
     fn heap_bytes(&self) -> usize {
         self.nodes.len() * std::mem::size_of::<Node>() + 4 * self.lists.len()
     }
+
+    fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.empty_prefix.is_empty()
+    }
 }
 
 /// A positive string test registered in a block, with its flag id.
@@ -166,6 +174,33 @@ pub enum StrTest {
     Contains(String),
     /// Equal ignoring case; the constant is lowercase.
     Ieq(String),
+    /// Starts with, ignoring case; the constant is lowercase.
+    IPrefix(String),
+    /// Ends with, ignoring case; the constant is lowercase.
+    ISuffix(String),
+    /// An EventBridge wildcard (checked before it gets here; a malformed one never matches).
+    Wildcard(String),
+    /// A CIDR range in canonical form (checked before it gets here).
+    Cidr(String),
+}
+
+impl StrTest {
+    /// The string test of a positive predicate test (`None` for numeric tests and `exists`).
+    pub fn of(t: &crate::predicate::Test) -> Option<StrTest> {
+        use crate::predicate::Test;
+        Some(match t {
+            Test::StrIn(set) => StrTest::In(set.clone()),
+            Test::Prefix(s) => StrTest::Prefix(s.clone()),
+            Test::Suffix(s) => StrTest::Suffix(s.clone()),
+            Test::Contains(s) => StrTest::Contains(s.clone()),
+            Test::EqIgnoreCase(s) => StrTest::Ieq(s.clone()),
+            Test::PrefixIgnoreCase(s) => StrTest::IPrefix(s.clone()),
+            Test::SuffixIgnoreCase(s) => StrTest::ISuffix(s.clone()),
+            Test::Wildcard(s) => StrTest::Wildcard(s.clone()),
+            Test::Cidr(s) => StrTest::Cidr(s.clone()),
+            Test::Exists | Test::Interval { .. } | Test::NumIn(_) => return None,
+        })
+    }
 }
 
 /// The string test block of one attribute.
@@ -177,6 +212,10 @@ pub struct StringBlock {
     contains: Option<(AhoCorasick, Vec<Vec<u32>>)>,
     contains_empty: Vec<u32>,
     ieq: FastMap<String, Vec<u32>>,
+    ci_fwd: Tst,
+    ci_rev: Tst,
+    globs: Vec<(Glob, Vec<u32>)>,
+    cidrs: Vec<(Cidr, Vec<u32>)>,
 }
 
 impl StringBlock {
@@ -190,6 +229,12 @@ impl StringBlock {
         let mut contains_empty = Vec::new();
         let mut ieq: FastMap<String, Vec<u32>> = FastMap::default();
         let mut eq: FastMap<String, Vec<u32>> = FastMap::default();
+        let mut ci_fwd = TstBuilder::default();
+        let mut ci_rev = TstBuilder::default();
+        let mut globs: HashMap<&str, usize> = HashMap::new();
+        let mut glob_list: Vec<(Glob, Vec<u32>)> = Vec::new();
+        let mut cidrs: HashMap<&str, usize> = HashMap::new();
+        let mut cidr_list: Vec<(Cidr, Vec<u32>)> = Vec::new();
         for (t, flag) in tests {
             let flag = *flag;
             match t {
@@ -210,6 +255,24 @@ impl StringBlock {
                     pattern_flags[id].push(flag);
                 }
                 StrTest::Ieq(p) => ieq.entry(p.clone()).or_default().push(flag),
+                StrTest::IPrefix(p) => ci_fwd.add_prefix(p.chars(), flag),
+                StrTest::ISuffix(p) => ci_rev.add_prefix(p.chars().rev(), flag),
+                StrTest::Wildcard(p) => {
+                    if let Some(&i) = globs.get(p.as_str()) {
+                        glob_list[i].1.push(flag);
+                    } else if let Ok(g) = Glob::parse(p) {
+                        globs.insert(p, glob_list.len());
+                        glob_list.push((g, vec![flag]));
+                    }
+                }
+                StrTest::Cidr(c) => {
+                    if let Some(&i) = cidrs.get(c.as_str()) {
+                        cidr_list[i].1.push(flag);
+                    } else if let Ok(r) = Cidr::parse(c) {
+                        cidrs.insert(c, cidr_list.len());
+                        cidr_list.push((r, vec![flag]));
+                    }
+                }
             }
         }
         let contains = if patterns.is_empty() {
@@ -228,6 +291,10 @@ impl StringBlock {
             contains,
             contains_empty,
             ieq,
+            ci_fwd: ci_fwd.finish(),
+            ci_rev: ci_rev.finish(),
+            globs: glob_list,
+            cidrs: cidr_list,
         }
     }
 
@@ -245,10 +312,30 @@ impl StringBlock {
                 flags[m.pattern().as_usize()].iter().for_each(|&x| f(x));
             }
         }
-        if !self.ieq.is_empty()
-            && let Some(flags) = self.ieq.get(&s.to_lowercase())
+        let ci_trees = !self.ci_fwd.is_empty() || !self.ci_rev.is_empty();
+        if !self.ieq.is_empty() || ci_trees {
+            let lower = s.to_lowercase();
+            if let Some(flags) = self.ieq.get(&lower) {
+                flags.iter().for_each(|&x| f(x));
+            }
+            if ci_trees {
+                self.ci_fwd.walk(lower.chars(), &mut f);
+                self.ci_rev.walk(lower.chars().rev(), &mut f);
+            }
+        }
+        for (g, flags) in &self.globs {
+            if g.matches(s) {
+                flags.iter().for_each(|&x| f(x));
+            }
+        }
+        if !self.cidrs.is_empty()
+            && let Ok(addr) = s.parse::<std::net::IpAddr>()
         {
-            flags.iter().for_each(|&x| f(x));
+            for (c, flags) in &self.cidrs {
+                if c.contains(addr) {
+                    flags.iter().for_each(|&x| f(x));
+                }
+            }
         }
     }
 
@@ -256,6 +343,9 @@ impl StringBlock {
     pub fn heap_bytes(&self) -> usize {
         self.fwd.heap_bytes()
             + self.rev.heap_bytes()
+            + self.ci_fwd.heap_bytes()
+            + self.ci_rev.heap_bytes()
+            + 64 * (self.globs.len() + self.cidrs.len())
             + self
                 .contains
                 .as_ref()
@@ -279,6 +369,10 @@ mod tests {
             StrTest::Suffix(p) => s.ends_with(p.as_str()),
             StrTest::Contains(p) => s.contains(p.as_str()),
             StrTest::Ieq(p) => s.to_lowercase() == *p,
+            StrTest::IPrefix(p) => s.to_lowercase().starts_with(p.as_str()),
+            StrTest::ISuffix(p) => s.to_lowercase().ends_with(p.as_str()),
+            StrTest::Wildcard(p) => crate::pattern::wildcard_matches(p, s),
+            StrTest::Cidr(c) => crate::pattern::cidr_matches(c, s),
         }
     }
 
@@ -306,8 +400,15 @@ mod tests {
             tests.push(StrTest::Suffix(w.clone()));
             tests.push(StrTest::Contains(w.clone()));
             tests.push(StrTest::Ieq(w.to_lowercase()));
+            tests.push(StrTest::IPrefix(w.to_lowercase()));
+            tests.push(StrTest::ISuffix(w.to_lowercase()));
+            tests.push(StrTest::Wildcard(format!("*{w}*")));
+            tests.push(StrTest::Wildcard(format!("{w}*")));
             let _ = i;
         }
+        tests.push(StrTest::Cidr("10.0.0.0/8".into()));
+        tests.push(StrTest::Cidr("2001:db8::/32".into()));
+        tests.push(StrTest::Cidr("10.0.0.0/8".into()));
         let pairs: Vec<(StrTest, u32)> = tests
             .iter()
             .cloned()
@@ -329,6 +430,11 @@ mod tests {
             "AB",
             "ＡＢ",
             "q",
+            "Kr/Seoul/X",
+            "ABC",
+            "10.1.2.3",
+            "11.0.0.1",
+            "2001:db8::5",
         ];
         for p in probes {
             let mut got = Vec::new();

@@ -9,6 +9,7 @@
 //!          | attr ("=" | "==" | "!=") (number | string)
 //!          | attr ["not"] "in" "[" lit ("," lit)* "]"          (all numbers or all strings)
 //!          | attr ["not"] ("prefix" | "suffix" | "contains" | "ieq") string
+//!          | attr ["not"] ("iprefix" | "isuffix" | "wildcard" | "cidr") string
 //!          | attr ["not"] "range" ("[" | "(") (number | "*") "," (number | "*") ("]" | ")")
 //! attr    := identifier (letters, digits, _ . - / :) | string
 //! string  := JSON string literal; number := decimal, optional exponent (exact, see `num`)
@@ -336,13 +337,38 @@ impl Parser {
                 self.bump();
                 self.list()?
             }
-            Tok::Ident(w) if matches!(w.as_str(), "prefix" | "suffix" | "contains" | "ieq") => {
+            Tok::Ident(w)
+                if matches!(
+                    w.as_str(),
+                    "prefix"
+                        | "suffix"
+                        | "contains"
+                        | "ieq"
+                        | "iprefix"
+                        | "isuffix"
+                        | "wildcard"
+                        | "cidr"
+                ) =>
+            {
                 self.bump();
+                let col = self.column();
                 let s = self.string()?;
+                let refused = |e: crate::pattern::PatternConstError| ParseError {
+                    column: col,
+                    expected: format!("a {w} constant"),
+                    found: e.to_string(),
+                };
                 match w.as_str() {
                     "prefix" => Test::Prefix(s),
                     "suffix" => Test::Suffix(s),
                     "contains" => Test::Contains(s),
+                    "iprefix" => Test::PrefixIgnoreCase(s),
+                    "isuffix" => Test::SuffixIgnoreCase(s),
+                    "wildcard" => {
+                        crate::pattern::check_wildcard(&s).map_err(refused)?;
+                        Test::Wildcard(s)
+                    }
+                    "cidr" => Test::Cidr(crate::pattern::canonical_cidr(&s).map_err(refused)?),
                     _ => Test::EqIgnoreCase(s),
                 }
             }

@@ -46,6 +46,10 @@ fn str_pool() -> Vec<String> {
         "日本",
         "AbC",
         "bca",
+        "KR/Seoul/B12",
+        "10.1.2.3",
+        "10.2.0.1",
+        "2001:db8::1",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -94,6 +98,16 @@ fn arb_test() -> impl Strategy<Value = Test> {
         arb_str().prop_map(Test::Suffix),
         arb_str().prop_map(Test::Contains),
         arb_str().prop_map(Test::EqIgnoreCase),
+        arb_str().prop_map(Test::PrefixIgnoreCase),
+        arb_str().prop_map(Test::SuffixIgnoreCase),
+        (arb_str(), arb_str()).prop_map(|(a, b)| Test::Wildcard(format!("{a}*{b}"))),
+        arb_str().prop_map(|a| Test::Wildcard(format!("*{a}*").replace("**", "*"))),
+        prop_oneof![
+            Just("10.0.0.0/8"),
+            Just("10.1.0.0/16"),
+            Just("2001:db8::/32")
+        ]
+        .prop_map(|c| Test::Cidr(c.to_string())),
     ]
 }
 

@@ -121,6 +121,8 @@ struct Driver {
     /// Put -> matched latencies (ms) of the last matched objects, a ring.
     latencies: Vec<u32>,
     latency_next: usize,
+    /// The same latencies since the start, for `/metrics`.
+    match_latency: Arc<runtime::histogram::Histogram>,
     /// An elected leader unsure of its lease (since then): the protocol's clock stands
     /// still and what it asks to send waits in `held_back`.
     suspended: Option<Instant>,
@@ -350,6 +352,8 @@ impl Driver {
                 }
                 Output::Matched { received_unix_ms } => {
                     let ms = runtime::now_ms().saturating_sub(received_unix_ms) as u32;
+                    self.match_latency
+                        .observe(Duration::from_millis(u64::from(ms)));
                     if self.latencies.len() < LATENCY_SAMPLES {
                         self.latencies.push(ms);
                     } else {
@@ -582,9 +586,15 @@ pub struct Started {
     cluster_secret: runtime::cluster_secret::ClusterSecret,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     nonce: u64,
+    match_latency: Arc<runtime::histogram::Histogram>,
 }
 
 impl Started {
+    /// Put -> matched latencies, for `/metrics`.
+    pub fn match_latency(&self) -> Arc<runtime::histogram::Histogram> {
+        self.match_latency.clone()
+    }
+
     /// This coordinator's nonce.
     pub fn nonce(&self) -> u64 {
         self.nonce
@@ -659,7 +669,9 @@ pub async fn start(
         .unwrap_or_default();
     let mut protocol = Protocol::new(sched, nonce, cfg.max_attempts, 0);
     protocol.set_grid(grid);
+    let match_latency = Arc::new(runtime::histogram::Histogram::default());
     let driver = Driver {
+        match_latency: match_latency.clone(),
         protocol,
         cfg,
         t0: Instant::now(),
@@ -698,6 +710,7 @@ pub async fn start(
         cluster_secret,
         tasks: vec![publisher, driver],
         nonce,
+        match_latency,
     })
 }
 
@@ -728,6 +741,7 @@ pub async fn serve_started(
             MetricsSource {
                 admin: Arc::new(started.handle.clone()),
                 deliveries: None,
+                match_latency: Some(started.match_latency()),
             },
         )
     });

@@ -13,7 +13,6 @@ use runtime::metrics::MetricsSource;
 use runtime::serve::serve;
 use runtime::{Limits, PUBLIC_SERVICES, STREAM_SERVICE, ServiceError, max_message};
 use storage::Store;
-use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 use worker::daemon::{Daemon, DaemonConfig};
 use worker::services::{Node, Sink};
@@ -71,7 +70,7 @@ pub async fn run(
     limits: Limits,
     cfg: ServerConfig,
     mut daemon_cfg: DaemonConfig,
-    metrics: Option<TcpListener>,
+    http: worker::HttpListeners,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
     let coordinator = Arc::new(coordinator::server::start(store.clone(), limits, cfg).await?);
@@ -82,16 +81,20 @@ pub async fn run(
     let stream = v1::stream_server::StreamServer::new(daemon.deliverer().clone());
     let deliverer = daemon.deliverer().clone();
     let node = Node::new(store, limits, Sink::Cluster(daemon));
+    if let Some(l) = http.s3_events {
+        tokio::spawn(worker::s3events::serve(l, node.clone(), listener.auth()));
+    }
     let admin = EmbeddedAdmin {
         node: node.clone(),
         coordinator: coordinator.clone(),
     };
-    let metrics = metrics.map(|l| {
+    let metrics = http.metrics.map(|l| {
         (
             l,
             MetricsSource {
                 admin: Arc::new(admin.clone()),
                 deliveries: Some(Arc::new(deliverer)),
+                match_latency: Some(coordinator.match_latency()),
             },
         )
     });

@@ -33,6 +33,11 @@ pub(super) struct UpArgs {
     /// Serve Prometheus metrics (`GET /metrics`) on this address.
     #[arg(long)]
     pub(super) metrics_listen: Option<std::net::SocketAddr>,
+    /// Accept S3 event notifications (the JSON that Amazon S3, MinIO and Ceph RGW POST to a
+    /// webhook) on this address: each record becomes an announced object. Plain HTTP; with
+    /// --auth-file a POST needs an ingest token.
+    #[arg(long)]
+    pub(super) s3_events_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub(super) listen_flags: ListenFlags,
 }
@@ -169,6 +174,23 @@ impl ListenFlags {
     }
 }
 
+/// Binds the node's HTTP listeners that were asked for.
+pub(super) async fn http_listeners(u: &UpArgs) -> anyhow::Result<worker::HttpListeners> {
+    let s3_events = match u.s3_events_listen {
+        None => None,
+        Some(a) => {
+            u.listen_flags.check_address(a)?;
+            let (l, bound) = runtime::bind(a).await?;
+            eprintln!("S3 event notifications on http://{bound}/s3-events");
+            Some(l)
+        }
+    };
+    Ok(worker::HttpListeners {
+        metrics: metrics_listener(u.metrics_listen).await?,
+        s3_events,
+    })
+}
+
 /// Binds the metrics listener when asked for.
 pub(super) async fn metrics_listener(
     addr: Option<std::net::SocketAddr>,
@@ -196,7 +218,7 @@ pub(super) fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
             n.store.outbox_len()
         ))?;
         let daemon = w.daemon_config(a.node, String::new(), String::new())?;
-        let metrics = metrics_listener(a.metrics_listen).await?;
+        let http = http_listeners(&a).await?;
         let listener = a.listen_flags.listener(n.listener, &n.limits)?;
         embedded::run(
             listener,
@@ -204,7 +226,7 @@ pub(super) fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
             n.limits,
             coordinator::server::ServerConfig::default(),
             daemon,
-            metrics,
+            http,
             shutdown(),
         )
         .await?;
@@ -447,6 +469,16 @@ pub(super) struct WorkerFlags {
     /// objects first.
     #[arg(long)]
     pub(super) no_bulk_lane: bool,
+    /// Subscriptions that get their own delivery series in /metrics: the k with the most
+    /// failed and dead-lettered pushes. 0 (the default) keeps per-tenant and per-target-kind
+    /// totals only, so a scrape's size does not grow with the subscriptions.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1000))]
+    pub(super) metrics_top_subscriptions: u16,
+    /// Export OpenTelemetry spans (put, test, match, push) of objects whose put carries a
+    /// sampled W3C `traceparent` attribute to this OTLP/HTTP collector (e.g.
+    /// http://127.0.0.1:4318; `/v1/traces` is added). Off by default.
+    #[arg(long)]
+    pub(super) otlp_endpoint: Option<String>,
 }
 
 impl WorkerFlags {
@@ -504,6 +536,8 @@ impl WorkerFlags {
         cfg.delivery.in_flight_per_endpoint = self.in_flight_per_endpoint.max(1);
         cfg.delivery.push_batch = self.push_batch.max(1);
         cfg.bulk_lane = !self.no_bulk_lane;
+        cfg.delivery.metrics_top_subscriptions = usize::from(self.metrics_top_subscriptions);
+        cfg.otlp_endpoint = self.otlp_endpoint.clone();
         cfg.gpu = match self.gpu {
             GpuArg::Auto => worker::daemon::GpuUse::Hardware,
             GpuArg::On => worker::daemon::GpuUse::Any,
@@ -596,9 +630,9 @@ pub(super) fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
             n.addr,
             u.data.display(),
         ))?;
-        let metrics = metrics_listener(u.metrics_listen).await?;
+        let http = http_listeners(u).await?;
         let listener = u.listen_flags.listener(n.listener, &n.limits)?;
-        worker::run_node(listener, n.store, n.limits, cfg, metrics, shutdown()).await?;
+        worker::run_node(listener, n.store, n.limits, cfg, http, shutdown()).await?;
         Ok(true)
     })
 }

@@ -16,6 +16,8 @@ pub mod election;
 pub mod error;
 pub mod etcd;
 pub mod grid;
+pub mod histogram;
+pub mod http_serve;
 pub mod link;
 pub mod listen;
 pub mod metrics;
@@ -67,6 +69,14 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Now, in unix microseconds (0 before the epoch).
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
         .unwrap_or(0)
 }
 

@@ -399,6 +399,12 @@ impl Listener {
         self.auth.is_some()
     }
 
+    /// The tokens callers must present (`None`: no authentication), for the process's other
+    /// listeners that take the same callers.
+    pub fn auth(&self) -> Option<Arc<crate::auth::Auth>> {
+        self.auth.clone()
+    }
+
     /// The layer counting this listener's requests per connection.
     pub fn layer(&self) -> ActivityLayer {
         self.conns.layer()

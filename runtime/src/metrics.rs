@@ -1,36 +1,34 @@
 //! The Prometheus metrics endpoint (`GET /metrics`, text exposition format 0.0.4): ingest,
 //! matching, deliveries by outcome, retries, dead letters, queue depths, workers by state and
-//! block, the coordinator's scheduler figures, per-subscription delivery counters for the
-//! [`TOP_SUBSCRIPTIONS`] subscriptions with the most failed pushes (a bounded number of
-//! series however many subscriptions there are), times in seconds, build and process
-//! figures. The figures come from the process's own `Admin` service, so the endpoint and
-//! `dissem stats` never disagree. `/healthz` (the process answers) and `/readyz` (its own services answer)
+//! block, the coordinator's scheduler figures, times in seconds, build and process figures.
+//! A node adds its delivery families ([`DeliveryMetrics`]): put -> delivered and push-duration
+//! histograms, outcomes per tenant and target kind, and per-subscription series only for the
+//! top k subscriptions an operator opted into (`--metrics-top-subscriptions`, 0 by default),
+//! so a scrape stays the same size at a million subscriptions. The process-wide figures come
+//! from the process's own `Admin` service, so the endpoint and `dissem stats` never disagree. `/healthz` (the process answers) and `/readyz` (its own services answer)
 //! are served beside it, for orchestrators' probes.
 
 use std::fmt::Write;
 use std::sync::Arc;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
 use proto::v1;
 use tokio::net::TcpListener;
 use tonic::Request;
 
-/// Subscriptions with per-subscription series: those with the most failed and dead-lettered
-/// pushes (then the most acknowledged), so a scrape stays small at a million subscriptions.
-pub const TOP_SUBSCRIPTIONS: usize = 20;
-
-/// Per-subscription push counters: (subscription, [acked, failed, dead-lettered]).
-pub trait SubscriptionCounters: Send + Sync {
-    fn per_subscription(&self) -> Vec<(u64, [u64; 3])>;
+/// A node's delivery figures, written after the process-wide ones.
+pub trait DeliveryMetrics: Send + Sync {
+    /// Appends the delivery families to a scrape.
+    fn write_metrics(&self, out: &mut String);
 }
 
 /// Where the figures come from.
 #[derive(Clone)]
 pub struct MetricsSource {
     pub admin: Arc<dyn v1::admin_server::Admin>,
-    /// Per-subscription delivery counters (nodes only).
-    pub deliveries: Option<Arc<dyn SubscriptionCounters>>,
+    /// Delivery figures (nodes only).
+    pub deliveries: Option<Arc<dyn DeliveryMetrics>>,
+    /// Put -> matched latencies (coordinators only).
+    pub match_latency: Option<Arc<crate::histogram::Histogram>>,
 }
 
 impl std::fmt::Debug for MetricsSource {
@@ -39,7 +37,8 @@ impl std::fmt::Debug for MetricsSource {
     }
 }
 
-fn line(out: &mut String, name: &str, help: &str, kind: &str, samples: &[(String, f64)]) {
+/// Writes one family: its `# HELP` and `# TYPE` lines and each (labels, value) sample.
+pub fn line(out: &mut String, name: &str, help: &str, kind: &str, samples: &[(String, f64)]) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
     for (labels, v) in samples {
@@ -55,18 +54,15 @@ fn one(v: u64) -> Vec<(String, f64)> {
     vec![(String::new(), v as f64)]
 }
 
-fn escape(s: &str) -> String {
+/// A label value escaped as the text format wants it.
+pub fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
 }
 
-/// Renders the figures in the Prometheus text format.
-pub fn render(
-    s: &v1::StatsResponse,
-    workers: &[v1::WorkerInfo],
-    per_sub: &[(u64, [u64; 3])],
-) -> String {
+/// Renders the process-wide figures in the Prometheus text format.
+pub fn render(s: &v1::StatsResponse, workers: &[v1::WorkerInfo]) -> String {
     let mut o = String::new();
     let role = escape(&s.role);
     line(
@@ -257,16 +253,6 @@ pub fn render(
             "counter",
             &one(c.loads),
         );
-        line(
-            &mut o,
-            "dissem_match_latency_seconds",
-            "Put -> matched latency over the last 100,000 objects.",
-            "summary",
-            &[
-                ("quantile=\"0.5\"".into(), c.match_latency_p50_ms / 1e3),
-                ("quantile=\"0.99\"".into(), c.match_latency_p99_ms / 1e3),
-            ],
-        );
     }
     let mut by: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for w in workers {
@@ -286,40 +272,47 @@ pub fn render(
             })
             .collect::<Vec<_>>(),
     );
-    if !per_sub.is_empty() {
-        let mut top: Vec<&(u64, [u64; 3])> = per_sub.iter().collect();
-        top.sort_by_key(|(id, [acked, failed, dead])| {
-            (
-                std::cmp::Reverse(failed + dead),
-                std::cmp::Reverse(*acked),
-                *id,
-            )
-        });
-        top.truncate(TOP_SUBSCRIPTIONS);
-        let mut samples = Vec::with_capacity(top.len() * 3);
-        for (sub, [acked, failed, dead]) in top {
-            samples.push((
-                format!("subscription=\"{sub}\",outcome=\"acked\""),
-                *acked as f64,
-            ));
-            samples.push((
-                format!("subscription=\"{sub}\",outcome=\"failed\""),
-                *failed as f64,
-            ));
-            samples.push((
-                format!("subscription=\"{sub}\",outcome=\"dead_letter\""),
-                *dead as f64,
-            ));
-        }
-        line(
-            &mut o,
-            "dissem_subscription_deliveries_total",
-            "Push attempts by outcome of the 20 subscriptions with the most failures.",
-            "counter",
-            &samples,
-        );
-    }
     o
+}
+
+/// The per-subscription push counters of the `k` subscriptions with the most failed and
+/// dead-lettered pushes (then the most acknowledged): `per_sub` is (subscription, [acked,
+/// failed, dead-lettered]). Nothing when `k` is 0.
+pub fn top_subscriptions(o: &mut String, per_sub: &[(u64, [u64; 3])], k: usize) {
+    if k == 0 || per_sub.is_empty() {
+        return;
+    }
+    let mut top: Vec<&(u64, [u64; 3])> = per_sub.iter().collect();
+    top.sort_by_key(|(id, [acked, failed, dead])| {
+        (
+            std::cmp::Reverse(failed + dead),
+            std::cmp::Reverse(*acked),
+            *id,
+        )
+    });
+    top.truncate(k);
+    let mut samples = Vec::with_capacity(top.len() * 3);
+    for (sub, [acked, failed, dead]) in top {
+        samples.push((
+            format!("subscription=\"{sub}\",outcome=\"acked\""),
+            *acked as f64,
+        ));
+        samples.push((
+            format!("subscription=\"{sub}\",outcome=\"failed\""),
+            *failed as f64,
+        ));
+        samples.push((
+            format!("subscription=\"{sub}\",outcome=\"dead_letter\""),
+            *dead as f64,
+        ));
+    }
+    line(
+        o,
+        "dissem_subscription_deliveries_total",
+        &format!("Push attempts by outcome of the {k} subscriptions with the most failures."),
+        "counter",
+        &samples,
+    );
 }
 
 async fn scrape(src: &MetricsSource) -> Result<String, tonic::Status> {
@@ -334,12 +327,19 @@ async fn scrape(src: &MetricsSource) -> Result<String, tonic::Status> {
         .await?
         .into_inner()
         .workers;
-    let per_sub = src
-        .deliveries
-        .as_ref()
-        .map(|d| d.per_subscription())
-        .unwrap_or_default();
-    let mut out = render(&s, &w, &per_sub);
+    let mut out = render(&s, &w);
+    if let Some(h) = &src.match_latency {
+        let name = "dissem_match_latency_seconds";
+        crate::histogram::header(
+            &mut out,
+            name,
+            "From an object's arrival at its node until it is fully matched.",
+        );
+        h.render(&mut out, name, "");
+    }
+    if let Some(d) = &src.deliveries {
+        d.write_metrics(&mut out);
+    }
     process_metrics(&mut out);
     Ok(out)
 }
@@ -401,47 +401,37 @@ async fn ready(src: &MetricsSource) -> Result<(), tonic::Status> {
         .map(drop)
 }
 
-/// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
+/// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped,
+/// behind the HTTP guard (a connection cap and deadlines, [`crate::http_serve`]).
 pub async fn serve(listener: TcpListener, src: MetricsSource) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
+    let limits = crate::http_serve::HttpLimits {
+        max_connections: 64,
+        ..Default::default()
+    };
+    crate::http_serve::serve(listener, limits, move |_, req| {
         let src = src.clone();
-        tokio::spawn(async move {
-            let svc =
-                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let src = src.clone();
-                    async move {
-                        let (status, body, ctype) = match req.uri().path() {
-                            "/metrics" => match scrape(&src).await {
-                                Ok(b) => (200, b, "text/plain; version=0.0.4"),
-                                Err(e) => (503, format!("{e}\n"), "text/plain"),
-                            },
-                            // alive: the process answers
-                            "/healthz" => (200, "ok\n".to_string(), "text/plain"),
-                            // ready: its own services answer
-                            "/readyz" => match ready(&src).await {
-                                Ok(()) => (200, "ready\n".to_string(), "text/plain"),
-                                Err(e) => (503, format!("not ready: {e}\n"), "text/plain"),
-                            },
-                            _ => (
-                                404,
-                                "not found: try /metrics, /healthz or /readyz\n".to_string(),
-                                "text/plain",
-                            ),
-                        };
-                        hyper::Response::builder()
-                            .status(status)
-                            .header("content-type", ctype)
-                            .body(Full::new(Bytes::from(body)))
-                    }
-                });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+        async move {
+            match req.uri().path() {
+                "/metrics" => match scrape(&src).await {
+                    Ok(b) => (200, "text/plain; version=0.0.4", b),
+                    Err(e) => (503, "text/plain", format!("{e}\n")),
+                },
+                // alive: the process answers
+                "/healthz" => (200, "text/plain", "ok\n".to_string()),
+                // ready: its own services answer
+                "/readyz" => match ready(&src).await {
+                    Ok(()) => (200, "text/plain", "ready\n".to_string()),
+                    Err(e) => (503, "text/plain", format!("not ready: {e}\n")),
+                },
+                _ => (
+                    404,
+                    "text/plain",
+                    "not found: try /metrics, /healthz or /readyz\n".to_string(),
+                ),
+            }
+        }
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -459,19 +449,27 @@ mod tests {
             }),
             ..v1::StatsResponse::default()
         };
-        let out = render(&s, &[], &per_sub);
+        let mut out = render(&s, &[]);
+        top_subscriptions(&mut out, &per_sub, 0);
+        assert!(
+            !out.contains("dissem_subscription_deliveries_total"),
+            "opt-in"
+        );
+        top_subscriptions(&mut out, &per_sub, 20);
         let series = out
             .lines()
             .filter(|l| l.starts_with("dissem_subscription_deliveries_total{"))
             .count();
-        assert_eq!(series, TOP_SUBSCRIPTIONS * 3);
+        assert_eq!(series, 20 * 3);
         // the ones shown are those with the most failures
         assert!(
             out.contains("subscription=\"6\",outcome=\"failed\"} 6"),
             "{out}"
         );
-        assert!(out.contains("dissem_match_latency_seconds{quantile=\"0.99\"} 0.25"));
-        assert!(out.contains("# TYPE dissem_match_latency_seconds summary"));
+        assert!(
+            !out.contains("quantile"),
+            "histograms, not quantile gauges: {out}"
+        );
         assert!(out.contains("dissem_build_info{version="));
         assert!(!out.contains("_ms"), "no millisecond series");
         let mut p = String::new();

@@ -463,6 +463,8 @@ const RESERVED_HEADERS: &[&str] = &[
     "keep-alive",
     "proxy-connection",
     "user-agent",
+    "traceparent",
+    "tracestate",
     "webhook-request-origin",
 ];
 

@@ -107,3 +107,41 @@ pub fn temp_put(t: i64) -> proto::v1::PutRequest {
         ..Default::default()
     }
 }
+
+/// Opens stream `name` on the node at `url`: the sender for acks, and the deliveries.
+pub async fn attach(
+    url: &str,
+    name: &str,
+) -> (
+    tokio::sync::mpsc::Sender<proto::v1::StreamClientMessage>,
+    tonic::Streaming<proto::v1::Delivery>,
+) {
+    use proto::v1;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tx.send(v1::StreamClientMessage {
+        kind: Some(v1::stream_client_message::Kind::Attach(name.into())),
+    })
+    .await
+    .expect("attach");
+    let down = v1::stream_client::StreamClient::new(channel(url))
+        .open(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("open stream")
+        .into_inner();
+    (tx, down)
+}
+
+/// `dissem up` on a free port with its data in `dir`, the GPU off, and `extra` flags.
+pub fn start_up(dir: &Path, extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "up".to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--gpu".into(),
+        "off".into(),
+        "--data".into(),
+        dir.join("data").display().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    Proc::start(&dissem_bin(), &args)
+}

@@ -1428,8 +1428,8 @@ fn webhook_answers_are_honoured_and_requests_carry_agent_and_headers() {
     let node = start_node(&dir, &["--skip-webhook-validation"]);
     runtime().block_on(async {
         let url = node.url();
-        // (path, when, user-agent, x-team) of every POST
-        type Seen = Vec<(String, Instant, String, String)>;
+        // (path, when, user-agent, x-team, traceparent) of every POST
+        type Seen = Vec<(String, Instant, String, String, String)>;
         let seen: Arc<Mutex<Seen>> = Arc::default();
         let s2 = seen.clone();
         let hook = serve_answers(move |req| {
@@ -1443,7 +1443,13 @@ fn webhook_answers_are_honoured_and_requests_carry_agent_and_headers() {
             let path = req.uri().path().to_string();
             let mut seen = lock(&s2);
             let earlier = seen.iter().filter(|x| x.0 == path).count();
-            seen.push((path.clone(), Instant::now(), header("user-agent"), header("x-team")));
+            seen.push((
+                path.clone(),
+                Instant::now(),
+                header("user-agent"),
+                header("x-team"),
+                header("traceparent"),
+            ));
             let (status, retry_after) = match path.as_str() {
                 "/gone" => (410, None),
                 "/throttle" if earlier == 0 => (429, Some("1")),
@@ -1478,7 +1484,19 @@ fn webhook_answers_are_honoured_and_requests_carry_agent_and_headers() {
                 .await
                 .expect("create");
         }
-        put_temps(&url, &[5], 0).await;
+        // the put's W3C trace context travels as the POST's traceparent header too
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut put = temp_put(5);
+        put.metadata.push(v1::Attribute {
+            name: "traceparent".into(),
+            value: Some(v1::Value {
+                kind: Some(v1::value::Kind::Text(tp.into())),
+            }),
+        });
+        v1::ingest_client::IngestClient::new(channel(&url))
+            .put(put)
+            .await
+            .expect("put");
         let dead = first_dead_letters(&url).await;
         assert_eq!(dead.len(), 1, "{dead:?}");
         assert!(dead[0].reason.contains("410"), "{:?}", dead[0].reason);
@@ -1496,6 +1514,7 @@ fn webhook_answers_are_honoured_and_requests_carry_agent_and_headers() {
         assert!(gap >= Duration::from_millis(950), "retried {gap:?} after a Retry-After of 1 s");
         for s in &seen {
             assert!(s.2.starts_with("dissem/"), "user agent {:?}", s.2);
+            assert_eq!(s.4, tp, "the traceparent header of {}", s.0);
         }
         assert_eq!((thr[0].3.as_str(), gone[0].3.as_str()), ("blue", ""));
         // the headers are write-only, like the secret

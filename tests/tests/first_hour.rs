@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tests::{Proc, dissem_bin, runtime, temp_dir, wait_for};
+use tests::{Proc, attach, dissem_bin, runtime, start_up, temp_dir, wait_for};
 
 /// One HTTP/1.1 GET on `addr`: (status, body).
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
@@ -20,45 +20,6 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u1
         .unwrap_or(0);
     let body = raw.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     Ok((status, body))
-}
-
-/// Opens stream `name` on the node at `url`: the sender for acks, and the deliveries.
-async fn attach(
-    url: &str,
-    name: &str,
-) -> (
-    tokio::sync::mpsc::Sender<proto::v1::StreamClientMessage>,
-    tonic::Streaming<proto::v1::Delivery>,
-) {
-    use proto::v1;
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tx.send(v1::StreamClientMessage {
-        kind: Some(v1::stream_client_message::Kind::Attach(name.into())),
-    })
-    .await
-    .expect("attach");
-    let down = v1::stream_client::StreamClient::new(tests::channel(url))
-        .open(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("open stream")
-        .into_inner();
-    (tx, down)
-}
-
-/// `dissem up` on a free port with its data in `dir`.
-fn start_up(dir: &std::path::Path) -> Proc {
-    Proc::start(
-        &dissem_bin(),
-        &[
-            "up".to_string(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--gpu".into(),
-            "off".into(),
-            "--data".into(),
-            dir.join("data").display().to_string(),
-        ],
-    )
 }
 
 /// The metrics port answers orchestrators' probes beside `/metrics`: `/healthz` when the
@@ -163,7 +124,7 @@ fn a_put_right_after_create_is_matched_every_time() {
     use std::collections::BTreeMap;
     const ROUNDS: i64 = 1000;
     let dir = temp_dir("read-your-writes");
-    let mut up = start_up(&dir);
+    let mut up = start_up(&dir, &[]);
     runtime().block_on(async {
         let url = up.url();
         // one stream subscriber receives every subscription's deliveries
@@ -287,7 +248,7 @@ fn cli(url: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, 
 fn the_readme_tour_shows_a_delivery_on_the_command_line() {
     use std::io::BufRead;
     let dir = temp_dir("tour");
-    let mut up = start_up(&dir);
+    let mut up = start_up(&dir, &[]);
     let url = up.url();
     let mut sub = std::process::Command::new(dissem_bin())
         .args(["sub", "-u", &url, "-f", "temp > 30", "--count", "2"])
@@ -457,7 +418,7 @@ fn the_readme_tour_shows_a_delivery_on_the_command_line() {
 fn a_stream_keeps_its_deliveries_until_a_subscriber_attaches() {
     use proto::v1;
     let dir = temp_dir("durable-stream");
-    let mut up = start_up(&dir);
+    let mut up = start_up(&dir, &[]);
     runtime().block_on(async {
         let url = up.url();
         let mut subs = v1::subscriptions_client::SubscriptionsClient::new(tests::channel(&url));
@@ -621,7 +582,7 @@ fn the_readme_python_recipe_runs() {
         String::from_utf8_lossy(&stubs.stderr)
     );
     std::fs::write(dir.join("recipe.py"), &script).expect("script");
-    let mut up = start_up(&dir);
+    let mut up = start_up(&dir, &[]);
     let mut child = std::process::Command::new("python3")
         .arg("recipe.py")
         .arg(&up.addr)

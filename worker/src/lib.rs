@@ -15,8 +15,10 @@ pub mod lanes;
 pub mod proxy;
 pub mod push_http;
 pub mod regulate;
+pub mod s3events;
 pub mod services;
 pub mod subscriber;
+pub mod trace;
 
 use std::sync::Arc;
 
@@ -65,6 +67,15 @@ pub async fn run(
     .await
 }
 
+/// The plain HTTP listeners a node may serve beside its gRPC one.
+#[derive(Debug, Default)]
+pub struct HttpListeners {
+    /// `/metrics`, `/healthz`, `/readyz`.
+    pub metrics: Option<TcpListener>,
+    /// S3 event notifications ([`s3events`]).
+    pub s3_events: Option<TcpListener>,
+}
+
 /// Serves a cluster node on `listener` until `shutdown` resolves: the public API (objects go
 /// to the coordinator for matching, subscription calls are forwarded to it) and the internal
 /// `Daemon` service of its workers.
@@ -73,7 +84,7 @@ pub async fn run_node(
     store: Store,
     limits: Limits,
     cfg: daemon::DaemonConfig,
-    metrics: Option<TcpListener>,
+    http: HttpListeners,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
     let link = daemon::Daemon::link(&cfg)?;
@@ -85,12 +96,16 @@ pub async fn run_node(
     let secret = cfg.cluster_secret.clone();
     let daemon = daemon::Daemon::start(cfg, store.clone(), limits, link)?;
     let node = services::Node::new(store, limits, services::Sink::Cluster(daemon.clone()));
-    let metrics = metrics.map(|l| {
+    if let Some(l) = http.s3_events {
+        tokio::spawn(s3events::serve(l, node.clone(), listener.auth()));
+    }
+    let metrics = http.metrics.map(|l| {
         (
             l,
             MetricsSource {
                 admin: Arc::new(node.clone()),
                 deliveries: Some(Arc::new(daemon.deliverer().clone())),
+                match_latency: None,
             },
         )
     });

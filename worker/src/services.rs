@@ -138,6 +138,7 @@ impl Node {
         &self,
         objs: Vec<Result<storage::NewObject, ServiceError>>,
     ) -> Vec<Result<v1::PutResponse, ServiceError>> {
+        let start_us = runtime::now_us();
         let mut results: Vec<Option<Result<v1::PutResponse, ServiceError>>> =
             Vec::with_capacity(objs.len());
         let mut valid = Vec::with_capacity(objs.len());
@@ -186,6 +187,9 @@ impl Node {
                 };
                 let out = out?;
                 if !out.duplicate {
+                    if let (Sink::Cluster(d), Some((_, m))) = (&self.sink, &meta) {
+                        d.deliverer().trace_put(out.id, m, start_us);
+                    }
                     // in the outbox now: disseminated even if its copies fell short
                     self.hand_off(out.id, meta);
                 }

@@ -272,22 +272,11 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize) -> Compiled {
                                 num_hits[a as usize].push((table.row(*c), next));
                             }
                         }
-                        Test::StrIn(set) => {
-                            str_tests[a as usize].push((StrTest::In(set.clone()), next))
+                        t => {
+                            if let Some(st) = StrTest::of(t) {
+                                str_tests[a as usize].push((st, next))
+                            }
                         }
-                        Test::Prefix(s) => {
-                            str_tests[a as usize].push((StrTest::Prefix(s.clone()), next))
-                        }
-                        Test::Suffix(s) => {
-                            str_tests[a as usize].push((StrTest::Suffix(s.clone()), next))
-                        }
-                        Test::Contains(s) => {
-                            str_tests[a as usize].push((StrTest::Contains(s.clone()), next))
-                        }
-                        Test::EqIgnoreCase(s) => {
-                            str_tests[a as usize].push((StrTest::Ieq(s.clone()), next))
-                        }
-                        Test::Exists | Test::Interval { .. } => {}
                     }
                     next
                 });

@@ -55,6 +55,9 @@ pub struct DaemonConfig {
     pub replicate_timeout: Duration,
     /// Follow the coordinator that etcd elects (the leader key) instead of `coordinator`.
     pub etcd: Option<runtime::etcd::Etcd>,
+    /// Export spans of traced objects (puts with a sampled `traceparent`) to this OTLP/HTTP
+    /// collector (`crate::trace`).
+    pub otlp_endpoint: Option<String>,
 }
 
 impl DaemonConfig {
@@ -84,6 +87,7 @@ impl DaemonConfig {
             critical_priority: 6,
             replicate_timeout: Duration::from_secs(5),
             etcd: None,
+            otlp_endpoint: None,
         }
     }
 }

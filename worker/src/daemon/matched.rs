@@ -9,6 +9,7 @@ impl Daemon {
     /// delivery ([`crate::deliver::Deliverer::accept`]), which alone records them and retires
     /// the objects from the outbox.
     pub async fn handoff(&self, req: v1::MatchedRequest) -> Result<(), ServiceError> {
+        self.inner.deliverer.trace_matched(&req.objects);
         let mut objects = Vec::with_capacity(req.objects.len());
         for o in req.objects {
             let id =

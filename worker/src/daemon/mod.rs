@@ -172,6 +172,9 @@ impl Daemon {
             Arc::new(coord.clone()),
             lanes.clone(),
         )?;
+        if let Some(e) = &cfg.otlp_endpoint {
+            deliverer.set_tracer(crate::trace::Tracer::start(e, cfg.node)?);
+        }
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
         deliverer.on_finished(finished_tx);
         let d = Daemon {

@@ -219,6 +219,7 @@ impl Daemon {
     }
 
     pub(super) async fn run_match(&self, req: v1::AssignRequest) -> Result<Vec<u64>, ServiceError> {
+        let started_us = runtime::now_us();
         // collect the test results from the test workers' nodes, one call per node
         let mut per_node: HashMap<String, (HashSet<u64>, Vec<u64>)> = HashMap::new();
         for m in &req.matches {
@@ -301,6 +302,7 @@ impl Daemon {
         }
         // hand the matches to delivery on each object's origin node
         let mut per_origin: HashMap<String, Vec<v1::ObjectMatches>> = HashMap::new();
+        let finished_us = runtime::now_us();
         for (i, subs) in matched {
             let m = &req.matches[i];
             per_origin
@@ -309,6 +311,8 @@ impl Daemon {
                 .push(v1::ObjectMatches {
                     id: m.id,
                     subscriptions: subs,
+                    match_started_unix_us: started_us,
+                    match_finished_unix_us: finished_us,
                 });
         }
         let mut calls = tokio::task::JoinSet::new();

@@ -12,6 +12,8 @@ pub(super) struct Prepared {
     pub(super) attempts: u32,
     pub(super) received: bool,
     pub(super) object: Arc<CachedObject>,
+    /// When the attempt was ready to go out (its push duration runs from here).
+    pub(super) started: Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -247,12 +249,33 @@ impl Deliverer {
             attempts,
             received,
             object,
+            started: Instant::now(),
         })
     }
 
     /// Records the outcome of one attempt.
     pub(super) async fn settle(&self, p: Prepared, result: Result<Outcome, String>) {
         let (sub, obj) = (p.job.sub, p.job.obj);
+        let took = Some(p.started.elapsed());
+        match &result {
+            Ok(Outcome::Done) => {
+                let f = &self.inner.figures;
+                f.pushed(Some(&p.s), PushOutcome::Acked, took);
+                f.delivered(p.object.stored.received_unix_ms, runtime::now_ms());
+                self.trace_push(&p, None);
+            }
+            Ok(Outcome::Received) => {
+                let f = &self.inner.figures;
+                f.pushed(Some(&p.s), PushOutcome::Failed, took);
+                self.trace_push(&p, Some("received; the release failed".into()));
+            }
+            Ok(Outcome::Refused(why) | Outcome::Throttled { reason: why, .. }) | Err(why) => {
+                let f = &self.inner.figures;
+                f.pushed(Some(&p.s), PushOutcome::Failed, took);
+                self.trace_push(&p, Some(why.clone()));
+            }
+            Ok(Outcome::Postponed { .. } | Outcome::Detached(_)) => {}
+        }
         match result {
             Ok(Outcome::Done) => {
                 self.count(sub, 0);
@@ -400,7 +423,8 @@ impl Deliverer {
                 self.consented(url).await?;
                 let node = d.object_id.map_or(0, |o| o.node);
                 let event = event_json(&object.event, &d, node);
-                self.send_post(&HookKey::of(url, s), event, CLOUDEVENT)
+                let trace = object.event.trace_headers.as_slice();
+                self.send_post(&HookKey::of(url, s), event, CLOUDEVENT, trace)
                     .await
             }
             v1::target::Kind::Stream(name) => self.to_stream(&stream_key(&s.tenant, name), d).await,

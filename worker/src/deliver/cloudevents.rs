@@ -89,33 +89,17 @@ pub(super) struct EventParts {
     /// `,"traceparent":..,"tracestate":..` when the object carries a W3C trace context
     /// (the CloudEvents distributed-tracing extension), else empty.
     pub(super) trace: String,
+    /// The same context as HTTP headers (`traceparent`, and `tracestate` when it has one),
+    /// for a POST that carries this one event.
+    pub(super) trace_headers: Vec<(&'static str, String)>,
 }
 
 /// The longest `tracestate` carried (W3C Trace Context's limit).
 const MAX_TRACESTATE: usize = 512;
 
-/// Whether `s` is a W3C `traceparent`: `vv-<32 hex>-<16 hex>-<2 hex>`, lowercase, with
-/// neither id all zeros.
-fn is_traceparent(s: &str) -> bool {
-    let parts: Vec<&str> = s.split('-').collect();
-    let hex = |p: &str, n: usize| {
-        p.len() == n
-            && p.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    parts.len() == 4
-        && hex(parts[0], 2)
-        && parts[0] != "ff"
-        && hex(parts[1], 32)
-        && hex(parts[2], 16)
-        && hex(parts[3], 2)
-        && parts[1].bytes().any(|b| b != b'0')
-        && parts[2].bytes().any(|b| b != b'0')
-}
-
-/// The trace-context fragment of an object's events: from its `traceparent` (and
-/// `tracestate`) text attributes, when the traceparent is well formed.
-fn trace_fragment(metadata: &[v1::Attribute]) -> String {
+/// An object's W3C trace context: its `traceparent` text attribute when well formed, and its
+/// `tracestate` when that is at most [`MAX_TRACESTATE`] bytes of printable ASCII.
+fn trace_context(metadata: &[v1::Attribute]) -> Vec<(&'static str, String)> {
     let text = |name: &str| {
         metadata.iter().find(|a| a.name == name).and_then(|a| {
             match a.value.as_ref()?.kind.as_ref()? {
@@ -124,13 +108,26 @@ fn trace_fragment(metadata: &[v1::Attribute]) -> String {
             }
         })
     };
-    let Some(tp) = text("traceparent").filter(|t| is_traceparent(t)) else {
-        return String::new();
+    let Some(tp) = text("traceparent").filter(|t| crate::trace::is_traceparent(t)) else {
+        return Vec::new();
     };
-    let mut out = format!(r#","traceparent":"{tp}""#);
-    if let Some(ts) = text("tracestate").filter(|t| !t.is_empty() && t.len() <= MAX_TRACESTATE) {
-        out.push_str(",\"tracestate\":");
-        out.push_str(&serde_json::Value::String(ts.to_string()).to_string());
+    let mut out = vec![("traceparent", tp.to_string())];
+    if let Some(ts) = text("tracestate").filter(|t| {
+        !t.is_empty() && t.len() <= MAX_TRACESTATE && t.bytes().all(|b| (b' '..=b'~').contains(&b))
+    }) {
+        out.push(("tracestate", ts.to_string()));
+    }
+    out
+}
+
+/// The trace context as the CloudEvents extension's attributes (`,"traceparent":..`).
+fn trace_fragment(context: &[(&'static str, String)]) -> String {
+    let mut out = String::new();
+    for (name, value) in context {
+        out.push_str(&format!(
+            ",\"{name}\":{}",
+            serde_json::Value::String(value.clone())
+        ));
     }
     out
 }
@@ -142,11 +139,13 @@ impl EventParts {
         received_unix_ms: u64,
     ) -> EventParts {
         let meta = metadata_json(metadata);
+        let context = trace_context(metadata);
         EventParts {
             metadata: serde_json::to_string(&meta).unwrap_or_else(|_| "{}".into()),
             data_base64: (!data.is_empty()).then(|| base64(data)),
             time: rfc3339(received_unix_ms),
-            trace: trace_fragment(metadata),
+            trace: trace_fragment(&context),
+            trace_headers: context,
         }
     }
 }

@@ -27,6 +27,9 @@ pub struct DeliveryConfig {
     /// Send events to a new webhook URL without first asking it to consent (the CloudEvents
     /// abuse-protection handshake), for receivers that cannot answer it.
     pub skip_webhook_validation: bool,
+    /// Subscriptions with their own series in `/metrics` (those with the most failures);
+    /// 0, the default, keeps the scrape's size independent of the subscriptions.
+    pub metrics_top_subscriptions: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -40,6 +43,7 @@ impl Default for DeliveryConfig {
             push_batch: 64,
             webhook_ca_pem: None,
             skip_webhook_validation: false,
+            metrics_top_subscriptions: 0,
         }
     }
 }

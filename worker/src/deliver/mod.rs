@@ -49,12 +49,14 @@ mod backlog;
 mod cache;
 mod cloudevents;
 mod config;
+mod figures;
 mod grpc_push;
 mod handoff;
 mod http_answer;
 mod queue;
 mod retry;
 mod settled;
+mod spans;
 mod stream;
 mod webhook;
 
@@ -72,6 +74,7 @@ use attempt::{Outcome, Prepared};
 use cache::{CachedObject, CachedSub, ObjectCache, live};
 use cloudevents::{CLOUDEVENT, CLOUDEVENT_BATCH, EventParts, event_json};
 use config::*;
+use figures::{Figures, PushOutcome};
 use grpc_push::{BatchSupport, MAX_BATCH_BYTES, runs_by_size};
 use queue::{EndpointQueue, Job};
 use stream::Session;
@@ -116,6 +119,10 @@ struct Inner {
     counters: DeliveryCounters,
     /// Per subscription: acked, failed attempts, dead letters.
     per_sub: Mutex<HashMap<u64, [u64; 3]>>,
+    /// Histograms and per-tenant counters for `/metrics`.
+    figures: Figures,
+    /// Where spans of traced objects go (`--otlp-endpoint`).
+    tracer: std::sync::OnceLock<crate::trace::Tracer>,
     /// Per object: the subscriptions whose delivery records are open ([`settled`]).
     open: Mutex<HashMap<ObjectId, std::collections::HashSet<u64>>>,
     /// Where finished objects are reported.
@@ -165,12 +172,6 @@ pub fn delivery_id(sub: u64, obj: ObjectId) -> String {
 
 use runtime::target_guard::check_literal;
 
-impl runtime::metrics::SubscriptionCounters for Deliverer {
-    fn per_subscription(&self) -> Vec<(u64, [u64; 3])> {
-        Deliverer::per_subscription(self)
-    }
-}
-
 impl Deliverer {
     /// The delivery loop over `store`, looking subscriptions up through `subs`. Call
     /// [`Deliverer::resume`] once the node is up to pick up unfinished records.
@@ -204,6 +205,8 @@ impl Deliverer {
                 seq: AtomicU64::new(0),
                 counters: DeliveryCounters::default(),
                 per_sub: Mutex::new(HashMap::new()),
+                figures: Figures::default(),
+                tracer: std::sync::OnceLock::new(),
                 open: Mutex::new(HashMap::new()),
                 finished: Mutex::new(None),
                 phases: Mutex::new(None),

@@ -79,6 +79,10 @@ impl Deliverer {
     ) {
         tracing::info!("dead letter {}: {reason}", delivery_id(sub, obj));
         self.count(sub, 2);
+        let s = self.cached_subscription(sub).flatten();
+        self.inner
+            .figures
+            .pushed(s.as_deref(), PushOutcome::DeadLetter, None);
         self.inner
             .counters
             .dead_lettered

@@ -86,6 +86,11 @@ impl Deliverer {
             })
             .collect();
         let sizes: Vec<usize> = events.iter().map(Vec::len).collect();
+        let objects: Vec<Arc<CachedObject>> = ps.iter().map(|p| p.object.clone()).collect();
+        let traces: Vec<&[(&'static str, String)]> = objects
+            .iter()
+            .map(|o| o.event.trace_headers.as_slice())
+            .collect();
         let mut ps = ps.into_iter();
         let runs = runs_by_size(&sizes, MAX_BATCH_BYTES)
             .into_iter()
@@ -99,8 +104,8 @@ impl Deliverer {
             let send = async {
                 check_literal(url, self.inner.cfg.allow_private_targets)?;
                 self.consented(url).await?;
-                let (body, ctype) = if part.len() == 1 {
-                    (part[0].clone(), CLOUDEVENT)
+                let (body, ctype, trace) = if part.len() == 1 {
+                    (part[0].clone(), CLOUDEVENT, traces[run.start])
                 } else {
                     let mut body = Vec::with_capacity(part.iter().map(|e| e.len() + 1).sum());
                     body.push(b'[');
@@ -111,9 +116,10 @@ impl Deliverer {
                         body.extend_from_slice(e);
                     }
                     body.push(b']');
-                    (body, CLOUDEVENT_BATCH)
+                    // a batch's events carry their own trace contexts in their bodies
+                    (body, CLOUDEVENT_BATCH, &[][..])
                 };
-                self.send_post(key, body, ctype).await
+                self.send_post(key, body, ctype, trace).await
             };
             let r = match tokio::time::timeout(self.inner.cfg.attempt_timeout, send).await {
                 Ok(r) => r,
@@ -125,18 +131,23 @@ impl Deliverer {
         }
     }
 
-    /// One signed POST with the key's headers; the answer judged ([`judge`]).
+    /// One signed POST with the key's headers (and `trace`, the W3C trace-context headers of
+    /// a POST that carries one event); the answer judged ([`judge`]).
     pub(super) async fn send_post(
         &self,
         key: &HookKey,
         body: Vec<u8>,
         ctype: &str,
+        trace: &[(&'static str, String)],
     ) -> Result<Outcome, String> {
         let url = key.url.as_str();
         let ts = runtime::now_ms() / 1000; // receivers compare it with their wall clock
         let mut req = hyper::Request::post(url);
         for (name, value) in &key.headers {
             req = req.header(name.as_str(), value.as_str());
+        }
+        for (name, value) in trace {
+            req = req.header(*name, value.as_str());
         }
         req = req
             .header("content-type", ctype)
