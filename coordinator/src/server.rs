@@ -99,7 +99,7 @@ enum Msg {
     Stats(oneshot::Sender<v1::ClusterStats>),
     Workers(oneshot::Sender<Vec<v1::WorkerInfo>>),
     /// The node daemon sharing this process (embedded mode).
-    Local(Arc<dyn v1::daemon_server::Daemon>),
+    Local(Arc<runtime::link::LocalDaemon>),
 }
 
 /// How the driver reaches one registered node.
@@ -117,7 +117,7 @@ struct Driver {
     registry: Registry,
     nodes: HashMap<u32, NodeInfo>,
     tx: mpsc::Sender<Msg>,
-    local: Option<Arc<dyn v1::daemon_server::Daemon>>,
+    local: Option<Arc<runtime::link::LocalDaemon>>,
     /// Put -> matched latencies (ms) of the last matched objects, a ring.
     latencies: Vec<u32>,
     latency_next: usize,
@@ -607,7 +607,7 @@ impl Started {
 
     /// Tells the coordinator about the node daemon in the same process (before it registers
     /// with [`runtime::link::LOCAL_ENDPOINT`]).
-    pub async fn set_local(&self, d: Arc<dyn v1::daemon_server::Daemon>) {
+    pub async fn set_local(&self, d: Arc<runtime::link::LocalDaemon>) {
         let _ = self.handle.tx.send(Msg::Local(d)).await;
     }
 

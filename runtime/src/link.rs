@@ -138,7 +138,7 @@ impl ToCoordinator {
 #[derive(Clone)]
 pub enum ToNode {
     Grpc(DaemonClient<Internal>),
-    Local(Arc<dyn v1::daemon_server::Daemon>),
+    Local(Arc<LocalDaemon>),
 }
 
 impl std::fmt::Debug for ToNode {
@@ -167,3 +167,10 @@ impl ToNode {
         }
     }
 }
+
+/// The deliveries of a stream session (what `Stream.Open` and `Daemon.Relay` answer).
+pub type DeliveryStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::Delivery, tonic::Status>> + Send>>;
+
+/// A node daemon in the coordinator's own process (embedded mode).
+pub type LocalDaemon = dyn v1::daemon_server::Daemon<RelayStream = DeliveryStream>;

@@ -673,3 +673,75 @@ fn embedded_up_matches_through_in_process_calls() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A stream spans the cluster: a subscriber attached to node 1 gets the objects put through
+/// node 2 as well (node 1 relays the stream from node 2), the ones node 2 kept while nobody
+/// was attached included, and its acks finish them where they were made.
+#[test]
+fn a_stream_subscriber_on_one_node_gets_the_puts_of_every_node() {
+    use proto::v1;
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("stream-span");
+    let mut c = start_cluster(&dir, 2, &[], &[]);
+    runtime().block_on(async {
+        let (u1, u2) = (c.nodes[0].url(), c.nodes[1].url());
+        v1::subscriptions_client::SubscriptionsClient::new(tests::channel(&u1))
+            .create(v1::CreateSubscriptionRequest {
+                subscription: Some(v1::Subscription {
+                    filter: Some(v1::subscription::Filter::Text("temp > 0".into())),
+                    target: Some(v1::Target {
+                        kind: Some(v1::target::Kind::Stream("span".into())),
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect("create through node 1");
+        let put = |url: String, t: i64| async move {
+            v1::ingest_client::IngestClient::new(tests::channel(&url))
+                .put(tests::temp_put(t))
+                .await
+                .expect("put")
+        };
+        // nobody attached yet: node 2 keeps these for the stream
+        for t in 1..=3 {
+            put(u2.clone(), t).await;
+        }
+        let (tx, mut down) = tests::attach(&u1, "span").await;
+        for t in 4..=6 {
+            put(u2.clone(), t).await;
+            put(u1.clone(), t + 3).await;
+        }
+        let mut got = BTreeSet::new();
+        let mut from = BTreeSet::new();
+        while got.len() < 9 {
+            let d = tokio::time::timeout(Duration::from_secs(20), down.message())
+                .await
+                .unwrap_or_else(|_| panic!("only {} of 9 deliveries within 20 s", got.len()))
+                .expect("stream")
+                .expect("a delivery");
+            from.insert(d.object_id.map(|o| o.node).unwrap_or_default());
+            got.insert(d.delivery_id.clone());
+            let ack = v1::stream_client_message::Kind::Ack(d.delivery_id);
+            tx.send(v1::StreamClientMessage { kind: Some(ack) })
+                .await
+                .expect("ack");
+        }
+        assert_eq!(from, BTreeSet::from([1, 2]), "objects of both nodes");
+        // the acks reached node 2: its deliveries are acknowledged, none failed
+        wait_for("node 2's acks", Duration::from_secs(20), || {
+            let u2 = u2.clone();
+            async move {
+                let s = stats(&u2).await.ok()?;
+                (s.deliveries_acked == 6).then_some(s)
+            }
+        })
+        .await;
+        assert_eq!(stats(&u2).await.expect("stats").dead_lettered, 0);
+    });
+    for n in &mut c.nodes {
+        n.kill();
+    }
+    c.coordinator.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -437,9 +437,9 @@ async fn subscription_crud_and_errors() {
         ),
         (
             sub(v1::subscription::Filter::Eventbridge(
-                r#"{"a": [null]}"#.into(),
+                r#"{"a": [{"wildcard": "x**"}]}"#.into(),
             )),
-            "subscription.filter.eventbridge: at $.a[0]",
+            "subscription.filter.eventbridge: at $.a[0].wildcard",
         ),
         (
             v1::Subscription {

@@ -44,6 +44,7 @@ mod matched;
 mod membership;
 mod outbox;
 mod presence;
+mod relay;
 mod replicate;
 mod service;
 mod subcopies;
@@ -237,6 +238,7 @@ impl Daemon {
         }
         tokio::spawn(self.clone().resender());
         tokio::spawn(self.clone().regulator());
+        tokio::spawn(self.clone().relays());
         if let Some(rx) = lock(&self.inner.finished_rx).take() {
             tokio::spawn(self.clone().finisher(rx));
         }

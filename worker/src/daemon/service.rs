@@ -1,10 +1,24 @@
-//! The internal `Daemon` service: hellos, assignments, fetches of cached test results and
-//! matches, each handed to the part that handles it.
+//! The internal `Daemon` service: hellos, assignments, fetches of cached test results,
+//! matches and stream relays, each handed to the part that handles it.
 
 use super::*;
 
 #[tonic::async_trait]
 impl v1::daemon_server::Daemon for Daemon {
+    type RelayStream = crate::deliver::SessionStream;
+
+    async fn relay(
+        &self,
+        request: Request<tonic::Streaming<v1::StreamClientMessage>>,
+    ) -> Result<Response<Self::RelayStream>, Status> {
+        let s = self
+            .inner
+            .deliverer
+            .relay_open(request.into_inner())
+            .await?;
+        Ok(Response::new(s))
+    }
+
     async fn hello(
         &self,
         request: Request<v1::HelloRequest>,

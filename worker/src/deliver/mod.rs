@@ -67,7 +67,7 @@ pub use cloudevents::{
 pub use config::DeliveryConfig;
 pub use handoff::{Accepted, HandOff};
 pub use settled::{Hold, Phases};
-pub use stream::stream_key;
+pub use stream::{SessionStream, stream_key};
 
 // what the parts share with each other (each part takes the whole module with `use super::*`)
 use attempt::{Outcome, Prepared};

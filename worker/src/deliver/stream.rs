@@ -1,6 +1,12 @@
 //! Named streams: subscribers open a stream to the node (`Stream.Open`) and ack upstream;
 //! deliveries to a stream go to one of its open sessions, and wait for one while none is
 //! open (`backlog`).
+//!
+//! In a cluster a stream spans the nodes: a node with a subscriber of its own attaches to
+//! the same stream on every other node (`Daemon.Relay`, `crate::daemon` keeps the relays), so
+//! a delivery made on any node reaches the subscriber. A relay is a session like any other
+//! where it attaches; what arrives through it goes only to the subscribers of the node that
+//! opened it (never on through another relay), and their acks go back through it.
 
 use super::*;
 
@@ -10,7 +16,12 @@ pub(super) struct Session {
     pub(super) id: u64,
     pub(super) tx: mpsc::Sender<Result<v1::Delivery, Status>>,
     pub(super) acks: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
+    /// Another node's relay (not a subscriber of this node).
+    pub(super) relay: bool,
 }
+
+/// The longest stream key a relay may attach with (a tenant, a NUL, a stream name).
+const MAX_RELAY_KEY: usize = 256;
 
 /// The key of a tenant's named stream (the name itself without authentication).
 pub fn stream_key(tenant: &str, name: &str) -> String {
@@ -25,7 +36,7 @@ impl Deliverer {
     /// Pushes `d` to one of the stream's sessions and waits for its ack; `Detached` when
     /// nobody has the stream open (the delivery waits for a subscriber, see `backlog`).
     pub(super) async fn to_stream(&self, name: &str, d: v1::Delivery) -> Result<Outcome, String> {
-        let (tx, acks) = {
+        let session = {
             let streams = lock(&self.inner.streams);
             let Some(sessions) = streams.get(name).filter(|v| !v.is_empty()) else {
                 return Ok(Outcome::Detached(name.to_string()));
@@ -33,24 +44,36 @@ impl Deliverer {
             let i = (self.inner.seq.load(Ordering::Relaxed) as usize) % sessions.len();
             (sessions[i].tx.clone(), sessions[i].acks.clone())
         };
-        let (ack_tx, ack_rx) = oneshot::channel();
-        lock(&acks).insert(d.delivery_id.clone(), ack_tx);
-        let id = d.delivery_id.clone();
-        if tx.send(Ok(d)).await.is_err() {
-            lock(&acks).remove(&id);
-            return Err(format!("stream {name:?} closed"));
-        }
-        ack_rx
+        send_awaiting_ack(session, d)
             .await
-            .map_err(|_| format!("stream {name:?} closed before the ack"))?;
+            .map_err(|e| format!("stream {name:?}: {e}"))?;
         Ok(Outcome::Done)
     }
 }
 
+/// A session's sender and its acks waiting.
+type SessionEnds = (
+    mpsc::Sender<Result<v1::Delivery, Status>>,
+    Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
+);
+
+/// Sends `d` on a session and waits until its subscriber acks it.
+async fn send_awaiting_ack((tx, acks): SessionEnds, d: v1::Delivery) -> Result<(), String> {
+    let (ack_tx, ack_rx) = oneshot::channel();
+    lock(&acks).insert(d.delivery_id.clone(), ack_tx);
+    let id = d.delivery_id.clone();
+    if tx.send(Ok(d)).await.is_err() {
+        lock(&acks).remove(&id);
+        return Err("closed".into());
+    }
+    ack_rx
+        .await
+        .map_err(|_| "closed before the ack".to_string())
+}
+
 #[tonic::async_trait]
 impl v1::stream_server::Stream for Deliverer {
-    type OpenStream =
-        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::Delivery, Status>> + Send>>;
+    type OpenStream = SessionStream;
 
     async fn open(
         &self,
@@ -75,6 +98,69 @@ impl v1::stream_server::Stream for Deliverer {
                 ));
             }
         };
+        Ok(Response::new(self.attach_session(name, input, false)))
+    }
+}
+
+impl Deliverer {
+    /// Another node's relay of stream `key` (`Daemon.Relay`: the caller holds the cluster
+    /// secret, and names the stream by its key).
+    pub async fn relay_open(
+        &self,
+        mut input: Streaming<v1::StreamClientMessage>,
+    ) -> Result<SessionStream, Status> {
+        use tokio_stream::StreamExt;
+        match input.next().await {
+            Some(Ok(v1::StreamClientMessage {
+                kind: Some(v1::stream_client_message::Kind::Attach(key)),
+            })) if !key.is_empty() && key.len() <= MAX_RELAY_KEY => {
+                Ok(self.attach_session(key, input, true))
+            }
+            Some(Err(e)) => Err(e),
+            _ => Err(Status::invalid_argument(format!(
+                "attach: the first message must carry a stream key of 1 to {MAX_RELAY_KEY} bytes"
+            ))),
+        }
+    }
+
+    /// The streams this node's own subscribers have open (the ones to relay from the others).
+    pub fn local_streams(&self) -> Vec<String> {
+        lock(&self.inner.streams)
+            .iter()
+            .filter(|(_, v)| v.iter().any(|s| !s.relay))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Hands a delivery that came through a relay to one of this node's own subscribers of
+    /// `key` and waits for its ack (`Err`: none attached, or it went away first).
+    pub async fn deliver_relayed(&self, key: &str, d: v1::Delivery) -> Result<(), String> {
+        let session = {
+            let streams = lock(&self.inner.streams);
+            let own: Vec<&Session> = streams
+                .get(key)
+                .map(|v| v.iter().filter(|s| !s.relay).collect())
+                .unwrap_or_default();
+            if own.is_empty() {
+                return Err(format!("no subscriber of stream {key:?} on this node"));
+            }
+            let i = (self.inner.seq.fetch_add(1, Ordering::Relaxed) as usize) % own.len();
+            (own[i].tx.clone(), own[i].acks.clone())
+        };
+        send_awaiting_ack(session, d)
+            .await
+            .map_err(|e| format!("the subscriber's session: {e}"))
+    }
+
+    /// Registers a session of stream `name` (a subscriber, or another node's relay) fed by
+    /// `input`'s acks; the deliveries go out on the returned stream.
+    fn attach_session(
+        &self,
+        name: String,
+        mut input: Streaming<v1::StreamClientMessage>,
+        relay: bool,
+    ) -> SessionStream {
+        use tokio_stream::StreamExt;
         let (tx, rx) = mpsc::channel(256);
         let acks: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>> = Arc::default();
         let id = self.inner.seq.fetch_add(1, Ordering::Relaxed);
@@ -85,8 +171,12 @@ impl v1::stream_server::Stream for Deliverer {
                 id,
                 tx,
                 acks: acks.clone(),
+                relay,
             });
-        tracing::info!("stream {name:?} attached");
+        tracing::info!(
+            "stream {name:?} attached{}",
+            if relay { " (a relay)" } else { "" }
+        );
         self.attached(&name);
         let me = self.clone();
         tokio::spawn(async move {
@@ -103,8 +193,9 @@ impl v1::stream_server::Stream for Deliverer {
             }
             tracing::info!("stream {name:?} detached");
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 }
+
+/// The deliveries of one stream session.
+pub type SessionStream = runtime::link::DeliveryStream;
