@@ -253,10 +253,12 @@ fn record(r: &Json, path: &str) -> Result<v1::AnnounceRequest, RecordError> {
     })
 }
 
-/// Announces each record of one notification through `node`, as `caller`.
+/// Announces each record of one notification through `node`, as `caller` from `peer` (whose
+/// connection's rate limit and tenant's quota apply as to any put).
 async fn handle(
     node: &crate::services::Node,
     caller: Arc<runtime::auth::Caller>,
+    peer: SocketAddr,
     body: &[u8],
 ) -> Answer {
     let records = match announces(body) {
@@ -276,6 +278,12 @@ async fn handle(
         };
         let mut request = tonic::Request::new(req);
         request.extensions_mut().insert(caller.clone());
+        request
+            .extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some(peer),
+            });
         match node.announce(request).await {
             Ok(resp) => {
                 let resp = resp.into_inner();
@@ -315,7 +323,7 @@ pub async fn serve(
     runtime::http_serve::serve(
         listener,
         HttpLimits::default(),
-        move |_peer: SocketAddr, req: hyper::Request<hyper::body::Incoming>| {
+        move |peer: SocketAddr, req: hyper::Request<hyper::body::Incoming>| {
             let node = node.clone();
             let auth = auth.clone();
             async move {
@@ -344,7 +352,7 @@ pub async fn serve(
                     },
                 };
                 match read_body(req.into_body(), MAX_BODY).await {
-                    Ok(body) => handle(&node, caller, &body).await,
+                    Ok(body) => handle(&node, caller, peer, &body).await,
                     Err(a) => a,
                 }
             }

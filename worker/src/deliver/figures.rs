@@ -1,8 +1,8 @@
 //! Delivery's figures for `/metrics`: put -> delivered latency and push duration by target
 //! kind as histograms, push outcomes per tenant and target kind, and the per-subscription
 //! counters (series only for the top k an operator opted into). The number of series is
-//! bounded by the tenants (at most [`MAX_TENANTS`] named, the rest as `other`), never by the
-//! subscriptions.
+//! bounded by the tenants (at most 4 x [`MAX_TENANTS`] (tenant, target kind) pairs named,
+//! further tenants as `other`), never by the subscriptions.
 
 use super::*;
 
