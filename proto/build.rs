@@ -15,6 +15,7 @@ const FILES: &[&str] = &[
     "dissem/v1/stream.proto",
     "dissem/v1/admin.proto",
     "dissem/v1/cluster.proto",
+    "dissem/v1/federation.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -343,7 +343,7 @@ pub(super) enum TokenCmd {
         /// The tenant it acts for.
         #[arg(long)]
         tenant: String,
-        /// Comma-separated roles among ingest, subscribe, read, admin.
+        /// Comma-separated roles among ingest, subscribe, read, admin, federate (a peer cluster).
         #[arg(long, value_delimiter = ',', required = true)]
         roles: Vec<String>,
     },

@@ -70,7 +70,7 @@ pub async fn run(
     limits: Limits,
     cfg: ServerConfig,
     mut daemon_cfg: DaemonConfig,
-    http: worker::HttpListeners,
+    http: worker::NodeExtras,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
     let coordinator = Arc::new(coordinator::server::start(store.clone(), limits, cfg).await?);
@@ -80,7 +80,12 @@ pub async fn run(
     daemon.spawn();
     let stream = v1::stream_server::StreamServer::new(daemon.deliverer().clone());
     let deliverer = daemon.deliverer().clone();
-    let node = Node::new(store, limits, Sink::Cluster(daemon));
+    let mut node = Node::new(store.clone(), limits, Sink::Cluster(daemon));
+    if let Some(cfg) = http.federation {
+        let f = worker::federation::Federation::new(cfg, store);
+        f.spawn();
+        node = node.with_federation(f);
+    }
     if let Some(l) = http.s3_events {
         tokio::spawn(worker::s3events::serve(l, node.clone(), listener.auth()));
     }
@@ -107,6 +112,10 @@ pub async fn run(
         |r| {
             r.add_service(
                 v1::ingest_server::IngestServer::new(node.clone()).max_decoding_message_size(max),
+            )
+            .add_service(
+                v1::federation_server::FederationServer::new(node.clone())
+                    .max_decoding_message_size(worker::max_federate(&limits)),
             )
             .add_service(
                 v1::objects_server::ObjectsServer::new(node).max_encoding_message_size(max),

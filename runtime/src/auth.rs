@@ -19,7 +19,8 @@
 //! max_puts_per_second = 5000
 //! ```
 //!
-//! Roles: `ingest` (Put, PutStream, Announce), `subscribe` (the tenant's own subscriptions,
+//! Roles: `ingest` (Put, PutStream, Announce), `federate` (a peer cluster's
+//! `Federation.Replicate`), `subscribe` (the tenant's own subscriptions,
 //! streams, dead letters and redrive), `read` (Objects.Get), `admin` (everything, every
 //! tenant). Without an auth file every caller is an admin of the unnamed tenant (a loopback
 //! development node; the binary refuses other addresses without `--insecure`).
@@ -47,15 +48,18 @@ pub enum Role {
     Subscribe,
     Read,
     Admin,
+    /// A peer cluster replicating its objects here (`Federation`).
+    Federate,
 }
 
 impl Role {
     /// Every role, by its name in the auth file.
-    pub const ALL: [(&'static str, Role); 4] = [
+    pub const ALL: [(&'static str, Role); 5] = [
         ("ingest", Role::Ingest),
         ("subscribe", Role::Subscribe),
         ("read", Role::Read),
         ("admin", Role::Admin),
+        ("federate", Role::Federate),
     ];
 
     /// The role named `s`.
@@ -76,6 +80,7 @@ impl Role {
             Role::Subscribe => 2,
             Role::Read => 4,
             Role::Admin => 8,
+            Role::Federate => 16,
         }
     }
 }
@@ -267,7 +272,7 @@ impl Auth {
                         bad(
                             i,
                             "roles",
-                            format!("{r:?} is not one of ingest, subscribe, read, admin"),
+                            format!("{r:?} is not one of ingest, subscribe, read, admin, federate"),
                         )
                     })?
                     .bit();
@@ -395,6 +400,7 @@ fn required_role(path: &str) -> Option<Role> {
     let method = path.rsplit('/').next().unwrap_or("");
     match service {
         "dissem.v1.Ingest" => Some(Role::Ingest),
+        "dissem.v1.Federation" => Some(Role::Federate),
         "dissem.v1.Objects" => Some(Role::Read),
         "dissem.v1.Subscriptions" | "dissem.v1.Stream" => Some(Role::Subscribe),
         "dissem.v1.Admin" => match method {
@@ -576,6 +582,10 @@ mod tests {
     #[test]
     fn methods_need_their_roles() {
         assert_eq!(required_role("/dissem.v1.Ingest/Put"), Some(Role::Ingest));
+        assert_eq!(
+            required_role("/dissem.v1.Federation/Replicate"),
+            Some(Role::Federate)
+        );
         assert_eq!(required_role("/dissem.v1.Objects/Get"), Some(Role::Read));
         assert_eq!(
             required_role("/dissem.v1.Subscriptions/List"),

@@ -42,6 +42,7 @@ pub use error::ServiceError;
 /// The public services a node serves (and server reflection describes).
 pub const PUBLIC_SERVICES: &[&str] = &[
     "dissem.v1.Ingest",
+    "dissem.v1.Federation",
     "dissem.v1.Objects",
     "dissem.v1.Subscriptions",
     "dissem.v1.Admin",

@@ -25,6 +25,7 @@
 mod codec;
 mod deliveries;
 mod images;
+mod links;
 mod objects;
 mod objlog;
 mod outbox;
@@ -104,6 +105,8 @@ pub struct Store {
     replicas: sled::Tree,
     /// QoS 2 "received" marks of copied objects: origin, seq, subscription -> ().
     phases: sled::Tree,
+    /// What peer clusters are owed (federation): link, seq -> object.
+    links: sled::Tree,
     node: u32,
     seq: Arc<std::sync::Mutex<(u64, u64)>>, // (next, reserved end)
     /// The first sequence number this store handed out (0: it predates the record).
@@ -204,6 +207,7 @@ impl Store {
             deliveries: db.open_tree("deliveries")?,
             replicas: db.open_tree("replicas")?,
             phases: db.open_tree("phases")?,
+            links: db.open_tree("federation")?,
             meta,
             db,
             node,

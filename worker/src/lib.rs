@@ -11,6 +11,7 @@ pub mod client;
 pub mod daemon;
 pub mod deliver;
 pub mod disseminate;
+pub mod federation;
 pub mod lanes;
 pub mod proxy;
 pub mod push_http;
@@ -58,6 +59,10 @@ pub async fn run(
         None,
         |r| {
             r.add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
+                .add_service(
+                    proto::v1::federation_server::FederationServer::new(node.clone())
+                        .max_decoding_message_size(max_federate(&limits)),
+                )
                 .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
                 .add_service(SubscriptionsServer::new(subs))
                 .add_service(AdminServer::new(node))
@@ -67,13 +72,22 @@ pub async fn run(
     .await
 }
 
-/// The plain HTTP listeners a node may serve beside its gRPC one.
+/// The largest `Federation.Replicate` request: a sender's batch bound plus one object of the
+/// largest size (a batch closes once past the bound).
+pub fn max_federate(limits: &Limits) -> usize {
+    federation::BATCH_BYTES + max_message(limits)
+}
+
+/// What a node may serve beside its gRPC API: plain HTTP listeners, and links to peer
+/// clusters.
 #[derive(Debug, Default)]
-pub struct HttpListeners {
+pub struct NodeExtras {
     /// `/metrics`, `/healthz`, `/readyz`.
     pub metrics: Option<TcpListener>,
     /// S3 event notifications ([`s3events`]).
     pub s3_events: Option<TcpListener>,
+    /// This cluster's name and its links to peer clusters ([`federation`]).
+    pub federation: Option<federation::FederationConfig>,
 }
 
 /// Serves a cluster node on `listener` until `shutdown` resolves: the public API (objects go
@@ -84,7 +98,7 @@ pub async fn run_node(
     store: Store,
     limits: Limits,
     cfg: daemon::DaemonConfig,
-    http: HttpListeners,
+    http: NodeExtras,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
     let link = daemon::Daemon::link(&cfg)?;
@@ -95,7 +109,16 @@ pub async fn run_node(
     let cluster_auth = cfg.cluster_secret.check();
     let secret = cfg.cluster_secret.clone();
     let daemon = daemon::Daemon::start(cfg, store.clone(), limits, link)?;
-    let node = services::Node::new(store, limits, services::Sink::Cluster(daemon.clone()));
+    let mut node = services::Node::new(
+        store.clone(),
+        limits,
+        services::Sink::Cluster(daemon.clone()),
+    );
+    if let Some(cfg) = http.federation {
+        let f = federation::Federation::new(cfg, store);
+        f.spawn();
+        node = node.with_federation(f);
+    }
     if let Some(l) = http.s3_events {
         tokio::spawn(s3events::serve(l, node.clone(), listener.auth()));
     }
@@ -116,6 +139,10 @@ pub async fn run_node(
         metrics,
         |r| {
             r.add_service(IngestServer::new(node.clone()).max_decoding_message_size(max))
+                .add_service(
+                    proto::v1::federation_server::FederationServer::new(node.clone())
+                        .max_decoding_message_size(max_federate(&limits)),
+                )
                 .add_service(ObjectsServer::new(node.clone()).max_encoding_message_size(max))
                 .add_service(SubscriptionsServer::new(
                     proxy::SubscriptionsProxy::with_placement(coordinator, daemon.clone(), &secret),

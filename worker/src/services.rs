@@ -39,6 +39,8 @@ impl Sink {
 pub struct Node {
     store: Store,
     limits: Limits,
+    /// The links to peer clusters, when this node has any.
+    federation: Option<crate::federation::Federation>,
     accepted: Arc<AtomicU64>,
     rejected: Arc<AtomicU64>,
     rate: Arc<runtime::rate::RateLimiter>,
@@ -52,12 +54,19 @@ impl Node {
             sink,
             store,
             limits,
+            federation: None,
             accepted: Arc::new(AtomicU64::new(0)),
             rejected: Arc::new(AtomicU64::new(0)),
             rate: Arc::new(runtime::rate::RateLimiter::new(
                 limits.max_requests_per_second_per_connection,
             )),
         }
+    }
+
+    /// This node with its links to peer clusters (and the endpoint their objects arrive at).
+    pub fn with_federation(mut self, f: crate::federation::Federation) -> Node {
+        self.federation = Some(f);
+        self
     }
 
     /// Admits one request of `caller` from `peer`: the connection's rate, then the tenant's
@@ -132,13 +141,26 @@ impl Node {
         })
     }
 
-    /// Stores validated objects with one shared flush and hands each new one to the sink;
-    /// answers one result per input, in order (a rejected input does not stop the others).
+    /// Stores validated objects a writer of this cluster hands in: [`Node::store_objects`],
+    /// owing each to the cluster's federation links.
     async fn put_objects(
         &self,
         objs: Vec<Result<storage::NewObject, ServiceError>>,
     ) -> Vec<Result<v1::PutResponse, ServiceError>> {
+        self.store_objects(objs, true).await
+    }
+
+    /// Stores validated objects with one shared flush and hands each new one to the sink;
+    /// answers one result per input, in order (a rejected input does not stop the others).
+    /// With `owe`, each is also owed to the federation links (durable before the answer);
+    /// objects replicated from a peer cluster are not, so they never travel on.
+    async fn store_objects(
+        &self,
+        objs: Vec<Result<storage::NewObject, ServiceError>>,
+        owe: bool,
+    ) -> Vec<Result<v1::PutResponse, ServiceError>> {
         let start_us = runtime::now_us();
+        let federation = self.federation.as_ref().filter(|f| owe && f.has_links());
         let mut results: Vec<Option<Result<v1::PutResponse, ServiceError>>> =
             Vec::with_capacity(objs.len());
         let mut valid = Vec::with_capacity(objs.len());
@@ -160,6 +182,7 @@ impl Node {
                 }
             }
         }
+        let owed_copies: Option<Vec<storage::NewObject>> = federation.map(|_| valid.clone());
         let stored = match self.store.put_batch(valid).await {
             Ok(outs) => outs,
             Err(e) => {
@@ -173,14 +196,18 @@ impl Node {
             }
         };
         let copies = self.replicate(&stored).await;
-        let mut stored = stored.into_iter().zip(metas).zip(copies);
+        let owed = match (federation, owed_copies) {
+            (Some(f), Some(objs)) => self.owe(f, &stored, &objs).await,
+            _ => stored.iter().map(|_| Ok(())).collect(),
+        };
+        let mut stored = stored.into_iter().zip(metas).zip(copies).zip(owed);
         results
             .into_iter()
             .map(|r| {
                 if let Some(r) = r {
                     return r;
                 }
-                let Some(((out, meta), copied)) = stored.next() else {
+                let Some((((out, meta), copied), owed)) = stored.next() else {
                     return Err(ServiceError::Unavailable(
                         "the put produced no result".into(),
                     ));
@@ -194,6 +221,7 @@ impl Node {
                     self.hand_off(out.id, meta);
                 }
                 copied?;
+                owed?;
                 self.accepted.fetch_add(1, Ordering::Relaxed);
                 Ok(v1::PutResponse {
                     id: Some(id_to_proto(out.id)),
@@ -201,6 +229,33 @@ impl Node {
                 })
             })
             .collect()
+    }
+
+    /// Owes each stored object (a repeat too: what was owed may have been lost with a crash
+    /// before the first answer) to the federation links, durably; one result per outcome.
+    async fn owe(
+        &self,
+        f: &crate::federation::Federation,
+        stored: &[Result<storage::PutOutcome, storage::StorageError>],
+        objs: &[storage::NewObject],
+    ) -> Vec<Result<(), ServiceError>> {
+        let mut out: Vec<Result<(), ServiceError>> = stored
+            .iter()
+            .zip(objs)
+            .map(|(s, o)| match s {
+                Ok(p) => f.owe(p.id, o),
+                Err(_) => Ok(()),
+            })
+            .collect();
+        if let Err(e) = self.store.commit().await {
+            let why = format!("storage: {e}");
+            out = out
+                .into_iter()
+                .map(|r| r.and(Err(ServiceError::Unavailable(why.clone()))))
+                .collect();
+        }
+        f.wake();
+        out
     }
 
     /// Copies the stored objects to their quorums (a cluster node with a grid); one result
@@ -552,5 +607,75 @@ impl v1::admin_server::Admin for Node {
             }
         }
         Ok(Response::new(v1::RedriveResponse { redriven }))
+    }
+}
+
+#[tonic::async_trait]
+impl v1::federation_server::Federation for Node {
+    /// Objects a peer cluster ingested: stored once each (by origin and message id), never
+    /// owed on to this cluster's own links.
+    async fn replicate(
+        &self,
+        request: Request<v1::FederateRequest>,
+    ) -> Result<Response<v1::FederateResponse>, Status> {
+        let caller = auth::caller(&request);
+        let req = request.into_inner();
+        if req.objects.len() > crate::federation::BATCH {
+            return Err(ServiceError::invalid(
+                "objects",
+                format!(
+                    "{} objects exceed the limit of {}",
+                    req.objects.len(),
+                    crate::federation::BATCH
+                ),
+            )
+            .into());
+        }
+        caller.tenant.charge_puts(req.objects.len() as u32)?;
+        let own = self.federation.as_ref().map(|f| f.cluster().to_string());
+        let mut objs = Vec::with_capacity(req.objects.len());
+        for (i, o) in req.objects.into_iter().enumerate() {
+            if !crate::federation::valid_name(&o.origin_cluster) {
+                return Err(ServiceError::invalid(
+                    format!("objects[{i}].origin_cluster"),
+                    "1 to 64 letters, digits, `_ . -`",
+                )
+                .into());
+            }
+            if own.as_deref() == Some(o.origin_cluster.as_str()) {
+                // this cluster's own object come back (a misconfigured peer): stored already
+                continue;
+            }
+            let message_id =
+                crate::federation::replicated_message_id(&o, self.limits.max_message_id_bytes);
+            let external_id = o.external_id.clone();
+            let put = v1::PutRequest {
+                data: o.data,
+                metadata: o.metadata,
+                priority: o.priority,
+                message_id,
+            };
+            let max = self.limits.max_external_id_bytes;
+            objs.push(validate::put(put, &self.limits).and_then(|mut n| {
+                if external_id.len() > max {
+                    return Err(ServiceError::invalid(
+                        format!("objects[{i}].external_id"),
+                        format!("{} bytes exceed the limit of {max}", external_id.len()),
+                    ));
+                }
+                n.external_id = external_id;
+                Ok(n)
+            }));
+        }
+        let mut stored = 0;
+        let mut duplicates = 0;
+        for r in self.store_objects(objs, false).await {
+            match r {
+                Ok(p) if p.duplicate => duplicates += 1,
+                Ok(_) => stored += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Response::new(v1::FederateResponse { stored, duplicates }))
     }
 }

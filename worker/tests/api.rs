@@ -632,6 +632,7 @@ async fn reflection_lists_every_service_in_v1_and_v1alpha() {
     };
     let want = [
         "dissem.v1.Admin",
+        "dissem.v1.Federation",
         "dissem.v1.Ingest",
         "dissem.v1.Objects",
         "dissem.v1.Subscriptions",

@@ -1,0 +1,62 @@
+//! The federation keyspace: what this node owes each peer cluster it links to. Key: the
+//! link's name, a NUL, and the object's sequence number (big endian, so a link's entries are
+//! one range in the order the node took the objects); value: the encoded object as it goes
+//! out. An entry stays until the peer acknowledged it, so what is owed survives restarts of
+//! either side and link outages; it is durable with the next commit.
+
+use super::*;
+
+fn link_key(link: &str, seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(link.len() + 9);
+    k.extend_from_slice(link.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn link_prefix(link: &str) -> Vec<u8> {
+    let mut k = link.as_bytes().to_vec();
+    k.push(0);
+    k
+}
+
+impl Store {
+    /// Owes `link` the object of sequence number `seq` (its encoding `bytes`); durable with
+    /// the next [`Store::commit`]. Owing the same object again replaces the entry.
+    pub fn link_owe(&self, link: &str, seq: u64, bytes: &[u8]) -> Result<(), StorageError> {
+        self.links.insert(link_key(link, seq), bytes)?;
+        Ok(())
+    }
+
+    /// The first `limit` entries `link` is owed, in order: (sequence number, bytes).
+    pub fn link_owed(&self, link: &str, limit: usize) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
+        let mut out = Vec::new();
+        for kv in self.links.scan_prefix(link_prefix(link)).take(limit) {
+            let (k, v) = kv?;
+            if let Some(seq) = k
+                .len()
+                .checked_sub(8)
+                .and_then(|at| <[u8; 8]>::try_from(&k[at..]).ok())
+                .map(u64::from_be_bytes)
+            {
+                out.push((seq, v.to_vec()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// How many entries `link` is owed.
+    pub fn link_owed_len(&self, link: &str) -> usize {
+        self.links.scan_prefix(link_prefix(link)).count()
+    }
+
+    /// The peer acknowledged these entries of `link`.
+    pub fn link_acked(&self, link: &str, seqs: &[u64]) -> Result<(), StorageError> {
+        let mut b = sled::Batch::default();
+        for s in seqs {
+            b.remove(link_key(link, *s));
+        }
+        self.links.apply_batch(b)?;
+        Ok(())
+    }
+}
