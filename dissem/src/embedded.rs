@@ -81,10 +81,12 @@ pub async fn run(
     let stream = v1::stream_server::StreamServer::new(daemon.deliverer().clone());
     let deliverer = daemon.deliverer().clone();
     let mut node = Node::new(store.clone(), limits, Sink::Cluster(daemon));
-    if let Some(cfg) = http.federation {
-        let f = worker::federation::Federation::new(cfg, store);
+    let fed = http
+        .federation
+        .map(|cfg| worker::federation::Federation::new(cfg, store));
+    if let Some(f) = &fed {
         f.spawn();
-        node = node.with_federation(f);
+        node = node.with_federation(f.clone());
     }
     if let Some(l) = http.s3_events {
         tokio::spawn(worker::s3events::serve(l, node.clone(), listener.auth()));
@@ -98,7 +100,10 @@ pub async fn run(
             l,
             MetricsSource {
                 admin: Arc::new(admin.clone()),
-                deliveries: Some(Arc::new(deliverer)),
+                deliveries: Some(Arc::new(worker::NodeFamilies {
+                    deliverer,
+                    federation: fed,
+                })),
                 match_latency: Some(coordinator.match_latency()),
             },
         )

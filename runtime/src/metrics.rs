@@ -15,9 +15,9 @@ use proto::v1;
 use tokio::net::TcpListener;
 use tonic::Request;
 
-/// A node's delivery figures, written after the process-wide ones.
+/// A node's own families (delivery, federation links), written after the process-wide ones.
 pub trait DeliveryMetrics: Send + Sync {
-    /// Appends the delivery families to a scrape.
+    /// Appends the families to a scrape.
     fn write_metrics(&self, out: &mut String);
 }
 

@@ -8,7 +8,18 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use proto::v1;
-use tests::{Proc, attach, dissem_bin, runtime, temp_dir, token_create};
+use tests::{Proc, attach, dissem_bin, runtime, temp_dir, token_create, wait_for};
+
+/// One HTTP/1.1 GET of `path` on `addr`: the body.
+async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await?;
+    Ok(raw.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+}
 
 const CLUSTERS: [&str; 3] = ["eu", "us", "ap"];
 
@@ -18,8 +29,9 @@ fn free_port() -> SocketAddr {
         .expect("a free port")
 }
 
-/// Cluster `i` of the triangle on `addrs[i]`, linked to the other two.
-fn start(dir: &std::path::Path, i: usize, addrs: &[SocketAddr]) -> Proc {
+/// Cluster `i` of the triangle on `addrs[i]`, linked to the other two (`eu` serves metrics
+/// on `metrics`).
+fn start(dir: &std::path::Path, i: usize, addrs: &[SocketAddr], metrics: SocketAddr) -> Proc {
     let mut args = vec![
         "up".to_string(),
         "--listen".into(),
@@ -31,6 +43,10 @@ fn start(dir: &std::path::Path, i: usize, addrs: &[SocketAddr]) -> Proc {
         "--data".into(),
         dir.join(CLUSTERS[i]).display().to_string(),
     ];
+    if i == 0 {
+        args.push("--metrics-listen".into());
+        args.push(metrics.to_string());
+    }
     for (j, a) in addrs.iter().enumerate() {
         if j != i {
             args.push("--link".into());
@@ -110,7 +126,8 @@ async fn receive(
 fn a_triangle_of_clusters_delivers_every_object_everywhere_once() {
     let dir = temp_dir("federation");
     let addrs: Vec<SocketAddr> = (0..3).map(|_| free_port()).collect();
-    let mut procs: Vec<Proc> = (0..3).map(|i| start(&dir, i, &addrs)).collect();
+    let metrics = free_port();
+    let mut procs: Vec<Proc> = (0..3).map(|i| start(&dir, i, &addrs, metrics)).collect();
     let rt = runtime();
     rt.block_on(async {
         let urls: Vec<String> = procs.iter_mut().map(|p| p.url()).collect();
@@ -159,7 +176,36 @@ fn a_triangle_of_clusters_delivers_every_object_everywhere_once() {
             assert_eq!(got.len(), 20, "{}", CLUSTERS[i]);
             assert!(got.values().all(|c| *c == 1), "{}: {got:?}", CLUSTERS[i]);
         }
-        procs[2] = start(&dir, 2, &addrs);
+        // eu's link to ap owes its 10 objects, and says how far behind it is
+        let scrape = wait_for(
+            "eu's link to ap owing 10",
+            Duration::from_secs(10),
+            || async move {
+                let body = http_get(metrics, "/metrics").await.ok()?;
+                body.contains("dissem_link_owed{link=\"ap\"} 10")
+                    .then_some(body)
+            },
+        )
+        .await;
+        assert!(
+            scrape.contains("dissem_link_acked_total{link=\"us\"} 30"),
+            "{scrape}"
+        );
+        assert!(
+            scrape.contains("dissem_link_owed{link=\"us\"} 0"),
+            "{scrape}"
+        );
+        assert!(
+            scrape.contains("dissem_link_lag_seconds{link=\"us\"} 0\n"),
+            "{scrape}"
+        );
+        let lag: f64 = scrape
+            .lines()
+            .find_map(|l| l.strip_prefix("dissem_link_lag_seconds{link=\"ap\"} "))
+            .and_then(|v| v.parse().ok())
+            .expect("ap's lag");
+        assert!(lag > 0.0, "{scrape}");
+        procs[2] = start(&dir, 2, &addrs, metrics);
         let url = procs[2].url();
         let (tx, mut down) = attach(&url, "all").await;
         let got = receive("ap after its restart", &tx, &mut down, 20, 20).await;

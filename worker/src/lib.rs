@@ -78,6 +78,22 @@ pub fn max_federate(limits: &Limits) -> usize {
     federation::BATCH_BYTES + max_message(limits)
 }
 
+/// A node's own `/metrics` families: its deliveries', and its federation links'.
+#[derive(Debug)]
+pub struct NodeFamilies {
+    pub deliverer: deliver::Deliverer,
+    pub federation: Option<federation::Federation>,
+}
+
+impl runtime::metrics::DeliveryMetrics for NodeFamilies {
+    fn write_metrics(&self, out: &mut String) {
+        self.deliverer.write_metrics(out);
+        if let Some(f) = &self.federation {
+            f.write_metrics(out);
+        }
+    }
+}
+
 /// What a node may serve beside its gRPC API: plain HTTP listeners, and links to peer
 /// clusters.
 #[derive(Debug, Default)]
@@ -114,10 +130,12 @@ pub async fn run_node(
         limits,
         services::Sink::Cluster(daemon.clone()),
     );
-    if let Some(cfg) = http.federation {
-        let f = federation::Federation::new(cfg, store);
+    let fed = http
+        .federation
+        .map(|cfg| federation::Federation::new(cfg, store));
+    if let Some(f) = &fed {
         f.spawn();
-        node = node.with_federation(f);
+        node = node.with_federation(f.clone());
     }
     if let Some(l) = http.s3_events {
         tokio::spawn(s3events::serve(l, node.clone(), listener.auth()));
@@ -127,7 +145,10 @@ pub async fn run_node(
             l,
             MetricsSource {
                 admin: Arc::new(node.clone()),
-                deliveries: Some(Arc::new(daemon.deliverer().clone())),
+                deliveries: Some(Arc::new(NodeFamilies {
+                    deliverer: daemon.deliverer().clone(),
+                    federation: fed,
+                })),
                 match_latency: None,
             },
         )
