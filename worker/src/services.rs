@@ -642,6 +642,13 @@ impl v1::federation_server::Federation for Node {
                 )
                 .into());
             }
+            if o.origin_id.is_none() {
+                return Err(ServiceError::invalid(
+                    format!("objects[{i}].origin_id"),
+                    "required (it keys the object's deduplication)",
+                )
+                .into());
+            }
             if own.as_deref() == Some(o.origin_cluster.as_str()) {
                 // this cluster's own object come back (a misconfigured peer): stored already
                 continue;
