@@ -19,6 +19,7 @@ mod client;
 mod config;
 mod elected;
 mod embedded;
+mod links;
 mod serve;
 
 use benches::{

@@ -184,7 +184,7 @@ impl ListenFlags {
     }
 }
 
-/// Binds the node's HTTP listeners that were asked for.
+/// Binds the node's HTTP listeners that were asked for, and reads its federation links.
 pub(super) async fn node_extras(u: &UpArgs) -> anyhow::Result<worker::NodeExtras> {
     let s3_events = match u.s3_events_listen {
         None => None,
@@ -198,7 +198,7 @@ pub(super) async fn node_extras(u: &UpArgs) -> anyhow::Result<worker::NodeExtras
     Ok(worker::NodeExtras {
         metrics: metrics_listener(u.metrics_listen).await?,
         s3_events,
-        federation: u.federation()?,
+        federation: crate::links::federation(&u.cluster_name, &u.links)?,
     })
 }
 
@@ -229,7 +229,7 @@ pub(super) fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
             n.store.outbox_len()
         ))?;
         let daemon = w.daemon_config(a.node, String::new(), String::new())?;
-        let http = node_extras(&a).await?;
+        let extras = node_extras(&a).await?;
         let listener = a.listen_flags.listener(n.listener, &n.limits)?;
         embedded::run(
             listener,
@@ -237,7 +237,7 @@ pub(super) fn up(a: UpArgs, w: WorkerFlags) -> anyhow::Result<bool> {
             n.limits,
             coordinator::server::ServerConfig::default(),
             daemon,
-            http,
+            extras,
             shutdown(),
         )
         .await?;
@@ -255,87 +255,6 @@ struct NodeStart {
 }
 
 impl UpArgs {
-    /// The federation settings (`--cluster-name`, `--link`), checked; `None` without links.
-    pub(super) fn federation(
-        &self,
-    ) -> anyhow::Result<Option<worker::federation::FederationConfig>> {
-        use worker::federation::{FederationConfig, LinkConfig, valid_name};
-        if self.links.is_empty() {
-            return Ok(None);
-        }
-        if !valid_name(&self.cluster_name) {
-            bail!(
-                "--cluster-name {:?}: 1 to 64 letters, digits, `_ . -`",
-                self.cluster_name
-            );
-        }
-        let mut links: Vec<LinkConfig> = Vec::new();
-        for spec in &self.links {
-            let (name, rest) = spec.split_once('=').ok_or_else(|| {
-                anyhow::anyhow!(
-                    "--link {spec:?}: expected NAME=URL[,token-file=PATH][,filter=FILTER]"
-                )
-            })?;
-            if !valid_name(name) {
-                bail!(
-                    "--link {spec:?}: the name {name:?} must be 1 to 64 letters, digits, `_ . -`"
-                );
-            }
-            if links.iter().any(|l| l.name == name) {
-                bail!("--link {spec:?}: a second link named {name:?}");
-            }
-            // the filter takes the rest of the value, commas included
-            let (head, filter) = match rest.split_once(",filter=") {
-                Some((h, f)) => (h, Some(f)),
-                None => (rest, None),
-            };
-            let mut parts = head.split(',');
-            let url = parts.next().unwrap_or_default().to_string();
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                bail!("--link {spec:?}: {url:?} is not an http:// or https:// URL");
-            }
-            let mut token = None;
-            for p in parts {
-                match p.split_once('=') {
-                    Some(("token-file", path)) => {
-                        let t = std::fs::read_to_string(path)
-                            .map_err(|e| anyhow::anyhow!("--link {name}: reading {path}: {e}"))?;
-                        token = Some(t.trim().to_string());
-                    }
-                    _ => bail!("--link {spec:?}: {p:?} is not token-file=PATH or filter=FILTER"),
-                }
-            }
-            let filter = match filter {
-                None => None,
-                Some(f) => {
-                    use proto::v1::subscription::Filter;
-                    let filter = if f.trim_start().starts_with('{') {
-                        Filter::Eventbridge(f.to_string())
-                    } else {
-                        Filter::Text(f.to_string())
-                    };
-                    let s = proto::v1::Subscription {
-                        filter: Some(filter),
-                        ..Default::default()
-                    };
-                    let dnf = runtime::validate::filter(&s, &runtime::Limits::default())
-                        .map_err(|e| anyhow::anyhow!("--link {name} filter: {e}"))?;
-                    Some(dnf)
-                }
-            };
-            links.push(LinkConfig {
-                name: name.to_string(),
-                url,
-                token,
-                filter,
-            });
-        }
-        Ok(Some(FederationConfig {
-            cluster: self.cluster_name.clone(),
-            links,
-        }))
-    }
-
     async fn start(&self, allow_private_targets: bool) -> anyhow::Result<NodeStart> {
         std::fs::create_dir_all(&self.data).map_err(|e| {
             anyhow::anyhow!("creating the data directory {}: {e}", self.data.display())
@@ -722,9 +641,9 @@ pub(super) fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
             n.addr,
             u.data.display(),
         ))?;
-        let http = node_extras(u).await?;
+        let extras = node_extras(u).await?;
         let listener = u.listen_flags.listener(n.listener, &n.limits)?;
-        worker::run_node(listener, n.store, n.limits, cfg, http, shutdown()).await?;
+        worker::run_node(listener, n.store, n.limits, cfg, extras, shutdown()).await?;
         Ok(true)
     })
 }
