@@ -12,6 +12,17 @@
 //! max-workers = 8
 //! ```
 //!
+//! Links to peer clusters (`up` and `node`'s `--link`) have a table array of their own:
+//!
+//! ```toml
+//! [[federation.link]]
+//! name = "us"
+//! peer = "http://us.example:7700"
+//! mode = "all-active"            # the only mode built so far, and the default
+//! token-file = "/etc/dissem/us.token"
+//! filter = 'region = "us"'       # optional, either filter syntax
+//! ```
+//!
 //! Precedence: a flag on the command line, then its environment variable, then the file, then
 //! the default. The file's settings become flags before clap parses, so `--help` documents every
 //! key and a bad key or value gets clap's error naming the flag.
@@ -35,6 +46,14 @@ fn value_args(
     path: &str,
     cmd: &str,
 ) -> Result<Vec<OsString>, String> {
+    if let (true, toml::Value::Array(items)) = (REPEATED.contains(&flag), value) {
+        // a repeatable flag: once per item
+        let mut out = Vec::new();
+        for v in items {
+            out.extend(value_args(flag, v, path, cmd)?);
+        }
+        return Ok(out);
+    }
     let s = match value {
         toml::Value::Boolean(true) => return Ok(vec![flag.into()]),
         toml::Value::Boolean(false) => return Ok(Vec::new()),
@@ -57,6 +76,66 @@ fn value_args(
         }
     };
     Ok(vec![flag.into(), s.into()])
+}
+
+/// Flags given once per value (a list in the file repeats them).
+const REPEATED: &[&str] = &["--link"];
+
+/// The table of the links to peer clusters.
+const FEDERATION: &str = "federation";
+/// The commands that take `--link`.
+const LINKED_COMMANDS: &[&str] = &["up", "node"];
+
+/// The `[[federation.link]]` entries of the file as `--link` values.
+fn federation_links(doc: &toml::Table, path: &str) -> Result<Vec<String>, String> {
+    let Some(fed) = doc.get(FEDERATION) else {
+        return Ok(Vec::new());
+    };
+    let err = |what: String| Err(format!("config file {path}: [federation] {what}"));
+    let Some(fed) = fed.as_table() else {
+        return err("must be a table holding [[federation.link]] entries".into());
+    };
+    let mut out = Vec::new();
+    for (key, v) in fed {
+        let Some(items) = v.as_array().filter(|_| key == "link") else {
+            return err(format!(
+                "has no setting `{key}`; links go in [[federation.link]]"
+            ));
+        };
+        for (i, item) in items.iter().enumerate() {
+            let Some(t) = item.as_table() else {
+                return err(format!("link {i} is not a table"));
+            };
+            let text = |k: &str| t.get(k).and_then(|v| v.as_str());
+            for k in t.keys() {
+                if !["name", "peer", "mode", "token-file", "filter"].contains(&k.as_str()) {
+                    return err(format!(
+                        "link {i} has no setting `{k}` (name, peer, mode, token-file, filter)"
+                    ));
+                }
+            }
+            let (Some(name), Some(peer)) = (text("name"), text("peer")) else {
+                return err(format!("link {i} needs `name` and `peer` (strings)"));
+            };
+            match text("mode") {
+                None | Some("all-active") => {}
+                Some(m) => {
+                    return err(format!(
+                        "link {name}: mode {m:?} is not built yet (only \"all-active\")"
+                    ));
+                }
+            }
+            let mut spec = format!("{name}={peer}");
+            if let Some(f) = text("token-file") {
+                spec.push_str(&format!(",token-file={f}"));
+            }
+            if let Some(f) = text("filter") {
+                spec.push_str(&format!(",filter={f}"));
+            }
+            out.push(spec);
+        }
+    }
+    Ok(out)
 }
 
 /// The commands whose every flag has an environment variable.
@@ -113,7 +192,11 @@ pub fn apply(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>,
         }
     };
     let path = path.unwrap_or_default();
+    let links = federation_links(&doc, &path)?;
     for (key, v) in &doc {
+        if key == FEDERATION {
+            continue;
+        }
         if !v.is_table() {
             return Err(format!(
                 "config file {path}: `{key}` is not a [command] table; put settings under \
@@ -180,6 +263,11 @@ pub fn apply(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>,
         }
         if let Some(v) = table.get(key) {
             extra.extend(value_args(&flag, v, &path, &cmd)?);
+        } else if key == "link" && !links.is_empty() && LINKED_COMMANDS.contains(&cmd.as_str()) {
+            for l in &links {
+                extra.push(flag.clone().into());
+                extra.push(l.into());
+            }
         }
     }
     let mut out = rest;
@@ -202,6 +290,11 @@ mod tests {
             .subcommand(
                 clap::Command::new("up")
                     .arg(clap::Arg::new("listen").long("listen"))
+                    .arg(
+                        clap::Arg::new("link")
+                            .long("link")
+                            .action(clap::ArgAction::Append),
+                    )
                     .arg(clap::Arg::new("max-workers").long("max-workers"))
                     .arg(clap::Arg::new("gpu").long("gpu"))
                     .arg(
@@ -267,5 +360,56 @@ mod tests {
         )
         .expect_err("missing file");
         assert!(e.contains("/nonexistent/x.toml"), "{e}");
+    }
+
+    #[test]
+    fn federation_links_become_link_flags() {
+        let dir = std::env::temp_dir().join(format!("dissem-config-fed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("c.toml");
+        let run = |text: &str| {
+            std::fs::write(&f, text).expect("write");
+            apply(
+                args(&["dissem", "--config", f.to_str().expect("utf-8"), "up"]),
+                &root(),
+            )
+            .map(|v| {
+                v.iter()
+                    .map(|a| a.to_string_lossy().to_string())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let out = run(
+            "[[federation.link]]\nname = \"us\"\npeer = \"http://us:7700\"\n\
+             token-file = \"/t\"\nfilter = 'region = \"us\"'\n\
+             [[federation.link]]\nname = \"ap\"\npeer = \"http://ap:7700\"\n\
+             mode = \"all-active\"\n",
+        )
+        .expect("links");
+        let links: Vec<&String> = out
+            .windows(2)
+            .filter(|w| w[0] == "--link")
+            .map(|w| &w[1])
+            .collect();
+        assert_eq!(
+            links,
+            [
+                "us=http://us:7700,token-file=/t,filter=region = \"us\"",
+                "ap=http://ap:7700"
+            ],
+            "{out:?}"
+        );
+        let out = run("[up]\nlink = [\"a=http://a\", \"b=http://b\"]\n").expect("a list");
+        assert_eq!(out.iter().filter(|a| *a == "--link").count(), 2, "{out:?}");
+        let e =
+            run("[[federation.link]]\nname = \"x\"\npeer = \"http://x\"\nmode = \"spillover\"\n")
+                .expect_err("not built");
+        assert!(e.contains("is not built yet"), "{e}");
+        let e = run("[[federation.link]]\nname = \"x\"\n").expect_err("no peer");
+        assert!(e.contains("needs `name` and `peer`"), "{e}");
+        let e = run("[[federation.link]]\nname = \"x\"\npeer = \"http://x\"\nport = 1\n")
+            .expect_err("unknown key");
+        assert!(e.contains("has no setting `port`"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -9,8 +9,9 @@
 //! replicated object to its own links, so no topology (a triangle included) loops.
 //!
 //! Per link, `/metrics` shows what is owed, sent, acknowledged and deduplicated, and the lag
-//! (the age of the oldest object owed). Not built yet: active-passive, spillover,
-//! `dissem link add|list|remove` and `[[federation.link]]` in the config file.
+//! (the age of the oldest object owed). Links come from `--link` flags or the config file's
+//! `[[federation.link]]` entries. Not built yet: active-passive, spillover, and
+//! `dissem link add|list|remove`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
