@@ -49,7 +49,7 @@ impl Deliverer {
         }
         let full = {
             let mut b = lock(&self.inner.backlog);
-            let waiting = b.entry(stream).or_default();
+            let waiting = b.entry(stream.clone()).or_default();
             let full = waiting.len() >= MAX_BACKLOG && !waiting.contains_key(&(sub, obj));
             if !full {
                 waiting.insert((sub, obj), born.saturating_add(ttl));
@@ -69,6 +69,14 @@ impl Deliverer {
             next_attempt_unix_ms: now,
         };
         self.finish(sub, obj, state, p.job.in_memory).await;
+        // a subscriber that attached after the attempt found nobody, and before the delivery
+        // joined the backlog, emptied the backlog without it: it goes out now, not at its TTL
+        let attached = lock(&self.inner.streams)
+            .get(&stream)
+            .is_some_and(|v| !v.is_empty());
+        if attached {
+            self.attached(&stream);
+        }
     }
 
     /// A subscriber attached to `stream`: everything waiting for it goes out now.
