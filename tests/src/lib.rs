@@ -145,3 +145,63 @@ pub fn start_up(dir: &Path, extra: &[&str]) -> Proc {
     args.extend(extra.iter().map(|a| a.to_string()));
     Proc::start(&dissem_bin(), &args)
 }
+
+/// One HTTP/1.1 request on `addr`: (status, body).
+pub async fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).await?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await?;
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = raw.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Ok((status, body))
+}
+
+/// A stream subscriber on the node at `url`: attached to `stream`, then subscribed with
+/// `filter`. The sender for acks, the deliveries and the subscription's id.
+pub async fn stream_subscriber(
+    url: &str,
+    stream: &str,
+    filter: proto::v1::subscription::Filter,
+) -> (
+    tokio::sync::mpsc::Sender<proto::v1::StreamClientMessage>,
+    tonic::Streaming<proto::v1::Delivery>,
+    u64,
+) {
+    let (tx, down) = attach(url, stream).await;
+    let sub = proto::v1::subscriptions_client::SubscriptionsClient::new(channel(url))
+        .create(proto::v1::CreateSubscriptionRequest {
+            subscription: Some(proto::v1::Subscription {
+                filter: Some(filter),
+                target: Some(proto::v1::Target {
+                    kind: Some(proto::v1::target::Kind::Stream(stream.into())),
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("create")
+        .into_inner()
+        .id;
+    (tx, down, sub)
+}

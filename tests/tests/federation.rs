@@ -8,18 +8,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use proto::v1;
-use tests::{Proc, attach, dissem_bin, runtime, temp_dir, token_create, wait_for};
-
-/// One HTTP/1.1 GET of `path` on `addr`: the body.
-async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
-        .await?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await?;
-    Ok(raw.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
-}
+use tests::{
+    Proc, attach, dissem_bin, http, runtime, stream_subscriber, temp_dir, token_create, wait_for,
+};
 
 const CLUSTERS: [&str; 3] = ["eu", "us", "ap"];
 
@@ -134,19 +125,8 @@ fn a_triangle_of_clusters_delivers_every_object_everywhere_once() {
         // a stream subscriber in each cluster, for every object
         let mut subs = Vec::new();
         for u in &urls {
-            let (tx, down) = attach(u, "all").await;
-            v1::subscriptions_client::SubscriptionsClient::new(tests::channel(u))
-                .create(v1::CreateSubscriptionRequest {
-                    subscription: Some(v1::Subscription {
-                        filter: Some(v1::subscription::Filter::Text("n >= 0".into())),
-                        target: Some(v1::Target {
-                            kind: Some(v1::target::Kind::Stream("all".into())),
-                        }),
-                        ..Default::default()
-                    }),
-                })
-                .await
-                .expect("create");
+            let filter = v1::subscription::Filter::Text("n >= 0".into());
+            let (tx, down, _) = stream_subscriber(u, "all", filter).await;
             subs.push((tx, down));
         }
         // 20 objects put in each cluster
@@ -181,7 +161,7 @@ fn a_triangle_of_clusters_delivers_every_object_everywhere_once() {
             "eu's link to ap owing 10",
             Duration::from_secs(10),
             || async move {
-                let body = http_get(metrics, "/metrics").await.ok()?;
+                let (_, body) = http(metrics, "GET", "/metrics", &[], "").await.ok()?;
                 body.contains("dissem_link_owed{link=\"ap\"} 10")
                     .then_some(body)
             },
@@ -259,10 +239,13 @@ fn a_link_needs_the_peers_federate_token() {
         vec!["--auth-file".into(), auth.display().to_string()],
     );
     // the good link carries n = 1 only, the bad one n = 2 only
+    let metrics = free_port();
     let mut origin = up(
         "eu",
         "127.0.0.1:0".into(),
         vec![
+            "--metrics-listen".into(),
+            metrics.to_string(),
             "--link".into(),
             format!(
                 "good=http://{peer_addr},token-file={},filter=n = 1",
@@ -291,18 +274,36 @@ fn a_link_needs_the_peers_federate_token() {
                     .map(|s| s.into_inner().objects_stored)
             }
         };
-        tests::wait_for(
+        wait_for(
             "the good link's object",
             Duration::from_secs(20),
             || async { stored().await.filter(|n| *n >= 1) },
         )
         .await;
-        // the bad link keeps trying (every 100 ms to 5 s) and is refused every time
-        let until = tokio::time::Instant::now() + Duration::from_secs(2);
-        while tokio::time::Instant::now() < until {
-            assert_eq!(stored().await, Some(1), "only the federate token's object");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        // the bad link has sent its object twice (so the peer refused the first call) and
+        // nothing of it was acknowledged
+        let scrape = wait_for(
+            "the bad link's second try",
+            Duration::from_secs(20),
+            || async move {
+                let (_, body) = http(metrics, "GET", "/metrics", &[], "").await.ok()?;
+                let sent = body
+                    .lines()
+                    .find_map(|l| l.strip_prefix("dissem_link_sent_total{link=\"bad\"} "))
+                    .and_then(|v| v.parse::<f64>().ok())?;
+                (sent >= 2.0).then_some(body)
+            },
+        )
+        .await;
+        assert!(
+            scrape.contains("dissem_link_acked_total{link=\"bad\"} 0\n"),
+            "{scrape}"
+        );
+        assert!(
+            scrape.contains("dissem_link_owed{link=\"bad\"} 1\n"),
+            "{scrape}"
+        );
+        assert_eq!(stored().await, Some(1), "only the federate token's object");
     });
     origin.kill();
     peer.kill();

@@ -3,24 +3,7 @@
 
 use std::time::Duration;
 
-use tests::{Proc, attach, dissem_bin, runtime, start_up, temp_dir, wait_for};
-
-/// One HTTP/1.1 GET on `addr`: (status, body).
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
-        .await?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await?;
-    let status = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = raw.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    Ok((status, body))
-}
+use tests::{Proc, attach, dissem_bin, http, runtime, start_up, temp_dir, wait_for};
 
 /// The metrics port answers orchestrators' probes beside `/metrics`: `/healthz` when the
 /// process runs, `/readyz` when its services answer.
@@ -49,7 +32,7 @@ fn the_metrics_port_serves_health_and_readiness() {
             "the readiness probe",
             Duration::from_secs(30),
             || async move {
-                http_get(metrics, "/readyz")
+                http(metrics, "GET", "/readyz", &[], "")
                     .await
                     .ok()
                     .filter(|r| r.0 == 200)
@@ -57,12 +40,16 @@ fn the_metrics_port_serves_health_and_readiness() {
         )
         .await;
         assert_eq!(ready.1.trim(), "ready");
-        let (code, body) = http_get(metrics, "/healthz").await.expect("healthz");
+        let (code, body) = http(metrics, "GET", "/healthz", &[], "")
+            .await
+            .expect("healthz");
         assert_eq!((code, body.trim()), (200, "ok"));
-        let (code, body) = http_get(metrics, "/metrics").await.expect("metrics");
+        let (code, body) = http(metrics, "GET", "/metrics", &[], "")
+            .await
+            .expect("metrics");
         assert_eq!(code, 200);
         assert!(body.contains("# TYPE dissem_"), "{body}");
-        let (code, _) = http_get(metrics, "/nope").await.expect("404");
+        let (code, _) = http(metrics, "GET", "/nope", &[], "").await.expect("404");
         assert_eq!(code, 404);
     });
     up.kill();

@@ -11,72 +11,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use proto::v1;
-use tests::{runtime, start_up, temp_dir, token_create, wait_for};
-
-/// One HTTP/1.1 request on `addr`: (status, body).
-async fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> std::io::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).await?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await?;
-    let status = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = raw.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    Ok((status, body))
-}
+use tests::{http, runtime, start_up, stream_subscriber, temp_dir, token_create, wait_for};
 
 fn free_port() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
-}
-
-/// A stream subscriber on the node at `url`: attached to `stream`, then subscribed with
-/// `filter`. The sender for acks, the deliveries and the subscription's id.
-async fn stream_subscriber(
-    url: &str,
-    stream: &str,
-    filter: v1::subscription::Filter,
-) -> (
-    tokio::sync::mpsc::Sender<v1::StreamClientMessage>,
-    tonic::Streaming<v1::Delivery>,
-    u64,
-) {
-    let (tx, down) = tests::attach(url, stream).await;
-    let sub = v1::subscriptions_client::SubscriptionsClient::new(tests::channel(url))
-        .create(v1::CreateSubscriptionRequest {
-            subscription: Some(v1::Subscription {
-                filter: Some(filter),
-                target: Some(v1::Target {
-                    kind: Some(v1::target::Kind::Stream(stream.into())),
-                }),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("create")
-        .into_inner()
-        .id;
-    (tx, down, sub)
 }
 
 /// A MinIO webhook body for one object (`X-Amz-Meta-Site` user metadata, a URL-encoded key).

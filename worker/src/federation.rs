@@ -363,10 +363,7 @@ pub fn replicated_message_id(o: &v1::FederatedObject, max: usize) -> String {
     if m.len() <= max {
         m
     } else {
-        use sha2::Digest;
-        let h = sha2::Sha256::digest(m.as_bytes());
-        let hex: String = h.iter().map(|b| format!("{b:02x}")).collect();
-        format!("fed:{hex}")
+        format!("fed:{}", runtime::auth::sha256_hex(m.as_bytes()))
     }
 }
 

@@ -29,7 +29,6 @@ use proto::v1::ingest_server::Ingest;
 use runtime::auth::{Auth, Role};
 use runtime::http_serve::{Answer, HttpLimits, read_body};
 use serde_json::Value as Json;
-use sha2::{Digest, Sha256};
 
 /// The largest notification body read.
 pub const MAX_BODY: usize = 4 << 20;
@@ -224,7 +223,8 @@ fn record(r: &Json, path: &str) -> Result<v1::AnnounceRequest, RecordError> {
             .into_iter()
             .map(|(n, v)| attr(n, v1::value::Kind::Text(v))),
     );
-    let mut h = Sha256::new();
+    // the record's identity, its parts separated by NULs
+    let mut identity = Vec::new();
     for part in [
         source.as_str(),
         &bucket,
@@ -241,10 +241,10 @@ fn record(r: &Json, path: &str) -> Result<v1::AnnounceRequest, RecordError> {
             .and_then(text)
             .unwrap_or_default(),
     ] {
-        h.update(part.as_bytes());
-        h.update([0u8]);
+        identity.extend_from_slice(part.as_bytes());
+        identity.push(0);
     }
-    let digest: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let digest = runtime::auth::sha256_hex(&identity);
     Ok(v1::AnnounceRequest {
         external_id: format!("s3://{bucket}/{key}"),
         metadata: attrs,

@@ -1,8 +1,8 @@
 //! Delivery's figures for `/metrics`: put -> delivered latency and push duration by target
 //! kind as histograms, push outcomes per tenant and target kind, and the per-subscription
 //! counters (series only for the top k an operator opted into). The number of series is
-//! bounded by the tenants (at most 4 x [`MAX_TENANTS`] (tenant, target kind) pairs named,
-//! further tenants as `other`), never by the subscriptions.
+//! bounded by the tenants (at most [`MAX_TENANTS`] named, further tenants as `other`), never
+//! by the subscriptions.
 
 use super::*;
 
@@ -11,6 +11,10 @@ use runtime::metrics::{escape, line, top_subscriptions};
 
 /// Tenants named in the per-tenant series; pushes of further tenants count under `other`.
 pub(super) const MAX_TENANTS: usize = 256;
+
+/// The `target_kind` labels, in `TargetKind` order, then the kind of a push whose
+/// subscription is gone.
+const KIND_LABELS: [&str; 4] = ["grpc", "webhook", "stream", "unknown"];
 
 /// What a subscription pushes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -30,11 +34,7 @@ impl TargetKind {
     }
 
     pub(super) fn label(self) -> &'static str {
-        match self {
-            TargetKind::Grpc => "grpc",
-            TargetKind::Webhook => "webhook",
-            TargetKind::Stream => "stream",
-        }
+        KIND_LABELS[self as usize]
     }
 
     const ALL: [TargetKind; 3] = [TargetKind::Grpc, TargetKind::Webhook, TargetKind::Stream];
@@ -55,8 +55,8 @@ pub(super) struct Figures {
     put_to_delivered: Histogram,
     /// One attempt, by target kind (`TargetKind as usize`).
     push: [Histogram; 3],
-    /// (tenant, target kind) -> [acked, failed, dead-lettered].
-    by_tenant: Mutex<std::collections::BTreeMap<(String, &'static str), [u64; 3]>>,
+    /// tenant -> per target kind ([`KIND_LABELS`]) -> [acked, failed, dead-lettered].
+    by_tenant: Mutex<std::collections::BTreeMap<String, [[u64; 3]; 4]>>,
 }
 
 impl Figures {
@@ -72,16 +72,21 @@ impl Figures {
         if let (Some(k), Some(t)) = (kind, took) {
             self.push[k as usize].observe(t);
         }
-        let label = kind.map_or("unknown", TargetKind::label);
+        // the target kinds, then `unknown` (the subscription is gone)
+        let k = kind.map_or(KIND_LABELS.len() - 1, |k| k as usize);
         let tenant = s.map_or("unknown", |s| s.tenant.as_str());
         let mut map = lock(&self.by_tenant);
-        let key = (tenant.to_string(), label);
-        let key = if map.contains_key(&key) || map.len() < MAX_TENANTS * 4 {
-            key
+        // a known tenant is counted without allocating (this runs for every push)
+        if let Some(c) = map.get_mut(tenant) {
+            c[k][outcome as usize] += 1;
+            return;
+        }
+        let name = if map.len() < MAX_TENANTS {
+            tenant
         } else {
-            ("other".to_string(), label)
+            "other"
         };
-        map.entry(key).or_default()[outcome as usize] += 1;
+        map.entry(name.to_string()).or_default()[k][outcome as usize] += 1;
     }
 
     /// An acknowledged delivery of an object that arrived at `received_unix_ms`.
@@ -110,16 +115,20 @@ impl Figures {
             self.push[k as usize].render(o, name, &format!("target_kind=\"{}\"", k.label()));
         }
         let mut samples = Vec::new();
-        for ((tenant, kind), counts) in lock(&self.by_tenant).iter() {
-            for (i, outcome) in ["acked", "failed", "dead_letter"].iter().enumerate() {
-                samples.push((
-                    format!(
-                        "tenant=\"{}\",target_kind=\"{}\",outcome=\"{outcome}\"",
-                        escape(tenant),
-                        kind
-                    ),
-                    counts[i] as f64,
-                ));
+        for (tenant, kinds) in lock(&self.by_tenant).iter() {
+            for (kind, counts) in KIND_LABELS.iter().zip(kinds) {
+                if counts.iter().all(|c| *c == 0) {
+                    continue; // no push of that kind for the tenant
+                }
+                for (i, outcome) in ["acked", "failed", "dead_letter"].iter().enumerate() {
+                    samples.push((
+                        format!(
+                            "tenant=\"{}\",target_kind=\"{kind}\",outcome=\"{outcome}\"",
+                            escape(tenant)
+                        ),
+                        counts[i] as f64,
+                    ));
+                }
             }
         }
         line(
@@ -194,7 +203,7 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("dissem_tenant_deliveries_total{"))
             .count();
-        assert!(tenants <= (MAX_TENANTS * 4 + 4) * 3, "{tenants} series");
+        assert!(tenants <= (MAX_TENANTS + 1) * 4 * 3, "{tenants} series");
         assert!(
             o.contains(
                 "dissem_push_duration_seconds_bucket{target_kind=\"webhook\",le=\"0.005\"} 3"

@@ -50,9 +50,7 @@ impl Deliverer {
 
     /// The `dissem.test` and `dissem.match` spans of traced objects whose matches arrived.
     pub fn trace_matched(&self, objects: &[v1::ObjectMatches]) {
-        if self.tracer().is_none() {
-            return;
-        }
+        let Some(t) = self.tracer() else { return };
         for o in objects {
             let Some(id) = o.id else { continue };
             let id = ObjectId {
@@ -71,22 +69,20 @@ impl Deliverer {
             let object = (id.node, id.seq);
             let arrived = obj.stored.received_unix_ms * 1000;
             let (m0, m1) = (o.match_started_unix_us, o.match_finished_unix_us);
-            if let Some(t) = self.tracer() {
-                t.record(Span::step(
-                    &ctx,
-                    "dissem.test",
-                    INTERNAL,
-                    object,
-                    0,
-                    (arrived, m0),
-                ));
-                let mut m = Span::step(&ctx, "dissem.match", INTERNAL, object, 0, (m0, m1));
-                m.attributes.push((
-                    "dissem.matches",
-                    AttrValue::Int(o.subscriptions.len() as i64),
-                ));
-                t.record(m);
-            }
+            t.record(Span::step(
+                &ctx,
+                "dissem.test",
+                INTERNAL,
+                object,
+                0,
+                (arrived, m0),
+            ));
+            let mut m = Span::step(&ctx, "dissem.match", INTERNAL, object, 0, (m0, m1));
+            m.attributes.push((
+                "dissem.matches",
+                AttrValue::Int(o.subscriptions.len() as i64),
+            ));
+            t.record(m);
         }
     }
 
