@@ -47,14 +47,17 @@ impl Deliverer {
             self.dead_letter(sub, obj, reason, p.job.in_memory).await;
             return;
         }
+        // the record first: a subscriber attaching takes the delivery out of the backlog
+        // and schedules it from its record, which a fresh match's first attempt has not
+        // written yet (it had only the object's outbox record)
+        let state = DeliveryState::Pending {
+            attempts: p.attempts,
+            next_attempt_unix_ms: now,
+        };
         let full = {
-            let mut b = lock(&self.inner.backlog);
-            let waiting = b.entry(stream.clone()).or_default();
-            let full = waiting.len() >= MAX_BACKLOG && !waiting.contains_key(&(sub, obj));
-            if !full {
-                waiting.insert((sub, obj), born.saturating_add(ttl));
-            }
-            full
+            let b = lock(&self.inner.backlog);
+            b.get(&stream)
+                .is_some_and(|w| w.len() >= MAX_BACKLOG && !w.contains_key(&(sub, obj)))
         };
         if full {
             let reason = format!(
@@ -64,11 +67,11 @@ impl Deliverer {
             self.dead_letter(sub, obj, reason, p.job.in_memory).await;
             return;
         }
-        let state = DeliveryState::Pending {
-            attempts: p.attempts,
-            next_attempt_unix_ms: now,
-        };
         self.finish(sub, obj, state, p.job.in_memory).await;
+        lock(&self.inner.backlog)
+            .entry(stream.clone())
+            .or_default()
+            .insert((sub, obj), born.saturating_add(ttl));
         // a subscriber that attached after the attempt found nobody, and before the delivery
         // joined the backlog, emptied the backlog without it: it goes out now, not at its TTL
         let attached = lock(&self.inner.streams)
