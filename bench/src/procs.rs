@@ -111,7 +111,15 @@ impl Proc {
 
     /// Starts the same command again on the same address (after [`Proc::kill`]).
     pub fn restart(&mut self) {
+        self.restart_with(&[]);
+    }
+
+    /// [`Proc::restart`] with `extra` arguments added (after [`Proc::kill`], which it does
+    /// first if the process still runs).
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.kill();
         let mut args = self.args.clone();
+        args.extend(extra.iter().map(|a| a.to_string()));
         if let Some(i) = args.iter().position(|a| a == "--listen") {
             args[i + 1] = self.addr.clone();
         }

@@ -330,6 +330,22 @@ pub(super) fn print_lines(lines: &[String]) -> std::io::Result<()> {
 }
 
 #[derive(Subcommand, Debug)]
+pub(super) enum LinkCmd {
+    /// This node's links (mode, what each owes, sent, acknowledged, lag) and its
+    /// active-passive role; never a token.
+    List {
+        #[command(flatten)]
+        node: NodeArg,
+    },
+    /// Promotes a standby: it becomes active at a new epoch and disseminates the copies it
+    /// keeps that have not expired (the primary's finished ones were already dropped).
+    Promote {
+        #[command(flatten)]
+        node: NodeArg,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 pub(super) enum TokenCmd {
     /// Creates a token: prints it once and stores only its SHA-256 in the auth file (created,
     /// mode 0600, if missing). Nodes read the file at start.

@@ -108,24 +108,30 @@ fn federation_links(doc: &toml::Table, path: &str) -> Result<Vec<String>, String
             };
             let text = |k: &str| t.get(k).and_then(|v| v.as_str());
             for k in t.keys() {
-                if !["name", "peer", "mode", "token-file", "filter"].contains(&k.as_str()) {
+                if !["name", "peer", "mode", "ttl", "token-file", "filter"].contains(&k.as_str()) {
                     return err(format!(
-                        "link {i} has no setting `{k}` (name, peer, mode, token-file, filter)"
+                        "link {i} has no setting `{k}` (name, peer, mode, ttl, token-file, \
+                         filter)"
                     ));
                 }
             }
             let (Some(name), Some(peer)) = (text("name"), text("peer")) else {
                 return err(format!("link {i} needs `name` and `peer` (strings)"));
             };
+            let mut spec = format!("{name}={peer}");
             match text("mode") {
-                None | Some("all-active") => {}
+                None => {}
+                Some(m @ ("all-active" | "active-passive")) => spec.push_str(&format!(",mode={m}")),
                 Some(m) => {
                     return err(format!(
-                        "link {name}: mode {m:?} is not built yet (only \"all-active\")"
+                        "link {name}: mode {m:?} is not \"all-active\" or \"active-passive\" \
+                         (spillover is not built yet)"
                     ));
                 }
             }
-            let mut spec = format!("{name}={peer}");
+            if let Some(d) = text("ttl") {
+                spec.push_str(&format!(",ttl={d}"));
+            }
             if let Some(f) = text("token-file") {
                 spec.push_str(&format!(",token-file={f}"));
             }
@@ -395,7 +401,7 @@ mod tests {
             links,
             [
                 "us=http://us:7700,token-file=/t,filter=region = \"us\"",
-                "ap=http://ap:7700"
+                "ap=http://ap:7700,mode=all-active"
             ],
             "{out:?}"
         );
@@ -405,6 +411,15 @@ mod tests {
             run("[[federation.link]]\nname = \"x\"\npeer = \"http://x\"\nmode = \"spillover\"\n")
                 .expect_err("not built");
         assert!(e.contains("is not built yet"), "{e}");
+        let out = run(
+            "[[federation.link]]\nname = \"dr\"\npeer = \"http://dr:7700\"\n\
+             mode = \"active-passive\"\nttl = \"2s\"\n",
+        )
+        .expect("active-passive");
+        assert!(
+            out.contains(&"dr=http://dr:7700,mode=active-passive,ttl=2s".to_string()),
+            "{out:?}"
+        );
         let e = run("[[federation.link]]\nname = \"x\"\n").expect_err("no peer");
         assert!(e.contains("needs `name` and `peer`"), "{e}");
         let e = run("[[federation.link]]\nname = \"x\"\npeer = \"http://x\"\nport = 1\n")

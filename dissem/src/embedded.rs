@@ -83,11 +83,12 @@ pub async fn run(
     let mut node = Node::new(store.clone(), limits, Sink::Cluster(daemon));
     let fed = http
         .federation
-        .map(|cfg| worker::federation::Federation::new(cfg, store));
+        .map(|cfg| worker::federation::Federation::new(cfg, store))
+        .transpose()?;
     if let Some(f) = &fed {
-        f.spawn();
         node = node.with_federation(f.clone());
     }
+    node.start_federation();
     if let Some(l) = http.s3_events {
         tokio::spawn(worker::s3events::serve(l, node.clone(), listener.auth()));
     }

@@ -1,16 +1,23 @@
-//! The `--cluster-name` and `--link` flags of `up` and `node`: this cluster's name and its
-//! links to peer clusters (all-active federation, `worker::federation`), parsed and checked
-//! at start, with errors that name the flag.
+//! The `--cluster-name`, `--link`, `--standby` and `--promote-after` flags of `up` and
+//! `node`: this cluster's name, its links to peer clusters and its active-passive role
+//! (`worker::federation`), parsed and checked at start, with errors that name the flag.
 
 use anyhow::bail;
 
-/// The federation settings (`--cluster-name`, `--link`), checked; `None` without links.
+/// The federation settings, checked; `None` without links and without `--standby`.
 pub(super) fn federation(
     cluster_name: &str,
     link_specs: &[String],
+    standby: bool,
+    promote_after: Option<std::time::Duration>,
 ) -> anyhow::Result<Option<worker::federation::FederationConfig>> {
-    use worker::federation::{FederationConfig, LinkConfig, valid_name};
-    if link_specs.is_empty() {
+    use worker::federation::{
+        DEFAULT_STANDBY_TTL, FederationConfig, LinkConfig, LinkMode, valid_name,
+    };
+    if promote_after.is_some() && !standby {
+        bail!("--promote-after is for a standby: give --standby too");
+    }
+    if link_specs.is_empty() && !standby {
         return Ok(None);
     }
     if !valid_name(cluster_name) {
@@ -22,7 +29,10 @@ pub(super) fn federation(
     let mut links: Vec<LinkConfig> = Vec::new();
     for spec in link_specs {
         let (name, rest) = spec.split_once('=').ok_or_else(|| {
-            anyhow::anyhow!("--link {spec:?}: expected NAME=URL[,token-file=PATH][,filter=FILTER]")
+            anyhow::anyhow!(
+                "--link {spec:?}: expected \
+                 NAME=URL[,mode=MODE][,ttl=DUR][,token-file=PATH][,filter=FILTER]"
+            )
         })?;
         if !valid_name(name) {
             bail!("--link {spec:?}: the name {name:?} must be 1 to 64 letters, digits, `_ . -`");
@@ -41,6 +51,8 @@ pub(super) fn federation(
             bail!("--link {spec:?}: {url:?} is not an http:// or https:// URL");
         }
         let mut token = None;
+        let mut passive = false;
+        let mut ttl = None;
         for p in parts {
             match p.split_once('=') {
                 Some(("token-file", path)) => {
@@ -48,9 +60,27 @@ pub(super) fn federation(
                         .map_err(|e| anyhow::anyhow!("--link {name}: reading {path}: {e}"))?;
                     token = Some(t.trim().to_string());
                 }
-                _ => bail!("--link {spec:?}: {p:?} is not token-file=PATH or filter=FILTER"),
+                Some(("mode", "all-active")) => passive = false,
+                Some(("mode", "active-passive")) => passive = true,
+                Some(("mode", m)) => bail!(
+                    "--link {spec:?}: mode {m:?} is not all-active or active-passive \
+                     (spillover is not built yet)"
+                ),
+                Some(("ttl", d)) => {
+                    let ms = crate::client::parse_duration_ms(d)
+                        .map_err(|e| anyhow::anyhow!("--link {name} ttl: {e}"))?;
+                    ttl = Some(std::time::Duration::from_millis(ms));
+                }
+                _ => bail!("--link {spec:?}: {p:?} is not mode=, ttl=, token-file= or filter="),
             }
         }
+        let mode = match (passive, ttl) {
+            (true, ttl) => LinkMode::ActivePassive {
+                ttl: ttl.unwrap_or(DEFAULT_STANDBY_TTL),
+            },
+            (false, None) => LinkMode::AllActive,
+            (false, Some(_)) => bail!("--link {spec:?}: ttl= is for mode=active-passive"),
+        };
         let filter = match filter {
             None => None,
             Some(f) => {
@@ -74,11 +104,14 @@ pub(super) fn federation(
             url,
             token,
             filter,
+            mode,
         });
     }
     Ok(Some(FederationConfig {
         cluster: cluster_name.to_string(),
         links,
+        standby,
+        promote_after,
     }))
 }
 
@@ -89,10 +122,16 @@ mod tests {
     #[test]
     fn link_flags_are_checked_and_name_the_flag() {
         let specs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert!(federation("eu", &[]).expect("no links").is_none());
+        assert!(
+            federation("eu", &[], false, None)
+                .expect("no links")
+                .is_none()
+        );
         let f = federation(
             "eu",
             &specs(&["us=http://10.0.0.1:7700,filter=region = \"us\" && n in [1, 2]"]),
+            false,
+            None,
         )
         .expect("a link with a filter")
         .expect("links");
@@ -100,7 +139,7 @@ mod tests {
         assert_eq!(f.links[0].url, "http://10.0.0.1:7700");
         assert!(f.links[0].filter.is_some() && f.links[0].token.is_none());
         let err = |cluster: &str, v: &[&str]| {
-            federation(cluster, &specs(v))
+            federation(cluster, &specs(v), false, None)
                 .expect_err("refused")
                 .to_string()
         };
@@ -108,7 +147,34 @@ mod tests {
         assert!(err("eu", &["nourl"]).contains("expected NAME=URL"));
         assert!(err("eu", &["a=ftp://x"]).contains("is not an http://"));
         assert!(err("eu", &["a=http://x", "a=http://y"]).contains("a second link"));
-        assert!(err("eu", &["a=http://x,bogus=1"]).contains("is not token-file"));
+        assert!(err("eu", &["a=http://x,bogus=1"]).contains("is not mode="));
+        assert!(err("eu", &["a=http://x,mode=spillover"]).contains("not built yet"));
+        assert!(err("eu", &["a=http://x,ttl=5s"]).contains("ttl= is for"));
+        assert!(err("eu", &["a=http://x,mode=active-passive,ttl=5"]).contains("needs a unit"));
+        let ap = federation(
+            "eu",
+            &specs(&["b=http://x,mode=active-passive,ttl=2s"]),
+            false,
+            None,
+        )
+        .expect("active-passive")
+        .expect("links");
+        assert_eq!(
+            ap.links[0].mode,
+            worker::federation::LinkMode::ActivePassive {
+                ttl: std::time::Duration::from_secs(2)
+            }
+        );
+        let standby = federation("us", &[], true, Some(std::time::Duration::from_secs(1)))
+            .expect("a standby without links")
+            .expect("settings");
+        assert!(standby.standby && standby.links.is_empty());
+        assert!(
+            federation("us", &[], false, Some(std::time::Duration::from_secs(1)))
+                .expect_err("promote-after alone")
+                .to_string()
+                .contains("give --standby")
+        );
         assert!(err("eu", &["a=http://x,token-file=/nonexistent/t"]).contains("reading"));
         assert!(err("eu", &["a=http://x,filter=n >"]).contains("--link a filter"));
     }

@@ -26,7 +26,7 @@ use benches::{
     Bench, bench_churn, bench_cluster, bench_e2e, bench_failover, bench_ingest, bench_match,
     bench_quorum, demo,
 };
-use client::{NodeArg, TokenCmd, client};
+use client::{LinkCmd, NodeArg, TokenCmd, client};
 use serve::{CoordinatorArgs, NodeArgs, UpArgs, WorkerFlags, coordinator_cmd, node_cmd, up};
 
 /// A storage-integrated content dissemination cluster.
@@ -136,6 +136,11 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// A node's links to peer clusters (federation): list them, or promote a standby.
+    Link {
+        #[command(subcommand)]
+        which: LinkCmd,
+    },
     /// Manages the tokens of an auth file.
     Token {
         #[command(subcommand)]
@@ -224,6 +229,12 @@ fn main() -> ExitCode {
         Command::Up { up: a, workers } => up(a, workers),
         Command::Coordinator(a) => coordinator_cmd(a),
         Command::Workers { node } => client(&node, worker::client::workers),
+        Command::Link {
+            which: LinkCmd::List { node },
+        } => client(&node, worker::client::links),
+        Command::Link {
+            which: LinkCmd::Promote { node },
+        } => client(&node, worker::client::promote),
         Command::Token {
             which:
                 TokenCmd::Create {

@@ -36,13 +36,24 @@ pub(super) struct UpArgs {
     /// This cluster's name: the origin its objects carry to peer clusters (--link).
     #[arg(long, default_value = "dissem")]
     pub(super) cluster_name: String,
-    /// A link to a peer cluster (all-active federation): every object this node ingests is
-    /// sent there too, durably and in order. `NAME=URL[,token-file=PATH][,filter=FILTER]`:
-    /// the link's name, a node of the peer cluster, the file holding the peer's token with
-    /// the `federate` role, and a filter (the rest of the value) objects must pass.
-    /// Repeatable.
+    /// A link to a peer cluster: every object this node ingests is sent there too, durably
+    /// and in order.
+    /// `NAME=URL[,mode=all-active|active-passive][,ttl=DUR][,token-file=PATH][,filter=FILTER]`:
+    /// the link's name, a node of the peer cluster, the mode (all-active: the peer
+    /// disseminates; active-passive: the peer is a standby that keeps each copy for `ttl`,
+    /// 60s by default), the file holding the peer's token with the `federate` role, and a
+    /// filter (the rest of the value) objects must pass. Repeatable.
     #[arg(long = "link", value_name = "SPEC")]
     pub(super) links: Vec<String>,
+    /// Active-passive: this node is (or steps down to) a standby. It keeps what a primary
+    /// sends without disseminating it until promoted (`dissem link promote`); the role is
+    /// kept in the data directory.
+    #[arg(long)]
+    pub(super) standby: bool,
+    /// Active-passive: a standby promotes itself once its primary, heard from since start,
+    /// has been silent this long (e.g. 30s). Off by default.
+    #[arg(long, value_parser = crate::client::parse_duration_ms, value_name = "DUR")]
+    pub(super) promote_after: Option<u64>,
     /// Accept S3 event notifications (the JSON that Amazon S3, MinIO and Ceph RGW POST to a
     /// webhook) on this address: each record becomes an announced object. Plain HTTP; with
     /// --auth-file a POST needs an ingest token.
@@ -198,7 +209,12 @@ pub(super) async fn node_extras(u: &UpArgs) -> anyhow::Result<worker::NodeExtras
     Ok(worker::NodeExtras {
         metrics: metrics_listener(u.metrics_listen).await?,
         s3_events,
-        federation: crate::links::federation(&u.cluster_name, &u.links)?,
+        federation: crate::links::federation(
+            &u.cluster_name,
+            &u.links,
+            u.standby,
+            u.promote_after.map(std::time::Duration::from_millis),
+        )?,
     })
 }
 

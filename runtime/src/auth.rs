@@ -405,7 +405,10 @@ fn required_role(path: &str) -> Option<Role> {
     let method = path.rsplit('/').next().unwrap_or("");
     match service {
         "dissem.v1.Ingest" => Some(Role::Ingest),
-        "dissem.v1.Federation" => Some(Role::Federate),
+        "dissem.v1.Federation" => match method {
+            "Replicate" => Some(Role::Federate),
+            _ => Some(Role::Admin),
+        },
         "dissem.v1.Objects" => Some(Role::Read),
         "dissem.v1.Subscriptions" | "dissem.v1.Stream" => Some(Role::Subscribe),
         "dissem.v1.Admin" => match method {
@@ -590,6 +593,14 @@ mod tests {
         assert_eq!(
             required_role("/dissem.v1.Federation/Replicate"),
             Some(Role::Federate)
+        );
+        assert_eq!(
+            required_role("/dissem.v1.Federation/Promote"),
+            Some(Role::Admin)
+        );
+        assert_eq!(
+            required_role("/dissem.v1.Federation/Links"),
+            Some(Role::Admin)
         );
         assert_eq!(required_role("/dissem.v1.Objects/Get"), Some(Role::Read));
         assert_eq!(

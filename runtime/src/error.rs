@@ -25,6 +25,9 @@ pub enum ServiceError {
     /// Another process of the cluster (coordinator, peer node) cannot be reached.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The request cannot be served in this node's state (the message says what to change).
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// Another process's answer, passed on with its code (a node relaying the coordinator).
     #[error("{message}")]
     Peer { code: tonic::Code, message: String },
@@ -69,6 +72,7 @@ impl From<ServiceError> for tonic::Status {
             }
             ServiceError::Startup(_) => tonic::Status::internal(m),
             ServiceError::Unavailable(_) => tonic::Status::unavailable(m),
+            ServiceError::FailedPrecondition(_) => tonic::Status::failed_precondition(m),
             ServiceError::Peer { code, .. } => tonic::Status::new(*code, m),
         }
     }

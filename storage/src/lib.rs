@@ -30,6 +30,7 @@ mod objects;
 mod objlog;
 mod outbox;
 mod replicas;
+mod standby;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
@@ -48,6 +49,7 @@ pub use codec::CodecError;
 pub use deliveries::DeliveryState;
 pub use objects::{NewObject, ObjectId, PutOutcome, StoredObject};
 pub use replicas::ReplicaCounts;
+pub use standby::{KeptCopy, StandbyCopy};
 
 use objlog::{Locator, ObjectLog};
 
@@ -107,6 +109,8 @@ pub struct Store {
     phases: sled::Tree,
     /// What peer clusters are owed (federation): link, seq -> object.
     links: sled::Tree,
+    /// Standby copies of a primary cluster's objects (active-passive federation).
+    standby: sled::Tree,
     node: u32,
     seq: Arc<std::sync::Mutex<(u64, u64)>>, // (next, reserved end)
     /// The first sequence number this store handed out (0: it predates the record).
@@ -208,6 +212,7 @@ impl Store {
             replicas: db.open_tree("replicas")?,
             phases: db.open_tree("phases")?,
             links: db.open_tree("federation")?,
+            standby: db.open_tree("standby")?,
             meta,
             db,
             node,

@@ -146,6 +146,24 @@ pub fn start_up(dir: &Path, extra: &[&str]) -> Proc {
     Proc::start(&dissem_bin(), &args)
 }
 
+/// `dissem up` of a cluster named `name` listening on `listen`, with its data in
+/// `dir/name`, the GPU off, and `extra` flags.
+pub fn cluster_up(dir: &Path, name: &str, listen: &str, extra: &[String]) -> Proc {
+    let mut args = vec![
+        "up".to_string(),
+        "--listen".into(),
+        listen.into(),
+        "--gpu".into(),
+        "off".into(),
+        "--cluster-name".into(),
+        name.into(),
+        "--data".into(),
+        dir.join(name).display().to_string(),
+    ];
+    args.extend(extra.iter().cloned());
+    Proc::start(&dissem_bin(), &args)
+}
+
 /// One HTTP/1.1 request on `addr`: (status, body).
 pub async fn http(
     addr: std::net::SocketAddr,
@@ -204,4 +222,73 @@ pub async fn stream_subscriber(
         .into_inner()
         .id;
     (tx, down, sub)
+}
+
+/// A put from `publisher` numbered `n` (attributes `pub` and `n`; message id `publisher-n`).
+pub fn numbered_put(publisher: &str, n: i64) -> proto::v1::PutRequest {
+    let attr = |name: &str, kind| proto::v1::Attribute {
+        name: name.into(),
+        value: Some(proto::v1::Value { kind: Some(kind) }),
+    };
+    proto::v1::PutRequest {
+        metadata: vec![
+            attr("pub", proto::v1::value::Kind::Text(publisher.into())),
+            attr("n", proto::v1::value::Kind::Integer(n)),
+        ],
+        message_id: format!("{publisher}-{n}"),
+        ..Default::default()
+    }
+}
+
+/// Receives (and acks) deliveries until `want` distinct (publisher, n) pairs with `n` at
+/// least `from` arrived; then until nothing more comes for a second. Returns how often each
+/// pair arrived.
+pub async fn receive_numbered(
+    who: &str,
+    tx: &tokio::sync::mpsc::Sender<proto::v1::StreamClientMessage>,
+    down: &mut tonic::Streaming<proto::v1::Delivery>,
+    want: usize,
+    from: i64,
+) -> std::collections::BTreeMap<(String, i64), usize> {
+    let mut got: std::collections::BTreeMap<(String, i64), usize> = Default::default();
+    let key = |d: &proto::v1::Delivery| {
+        let mut p = String::new();
+        let mut n = -1;
+        for a in &d.metadata {
+            match a.value.as_ref().and_then(|v| v.kind.as_ref()) {
+                Some(proto::v1::value::Kind::Text(t)) if a.name == "pub" => p = t.clone(),
+                Some(proto::v1::value::Kind::Integer(i)) if a.name == "n" => n = *i,
+                Some(proto::v1::value::Kind::Decimal(s)) if a.name == "n" => {
+                    n = s.parse().unwrap_or(-1)
+                }
+                _ => {}
+            }
+        }
+        (p, n)
+    };
+    let mut settle = false;
+    loop {
+        let wait = if settle {
+            std::time::Duration::from_secs(1)
+        } else {
+            std::time::Duration::from_secs(30)
+        };
+        match tokio::time::timeout(wait, down.message()).await {
+            Ok(Ok(Some(d))) => {
+                *got.entry(key(&d)).or_default() += 1;
+                let ack = proto::v1::stream_client_message::Kind::Ack(d.delivery_id);
+                tx.send(proto::v1::StreamClientMessage { kind: Some(ack) })
+                    .await
+                    .expect("ack");
+                settle = got.keys().filter(|(_, n)| *n >= from).count() >= want;
+            }
+            Ok(other) => panic!("{who}: the stream ended: {other:?}"),
+            Err(_) if settle => return got,
+            Err(_) => panic!(
+                "{who}: {} of {want} objects within 30 s: {:?}",
+                got.len(),
+                got.keys().collect::<Vec<_>>()
+            ),
+        }
+    }
 }

@@ -3,13 +3,13 @@
 //! loops, no repeats), and what a cluster owes a peer that is down is delivered once the peer
 //! is back.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use proto::v1;
 use tests::{
-    Proc, attach, dissem_bin, http, runtime, stream_subscriber, temp_dir, token_create, wait_for,
+    Proc, attach, cluster_up, http, numbered_put as put, receive_numbered as receive, runtime,
+    stream_subscriber, temp_dir, token_create, wait_for,
 };
 
 const CLUSTERS: [&str; 3] = ["eu", "us", "ap"];
@@ -23,19 +23,9 @@ fn free_port() -> SocketAddr {
 /// Cluster `i` of the triangle on `addrs[i]`, linked to the other two (`eu` serves metrics
 /// on `metrics`).
 fn start(dir: &std::path::Path, i: usize, addrs: &[SocketAddr], metrics: SocketAddr) -> Proc {
-    let mut args = vec![
-        "up".to_string(),
-        "--listen".into(),
-        addrs[i].to_string(),
-        "--gpu".into(),
-        "off".into(),
-        "--cluster-name".into(),
-        CLUSTERS[i].into(),
-        "--data".into(),
-        dir.join(CLUSTERS[i]).display().to_string(),
-    ];
+    let mut args = Vec::new();
     if i == 0 {
-        args.push("--metrics-listen".into());
+        args.push("--metrics-listen".to_string());
         args.push(metrics.to_string());
     }
     for (j, a) in addrs.iter().enumerate() {
@@ -44,73 +34,7 @@ fn start(dir: &std::path::Path, i: usize, addrs: &[SocketAddr], metrics: SocketA
             args.push(format!("{}=http://{a}", CLUSTERS[j]));
         }
     }
-    Proc::start(&dissem_bin(), &args)
-}
-
-fn put(publisher: &str, n: i64) -> v1::PutRequest {
-    let attr = |name: &str, kind| v1::Attribute {
-        name: name.into(),
-        value: Some(v1::Value { kind: Some(kind) }),
-    };
-    v1::PutRequest {
-        metadata: vec![
-            attr("pub", v1::value::Kind::Text(publisher.into())),
-            attr("n", v1::value::Kind::Integer(n)),
-        ],
-        message_id: format!("{publisher}-{n}"),
-        ..Default::default()
-    }
-}
-
-/// Receives (and acks) deliveries until `want` distinct (publisher, n) pairs with `n` at
-/// least `from` arrived; then until nothing more comes for a second. Returns how often each
-/// pair arrived.
-async fn receive(
-    who: &str,
-    tx: &tokio::sync::mpsc::Sender<v1::StreamClientMessage>,
-    down: &mut tonic::Streaming<v1::Delivery>,
-    want: usize,
-    from: i64,
-) -> BTreeMap<(String, i64), usize> {
-    let mut got: BTreeMap<(String, i64), usize> = BTreeMap::new();
-    let key = |d: &v1::Delivery| {
-        let mut p = String::new();
-        let mut n = -1;
-        for a in &d.metadata {
-            match a.value.as_ref().and_then(|v| v.kind.as_ref()) {
-                Some(v1::value::Kind::Text(t)) if a.name == "pub" => p = t.clone(),
-                Some(v1::value::Kind::Integer(i)) if a.name == "n" => n = *i,
-                Some(v1::value::Kind::Decimal(s)) if a.name == "n" => n = s.parse().unwrap_or(-1),
-                _ => {}
-            }
-        }
-        (p, n)
-    };
-    let mut settle = false;
-    loop {
-        let wait = if settle {
-            Duration::from_secs(1)
-        } else {
-            Duration::from_secs(30)
-        };
-        match tokio::time::timeout(wait, down.message()).await {
-            Ok(Ok(Some(d))) => {
-                *got.entry(key(&d)).or_default() += 1;
-                let ack = v1::stream_client_message::Kind::Ack(d.delivery_id);
-                tx.send(v1::StreamClientMessage { kind: Some(ack) })
-                    .await
-                    .expect("ack");
-                settle = got.keys().filter(|(_, n)| *n >= from).count() >= want;
-            }
-            Ok(other) => panic!("{who}: the stream ended: {other:?}"),
-            Err(_) if settle => return got,
-            Err(_) => panic!(
-                "{who}: {} of {want} objects within 30 s: {:?}",
-                got.len(),
-                got.keys().collect::<Vec<_>>()
-            ),
-        }
-    }
+    cluster_up(dir, CLUSTERS[i], &addrs[i].to_string(), &args)
 }
 
 #[test]
@@ -218,21 +142,8 @@ fn a_link_needs_the_peers_federate_token() {
     std::fs::write(&good, &federate).expect("token file");
     std::fs::write(&bad, &ingest).expect("token file");
     let peer_addr = free_port();
-    let up = |name: &str, listen: String, extra: Vec<String>| {
-        let mut args = vec![
-            "up".to_string(),
-            "--listen".into(),
-            listen,
-            "--gpu".into(),
-            "off".into(),
-            "--cluster-name".into(),
-            name.into(),
-            "--data".into(),
-            dir.join(name).display().to_string(),
-        ];
-        args.extend(extra);
-        Proc::start(&dissem_bin(), &args)
-    };
+    let up =
+        |name: &str, listen: String, extra: Vec<String>| cluster_up(&dir, name, &listen, &extra);
     let mut peer = up(
         "us",
         peer_addr.to_string(),

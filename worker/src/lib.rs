@@ -132,11 +132,12 @@ pub async fn run_node(
     );
     let fed = http
         .federation
-        .map(|cfg| federation::Federation::new(cfg, store));
+        .map(|cfg| federation::Federation::new(cfg, store))
+        .transpose()?;
     if let Some(f) = &fed {
-        f.spawn();
         node = node.with_federation(f.clone());
     }
+    node.start_federation();
     if let Some(l) = http.s3_events {
         tokio::spawn(s3events::serve(l, node.clone(), listener.auth()));
     }

@@ -37,10 +37,10 @@ impl Sink {
 /// The node's services, sharing one store.
 #[derive(Debug, Clone)]
 pub struct Node {
-    store: Store,
-    limits: Limits,
+    pub(crate) store: Store,
+    pub(crate) limits: Limits,
     /// The links to peer clusters, when this node has any.
-    federation: Option<crate::federation::Federation>,
+    pub(crate) federation: Option<crate::federation::Federation>,
     accepted: Arc<AtomicU64>,
     rejected: Arc<AtomicU64>,
     rate: Arc<runtime::rate::RateLimiter>,
@@ -154,7 +154,7 @@ impl Node {
     /// answers one result per input, in order (a rejected input does not stop the others).
     /// With `owe`, each is also owed to the federation links (durable before the answer);
     /// objects replicated from a peer cluster are not, so they never travel on.
-    async fn store_objects(
+    pub(crate) async fn store_objects(
         &self,
         objs: Vec<Result<storage::NewObject, ServiceError>>,
         owe: bool,
@@ -607,82 +607,5 @@ impl v1::admin_server::Admin for Node {
             }
         }
         Ok(Response::new(v1::RedriveResponse { redriven }))
-    }
-}
-
-#[tonic::async_trait]
-impl v1::federation_server::Federation for Node {
-    /// Objects a peer cluster ingested: stored once each (by origin and message id), never
-    /// owed on to this cluster's own links.
-    async fn replicate(
-        &self,
-        request: Request<v1::FederateRequest>,
-    ) -> Result<Response<v1::FederateResponse>, Status> {
-        let caller = auth::caller(&request);
-        let req = request.into_inner();
-        if req.objects.len() > crate::federation::BATCH {
-            return Err(ServiceError::invalid(
-                "objects",
-                format!(
-                    "{} objects exceed the limit of {}",
-                    req.objects.len(),
-                    crate::federation::BATCH
-                ),
-            )
-            .into());
-        }
-        caller.tenant.charge_puts(req.objects.len() as u32)?;
-        let own = self.federation.as_ref().map(|f| f.cluster().to_string());
-        let mut objs = Vec::with_capacity(req.objects.len());
-        for (i, o) in req.objects.into_iter().enumerate() {
-            if !crate::federation::valid_name(&o.origin_cluster) {
-                return Err(ServiceError::invalid(
-                    format!("objects[{i}].origin_cluster"),
-                    "1 to 64 letters, digits, `_ . -`",
-                )
-                .into());
-            }
-            if o.origin_id.is_none() {
-                return Err(ServiceError::invalid(
-                    format!("objects[{i}].origin_id"),
-                    "required (it keys the object's deduplication)",
-                )
-                .into());
-            }
-            if own.as_deref() == Some(o.origin_cluster.as_str()) {
-                // this cluster's own object come back (a misconfigured peer): stored already
-                continue;
-            }
-            let message_id =
-                crate::federation::replicated_message_id(&o, self.limits.max_message_id_bytes);
-            let external_id = o.external_id.clone();
-            let put = v1::PutRequest {
-                data: o.data,
-                metadata: o.metadata,
-                priority: o.priority,
-                message_id,
-            };
-            let max = self.limits.max_external_id_bytes;
-            objs.push(validate::put(put, &self.limits).and_then(|mut n| {
-                if external_id.len() > max {
-                    return Err(ServiceError::invalid(
-                        format!("objects[{i}].external_id"),
-                        format!("{} bytes exceed the limit of {max}", external_id.len()),
-                    ));
-                }
-                n.external_id = external_id;
-                Ok(n)
-            }));
-        }
-        let mut stored = 0;
-        let mut duplicates = 0;
-        for r in self.store_objects(objs, false).await {
-            match r {
-                Ok(p) if p.duplicate => duplicates += 1,
-                Ok(_) => stored += 1,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(Response::new(v1::FederateResponse { stored, duplicates }))
     }
 }

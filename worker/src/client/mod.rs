@@ -376,3 +376,33 @@ pub async fn redrive_all(ch: Channel) -> Result<Printed, ServiceError> {
         serde_json::json!({ "redriven": r.redriven }),
     ))
 }
+
+/// A node's federation links and its active-passive role (`dissem link list`).
+pub async fn links(ch: Channel) -> Result<Printed, ServiceError> {
+    let r = v1::federation_client::FederationClient::new(ch)
+        .links(v1::LinksRequest {})
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner();
+    Ok(render::links(&r))
+}
+
+/// Promotes a standby node (`dissem link promote`).
+pub async fn promote(ch: Channel) -> Result<Printed, ServiceError> {
+    let r = v1::federation_client::FederationClient::new(ch)
+        .promote(v1::PromoteRequest {})
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner();
+    Ok(Printed::new(
+        vec![format!(
+            "active at epoch {}: {} standby copies disseminated, {} expired",
+            r.epoch, r.disseminated, r.expired
+        )],
+        serde_json::json!({
+            "epoch": r.epoch,
+            "disseminated": r.disseminated,
+            "expired": r.expired,
+        }),
+    ))
+}

@@ -362,6 +362,60 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
     Printed::new(lines, Value::Object(j))
 }
 
+/// `dissem link list`: the role, then a line per link (never a token: only whether one is
+/// set).
+pub fn links(r: &v1::LinksResponse) -> Printed {
+    let mut lines = vec![format!(
+        "cluster {} {} at epoch {} ({} standby copies)",
+        r.cluster, r.role, r.epoch, r.standby_copies
+    )];
+    let mut json = Vec::new();
+    for l in &r.links {
+        let ttl = if l.ttl_ms > 0 {
+            format!(" ttl {} ms", l.ttl_ms)
+        } else {
+            String::new()
+        };
+        lines.push(format!(
+            "{} {} {}{ttl} owed {} sent {} acked {} deduplicated {} lag {:.1} s{}{}",
+            l.name,
+            l.peer,
+            l.mode,
+            l.owed,
+            l.sent,
+            l.acked,
+            l.deduplicated,
+            l.lag_seconds,
+            if l.has_filter { " filtered" } else { "" },
+            if l.has_token { " token" } else { "" },
+        ));
+        json.push(json!({
+            "name": l.name,
+            "peer": l.peer,
+            "mode": l.mode,
+            "ttl_ms": l.ttl_ms,
+            "filter": l.has_filter,
+            "token": l.has_token,
+            "owed": l.owed,
+            "sent": l.sent,
+            "acked": l.acked,
+            "deduplicated": l.deduplicated,
+            "lag_seconds": l.lag_seconds,
+        }));
+    }
+    Printed::new(
+        lines,
+        json!({
+            "cluster": r.cluster,
+            "role": r.role,
+            "epoch": r.epoch,
+            "standby_copies": r.standby_copies,
+            "primary_seen_unix_ms": r.primary_seen_unix_ms,
+            "links": json,
+        }),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

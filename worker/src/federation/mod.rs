@@ -1,17 +1,31 @@
-//! Federation between clusters, all-active (DESIGN §7, seed 003): every object a node ingests
-//! is owed to each peer cluster this node links to (`--link`), and one sender per link sends
+//! Federation between clusters (DESIGN §7, seed 003). Every object a node ingests is owed to
+//! each peer cluster this node links to (`--link`), and one sender per link (`sender`) sends
 //! what is owed, in the order the node took it, in batches (`Federation.Replicate`, with the
 //! link's token). What is owed is stored with the put, before it is acknowledged
 //! (`storage::links`), and leaves only when the peer acknowledged it: it survives restarts of
 //! either side and link outages, and goes out once the peer is back (at least once on the
-//! wire). The peer stores each object under a message id made of its origin cluster and its
-//! message id there (or its object id), so a repeat is stored once; and it never owes a
-//! replicated object to its own links, so no topology (a triangle included) loops.
+//! wire).
+//!
+//! - **All-active** links: the peer stores each object under a message id made of its origin
+//!   cluster and its message id there (or its object id), so a repeat is stored once, and
+//!   disseminates it; it never owes a replicated object to its own links, so no topology (a
+//!   triangle included) loops.
+//! - **Active-passive** links (`standby`): the peer is a standby that keeps the copies, each
+//!   with a time to live, without disseminating them; the primary's finished-watermark travels
+//!   with the stream (every batch, and a heartbeat while idle) and the standby drops what the
+//!   primary finished. Promoted (`dissem link promote`, or on its own once the primary has been
+//!   silent for `--promote-after`), the standby disseminates what it keeps that has not
+//!   expired. Epochs order promotions: a primary that meets a peer promoted after it steps
+//!   down, and drops what it still owed that peer (it disseminates its own objects itself).
 //!
 //! Per link, `/metrics` shows what is owed, sent, acknowledged and deduplicated, and the lag
 //! (the age of the oldest object owed). Links come from `--link` flags or the config file's
-//! `[[federation.link]]` entries. Not built yet: active-passive, spillover, and
-//! `dissem link add|list|remove`.
+//! `[[federation.link]]` entries. Not built yet: spillover, and `dissem link add|remove`
+//! (links change with a restart).
+
+mod sender;
+mod serve;
+mod standby;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,14 +55,44 @@ pub struct LinkConfig {
     pub token: Option<String>,
     /// Only objects this filter matches go (all without one).
     pub filter: Option<Dnf>,
+    pub mode: LinkMode,
 }
 
-/// This cluster's name and its links.
+/// How a link replicates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkMode {
+    /// The peer disseminates every object it gets.
+    AllActive,
+    /// The peer is a standby: it keeps each copy for `ttl` without disseminating it, until it
+    /// is promoted.
+    ActivePassive { ttl: Duration },
+}
+
+impl LinkMode {
+    /// The mode's name in flags, the config file and `dissem link list`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LinkMode::AllActive => "all-active",
+            LinkMode::ActivePassive { .. } => "active-passive",
+        }
+    }
+}
+
+/// The standby's copy time to live when a link does not set one: 2 x a 30 s failover.
+pub const DEFAULT_STANDBY_TTL: Duration = Duration::from_secs(60);
+
+/// This cluster's name, its links, and its active-passive settings.
 #[derive(Debug, Clone)]
 pub struct FederationConfig {
     /// Carried by every object this cluster sends (its origin).
     pub cluster: String,
     pub links: Vec<LinkConfig>,
+    /// Start as (or step down to) a standby (`--standby`); the role is kept in the store, so
+    /// a standby stays one across restarts until it is promoted.
+    pub standby: bool,
+    /// A standby promotes itself once the primary, heard from since this process started,
+    /// has been silent this long (`--promote-after`).
+    pub promote_after: Option<Duration>,
 }
 
 /// Whether `s` is a usable cluster or link name: 1..=64 of letters, digits, `_ . -`.
@@ -73,6 +117,19 @@ struct Inner {
     store: Store,
     wake: tokio::sync::Notify,
     counters: Vec<LinkCounters>,
+    role: std::sync::Mutex<Role>,
+    /// When a primary's stream last reached this node (unix ms; 0: not since start).
+    primary_seen: AtomicU64,
+}
+
+/// This node's active-passive role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Role {
+    pub active: bool,
+    /// Grows by one with each promotion (of either side).
+    pub epoch: u64,
+    /// The highest epoch a primary's stream carried (a promotion goes above it).
+    pub peer_epoch: u64,
 }
 
 /// A node's federation: what it owes its links, and their senders (cheap to clone).
@@ -91,16 +148,30 @@ impl std::fmt::Debug for Federation {
 }
 
 impl Federation {
-    pub fn new(cfg: FederationConfig, store: Store) -> Federation {
+    /// The federation of a node over `store`; its role is the store's (a fresh store is
+    /// active at epoch 0), stepped down to standby when `cfg.standby` says so (durable with
+    /// the store's next commit).
+    pub fn new(cfg: FederationConfig, store: Store) -> Result<Federation, ServiceError> {
         let counters = cfg.links.iter().map(|_| LinkCounters::default()).collect();
-        Federation {
+        let (mut active, epoch) = store.federation_role()?;
+        if cfg.standby && active {
+            store.set_federation_role(false, epoch)?;
+            active = false;
+        }
+        Ok(Federation {
             inner: Arc::new(Inner {
                 cfg,
                 store,
                 wake: tokio::sync::Notify::new(),
                 counters,
+                role: std::sync::Mutex::new(Role {
+                    active,
+                    epoch,
+                    peer_epoch: 0,
+                }),
+                primary_seen: AtomicU64::new(0),
             }),
-        }
+        })
     }
 
     /// This cluster's name.
@@ -143,7 +214,7 @@ impl Federation {
         })
     }
 
-    /// Writes the per-link families for `/metrics`.
+    /// Writes the per-link families, and this node's role, for `/metrics`.
     pub fn write_metrics(&self, o: &mut String) {
         use runtime::metrics::{escape, line};
         let per = |f: &dyn Fn(&str, &LinkCounters) -> f64| -> Vec<(String, f64)> {
@@ -187,36 +258,67 @@ impl Federation {
             "gauge",
             &per(&|n, _| self.lag(n).as_secs_f64()),
         );
+        let role = self.role();
+        line(
+            o,
+            "dissem_federation_active",
+            "1 when this node is active, 0 when it is an active-passive standby.",
+            "gauge",
+            &[(String::new(), f64::from(u8::from(role.active)))],
+        );
+        line(
+            o,
+            "dissem_federation_epoch",
+            "This node's active-passive epoch (one more with each promotion).",
+            "gauge",
+            &[(String::new(), role.epoch as f64)],
+        );
+        line(
+            o,
+            "dissem_standby_copies",
+            "Copies of a primary's objects this standby keeps.",
+            "gauge",
+            &[(String::new(), self.inner.store.standby_len() as f64)],
+        );
     }
 
-    /// Owes the object this node took as `id` to every link whose filter it passes; durable
-    /// with the store's next commit (the caller's, before it acknowledges the put).
+    /// Owes the object this node took as `id` to every link whose filter it passes (an
+    /// active-passive link only while this node is active); durable with the store's next
+    /// commit (the caller's, before it acknowledges the put).
     pub fn owe(&self, id: ObjectId, obj: &NewObject) -> Result<(), ServiceError> {
         let event = Event {
             attrs: obj.metadata.clone(),
         };
-        let mut bytes = None;
+        let active = self.role().active;
+        let now = runtime::now_ms();
+        let mut object = None;
         for l in &self.inner.cfg.links {
             if l.filter.as_ref().is_some_and(|f| !f.eval(&event)) {
                 continue;
             }
-            let b = bytes.get_or_insert_with(|| {
-                v1::FederatedObject {
-                    origin_cluster: self.inner.cfg.cluster.clone(),
-                    origin_id: Some(v1::ObjectId {
-                        node: id.node,
-                        seq: id.seq,
-                    }),
-                    message_id: obj.message_id.clone(),
-                    data: obj.data.clone(),
-                    metadata: runtime::validate::attributes_to_proto(&obj.metadata),
-                    priority: u32::from(obj.priority),
-                    external_id: obj.external_id.clone(),
-                    received_unix_ms: runtime::now_ms(),
-                }
-                .encode_to_vec()
+            let expires_unix_ms = match l.mode {
+                LinkMode::AllActive => 0,
+                LinkMode::ActivePassive { .. } if !active => continue,
+                LinkMode::ActivePassive { ttl } => now.saturating_add(ttl.as_millis() as u64),
+            };
+            let o = object.get_or_insert_with(|| v1::FederatedObject {
+                origin_cluster: self.inner.cfg.cluster.clone(),
+                origin_id: Some(v1::ObjectId {
+                    node: id.node,
+                    seq: id.seq,
+                }),
+                message_id: obj.message_id.clone(),
+                data: obj.data.clone(),
+                metadata: runtime::validate::attributes_to_proto(&obj.metadata),
+                priority: u32::from(obj.priority),
+                external_id: obj.external_id.clone(),
+                received_unix_ms: now,
+                expires_unix_ms: 0,
             });
-            self.inner.store.link_owe(&l.name, id.seq, b)?;
+            o.expires_unix_ms = expires_unix_ms;
+            self.inner
+                .store
+                .link_owe(&l.name, id.seq, &o.encode_to_vec())?;
         }
         Ok(())
     }
@@ -233,121 +335,41 @@ impl Federation {
         }
     }
 
-    /// Sends what link `i` is owed, in order, until the process ends.
-    async fn sender(self, i: usize) {
-        let link = &self.inner.cfg.links[i];
-        let counters = &self.inner.counters[i];
-        let mut backoff = Duration::from_millis(100);
-        let mut client = None;
-        loop {
-            let owed = match self.inner.store.link_owed(&link.name, BATCH) {
-                Ok(mut o) => {
-                    let mut bytes = 0;
-                    let keep = o
-                        .iter()
-                        .take_while(|(_, b)| {
-                            let first = bytes == 0;
-                            bytes += b.len();
-                            first || bytes <= BATCH_BYTES
-                        })
-                        .count();
-                    o.truncate(keep);
-                    o
-                }
-                Err(e) => {
-                    tracing::error!("link {}: reading what is owed: {e}", link.name);
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
-            if owed.is_empty() {
-                // woken by a put, or a look every half second
-                let woken = self.inner.wake.notified();
-                let _ = tokio::time::timeout(Duration::from_millis(500), woken).await;
-                continue;
-            }
-            let seqs: Vec<u64> = owed.iter().map(|(s, _)| *s).collect();
-            let mut objects: Vec<v1::FederatedObject> = Vec::with_capacity(owed.len());
-            for (seq, b) in &owed {
-                match v1::FederatedObject::decode(b.as_slice()) {
-                    Ok(o) => objects.push(o),
-                    // written by this node, so only a damaged store gets here: said, then
-                    // dropped with the batch's acknowledgement rather than blocking the link
-                    Err(e) => {
-                        tracing::error!("link {}: entry {seq} does not decode: {e}", link.name)
-                    }
-                }
-            }
-            let n = objects.len() as u64;
-            let req = v1::FederateRequest {
-                from_cluster: self.inner.cfg.cluster.clone(),
-                objects,
-            };
-            let c = match &mut client {
-                Some(c) => c,
-                None => match connect(link) {
-                    Ok(c) => client.insert(c),
-                    Err(e) => {
-                        tracing::warn!("link {}: {e}", link.name);
-                        tokio::time::sleep(backoff).await;
-                        continue;
-                    }
+    /// The links as `dissem link list` shows them (never a token).
+    pub fn links(&self) -> v1::LinksResponse {
+        let role = self.role();
+        let links = self
+            .inner
+            .cfg
+            .links
+            .iter()
+            .zip(&self.inner.counters)
+            .map(|(l, c)| v1::LinkInfo {
+                name: l.name.clone(),
+                peer: l.url.clone(),
+                mode: l.mode.name().into(),
+                ttl_ms: match l.mode {
+                    LinkMode::ActivePassive { ttl } => ttl.as_millis() as u64,
+                    LinkMode::AllActive => 0,
                 },
-            };
-            counters.sent.fetch_add(n, Ordering::Relaxed);
-            let sent = tokio::time::timeout(Duration::from_secs(10), c.replicate(req)).await;
-            match sent {
-                Ok(Ok(r)) => {
-                    let r = r.into_inner();
-                    if let Err(e) = self.inner.store.link_acked(&link.name, &seqs) {
-                        tracing::error!("link {}: {e}", link.name);
-                    }
-                    counters.acked.fetch_add(n, Ordering::Relaxed);
-                    counters
-                        .duplicates
-                        .fetch_add(u64::from(r.duplicates), Ordering::Relaxed);
-                    backoff = Duration::from_millis(100);
-                }
-                other => {
-                    let why = match other {
-                        Ok(Err(s)) => s.to_string(),
-                        _ => "no answer within 10 s".to_string(),
-                    };
-                    counters.failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!("link {} to {}: {why}; retried", link.name, link.url);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
+                has_filter: l.filter.is_some(),
+                has_token: l.token.is_some(),
+                owed: self.owed(&l.name) as u64,
+                sent: c.sent.load(Ordering::Relaxed),
+                acked: c.acked.load(Ordering::Relaxed),
+                deduplicated: c.duplicates.load(Ordering::Relaxed),
+                lag_seconds: self.lag(&l.name).as_secs_f64(),
+            })
+            .collect();
+        v1::LinksResponse {
+            cluster: self.inner.cfg.cluster.clone(),
+            links,
+            role: if role.active { "active" } else { "standby" }.into(),
+            epoch: role.epoch,
+            standby_copies: self.inner.store.standby_len() as u64,
+            primary_seen_unix_ms: self.inner.primary_seen.load(Ordering::Relaxed),
         }
     }
-}
-
-/// Adds the link's bearer token to each call.
-type Stamp = Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
-
-type Client = v1::federation_client::FederationClient<
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Stamp>,
->;
-
-fn connect(link: &LinkConfig) -> Result<Client, ServiceError> {
-    let channel = runtime::channel(&link.url)?;
-    let auth = match &link.token {
-        Some(t) => Some(
-            tonic::metadata::MetadataValue::try_from(format!("Bearer {t}"))
-                .map_err(|_| ServiceError::invalid("--link", "the token is not header text"))?,
-        ),
-        None => None,
-    };
-    let stamp: Stamp = Box::new(move |mut r: tonic::Request<()>| {
-        if let Some(a) = &auth {
-            r.metadata_mut().insert("authorization", a.clone());
-        }
-        Ok(r)
-    });
-    Ok(v1::federation_client::FederationClient::with_interceptor(
-        channel, stamp,
-    ))
 }
 
 /// The message id a replicated object is stored under here: its origin cluster and its
