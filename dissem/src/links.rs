@@ -69,6 +69,9 @@ pub(super) fn federation(
                 Some(("ttl", d)) => {
                     let ms = crate::client::parse_duration_ms(d)
                         .map_err(|e| anyhow::anyhow!("--link {name} ttl: {e}"))?;
+                    if ms > 7 * 86_400_000 {
+                        bail!("--link {name} ttl: {d:?} is over 7d (a standby keeps no longer)");
+                    }
                     ttl = Some(std::time::Duration::from_millis(ms));
                 }
                 _ => bail!("--link {spec:?}: {p:?} is not mode=, ttl=, token-file= or filter="),
@@ -151,6 +154,7 @@ mod tests {
         assert!(err("eu", &["a=http://x,mode=spillover"]).contains("not built yet"));
         assert!(err("eu", &["a=http://x,ttl=5s"]).contains("ttl= is for"));
         assert!(err("eu", &["a=http://x,mode=active-passive,ttl=5"]).contains("needs a unit"));
+        assert!(err("eu", &["a=http://x,mode=active-passive,ttl=8d"]).contains("over 7d"));
         let ap = federation(
             "eu",
             &specs(&["b=http://x,mode=active-passive,ttl=2s"]),

@@ -52,21 +52,29 @@ pub struct StandbyCopy<'a> {
 }
 
 impl Store {
-    /// This node's role: (active, epoch). A node that never recorded one is active at epoch 0.
-    pub fn federation_role(&self) -> Result<(bool, u64), StorageError> {
+    /// This node's role: (active, epoch, the primary cluster it last kept copies of). A node
+    /// that never recorded one is active at epoch 0 with no primary.
+    pub fn federation_role(&self) -> Result<(bool, u64, String), StorageError> {
         Ok(match self.meta.get(META_ROLE)? {
-            Some(v) if v.len() == 9 => (
+            Some(v) if v.len() >= 9 => (
                 v[0] == 1,
-                <[u8; 8]>::try_from(&v[1..]).map_or(0, u64::from_be_bytes),
+                <[u8; 8]>::try_from(&v[1..9]).map_or(0, u64::from_be_bytes),
+                String::from_utf8_lossy(&v[9..]).into_owned(),
             ),
-            _ => (true, 0),
+            _ => (true, 0, String::new()),
         })
     }
 
     /// Records this node's role; durable with the next [`Store::commit`].
-    pub fn set_federation_role(&self, active: bool, epoch: u64) -> Result<(), StorageError> {
+    pub fn set_federation_role(
+        &self,
+        active: bool,
+        epoch: u64,
+        primary: &str,
+    ) -> Result<(), StorageError> {
         let mut v = vec![u8::from(active)];
         v.extend_from_slice(&epoch.to_be_bytes());
+        v.extend_from_slice(primary.as_bytes());
         self.meta.insert(META_ROLE, v)?;
         Ok(())
     }

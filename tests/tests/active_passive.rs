@@ -268,6 +268,29 @@ fn a_promotion_disseminates_only_unfinished_copies_that_have_not_expired() {
             .into_inner();
         assert_eq!((r.superseded, r.epoch, r.stored), (true, 1, 0), "{r:?}");
         assert_eq!(links(&url).await.expect("links").standby_copies, 0);
+        // a promotion after this one makes it step down, but only the primary's: another
+        // cluster's stream is refused, whatever its epoch
+        let e = federation(&url)
+            .replicate(v1::FederateRequest {
+                from_cluster: "other".into(),
+                objects: Vec::new(),
+                standby: standby(5, 0),
+            })
+            .await
+            .expect_err("not its primary");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        assert!(e.message().contains("never a standby of \"other\""), "{e}");
+        assert_eq!(links(&url).await.expect("links").role, "active");
+        federation(&url)
+            .replicate(v1::FederateRequest {
+                from_cluster: "prim".into(),
+                objects: Vec::new(),
+                standby: standby(5, 0),
+            })
+            .await
+            .expect("the primary, promoted again");
+        let l = links(&url).await.expect("links");
+        assert_eq!((l.role.as_str(), l.epoch), ("standby", 5), "{l:?}");
     });
     node.kill();
     let _ = std::fs::remove_dir_all(&dir);

@@ -118,6 +118,9 @@ struct Inner {
     wake: tokio::sync::Notify,
     counters: Vec<LinkCounters>,
     role: std::sync::Mutex<Role>,
+    /// The primary cluster this node last kept copies of: the only one whose promotion an
+    /// active node steps down for.
+    primary: std::sync::Mutex<String>,
     /// When a primary's stream last reached this node (unix ms; 0: not since start).
     primary_seen: AtomicU64,
 }
@@ -153,9 +156,9 @@ impl Federation {
     /// the store's next commit).
     pub fn new(cfg: FederationConfig, store: Store) -> Result<Federation, ServiceError> {
         let counters = cfg.links.iter().map(|_| LinkCounters::default()).collect();
-        let (mut active, epoch) = store.federation_role()?;
+        let (mut active, epoch, primary) = store.federation_role()?;
         if cfg.standby && active {
-            store.set_federation_role(false, epoch)?;
+            store.set_federation_role(false, epoch, &primary)?;
             active = false;
         }
         Ok(Federation {
@@ -170,6 +173,7 @@ impl Federation {
                     peer_epoch: 0,
                 }),
                 primary_seen: AtomicU64::new(0),
+                primary: std::sync::Mutex::new(primary),
             }),
         })
     }

@@ -7,6 +7,9 @@ use super::*;
 use crate::services::Node;
 use tonic::{Request, Response, Status};
 
+/// The longest a standby keeps a copy (7 days), whatever the primary's link says.
+const MAX_STANDBY_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
+
 impl Node {
     /// A peer's object as this node stores it: under a message id of its origin, with its
     /// external id; checked like a put.
@@ -48,7 +51,7 @@ impl Node {
                 "this node is not a standby: start it with --cluster-name and --standby".into(),
             )
         })?;
-        match f.meet_primary(standby.epoch).await? {
+        match f.meet_primary(from, standby.epoch).await? {
             Meets::Standby => {}
             Meets::Superseded(epoch) => {
                 return Ok(v1::FederateResponse {
@@ -66,6 +69,7 @@ impl Node {
         }
         let store = &f.inner.store;
         let node = standby.origin_node;
+        let now = runtime::now_ms();
         store.standby_finished(from, node, standby.finished_below)?;
         let mut copies = Vec::with_capacity(objects.len());
         for (i, o) in objects.into_iter().enumerate() {
@@ -82,7 +86,11 @@ impl Node {
                     "required on an active-passive link",
                 ));
             }
-            copies.push((id.seq, o.expires_unix_ms, o.encode_to_vec()));
+            // a copy is kept at most MAX_STANDBY_TTL, whatever the primary asks
+            let expires = o
+                .expires_unix_ms
+                .min(now.saturating_add(MAX_STANDBY_TTL_MS));
+            copies.push((id.seq, expires, o.encode_to_vec()));
         }
         let kept: Vec<storage::StandbyCopy<'_>> = copies
             .iter()
@@ -92,7 +100,7 @@ impl Node {
                 bytes,
             })
             .collect();
-        let (stored, duplicates) = store.standby_keep(from, node, &kept, runtime::now_ms())?;
+        let (stored, duplicates) = store.standby_keep(from, node, &kept, now)?;
         store.commit().await?;
         Ok(v1::FederateResponse {
             stored,

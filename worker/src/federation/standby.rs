@@ -32,21 +32,33 @@ impl Federation {
         *self.inner.role.lock().unwrap_or_else(|p| p.into_inner()) = role;
     }
 
+    /// The primary cluster this node last kept copies of ("" when none).
+    fn primary(&self) -> String {
+        self.inner
+            .primary
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Steps this node down to standby at `epoch` (a peer's promotion), durably.
     pub(super) async fn step_down(&self, epoch: u64) -> Result<(), ServiceError> {
         let mut role = self.role();
         role.active = false;
         role.epoch = role.epoch.max(epoch);
         role.peer_epoch = role.peer_epoch.max(epoch);
-        self.inner.store.set_federation_role(false, role.epoch)?;
+        self.inner
+            .store
+            .set_federation_role(false, role.epoch, &self.primary())?;
         self.inner.store.commit().await?;
         self.set_role(role);
         Ok(())
     }
 
-    /// A primary's stream at `epoch` arrived: what it meets here. An active node at a lower
-    /// epoch steps down (the sender was promoted after it).
-    pub(crate) async fn meet_primary(&self, epoch: u64) -> Result<Meets, ServiceError> {
+    /// A primary's stream from cluster `from` at `epoch` arrived: what it meets here. An
+    /// active node at a lower epoch steps down, if `from` is the primary it once kept copies
+    /// of (the sender was promoted after it); any other cluster cannot make it step down.
+    pub(crate) async fn meet_primary(&self, from: &str, epoch: u64) -> Result<Meets, ServiceError> {
         let role = self.role();
         if role.active {
             if epoch < role.epoch {
@@ -55,16 +67,31 @@ impl Federation {
             if epoch == role.epoch {
                 return Ok(Meets::BothActive(epoch));
             }
+            if self.primary() != from {
+                return Err(ServiceError::FailedPrecondition(format!(
+                    "this cluster is active at epoch {} and was never a standby of {from:?}: \
+                     it steps down only for the primary it took over from",
+                    role.epoch
+                )));
+            }
             tracing::warn!(
-                "a primary promoted at epoch {epoch} reached this node (active at epoch {}): \
+                "{from:?}, promoted at epoch {epoch}, reached this node (active at epoch {}): \
                  it steps down to standby",
                 role.epoch
             );
             self.step_down(epoch).await?;
-        } else if epoch > role.peer_epoch {
-            let mut r = role;
-            r.peer_epoch = epoch;
-            self.set_role(r);
+        } else {
+            if self.primary() != from {
+                self.inner
+                    .store
+                    .set_federation_role(false, role.epoch, from)?;
+                *self.inner.primary.lock().unwrap_or_else(|p| p.into_inner()) = from.to_string();
+            }
+            if epoch > role.peer_epoch {
+                let mut r = role;
+                r.peer_epoch = epoch;
+                self.set_role(r);
+            }
         }
         self.inner
             .primary_seen
@@ -81,7 +108,9 @@ impl Federation {
         }
         role.active = true;
         role.epoch = role.epoch.max(role.peer_epoch) + 1;
-        self.inner.store.set_federation_role(true, role.epoch)?;
+        self.inner
+            .store
+            .set_federation_role(true, role.epoch, &self.primary())?;
         self.inner.store.commit().await?;
         self.set_role(role);
         self.wake();
