@@ -1,4 +1,5 @@
-//! The store's own tests: reopen, group commit, retention, the outbox floor, deliveries, replicas.
+//! The store's own tests: reopen, group commit, retention, the outbox floor, deliveries, replicas,
+//! standby copies.
 
 use super::objects::Entry;
 use super::*;
@@ -450,5 +451,53 @@ async fn subscription_copies_are_listed_by_the_node_that_placed_them() {
         .collect();
     assert_eq!(ids, [1, 4]);
     drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn standby_copies_follow_the_watermark_and_expiry_and_survive_reopen() {
+    let dir = temp_dir("standby");
+    let c = |seq, expires_unix_ms| StandbyCopy {
+        seq,
+        expires_unix_ms,
+        bytes: b"obj",
+    };
+    {
+        let s = Store::open(&dir, 1).expect("open");
+        assert_eq!(s.federation_role().expect("role"), (true, 0, String::new()));
+        s.set_federation_role(false, 3, "eu").expect("role");
+        // 4 is expired on arrival; 1 arrives twice
+        let (new, not) = s
+            .standby_keep("eu", 2, &[c(1, 500), c(2, 500), c(3, 900), c(4, 90)], 100)
+            .expect("keep");
+        assert_eq!((new, not), (3, 1));
+        assert_eq!(
+            s.standby_keep("eu", 2, &[c(1, 500)], 100).expect("again"),
+            (0, 1)
+        );
+        // another origin node and cluster are other ranges
+        s.standby_keep("eu", 3, &[c(1, 500)], 100).expect("keep");
+        s.standby_keep("us", 2, &[c(1, 500)], 100).expect("keep");
+        // eu's node 2 finished everything below 3: its 1 and 2 go, and do not come back
+        assert_eq!(s.standby_finished("eu", 2, 3).expect("finished"), 2);
+        assert_eq!(s.standby_finished("eu", 2, 2).expect("lower"), 0);
+        assert_eq!(
+            s.standby_keep("eu", 2, &[c(2, 500)], 100).expect("late"),
+            (0, 1)
+        );
+        assert_eq!(s.standby_len(), 3);
+        s.commit().await.expect("commit");
+    }
+    let s = Store::open(&dir, 1).expect("reopen");
+    assert_eq!(s.federation_role().expect("role"), (false, 3, "eu".into()));
+    assert_eq!(s.standby_watermark("eu", 2).expect("watermark"), 3);
+    assert_eq!(s.standby_len(), 3);
+    // at 600 only eu's node 2 seq 3 (expires at 900) is live
+    let live = s.standby_live(600, 10).expect("live");
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].1, b"obj");
+    assert_eq!(s.standby_expire(600).expect("expire"), 2);
+    s.standby_remove(&[live[0].0.clone()]).expect("remove");
+    assert_eq!(s.standby_len(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
