@@ -218,6 +218,24 @@ pub struct StringBlock {
     cidrs: Vec<(Cidr, Vec<u32>)>,
 }
 
+/// Adds `flag` to the entry of `key` in `list`, parsing `key` the first time it is seen
+/// (`seen`: key -> index in `list`); a key that does not parse is left out (the tests were
+/// checked when they were made, so only a damaged image gets here).
+fn intern<'a, T, E>(
+    seen: &mut HashMap<&'a str, usize>,
+    list: &mut Vec<(T, Vec<u32>)>,
+    key: &'a str,
+    parse: impl FnOnce(&str) -> Result<T, E>,
+    flag: u32,
+) {
+    if let Some(&i) = seen.get(key) {
+        list[i].1.push(flag);
+    } else if let Ok(v) = parse(key) {
+        seen.insert(key, list.len());
+        list.push((v, vec![flag]));
+    }
+}
+
 impl StringBlock {
     /// Builds the block from (test, flag) pairs.
     pub fn build(tests: &[(StrTest, u32)]) -> StringBlock {
@@ -257,22 +275,8 @@ impl StringBlock {
                 StrTest::Ieq(p) => ieq.entry(p.clone()).or_default().push(flag),
                 StrTest::IPrefix(p) => ci_fwd.add_prefix(p.chars(), flag),
                 StrTest::ISuffix(p) => ci_rev.add_prefix(p.chars().rev(), flag),
-                StrTest::Wildcard(p) => {
-                    if let Some(&i) = globs.get(p.as_str()) {
-                        glob_list[i].1.push(flag);
-                    } else if let Ok(g) = Glob::parse(p) {
-                        globs.insert(p, glob_list.len());
-                        glob_list.push((g, vec![flag]));
-                    }
-                }
-                StrTest::Cidr(c) => {
-                    if let Some(&i) = cidrs.get(c.as_str()) {
-                        cidr_list[i].1.push(flag);
-                    } else if let Ok(r) = Cidr::parse(c) {
-                        cidrs.insert(c, cidr_list.len());
-                        cidr_list.push((r, vec![flag]));
-                    }
-                }
+                StrTest::Wildcard(p) => intern(&mut globs, &mut glob_list, p, Glob::parse, flag),
+                StrTest::Cidr(c) => intern(&mut cidrs, &mut cidr_list, c, Cidr::parse, flag),
             }
         }
         let contains = if patterns.is_empty() {

@@ -155,24 +155,33 @@ fn copy(n: i64, seq: u64, expires_unix_ms: u64) -> v1::FederatedObject {
         origin_id: Some(v1::ObjectId { node: 1, seq }),
         message_id: p.message_id,
         metadata: p.metadata,
-        received_unix_ms: runtime_now_ms(),
+        received_unix_ms: runtime::now_ms(),
         expires_unix_ms,
         ..Default::default()
     }
 }
 
-fn runtime_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-fn standby(epoch: u64, finished_below: u64) -> Option<v1::Standby> {
-    Some(v1::Standby {
-        epoch,
-        origin_node: 1,
-        finished_below,
-    })
+/// What the node at `url` answers a standby stream from `from` at `epoch` with the
+/// finished-watermark `finished_below`, carrying `objects` (origin node 1).
+async fn send(
+    url: &str,
+    from: &str,
+    epoch: u64,
+    finished_below: u64,
+    objects: Vec<v1::FederatedObject>,
+) -> Result<v1::FederateResponse, tonic::Status> {
+    federation(url)
+        .replicate(v1::FederateRequest {
+            from_cluster: from.into(),
+            objects,
+            standby: Some(v1::Standby {
+                epoch,
+                origin_node: 1,
+                finished_below,
+            }),
+        })
+        .await
+        .map(|r| r.into_inner())
 }
 
 #[test]
@@ -185,7 +194,7 @@ fn a_promotion_disseminates_only_unfinished_copies_that_have_not_expired() {
         let url = node.url();
         let filter = v1::subscription::Filter::Text("n >= 0".into());
         let (tx, down, _) = stream_subscriber(&url, "all", filter).await;
-        let now = runtime_now_ms();
+        let now = runtime::now_ms();
         let soon = now + 1500;
         let later = now + 120_000;
         // seq 1, 2: finished at the primary; 3: expired already; 5: expires soon; 4, 6: live
@@ -197,36 +206,18 @@ fn a_promotion_disseminates_only_unfinished_copies_that_have_not_expired() {
             copy(5, 5, soon),
             copy(6, 6, later),
         ];
-        let r = federation(&url)
-            .replicate(v1::FederateRequest {
-                from_cluster: "prim".into(),
-                objects,
-                standby: standby(0, 3),
-            })
-            .await
-            .expect("replicate")
-            .into_inner();
+        let r = send(&url, "prim", 0, 3, objects).await.expect("replicate");
         assert_eq!(
             (r.stored, r.duplicates, r.superseded),
             (3, 3, false),
             "{r:?}"
         );
         // a heartbeat: the primary finished 4 too
-        federation(&url)
-            .replicate(v1::FederateRequest {
-                from_cluster: "prim".into(),
-                objects: Vec::new(),
-                standby: standby(0, 5),
-            })
+        send(&url, "prim", 0, 5, Vec::new())
             .await
             .expect("heartbeat");
         // bad input is named
-        let e = federation(&url)
-            .replicate(v1::FederateRequest {
-                from_cluster: "prim".into(),
-                objects: vec![copy(7, 7, 0)],
-                standby: standby(0, 5),
-            })
+        let e = send(&url, "prim", 0, 5, vec![copy(7, 7, 0)])
             .await
             .expect_err("no expiry");
         assert!(e.message().contains("objects[0].expires_unix_ms"), "{e}");
@@ -242,7 +233,7 @@ fn a_promotion_disseminates_only_unfinished_copies_that_have_not_expired() {
 
         // once 5 has expired, the promotion disseminates 6 alone
         wait_for("copy 5 to expire", Duration::from_secs(10), || async {
-            (runtime_now_ms() > soon).then_some(())
+            (runtime::now_ms() > soon).then_some(())
         })
         .await;
         let p = federation(&url)
@@ -257,36 +248,20 @@ fn a_promotion_disseminates_only_unfinished_copies_that_have_not_expired() {
             vec![(("prim".to_string(), 6), 1)]
         );
         // the old primary, still at epoch 0, is told it was superseded, and nothing is kept
-        let r = federation(&url)
-            .replicate(v1::FederateRequest {
-                from_cluster: "prim".into(),
-                objects: vec![copy(8, 8, later)],
-                standby: standby(0, 6),
-            })
+        let r = send(&url, "prim", 0, 6, vec![copy(8, 8, later)])
             .await
-            .expect("replicate")
-            .into_inner();
+            .expect("replicate");
         assert_eq!((r.superseded, r.epoch, r.stored), (true, 1, 0), "{r:?}");
         assert_eq!(links(&url).await.expect("links").standby_copies, 0);
         // a promotion after this one makes it step down, but only the primary's: another
         // cluster's stream is refused, whatever its epoch
-        let e = federation(&url)
-            .replicate(v1::FederateRequest {
-                from_cluster: "other".into(),
-                objects: Vec::new(),
-                standby: standby(5, 0),
-            })
+        let e = send(&url, "other", 5, 0, Vec::new())
             .await
             .expect_err("not its primary");
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
         assert!(e.message().contains("never a standby of \"other\""), "{e}");
         assert_eq!(links(&url).await.expect("links").role, "active");
-        federation(&url)
-            .replicate(v1::FederateRequest {
-                from_cluster: "prim".into(),
-                objects: Vec::new(),
-                standby: standby(5, 0),
-            })
+        send(&url, "prim", 5, 0, Vec::new())
             .await
             .expect("the primary, promoted again");
         let l = links(&url).await.expect("links");

@@ -296,6 +296,8 @@ impl Federation {
         let active = self.role().active;
         let now = runtime::now_ms();
         let mut object = None;
+        // the last encoding, by expiry: links of one mode share it
+        let mut encoded: Option<(u64, Vec<u8>)> = None;
         for l in &self.inner.cfg.links {
             if l.filter.as_ref().is_some_and(|f| !f.eval(&event)) {
                 continue;
@@ -319,10 +321,13 @@ impl Federation {
                 received_unix_ms: now,
                 expires_unix_ms: 0,
             });
-            o.expires_unix_ms = expires_unix_ms;
-            self.inner
-                .store
-                .link_owe(&l.name, id.seq, &o.encode_to_vec())?;
+            if encoded.as_ref().is_none_or(|(e, _)| *e != expires_unix_ms) {
+                o.expires_unix_ms = expires_unix_ms;
+                encoded = Some((expires_unix_ms, o.encode_to_vec()));
+            }
+            if let Some((_, bytes)) = &encoded {
+                self.inner.store.link_owe(&l.name, id.seq, bytes)?;
+            }
         }
         Ok(())
     }

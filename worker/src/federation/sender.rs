@@ -30,8 +30,13 @@ impl Federation {
                 let _ = tokio::time::timeout(HEARTBEAT, self.inner.wake.notified()).await;
                 continue;
             }
-            // the watermark before the batch: what it covers finished before being read
-            let finished_below = self.inner.store.finished_below();
+            // the watermark before the batch (what it covers finished before being read);
+            // only an active-passive link carries one
+            let finished_below = if passive {
+                self.inner.store.finished_below()
+            } else {
+                0
+            };
             let owed = match self.owed_batch(&link.name) {
                 Ok(o) => o,
                 Err(e) => {

@@ -46,11 +46,7 @@ impl Node {
         standby: v1::Standby,
         objects: Vec<v1::FederatedObject>,
     ) -> Result<v1::FederateResponse, ServiceError> {
-        let f = self.federation.as_ref().ok_or_else(|| {
-            ServiceError::FailedPrecondition(
-                "this node is not a standby: start it with --cluster-name and --standby".into(),
-            )
-        })?;
+        let f = self.federation_settings()?;
         match f.meet_primary(from, standby.epoch).await? {
             Meets::Standby => {}
             Meets::Superseded(epoch) => {
@@ -109,7 +105,8 @@ impl Node {
         })
     }
 
-    fn federation(&self) -> Result<&Federation, ServiceError> {
+    /// The node's federation, or the error that says how to start it with one.
+    pub(super) fn federation_settings(&self) -> Result<&Federation, ServiceError> {
         self.federation.as_ref().ok_or_else(|| {
             ServiceError::FailedPrecondition(
                 "this node has no federation settings (--cluster-name with --link or \
@@ -218,7 +215,7 @@ impl v1::federation_server::Federation for Node {
         &self,
         _request: Request<v1::LinksRequest>,
     ) -> Result<Response<v1::LinksResponse>, Status> {
-        Ok(Response::new(self.federation()?.links()))
+        Ok(Response::new(self.federation_settings()?.links()))
     }
 
     async fn promote(

@@ -117,7 +117,8 @@ impl Federation {
         Ok(role.epoch)
     }
 
-    /// The settings' `--promote-after`, and when the primary was last heard from.
+    /// How long the primary has been silent, once that is `--promote-after` or more (`None`
+    /// before, when active, or when no primary was heard from since start).
     fn silence(&self) -> Option<Duration> {
         let after = self.inner.cfg.promote_after?;
         let seen = self.inner.primary_seen.load(Ordering::Relaxed);
@@ -134,13 +135,7 @@ impl Node {
     /// disseminated (stored as objects of their origin, so a repeat is stored once) and the
     /// expired ones dropped. Idempotent: an active node disseminates what copies remain.
     pub async fn promote(&self) -> Result<v1::PromoteResponse, ServiceError> {
-        let f = self.federation.as_ref().ok_or_else(|| {
-            ServiceError::FailedPrecondition(
-                "this node has no federation settings (--cluster-name with --standby or \
-                 --link)"
-                    .into(),
-            )
-        })?;
+        let f = self.federation_settings()?;
         let epoch = f.become_active().await?;
         let store = &f.inner.store;
         let mut disseminated = 0u64;
