@@ -32,6 +32,9 @@ struct State {
     received: HashMap<String, (u64, ObjectId)>,
     /// QoS 2: every call of each pair (when, what, the caller's port), to explain duplicates.
     calls: HashMap<(u64, ObjectId), Vec<Call>>,
+    /// QoS 0/1 deliveries of numbered objects (`pub` and `n` attributes): times shown, and
+    /// when first.
+    numbered: BTreeMap<(String, i64), (u32, Instant)>,
 }
 
 /// The recording subscriber (cheap to clone; every clone shares the record).
@@ -59,6 +62,21 @@ fn pair(d: &v1::Delivery) -> (u64, ObjectId) {
             seq: o.seq,
         },
     )
+}
+
+/// A numbered object's (publisher, n): its `pub` text and `n` integer attributes.
+pub fn numbered_key(d: &v1::Delivery) -> Option<(String, i64)> {
+    let mut p = None;
+    let mut n = None;
+    for a in &d.metadata {
+        match a.value.as_ref().and_then(|v| v.kind.as_ref()) {
+            Some(v1::value::Kind::Text(t)) if a.name == "pub" => p = Some(t.clone()),
+            Some(v1::value::Kind::Integer(i)) if a.name == "n" => n = Some(*i),
+            Some(v1::value::Kind::Decimal(s)) if a.name == "n" => n = s.parse().ok(),
+            _ => {}
+        }
+    }
+    Some((p?, n?))
 }
 
 impl Recorder {
@@ -124,7 +142,16 @@ impl Recorder {
                 .push((Instant::now(), what, port));
         } else {
             self.show(p);
+            if let Some(k) = numbered_key(d) {
+                let mut s = lock(&self.state);
+                s.numbered.entry(k).or_insert((0, Instant::now())).0 += 1;
+            }
         }
+    }
+
+    /// The numbered objects shown (QoS 0/1): (publisher, n) -> (times, when first).
+    pub fn numbered(&self) -> BTreeMap<(String, i64), (u32, Instant)> {
+        lock(&self.state).numbered.clone()
     }
 
     /// The QoS 2 calls of `pair`: when, what and from which port.

@@ -516,6 +516,15 @@ impl v1::cluster_server::Cluster for Handle {
         Ok(Response::new(s))
     }
 
+    async fn named(
+        &self,
+        request: Request<v1::NamedSubscriptionsRequest>,
+    ) -> Result<Response<v1::NamedSubscriptionsResponse>, Status> {
+        let r = request.into_inner();
+        let ids = runtime::subscriptions::named_subscriptions(&self.store, &r.tenant, &r.name)?;
+        Ok(Response::new(v1::NamedSubscriptionsResponse { ids }))
+    }
+
     async fn image(
         &self,
         request: Request<v1::ImageRequest>,

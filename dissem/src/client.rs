@@ -157,6 +157,10 @@ pub(super) struct SubscribeArgs {
     /// Webhooks: an extra request header, 'Name: value' (repeatable; write-only).
     #[arg(short = 'H', long = "header")]
     headers: Vec<String>,
+    /// A name (letters, digits, `_ . - /`): a spillover link hands this subscription's dead
+    /// letters to the peer cluster's subscriptions of the same tenant and name.
+    #[arg(long)]
+    name: Option<String>,
 }
 
 /// `500ms`, `90s`, `10m`, `24h`, `7d` as milliseconds.
@@ -193,6 +197,7 @@ pub(super) fn subscribe(a: SubscribeArgs) -> anyhow::Result<bool> {
         ttl_ms: a.ttl,
         push_batch: a.push_batch,
         headers: a.headers,
+        name: a.name,
     };
     client(&a.node, |ch| async move {
         let s = worker::client::subscribe(ch, &spec).await?;

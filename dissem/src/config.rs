@@ -121,11 +121,13 @@ fn federation_links(doc: &toml::Table, path: &str) -> Result<Vec<String>, String
             let mut spec = format!("{name}={peer}");
             match text("mode") {
                 None => {}
-                Some(m @ ("all-active" | "active-passive")) => spec.push_str(&format!(",mode={m}")),
+                Some(m @ ("all-active" | "active-passive" | "spillover")) => {
+                    spec.push_str(&format!(",mode={m}"))
+                }
                 Some(m) => {
                     return err(format!(
-                        "link {name}: mode {m:?} is not \"all-active\" or \"active-passive\" \
-                         (spillover is not built yet)"
+                        "link {name}: mode {m:?} is not \"all-active\", \"active-passive\" or \
+                         \"spillover\""
                     ));
                 }
             }
@@ -407,10 +409,17 @@ mod tests {
         );
         let out = run("[up]\nlink = [\"a=http://a\", \"b=http://b\"]\n").expect("a list");
         assert_eq!(out.iter().filter(|a| *a == "--link").count(), 2, "{out:?}");
-        let e =
-            run("[[federation.link]]\nname = \"x\"\npeer = \"http://x\"\nmode = \"spillover\"\n")
-                .expect_err("not built");
-        assert!(e.contains("is not built yet"), "{e}");
+        let e = run("[[federation.link]]\nname = \"x\"\npeer = \"http://x\"\nmode = \"mirror\"\n")
+            .expect_err("no such mode");
+        assert!(e.contains("\"mirror\" is not"), "{e}");
+        let out = run(
+            "[[federation.link]]\nname = \"b\"\npeer = \"http://b:7700\"\nmode = \"spillover\"\n",
+        )
+        .expect("spillover");
+        assert!(
+            out.contains(&"b=http://b:7700,mode=spillover".to_string()),
+            "{out:?}"
+        );
         let out = run(
             "[[federation.link]]\nname = \"dr\"\npeer = \"http://dr:7700\"\n\
              mode = \"active-passive\"\nttl = \"2s\"\n",

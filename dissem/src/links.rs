@@ -51,7 +51,7 @@ pub(super) fn federation(
             bail!("--link {spec:?}: {url:?} is not an http:// or https:// URL");
         }
         let mut token = None;
-        let mut passive = false;
+        let mut mode = "all-active";
         let mut ttl = None;
         for p in parts {
             match p.split_once('=') {
@@ -60,29 +60,30 @@ pub(super) fn federation(
                         .map_err(|e| anyhow::anyhow!("--link {name}: reading {path}: {e}"))?;
                     token = Some(t.trim().to_string());
                 }
-                Some(("mode", "all-active")) => passive = false,
-                Some(("mode", "active-passive")) => passive = true,
+                Some(("mode", m @ ("all-active" | "active-passive" | "spillover"))) => mode = m,
                 Some(("mode", m)) => bail!(
-                    "--link {spec:?}: mode {m:?} is not all-active or active-passive \
-                     (spillover is not built yet)"
+                    "--link {spec:?}: mode {m:?} is not all-active, active-passive or spillover"
                 ),
                 Some(("ttl", d)) => {
                     let ms = crate::client::parse_duration_ms(d)
                         .map_err(|e| anyhow::anyhow!("--link {name} ttl: {e}"))?;
                     if ms > 7 * 86_400_000 {
-                        bail!("--link {name} ttl: {d:?} is over 7d (a standby keeps no longer)");
+                        bail!("--link {name} ttl: {d:?} is over 7d (a peer keeps no longer)");
                     }
                     ttl = Some(std::time::Duration::from_millis(ms));
                 }
                 _ => bail!("--link {spec:?}: {p:?} is not mode=, ttl=, token-file= or filter="),
             }
         }
-        let mode = match (passive, ttl) {
-            (true, ttl) => LinkMode::ActivePassive {
+        let mode = match (mode, ttl) {
+            ("active-passive", ttl) => LinkMode::ActivePassive {
                 ttl: ttl.unwrap_or(DEFAULT_STANDBY_TTL),
             },
-            (false, None) => LinkMode::AllActive,
-            (false, Some(_)) => bail!("--link {spec:?}: ttl= is for mode=active-passive"),
+            ("spillover", ttl) => LinkMode::Spillover { ttl },
+            (_, None) => LinkMode::AllActive,
+            (_, Some(_)) => {
+                bail!("--link {spec:?}: ttl= is for mode=active-passive or mode=spillover")
+            }
         };
         let filter = match filter {
             None => None,
@@ -151,7 +152,26 @@ mod tests {
         assert!(err("eu", &["a=ftp://x"]).contains("is not an http://"));
         assert!(err("eu", &["a=http://x", "a=http://y"]).contains("a second link"));
         assert!(err("eu", &["a=http://x,bogus=1"]).contains("is not mode="));
-        assert!(err("eu", &["a=http://x,mode=spillover"]).contains("not built yet"));
+        assert!(err("eu", &["a=http://x,mode=mirror"]).contains("is not all-active"));
+        assert!(err("eu", &["a=http://x,mode=spillover,ttl=0s"]).contains("out of range"));
+        let spill = |v: &str| {
+            federation("eu", &specs(&[v]), false, None)
+                .expect("spillover")
+                .expect("links")
+                .links[0]
+                .mode
+        };
+        use worker::federation::LinkMode;
+        assert_eq!(
+            spill("b=http://x,mode=spillover"),
+            LinkMode::Spillover { ttl: None }
+        );
+        assert_eq!(
+            spill("b=http://x,mode=spillover,ttl=3s"),
+            LinkMode::Spillover {
+                ttl: Some(std::time::Duration::from_secs(3))
+            }
+        );
         assert!(err("eu", &["a=http://x,ttl=5s"]).contains("ttl= is for"));
         assert!(err("eu", &["a=http://x,mode=active-passive,ttl=5"]).contains("needs a unit"));
         assert!(err("eu", &["a=http://x,mode=active-passive,ttl=8d"]).contains("over 7d"));

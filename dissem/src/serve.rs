@@ -36,13 +36,15 @@ pub(super) struct UpArgs {
     /// This cluster's name: the origin its objects carry to peer clusters (--link).
     #[arg(long, default_value = "dissem")]
     pub(super) cluster_name: String,
-    /// A link to a peer cluster: every object this node ingests is sent there too, durably
-    /// and in order.
-    /// `NAME=URL[,mode=all-active|active-passive][,ttl=DUR][,token-file=PATH][,filter=FILTER]`:
-    /// the link's name, a node of the peer cluster, the mode (all-active: the peer
-    /// disseminates; active-passive: the peer is a standby that keeps each copy for `ttl`,
-    /// 60s by default), the file holding the peer's token with the `federate` role, and a
-    /// filter (the rest of the value) objects must pass. Repeatable.
+    /// A link to a peer cluster, durable and in order.
+    /// `NAME=URL[,mode=all-active|active-passive|spillover][,ttl=DUR][,token-file=PATH][,filter=FILTER]`:
+    /// the link's name, a node of the peer cluster, the mode (all-active: every object
+    /// ingested here goes, and the peer disseminates it; active-passive: the peer is a standby
+    /// that keeps each copy for `ttl`, 60s by default; spillover: only deliveries that
+    /// dead-letter here go, to the peer's subscriptions of the same tenant and name, which
+    /// have `ttl` to deliver, by default half the subscription's delivery TTL), the file
+    /// holding the peer's token with the `federate` role, and a filter (the rest of the
+    /// value) objects must pass. Repeatable.
     #[arg(long = "link", value_name = "SPEC")]
     pub(super) links: Vec<String>,
     /// Active-passive: this node is (or steps down to) a standby. It keeps what a primary

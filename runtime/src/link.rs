@@ -132,6 +132,11 @@ impl ToCoordinator {
         v1::SubscriptionRecordRequest,
         v1::Subscription
     );
+    coord_call!(
+        named,
+        v1::NamedSubscriptionsRequest,
+        v1::NamedSubscriptionsResponse
+    );
 }
 
 /// How the coordinator reaches a node daemon.

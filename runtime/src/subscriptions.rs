@@ -178,6 +178,38 @@ pub fn stored_subscription(store: &Store, id: u64) -> Result<v1::Subscription, S
     decode_stored(id, &bytes)
 }
 
+/// The ids of the stored subscriptions of `tenant` named `name` (at most 1,000, in id
+/// order): a spilled delivery's receivers. A scan of the registry, so one lookup costs in
+/// proportion to the subscriptions stored (nodes cache the answer).
+pub fn named_subscriptions(
+    store: &Store,
+    tenant: &str,
+    name: &str,
+) -> Result<Vec<u64>, ServiceError> {
+    let mut ids = Vec::new();
+    if name.is_empty() {
+        return Ok(ids);
+    }
+    let mut after = 0;
+    loop {
+        let page = store.list_subscriptions(after, 1000)?;
+        let Some(last) = page.last().map(|p| p.0) else {
+            break;
+        };
+        for (id, b) in &page {
+            let s = decode_stored(*id, b)?;
+            if s.name == name && s.tenant == tenant {
+                ids.push(*id);
+                if ids.len() >= 1000 {
+                    return Ok(ids);
+                }
+            }
+        }
+        after = last;
+    }
+    Ok(ids)
+}
+
 #[tonic::async_trait]
 impl v1::subscriptions_server::Subscriptions for Subscriptions {
     async fn create(

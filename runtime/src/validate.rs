@@ -119,8 +119,21 @@ fn message_id(m: &str, limits: &Limits) -> Result<String, ServiceError> {
             ),
         ));
     }
+    if let Some(p) = RESERVED_MESSAGE_ID_PREFIXES
+        .iter()
+        .find(|p| m.starts_with(**p))
+    {
+        return Err(ServiceError::invalid(
+            "message_id",
+            format!("the prefix {p:?} is reserved for objects from peer clusters"),
+        ));
+    }
     Ok(m.to_string())
 }
+
+/// Message ids of objects from peer clusters (federation) start with these; a writer's may
+/// not, so no writer can take an id a peer's object will be stored under.
+pub const RESERVED_MESSAGE_ID_PREFIXES: [&str; 2] = ["fed:", "spill:"];
 
 /// A put request.
 pub fn put(r: v1::PutRequest, limits: &Limits) -> Result<NewObject, ServiceError> {
@@ -312,6 +325,18 @@ pub fn qos_number(q: v1::Qos) -> u8 {
 
 /// The rest of a subscription: target, QoS, priority, retry policy, secret, and the names
 /// its filter uses.
+/// The longest subscription name.
+pub const MAX_SUBSCRIPTION_NAME: usize = 128;
+
+/// Whether `name` is a usable subscription name: empty (none), or at most
+/// [`MAX_SUBSCRIPTION_NAME`] letters, digits, `_ . - /`.
+pub fn subscription_name_ok(name: &str) -> bool {
+    name.len() <= MAX_SUBSCRIPTION_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'/'))
+}
+
 pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, ServiceError> {
     let dnf = filter(s, limits)?;
     let filter_field = match s.filter {
@@ -330,6 +355,12 @@ pub fn subscription(s: &v1::Subscription, limits: &Limits) -> Result<Dnf, Servic
         Some(Kind::Grpc(u)) => url_target("subscription.target.grpc", u, false)?,
         Some(Kind::Webhook(u)) => url_target("subscription.target.webhook", u, true)?,
         Some(Kind::Stream(n)) => stream_name("subscription.target.stream", n)?,
+    }
+    if !subscription_name_ok(&s.name) {
+        return Err(ServiceError::invalid(
+            "subscription.name",
+            format!("at most {MAX_SUBSCRIPTION_NAME} letters, digits, `_ . - /`"),
+        ));
     }
     if v1::Qos::try_from(s.qos).is_err() {
         return Err(ServiceError::invalid(
@@ -571,6 +602,35 @@ mod tests {
         }
         let grpc = v1::target::Kind::Grpc("http://example.com:7000".into());
         assert!(subscription(&sub(grpc, v1::Qos::ExactlyOnce), &limits).is_ok());
+    }
+
+    /// A subscription's name is bounded and plain; a writer's message id may not take the
+    /// prefixes objects from peer clusters are stored under.
+    #[test]
+    fn names_and_reserved_message_ids_are_checked() {
+        let limits = Limits::default();
+        let named = |name: &str| v1::Subscription {
+            filter: Some(v1::subscription::Filter::Text("a = 1".into())),
+            target: Some(v1::Target {
+                kind: Some(v1::target::Kind::Stream("s".into())),
+            }),
+            name: name.into(),
+            ..v1::Subscription::default()
+        };
+        assert!(subscription(&named("orders/eu-1.v2"), &limits).is_ok());
+        assert!(subscription(&named(""), &limits).is_ok());
+        for bad in ["a b", "ü", &"x".repeat(MAX_SUBSCRIPTION_NAME + 1)] {
+            let e = subscription(&named(bad), &limits).expect_err("refused");
+            assert!(e.to_string().starts_with("subscription.name"), "{e}");
+        }
+        for reserved in ["fed:eu:1", "spill:a:1:2"] {
+            let r = v1::PutRequest {
+                message_id: reserved.into(),
+                ..Default::default()
+            };
+            let e = put(r, &limits).expect_err("reserved");
+            assert!(e.to_string().contains("reserved"), "{e}");
+        }
     }
 
     /// Deeply nested protobuf (unknown groups inside groups, nested messages of nested

@@ -30,6 +30,7 @@ mod objects;
 mod objlog;
 mod outbox;
 mod replicas;
+mod spilled;
 mod standby;
 mod subscriptions;
 #[cfg(test)]
@@ -49,6 +50,7 @@ pub use codec::CodecError;
 pub use deliveries::DeliveryState;
 pub use objects::{NewObject, ObjectId, PutOutcome, StoredObject};
 pub use replicas::ReplicaCounts;
+pub use spilled::SpillKey;
 pub use standby::{KeptCopy, StandbyCopy};
 
 use objlog::{Locator, ObjectLog};
@@ -111,6 +113,8 @@ pub struct Store {
     links: sled::Tree,
     /// Standby copies of a primary cluster's objects (active-passive federation).
     standby: sled::Tree,
+    /// Deliveries peer clusters spilled over to this node (spillover federation).
+    spilled: sled::Tree,
     node: u32,
     seq: Arc<std::sync::Mutex<(u64, u64)>>, // (next, reserved end)
     /// The first sequence number this store handed out (0: it predates the record).
@@ -213,6 +217,7 @@ impl Store {
             phases: db.open_tree("phases")?,
             links: db.open_tree("federation")?,
             standby: db.open_tree("standby")?,
+            spilled: db.open_tree("spilled")?,
             meta,
             db,
             node,

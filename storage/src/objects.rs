@@ -54,6 +54,9 @@ pub(super) struct Entry {
     pub(super) received_unix_ms: u64,
     pub(super) has_message_id: bool,
     pub(super) priority: u8,
+    /// Written for named deliveries only ([`Store::write_targeted`]): never in the outbox,
+    /// so never matched.
+    pub(super) targeted: bool,
 }
 
 pub(super) fn msg_key(msgid: &str) -> Vec<u8> {
@@ -74,7 +77,7 @@ impl Store {
         let mut v = Vec::with_capacity(Locator::BYTES + 10);
         v.extend_from_slice(&e.at.encode());
         v.extend_from_slice(&e.received_unix_ms.to_le_bytes());
-        v.push(u8::from(e.has_message_id));
+        v.push(u8::from(e.has_message_id) | (u8::from(e.targeted) << 1));
         v.push(e.priority);
         v
     }
@@ -96,14 +99,15 @@ impl Store {
         Ok(Entry {
             at,
             received_unix_ms,
-            has_message_id: flags[0] != 0,
+            has_message_id: flags[0] & 1 != 0,
             priority: flags[1],
+            targeted: flags[0] & 2 != 0,
         })
     }
 
-    /// Hands out the next sequence number and enters it in the outbox (under the sequence
-    /// lock, so the outbox floor never passes it).
-    pub(super) fn next_seq(&self, priority: u8) -> Result<u64, StorageError> {
+    /// Hands out the next sequence number and, with `outbox`, enters it in the outbox (under
+    /// the sequence lock, so the outbox floor never passes it).
+    pub(super) fn next_seq(&self, priority: u8, outbox: bool) -> Result<u64, StorageError> {
         let mut g = self.lock_seq();
         if g.0 >= g.1 {
             let end = g.0 + SEQ_BLOCK;
@@ -114,15 +118,17 @@ impl Store {
         }
         let s = g.0;
         g.0 += 1;
-        self.lock_outbox().insert(s, priority);
+        if outbox {
+            self.lock_outbox().insert(s, priority);
+        }
         Ok(s)
     }
 
     /// Writes an object and enters it in the outbox (not yet durable: see [`Store::put`] for
     /// the acknowledged form).
     pub(super) fn write(&self, obj: NewObject) -> Result<PutOutcome, StorageError> {
-        let seq = self.next_seq(obj.priority)?;
-        let out = self.write_as(seq, obj);
+        let seq = self.next_seq(obj.priority, true)?;
+        let out = self.write_as(seq, obj, false);
         if !matches!(
             out,
             Ok(PutOutcome {
@@ -135,7 +141,21 @@ impl Store {
         out
     }
 
-    pub(super) fn write_as(&self, seq: u64, obj: NewObject) -> Result<PutOutcome, StorageError> {
+    /// Writes an object that is never matched (not in the outbox, not after a restart
+    /// either): one whose deliveries the caller names itself, e.g. a delivery spilled over
+    /// from a peer cluster. Deduplicated by message id like a put; durable with the next
+    /// commit.
+    pub fn write_targeted(&self, obj: NewObject) -> Result<PutOutcome, StorageError> {
+        let seq = self.next_seq(obj.priority, false)?;
+        self.write_as(seq, obj, true)
+    }
+
+    pub(super) fn write_as(
+        &self,
+        seq: u64,
+        obj: NewObject,
+        targeted: bool,
+    ) -> Result<PutOutcome, StorageError> {
         let id = ObjectId {
             node: self.node,
             seq,
@@ -192,6 +212,7 @@ impl Store {
             received_unix_ms: stored.received_unix_ms,
             has_message_id: !stored.message_id.is_empty(),
             priority: stored.priority,
+            targeted,
         });
         self.data.insert(key(b'd', seq), entry)?;
         Ok(PutOutcome {

@@ -36,7 +36,9 @@ impl Store {
             })?;
             let e = Self::decode_entry(&v)?;
             if self.log.read(e.at, seq)?.is_some() {
-                outbox.insert(seq, e.priority);
+                if !e.targeted {
+                    outbox.insert(seq, e.priority);
+                }
             } else {
                 self.data.remove(&k)?;
                 dropped += 1;

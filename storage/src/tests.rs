@@ -1,5 +1,5 @@
 //! The store's own tests: reopen, group commit, retention, the outbox floor, deliveries, replicas,
-//! standby copies.
+//! standby copies, spilled deliveries.
 
 use super::objects::Entry;
 use super::*;
@@ -209,6 +209,7 @@ async fn an_object_whose_bytes_never_reached_the_log_is_dropped_at_open() {
             received_unix_ms: 1,
             has_message_id: false,
             priority: 0,
+            targeted: false,
         });
         s.data
             .insert(key(b'd', kept.seq + 999), entry)
@@ -499,5 +500,54 @@ async fn standby_copies_follow_the_watermark_and_expiry_and_survive_reopen() {
     assert_eq!(s.standby_expire(600).expect("expire"), 2);
     s.standby_remove(&[live[0].0.clone()]).expect("remove");
     assert_eq!(s.standby_len(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn targeted_objects_are_never_in_the_outbox_and_spills_are_remembered_across_reopen() {
+    let dir = temp_dir("spilled");
+    let key = |seq, subscription| SpillKey {
+        cluster: "a",
+        origin: ObjectId { node: 1, seq },
+        subscription,
+    };
+    let (plain, targeted) = {
+        let s = Store::open(&dir, 1).expect("open");
+        let plain = s.put(obj(1, "")).await.expect("put").id;
+        let targeted = s.write_targeted(obj(2, "spill:a:1:5")).expect("targeted");
+        assert!(!targeted.duplicate);
+        // one copy per message id, like a put
+        let again = s.write_targeted(obj(2, "spill:a:1:5")).expect("again");
+        assert_eq!((again.id, again.duplicate), (targeted.id, true));
+        assert!(!s.spill_seen(&key(5, 7)).expect("seen"));
+        s.spill_taken(&key(5, 7), 900, Some(targeted.id))
+            .expect("taken");
+        s.spill_taken(&key(5, 8), 1_200, Some(targeted.id))
+            .expect("taken");
+        s.spill_taken(&key(6, 7), 300, None).expect("unclaimed");
+        s.commit().await.expect("commit");
+        assert_eq!(pending_ids(&s), vec![plain], "only the put is owed");
+        (plain, targeted.id)
+    };
+    let s = Store::open(&dir, 1).expect("reopen");
+    assert_eq!(
+        pending_ids(&s),
+        vec![plain],
+        "the targeted copy is not replayed"
+    );
+    assert_eq!(
+        s.get(targeted).expect("get").map(|o| o.data),
+        Some(obj(2, "").data)
+    );
+    assert!(s.spill_seen(&key(5, 7)).expect("seen") && s.spill_seen(&key(6, 7)).expect("seen"));
+    assert!(!s.spill_seen(&key(5, 9)).expect("another subscription"));
+    // the latest deadline of the copy; the unclaimed one has none
+    assert_eq!(
+        s.spill_deadlines().expect("deadlines"),
+        vec![(targeted, 1_200)]
+    );
+    assert_eq!(s.spill_forget_before(1_000).expect("forget"), 2);
+    assert_eq!(s.spill_len(), 1);
+    assert!(s.next_link_entry().expect("key") < s.next_link_entry().expect("key"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -292,3 +292,18 @@ pub async fn receive_numbered(
         }
     }
 }
+
+/// A loopback address with a port free now (for a process that must know its peers'
+/// addresses before they start).
+pub fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+/// A `Federation` client of the node at `url`.
+pub fn federation(
+    url: &str,
+) -> proto::v1::federation_client::FederationClient<tonic::transport::Channel> {
+    proto::v1::federation_client::FederationClient::new(channel(url))
+}

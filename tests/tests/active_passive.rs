@@ -11,22 +11,12 @@ use std::time::Duration;
 
 use proto::v1;
 use tests::{
-    Proc, cluster_up, numbered_put as put, receive_numbered as receive, runtime, stream_subscriber,
-    temp_dir, wait_for,
+    Proc, cluster_up, federation, free_port, numbered_put as put, receive_numbered as receive,
+    runtime, stream_subscriber, temp_dir, wait_for,
 };
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-}
 
 fn up(dir: &std::path::Path, name: &str, addr: SocketAddr, extra: &[String]) -> Proc {
     cluster_up(dir, name, &addr.to_string(), extra)
-}
-
-fn federation(url: &str) -> v1::federation_client::FederationClient<tonic::transport::Channel> {
-    v1::federation_client::FederationClient::new(tests::channel(url))
 }
 
 async fn links(url: &str) -> Option<v1::LinksResponse> {
@@ -179,6 +169,7 @@ async fn send(
                 origin_node: 1,
                 finished_below,
             }),
+            ..Default::default()
         })
         .await
         .map(|r| r.into_inner())

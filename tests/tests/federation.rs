@@ -8,17 +8,11 @@ use std::time::Duration;
 
 use proto::v1;
 use tests::{
-    Proc, attach, cluster_up, http, numbered_put as put, receive_numbered as receive, runtime,
-    stream_subscriber, temp_dir, token_create, wait_for,
+    Proc, attach, cluster_up, free_port, http, numbered_put as put, receive_numbered as receive,
+    runtime, stream_subscriber, temp_dir, token_create, wait_for,
 };
 
 const CLUSTERS: [&str; 3] = ["eu", "us", "ap"];
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-}
 
 /// Cluster `i` of the triangle on `addrs[i]`, linked to the other two (`eu` serves metrics
 /// on `metrics`).

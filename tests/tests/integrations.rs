@@ -11,13 +11,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use proto::v1;
-use tests::{http, runtime, start_up, stream_subscriber, temp_dir, token_create, wait_for};
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-}
+use tests::{
+    free_port, http, runtime, start_up, stream_subscriber, temp_dir, token_create, wait_for,
+};
 
 /// A MinIO webhook body for one object (`X-Amz-Meta-Site` user metadata, a URL-encoded key).
 fn minio_put(key: &str, site: &str, sequencer: &str) -> String {

@@ -15,8 +15,10 @@ use tonic::{Request, Response, Status, Streaming};
 use runtime::auth::{self, Caller};
 use runtime::{Limits, ServiceError, validate};
 
-/// Where stored objects and subscription changes go.
+/// Where stored objects and subscription changes go (one per node, so the size of its
+/// variants does not matter).
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 pub enum Sink {
     /// A single node: objects are matched in this process.
     Embedded(crate::disseminate::Disseminator),
@@ -44,7 +46,7 @@ pub struct Node {
     accepted: Arc<AtomicU64>,
     rejected: Arc<AtomicU64>,
     rate: Arc<runtime::rate::RateLimiter>,
-    sink: Sink,
+    pub(crate) sink: Sink,
 }
 
 impl Node {

@@ -191,6 +191,8 @@ pub struct SubscribeSpec {
     pub push_batch: Option<u32>,
     /// Extra webhook request headers, `Name: value` (write-only).
     pub headers: Vec<String>,
+    /// The name spillover links deliver dead letters to in a peer cluster.
+    pub name: Option<String>,
 }
 
 /// A `--header 'Name: value'` argument.
@@ -227,6 +229,7 @@ impl SubscribeSpec {
                 .iter()
                 .map(|h| parse_header(h))
                 .collect::<Result<_, _>>()?,
+            name: self.name.clone().unwrap_or_default(),
             ..v1::Subscription::default()
         })
     }

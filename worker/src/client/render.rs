@@ -56,6 +56,7 @@ pub fn subscription_json(s: &v1::Subscription) -> Value {
         "retry": retry,
         "push_batch": s.push_batch,
         "tenant": s.tenant,
+        "name": s.name,
     })
 }
 
@@ -92,6 +93,9 @@ pub fn subscription_lines(s: &v1::Subscription) -> Vec<String> {
     }
     if !s.tenant.is_empty() {
         lines.push(format!("tenant    {}", s.tenant));
+    }
+    if !s.name.is_empty() {
+        lines.push(format!("name      {}", s.name));
     }
     lines
 }

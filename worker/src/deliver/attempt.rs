@@ -139,6 +139,15 @@ impl Deliverer {
                 return None;
             }
         };
+        if let Some(deadline) = self.spill_deadline(obj).filter(|d| self.now_ms() >= *d) {
+            let reason = format!(
+                "the deadline of this delivery spilled over from a peer cluster passed after \
+                 {attempts} attempts ({} ms ago)",
+                self.now_ms() - deadline
+            );
+            self.dead_letter(sub, obj, reason, job.in_memory).await;
+            return None;
+        }
         let looked_up = match known {
             Some(s) => Ok(Some(s)),
             None => self.subscription(sub).await,

@@ -29,6 +29,13 @@ pub(super) struct ObjectCache {
 pub trait SubscriptionSource: Send + Sync + 'static {
     /// Subscription `id` (`None`: there is no such subscription).
     async fn subscription(&self, id: u64) -> Result<Option<v1::Subscription>, Status>;
+
+    /// The ids of the subscriptions of `tenant` named `name` (spilled deliveries' receivers).
+    async fn named(&self, _tenant: &str, _name: &str) -> Result<Vec<u64>, Status> {
+        Err(Status::unimplemented(
+            "this subscription source does not look names up",
+        ))
+    }
 }
 
 /// A cluster node's source: the coordinator's registry, over the node's link to it.
@@ -40,6 +47,14 @@ impl SubscriptionSource for ToCoordinator {
             Err(e) if e.code() == tonic::Code::NotFound => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    async fn named(&self, tenant: &str, name: &str) -> Result<Vec<u64>, Status> {
+        let r = v1::NamedSubscriptionsRequest {
+            tenant: tenant.into(),
+            name: name.into(),
+        };
+        Ok(ToCoordinator::named(self, r).await?.ids)
     }
 }
 

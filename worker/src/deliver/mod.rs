@@ -57,6 +57,7 @@ mod queue;
 mod retry;
 mod settled;
 mod spans;
+mod spill;
 mod stream;
 mod webhook;
 
@@ -67,6 +68,7 @@ pub use cloudevents::{
 pub use config::DeliveryConfig;
 pub use handoff::{Accepted, HandOff};
 pub use settled::{Hold, Phases};
+pub use spill::Spill;
 pub use stream::{SessionStream, stream_key};
 
 // what the parts share with each other (each part takes the whole module with `use super::*`)
@@ -79,6 +81,9 @@ use grpc_push::{BatchSupport, MAX_BATCH_BYTES, runs_by_size};
 use queue::{EndpointQueue, Job};
 use stream::Session;
 use webhook::HookKey;
+
+/// Subscription ids of one (tenant, name), and when they were looked up.
+type NamedIds = (Instant, Vec<u64>);
 
 /// Counters for the admin API.
 #[derive(Debug, Default)]
@@ -129,6 +134,12 @@ struct Inner {
     finished: Mutex<Option<mpsc::UnboundedSender<ObjectId>>>,
     /// Who learns of QoS 2 "received" phases before releases.
     phases: Mutex<Option<Arc<dyn Phases>>>,
+    /// Where dead-lettering deliveries are handed over (spillover links).
+    spill: Mutex<Option<Arc<dyn Spill>>>,
+    /// Objects peers spilled over to this node: when their deliveries are given up.
+    deadlines: Mutex<HashMap<ObjectId, u64>>,
+    /// Subscription ids by (tenant, name), as last looked up.
+    named: Mutex<HashMap<(String, String), NamedIds>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -184,6 +195,11 @@ impl Deliverer {
         let tls = crate::push_http::webhook_tls(cfg.webhook_ca_pem.as_deref().map(Vec::as_slice))?;
         let allow = cfg.allow_private_targets;
         let http = || crate::push_http::webhook_client(allow, tls.clone());
+        let deadlines = store
+            .spill_deadlines()
+            .map_err(runtime::error::ServiceError::from)?
+            .into_iter()
+            .collect();
         Ok(Deliverer {
             inner: Arc::new(Inner {
                 clock: Clock::new(),
@@ -210,6 +226,9 @@ impl Deliverer {
                 open: Mutex::new(HashMap::new()),
                 finished: Mutex::new(None),
                 phases: Mutex::new(None),
+                spill: Mutex::new(None),
+                deadlines: Mutex::new(deadlines),
+                named: Mutex::default(),
             }),
         })
     }

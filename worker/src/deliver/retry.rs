@@ -77,9 +77,10 @@ impl Deliverer {
         reason: String,
         in_memory: bool,
     ) {
-        tracing::info!("dead letter {}: {reason}", delivery_id(sub, obj));
         self.count(sub, 2);
         let s = self.cached_subscription(sub).flatten();
+        let reason = self.spill_over(sub, s.as_deref(), obj, reason);
+        tracing::info!("dead letter {}: {reason}", delivery_id(sub, obj));
         self.inner
             .figures
             .pushed(s.as_deref(), PushOutcome::DeadLetter, None);
@@ -155,6 +156,19 @@ impl Deliverer {
                 sub,
                 obj,
                 format!("gave up after {attempts} attempts (max_attempts {max_attempts}): {error}"),
+                job.in_memory,
+            )
+            .await;
+            return;
+        }
+        if let Some(deadline) = self.spill_deadline(obj).filter(|d| now >= *d) {
+            self.dead_letter(
+                sub,
+                obj,
+                format!(
+                    "gave up after {attempts} attempts: the deadline of this delivery spilled                      over from a peer cluster passed {} ms ago: {error}",
+                    now - deadline
+                ),
                 job.in_memory,
             )
             .await;

@@ -18,13 +18,19 @@
 //!   expired. Epochs order promotions: a primary that meets a peer promoted after it steps
 //!   down, and drops what it still owed that peer (it disseminates its own objects itself).
 //!
+//! - **Spillover** links (`spill`): a delivery that dead-letters here is owed to the peer,
+//!   whose subscriptions of the same tenant and name get it, each within the link's ttl (by
+//!   default half the subscription's delivery TTL); a spilled-in delivery that dead-letters
+//!   there is never spilled again.
+//!
 //! Per link, `/metrics` shows what is owed, sent, acknowledged and deduplicated, and the lag
 //! (the age of the oldest object owed). Links come from `--link` flags or the config file's
-//! `[[federation.link]]` entries. Not built yet: spillover, and `dissem link add|remove`
-//! (links change with a restart).
+//! `[[federation.link]]` entries. Not built yet: `dissem link add|remove` (links change with
+//! a restart).
 
 mod sender;
 mod serve;
+mod spill;
 mod standby;
 
 use std::sync::Arc;
@@ -66,6 +72,10 @@ pub enum LinkMode {
     /// The peer is a standby: it keeps each copy for `ttl` without disseminating it, until it
     /// is promoted.
     ActivePassive { ttl: Duration },
+    /// Only deliveries that dead-letter here go, to the peer's subscriptions of the same
+    /// tenant and name, which have `ttl` to deliver them (`None`: half the subscription's
+    /// delivery TTL).
+    Spillover { ttl: Option<Duration> },
 }
 
 impl LinkMode {
@@ -74,6 +84,17 @@ impl LinkMode {
         match self {
             LinkMode::AllActive => "all-active",
             LinkMode::ActivePassive { .. } => "active-passive",
+            LinkMode::Spillover { .. } => "spillover",
+        }
+    }
+
+    /// The link's ttl setting in ms (0: none, or the spillover default).
+    pub fn ttl_ms(&self) -> u64 {
+        match self {
+            LinkMode::ActivePassive { ttl } | LinkMode::Spillover { ttl: Some(ttl) } => {
+                ttl.as_millis() as u64
+            }
+            _ => 0,
         }
     }
 }
@@ -110,6 +131,8 @@ pub struct LinkCounters {
     pub acked: AtomicU64,
     pub duplicates: AtomicU64,
     pub failures: AtomicU64,
+    /// Spillover: deliveries no subscription of the peer took (no tenant and name match).
+    pub unclaimed: AtomicU64,
 }
 
 struct Inner {
@@ -206,13 +229,27 @@ impl Federation {
     /// How far `link` is behind: the age of the oldest object it is owed (zero when it owes
     /// nothing).
     pub fn lag(&self, link: &str) -> Duration {
+        let spill = self
+            .inner
+            .cfg
+            .links
+            .iter()
+            .any(|l| l.name == link && matches!(l.mode, LinkMode::Spillover { .. }));
         let oldest = self
             .inner
             .store
             .link_owed(link, 1)
             .ok()
             .and_then(|v| v.into_iter().next())
-            .and_then(|(_, b)| v1::FederatedObject::decode(b.as_slice()).ok());
+            .and_then(|(_, b)| {
+                if spill {
+                    v1::SpilledDelivery::decode(b.as_slice())
+                        .ok()
+                        .and_then(|d| d.object)
+                } else {
+                    v1::FederatedObject::decode(b.as_slice()).ok()
+                }
+            });
         oldest.map_or(Duration::ZERO, |o| {
             Duration::from_millis(runtime::now_ms().saturating_sub(o.received_unix_ms))
         })
@@ -306,6 +343,8 @@ impl Federation {
                 LinkMode::AllActive => 0,
                 LinkMode::ActivePassive { .. } if !active => continue,
                 LinkMode::ActivePassive { ttl } => now.saturating_add(ttl.as_millis() as u64),
+                // a spillover link carries dead letters only (`Spill`)
+                LinkMode::Spillover { .. } => continue,
             };
             let o = object.get_or_insert_with(|| v1::FederatedObject {
                 origin_cluster: self.inner.cfg.cluster.clone(),
@@ -357,10 +396,7 @@ impl Federation {
                 name: l.name.clone(),
                 peer: l.url.clone(),
                 mode: l.mode.name().into(),
-                ttl_ms: match l.mode {
-                    LinkMode::ActivePassive { ttl } => ttl.as_millis() as u64,
-                    LinkMode::AllActive => 0,
-                },
+                ttl_ms: l.mode.ttl_ms(),
                 has_filter: l.filter.is_some(),
                 has_token: l.token.is_some(),
                 owed: self.owed(&l.name) as u64,

@@ -3,7 +3,8 @@
 //! carries this node's epoch and finished-watermark, in every batch and, while nothing is
 //! owed, in a heartbeat whenever the watermark moved (at most every 20 ms) or 200 ms passed;
 //! it sends nothing while this node is a standby, and steps the node down when the peer
-//! answers that it was promoted after it.
+//! answers that it was promoted after it. A spillover link's entries are dead-lettered
+//! deliveries.
 
 use super::*;
 
@@ -18,6 +19,7 @@ impl Federation {
         let link = &self.inner.cfg.links[i];
         let counters = &self.inner.counters[i];
         let passive = matches!(link.mode, LinkMode::ActivePassive { .. });
+        let spill = matches!(link.mode, LinkMode::Spillover { .. });
         let mut backoff = Duration::from_millis(100);
         let mut client = None;
         // the watermark last sent, and when anything last went out
@@ -61,21 +63,25 @@ impl Federation {
                 }
             }
             let seqs: Vec<u64> = owed.iter().map(|(s, _)| *s).collect();
-            let mut objects: Vec<v1::FederatedObject> = Vec::with_capacity(owed.len());
+            let mut objects: Vec<v1::FederatedObject> = Vec::new();
+            let mut spilled: Vec<v1::SpilledDelivery> = Vec::new();
             for (seq, b) in &owed {
-                match v1::FederatedObject::decode(b.as_slice()) {
-                    Ok(o) => objects.push(o),
-                    // written by this node, so only a damaged store gets here: said, then
-                    // dropped with the batch's acknowledgement rather than blocking the link
-                    Err(e) => {
-                        tracing::error!("link {}: entry {seq} does not decode: {e}", link.name)
-                    }
+                let decoded = if spill {
+                    v1::SpilledDelivery::decode(b.as_slice()).map(|d| spilled.push(d))
+                } else {
+                    v1::FederatedObject::decode(b.as_slice()).map(|o| objects.push(o))
+                };
+                // written by this node, so only a damaged store gets here: said, then dropped
+                // with the batch's acknowledgement rather than blocking the link
+                if let Err(e) = decoded {
+                    tracing::error!("link {}: entry {seq} does not decode: {e}", link.name)
                 }
             }
-            let n = objects.len() as u64;
+            let n = (objects.len() + spilled.len()) as u64;
             let req = v1::FederateRequest {
                 from_cluster: self.inner.cfg.cluster.clone(),
                 objects,
+                spilled,
                 standby: passive.then(|| v1::Standby {
                     epoch: role.epoch,
                     origin_node: self.inner.store.node(),
@@ -112,6 +118,17 @@ impl Federation {
                     counters
                         .duplicates
                         .fetch_add(u64::from(r.duplicates), Ordering::Relaxed);
+                    if r.unclaimed > 0 {
+                        counters
+                            .unclaimed
+                            .fetch_add(u64::from(r.unclaimed), Ordering::Relaxed);
+                        tracing::warn!(
+                            "link {}: {} spilled deliveries found no subscription of their \
+                             tenant and name at the peer (dead letters here only)",
+                            link.name,
+                            r.unclaimed
+                        );
+                    }
                 }
                 other => {
                     let why = match other {

@@ -1,6 +1,7 @@
 //! The `Federation` service of a node: a peer cluster's `Replicate` (all-active objects are
-//! stored and disseminated once each; active-passive copies are kept by a standby), and the
-//! operator's `Links` and `Promote`.
+//! stored and disseminated once each; active-passive copies are kept by a standby; spilled
+//! deliveries go to the subscriptions of their tenant and name), and the operator's `Links`
+//! and `Promote`.
 
 use super::standby::Meets;
 use super::*;
@@ -23,10 +24,12 @@ impl Node {
             data: o.data,
             metadata: o.metadata,
             priority: o.priority,
-            message_id,
+            // a writer's message id may not take the reserved prefix: set after the check
+            message_id: String::new(),
         };
         let max = self.limits.max_external_id_bytes;
         runtime::validate::put(put, &self.limits).and_then(|mut n| {
+            n.message_id = message_id;
             if external_id.len() > max {
                 return Err(ServiceError::invalid(
                     "external_id",
@@ -128,10 +131,13 @@ impl v1::federation_server::Federation for Node {
     ) -> Result<Response<v1::FederateResponse>, Status> {
         let caller = runtime::auth::caller(&request);
         let req = request.into_inner();
-        if req.objects.len() > BATCH {
+        if req.objects.len() + req.spilled.len() > BATCH {
             return Err(ServiceError::invalid(
                 "objects",
-                format!("{} objects exceed the limit of {BATCH}", req.objects.len()),
+                format!(
+                    "{} objects and spilled deliveries exceed the limit of {BATCH}",
+                    req.objects.len() + req.spilled.len()
+                ),
             )
             .into());
         }
@@ -164,6 +170,17 @@ impl v1::federation_server::Federation for Node {
                 )
                 .into());
             }
+        }
+        if !req.spilled.is_empty() {
+            if !req.objects.is_empty() || req.standby.is_some() {
+                return Err(ServiceError::invalid(
+                    "spilled",
+                    "spilled deliveries travel alone (no objects, no standby)",
+                )
+                .into());
+            }
+            let r = self.take_spilled(&req.from_cluster, req.spilled).await?;
+            return Ok(Response::new(r));
         }
         if let Some(standby) = req.standby {
             if let Some(i) = req
