@@ -73,6 +73,11 @@ pub async fn run(
     http: worker::NodeExtras,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
+    // before the daemon disseminates the outbox: a standby leaves some of it to its peer
+    let fed = http
+        .federation
+        .map(|cfg| worker::federation::Federation::new(cfg, store.clone()))
+        .transpose()?;
     let coordinator = Arc::new(coordinator::server::start(store.clone(), limits, cfg).await?);
     daemon_cfg.endpoint = LOCAL_ENDPOINT.into();
     let daemon = Daemon::new(daemon_cfg, store.clone(), limits, coordinator.link())?;
@@ -81,10 +86,6 @@ pub async fn run(
     let stream = v1::stream_server::StreamServer::new(daemon.deliverer().clone());
     let deliverer = daemon.deliverer().clone();
     let mut node = Node::new(store.clone(), limits, Sink::Cluster(daemon));
-    let fed = http
-        .federation
-        .map(|cfg| worker::federation::Federation::new(cfg, store))
-        .transpose()?;
     if let Some(f) = &fed {
         node = node.with_federation(f.clone());
     }

@@ -3,6 +3,11 @@
 //! one range in the order the node took the objects); value: the encoded object as it goes
 //! out. An entry stays until the peer acknowledged it, so what is owed survives restarts of
 //! either side and link outages; it is durable with the next commit.
+//!
+//! Beside them, under a prefix no link name has: this node's objects that an active-passive
+//! standby acknowledged copies of while they were still in the outbox (unfinished here). A
+//! node that starts as a standby hands those to the peer (it disseminated them when it was
+//! promoted) instead of disseminating them again.
 
 use super::*;
 
@@ -10,6 +15,15 @@ fn link_key(link: &str, seq: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(link.len() + 9);
     k.extend_from_slice(link.as_bytes());
     k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The prefix of the copied-while-unfinished marks (no link name starts with a control byte).
+const COPIED: &[u8] = b"\x01copied\0";
+
+fn copied_key(seq: u64) -> Vec<u8> {
+    let mut k = COPIED.to_vec();
     k.extend_from_slice(&seq.to_be_bytes());
     k
 }
@@ -48,6 +62,44 @@ impl Store {
     /// How many entries `link` is owed.
     pub fn link_owed_len(&self, link: &str) -> usize {
         self.links.scan_prefix(link_prefix(link)).count()
+    }
+
+    /// An active-passive standby acknowledged copies of these objects of this node: those
+    /// still in the outbox are marked (durable with the next commit), and marks of objects
+    /// that have left it since are dropped.
+    pub fn note_copies(&self, seqs: &[u64]) -> Result<(), StorageError> {
+        let mut b = sled::Batch::default();
+        let me = self.node;
+        for s in seqs {
+            if self.in_outbox(ObjectId { node: me, seq: *s }) {
+                b.insert(copied_key(*s), &[][..]);
+            }
+        }
+        let floor = self.outbox_floor();
+        for kv in self.links.range(copied_key(0)..copied_key(floor)) {
+            b.remove(kv?.0);
+        }
+        self.links.apply_batch(b)?;
+        Ok(())
+    }
+
+    /// Objects of this node still in the outbox that a standby holds copies of.
+    pub fn copied_unfinished(&self) -> Result<Vec<ObjectId>, StorageError> {
+        let me = self.node;
+        let mut out = Vec::new();
+        for kv in self.links.scan_prefix(COPIED) {
+            let (k, _) = kv?;
+            let seq = k
+                .get(COPIED.len()..)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_be_bytes);
+            if let Some(seq) = seq
+                && self.in_outbox(ObjectId { node: me, seq })
+            {
+                out.push(ObjectId { node: me, seq });
+            }
+        }
+        Ok(out)
     }
 
     /// The peer acknowledged these entries of `link`.

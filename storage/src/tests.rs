@@ -551,3 +551,28 @@ async fn targeted_objects_are_never_in_the_outbox_and_spills_are_remembered_acro
     assert!(s.next_link_entry().expect("key") < s.next_link_entry().expect("key"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn copies_of_unfinished_objects_are_remembered_until_the_objects_finish() {
+    let dir = temp_dir("copied");
+    let s = Store::open(&dir, 1).expect("open");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(s.put(obj(i, "")).await.expect("put").id);
+    }
+    // the first finished before its copy was acknowledged: not marked
+    s.retire(ids[0]).expect("retire");
+    s.note_copies(&[ids[0].seq, ids[1].seq, ids[2].seq])
+        .expect("note");
+    s.commit().await.expect("commit");
+    assert_eq!(s.copied_unfinished().expect("copied"), vec![ids[1], ids[2]]);
+    s.retire(ids[1]).expect("retire");
+    assert_eq!(s.copied_unfinished().expect("copied"), vec![ids[2]]);
+    s.commit().await.expect("commit");
+    drop(s);
+    let s = Store::open(&dir, 1).expect("reopen");
+    assert_eq!(s.copied_unfinished().expect("copied"), vec![ids[2]]);
+    // links' own entries are another keyspace
+    assert_eq!(s.link_owed_len("x"), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

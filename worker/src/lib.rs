@@ -124,16 +124,17 @@ pub async fn run_node(
     };
     let cluster_auth = cfg.cluster_secret.check();
     let secret = cfg.cluster_secret.clone();
+    // before the daemon disseminates the outbox: a standby leaves some of it to its peer
+    let fed = http
+        .federation
+        .map(|cfg| federation::Federation::new(cfg, store.clone()))
+        .transpose()?;
     let daemon = daemon::Daemon::start(cfg, store.clone(), limits, link)?;
     let mut node = services::Node::new(
         store.clone(),
         limits,
         services::Sink::Cluster(daemon.clone()),
     );
-    let fed = http
-        .federation
-        .map(|cfg| federation::Federation::new(cfg, store))
-        .transpose()?;
     if let Some(f) = &fed {
         node = node.with_federation(f.clone());
     }

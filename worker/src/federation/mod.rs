@@ -176,13 +176,28 @@ impl std::fmt::Debug for Federation {
 impl Federation {
     /// The federation of a node over `store`; its role is the store's (a fresh store is
     /// active at epoch 0), stepped down to standby when `cfg.standby` says so (durable with
-    /// the store's next commit).
+    /// the store's next commit). A standby leaves its unfinished objects that the peer
+    /// holds copies of to the peer: call this before the node's outbox is disseminated.
     pub fn new(cfg: FederationConfig, store: Store) -> Result<Federation, ServiceError> {
         let counters = cfg.links.iter().map(|_| LinkCounters::default()).collect();
         let (mut active, epoch, primary) = store.federation_role()?;
         if cfg.standby && active {
             store.set_federation_role(false, epoch, &primary)?;
             active = false;
+        }
+        if !active {
+            // the peer holds copies of these and disseminated them when it was promoted
+            let handed = store.copied_unfinished()?;
+            for id in &handed {
+                store.retire(*id)?;
+            }
+            if !handed.is_empty() {
+                tracing::warn!(
+                    "a standby: {} unfinished objects the active peer holds copies of are \
+                     left to it",
+                    handed.len()
+                );
+            }
         }
         Ok(Federation {
             inner: Arc::new(Inner {

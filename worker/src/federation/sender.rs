@@ -114,6 +114,11 @@ impl Federation {
                     if let Err(e) = self.inner.store.link_acked(&link.name, &seqs) {
                         tracing::error!("link {}: {e}", link.name);
                     }
+                    // what the standby holds copies of while it is unfinished here is the
+                    // standby's to disseminate if this node comes back as a standby
+                    if passive && let Err(e) = self.inner.store.note_copies(&seqs) {
+                        tracing::error!("link {}: {e}", link.name);
+                    }
                     counters.acked.fetch_add(n, Ordering::Relaxed);
                     counters
                         .duplicates
