@@ -9,10 +9,12 @@
 pub mod churnbench;
 pub mod churnmetrics;
 pub mod clusterbench;
+pub mod cut;
 pub mod demo;
 pub mod e2e;
 pub mod elected;
 pub mod failoverbench;
+pub mod fedbench;
 pub mod given;
 pub mod ingestbench;
 pub mod matchbench;

@@ -431,3 +431,27 @@ pub fn delivery_records(data: &Path, node: u32) -> Vec<(u64, storage::ObjectId)>
     let store = storage::Store::open(data, node).expect("opening a stopped node's store");
     store.delivery_keys().expect("reading delivery records")
 }
+
+/// A put from `publisher` numbered `n` (attributes `pub` and `n`; message id `publisher-n`).
+pub fn numbered_put(publisher: &str, n: i64) -> v1::PutRequest {
+    let attr = |name: &str, kind| v1::Attribute {
+        name: name.into(),
+        value: Some(v1::Value { kind: Some(kind) }),
+    };
+    v1::PutRequest {
+        metadata: vec![
+            attr("pub", v1::value::Kind::Text(publisher.into())),
+            attr("n", v1::value::Kind::Integer(n)),
+        ],
+        message_id: format!("{publisher}-{n}"),
+        ..Default::default()
+    }
+}
+
+/// A loopback address with a port free now (for a process that must know its peers'
+/// addresses before they start).
+pub fn free_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}

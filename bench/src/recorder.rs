@@ -32,9 +32,20 @@ struct State {
     received: HashMap<String, (u64, ObjectId)>,
     /// QoS 2: every call of each pair (when, what, the caller's port), to explain duplicates.
     calls: HashMap<(u64, ObjectId), Vec<Call>>,
-    /// QoS 0/1 deliveries of numbered objects (`pub` and `n` attributes): times shown, and
-    /// when first.
-    numbered: BTreeMap<(String, i64), (u32, Instant)>,
+    /// Deliveries of numbered objects (`pub` and `n` attributes), as shown.
+    numbered: BTreeMap<(String, i64), Seen>,
+    /// QoS 2: the numbered object of each delivery received, not yet released.
+    received_numbered: HashMap<String, (String, i64)>,
+}
+
+/// A numbered object as the subscriber was shown it.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    /// How often.
+    pub times: u32,
+    /// When first, and the object id that delivery carried (the cluster's own id).
+    pub first: Instant,
+    pub id: ObjectId,
 }
 
 /// The recording subscriber (cheap to clone; every clone shares the record).
@@ -133,6 +144,9 @@ impl Recorder {
         let p = pair(d);
         if lock(&self.qos2).contains(&p.0) {
             let mut s = lock(&self.state);
+            if let Some(k) = numbered_key(d) {
+                s.received_numbered.insert(d.delivery_id.clone(), k);
+            }
             let held = s.received.contains_key(&d.delivery_id);
             s.received.entry(d.delivery_id.clone()).or_insert(p);
             let what = if held { "deliver (held)" } else { "deliver" };
@@ -143,14 +157,24 @@ impl Recorder {
         } else {
             self.show(p);
             if let Some(k) = numbered_key(d) {
-                let mut s = lock(&self.state);
-                s.numbered.entry(k).or_insert((0, Instant::now())).0 += 1;
+                Self::seen(&mut lock(&self.state), k, p.1);
             }
         }
     }
 
-    /// The numbered objects shown (QoS 0/1): (publisher, n) -> (times, when first).
-    pub fn numbered(&self) -> BTreeMap<(String, i64), (u32, Instant)> {
+    fn seen(s: &mut State, k: (String, i64), id: ObjectId) {
+        s.numbered
+            .entry(k)
+            .or_insert(Seen {
+                times: 0,
+                first: Instant::now(),
+                id,
+            })
+            .times += 1;
+    }
+
+    /// The numbered objects shown: (publisher, n) -> how often, when first, with which id.
+    pub fn numbered(&self) -> BTreeMap<(String, i64), Seen> {
         lock(&self.state).numbered.clone()
     }
 
@@ -224,6 +248,9 @@ impl v1::subscriber_server::Subscriber for Recorder {
         let p = {
             let mut s = lock(&self.state);
             let p = s.received.remove(&id);
+            if let (Some(p), Some(k)) = (p, s.received_numbered.remove(&id)) {
+                Self::seen(&mut s, k, p.1);
+            }
             if let Some(p) = p {
                 s.calls
                     .entry(p)

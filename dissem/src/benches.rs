@@ -1,4 +1,5 @@
-//! The benchmark commands (`bench match|ingest|cluster|e2e|quorum|churn|failover`) and `demo`: flags in, a call into
+//! The benchmark commands (`bench match|ingest|cluster|e2e|quorum|churn|failover|federation`)
+//! and `demo`: flags in, a call into
 //! the `bench` crate, figures out.
 
 use bench::matchbench::{self, EngineChoice, MatchBenchOptions};
@@ -25,6 +26,40 @@ pub(super) enum Bench {
     /// Coordinator failover on etcd: the leader SIGKILLed under steady puts, time until
     /// matching resumes, nothing lost, no QoS 2 duplicate (needs `etcd` on the PATH).
     Failover(FailoverArgs),
+    /// Federation between `dissem up` clusters: all-active (a triangle, a link cut mid-run),
+    /// active-passive (the primary killed, the switch back) and spillover (a refusing
+    /// subscriber), each pass or fail.
+    Federation(FederationArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct FederationArgs {
+    /// A few seconds per mode instead of the sizes (2,000 objects per publisher,
+    /// 20 s runs).
+    #[arg(long)]
+    pub(super) quick: bool,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+}
+
+pub(super) fn bench_federation(a: FederationArgs) -> anyhow::Result<bool> {
+    use bench::fedbench::FederationOptions;
+    let bin = std::env::current_exe()?;
+    let o = if a.quick {
+        FederationOptions::quick(bin)
+    } else {
+        FederationOptions::full(bin)
+    };
+    let report = bench::fedbench::run(&o)?;
+    bench::fedbench::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    if !report.pass {
+        bail!("the federation benchmark failed: see the figures above");
+    }
+    Ok(true)
 }
 
 #[derive(clap::Args, Debug)]

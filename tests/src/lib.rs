@@ -224,22 +224,6 @@ pub async fn stream_subscriber(
     (tx, down, sub)
 }
 
-/// A put from `publisher` numbered `n` (attributes `pub` and `n`; message id `publisher-n`).
-pub fn numbered_put(publisher: &str, n: i64) -> proto::v1::PutRequest {
-    let attr = |name: &str, kind| proto::v1::Attribute {
-        name: name.into(),
-        value: Some(proto::v1::Value { kind: Some(kind) }),
-    };
-    proto::v1::PutRequest {
-        metadata: vec![
-            attr("pub", proto::v1::value::Kind::Text(publisher.into())),
-            attr("n", proto::v1::value::Kind::Integer(n)),
-        ],
-        message_id: format!("{publisher}-{n}"),
-        ..Default::default()
-    }
-}
-
 /// Receives (and acks) deliveries until `want` distinct (publisher, n) pairs with `n` at
 /// least `from` arrived; then until nothing more comes for a second. Returns how often each
 /// pair arrived.
@@ -252,19 +236,7 @@ pub async fn receive_numbered(
 ) -> std::collections::BTreeMap<(String, i64), usize> {
     let mut got: std::collections::BTreeMap<(String, i64), usize> = Default::default();
     let key = |d: &proto::v1::Delivery| {
-        let mut p = String::new();
-        let mut n = -1;
-        for a in &d.metadata {
-            match a.value.as_ref().and_then(|v| v.kind.as_ref()) {
-                Some(proto::v1::value::Kind::Text(t)) if a.name == "pub" => p = t.clone(),
-                Some(proto::v1::value::Kind::Integer(i)) if a.name == "n" => n = *i,
-                Some(proto::v1::value::Kind::Decimal(s)) if a.name == "n" => {
-                    n = s.parse().unwrap_or(-1)
-                }
-                _ => {}
-            }
-        }
-        (p, n)
+        bench::recorder::numbered_key(d).unwrap_or_else(|| (String::new(), -1))
     };
     let mut settle = false;
     loop {
@@ -291,14 +263,6 @@ pub async fn receive_numbered(
             ),
         }
     }
-}
-
-/// A loopback address with a port free now (for a process that must know its peers'
-/// addresses before they start).
-pub fn free_port() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
 }
 
 /// A `Federation` client of the node at `url`.

@@ -92,7 +92,7 @@ async fn shown(
     tokio::time::sleep(Duration::from_millis(500)).await;
     rec.numbered()
         .into_iter()
-        .map(|(k, (n, _))| (k, n))
+        .map(|(k, v)| (k, v.times))
         .collect()
 }
 
