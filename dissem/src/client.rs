@@ -348,6 +348,59 @@ pub(super) enum LinkCmd {
         #[command(flatten)]
         node: NodeArg,
     },
+    /// Adds a link to a peer cluster without a restart; the node keeps it in its data
+    /// directory. It owes the peer what the node takes from then on.
+    Add {
+        #[command(flatten)]
+        node: NodeArg,
+        /// The link's name (letters, digits, `_ . -`).
+        name: String,
+        /// A node of the peer cluster, e.g. http://10.1.0.5:7700.
+        peer: String,
+        /// all-active (the default), active-passive or spillover.
+        #[arg(long, default_value = "all-active")]
+        mode: String,
+        /// Active-passive: how long the standby keeps a copy (default 60s); spillover: how
+        /// long the peer may take (default half the subscription's delivery TTL).
+        #[arg(long, value_parser = parse_duration_ms)]
+        ttl: Option<u64>,
+        /// The file holding the peer's token with the `federate` role.
+        #[arg(long)]
+        token_file: Option<String>,
+        /// Only objects this filter matches go (text syntax or an EventBridge pattern).
+        #[arg(long)]
+        filter: Option<String>,
+    },
+    /// Removes a link added with `link add`, dropping what it still owes (a link from
+    /// --link or the config file is removed there).
+    Remove {
+        #[command(flatten)]
+        node: NodeArg,
+        /// The link's name.
+        name: String,
+    },
+}
+
+/// `dissem link add`'s request (the token read from its file).
+pub(super) fn add_link_request(
+    name: String,
+    peer: String,
+    mode: String,
+    ttl: Option<u64>,
+    token_file: Option<String>,
+    filter: Option<String>,
+) -> anyhow::Result<proto::v1::AddLinkRequest> {
+    Ok(proto::v1::AddLinkRequest {
+        name,
+        peer,
+        mode,
+        ttl_ms: ttl.unwrap_or(0),
+        token: token_file
+            .map(|f| crate::links::read_token(&f))
+            .transpose()?
+            .unwrap_or_default(),
+        filter: filter.unwrap_or_default(),
+    })
 }
 
 #[derive(Subcommand, Debug)]

@@ -4,21 +4,17 @@
 
 use anyhow::bail;
 
-/// The federation settings, checked; `None` without links and without `--standby`.
+/// The federation settings, checked. Every node has them (links may be added at run time
+/// with `dissem link add`), so the cluster name is checked even without links.
 pub(super) fn federation(
     cluster_name: &str,
     link_specs: &[String],
     standby: bool,
     promote_after: Option<std::time::Duration>,
-) -> anyhow::Result<Option<worker::federation::FederationConfig>> {
-    use worker::federation::{
-        DEFAULT_STANDBY_TTL, FederationConfig, LinkConfig, LinkMode, valid_name,
-    };
+) -> anyhow::Result<worker::federation::FederationConfig> {
+    use worker::federation::{FederationConfig, LinkConfig, link_from_request, valid_name};
     if promote_after.is_some() && !standby {
         bail!("--promote-after is for a standby: give --standby too");
-    }
-    if link_specs.is_empty() && !standby {
-        return Ok(None);
     }
     if !valid_name(cluster_name) {
         bail!(
@@ -28,95 +24,61 @@ pub(super) fn federation(
     }
     let mut links: Vec<LinkConfig> = Vec::new();
     for spec in link_specs {
-        let (name, rest) = spec.split_once('=').ok_or_else(|| {
-            anyhow::anyhow!(
-                "--link {spec:?}: expected \
-                 NAME=URL[,mode=MODE][,ttl=DUR][,token-file=PATH][,filter=FILTER]"
-            )
-        })?;
-        if !valid_name(name) {
-            bail!("--link {spec:?}: the name {name:?} must be 1 to 64 letters, digits, `_ . -`");
+        let r = link_request(spec)?;
+        if links.iter().any(|l| l.name == r.name) {
+            bail!("--link {spec:?}: a second link named {:?}", r.name);
         }
-        if links.iter().any(|l| l.name == name) {
-            bail!("--link {spec:?}: a second link named {name:?}");
-        }
-        // the filter takes the rest of the value, commas included
-        let (head, filter) = match rest.split_once(",filter=") {
-            Some((h, f)) => (h, Some(f)),
-            None => (rest, None),
-        };
-        let mut parts = head.split(',');
-        let url = parts.next().unwrap_or_default().to_string();
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            bail!("--link {spec:?}: {url:?} is not an http:// or https:// URL");
-        }
-        let mut token = None;
-        let mut mode = "all-active";
-        let mut ttl = None;
-        for p in parts {
-            match p.split_once('=') {
-                Some(("token-file", path)) => {
-                    let t = std::fs::read_to_string(path)
-                        .map_err(|e| anyhow::anyhow!("--link {name}: reading {path}: {e}"))?;
-                    token = Some(t.trim().to_string());
-                }
-                Some(("mode", m @ ("all-active" | "active-passive" | "spillover"))) => mode = m,
-                Some(("mode", m)) => bail!(
-                    "--link {spec:?}: mode {m:?} is not all-active, active-passive or spillover"
-                ),
-                Some(("ttl", d)) => {
-                    let ms = crate::client::parse_duration_ms(d)
-                        .map_err(|e| anyhow::anyhow!("--link {name} ttl: {e}"))?;
-                    if ms > 7 * 86_400_000 {
-                        bail!("--link {name} ttl: {d:?} is over 7d (a peer keeps no longer)");
-                    }
-                    ttl = Some(std::time::Duration::from_millis(ms));
-                }
-                _ => bail!("--link {spec:?}: {p:?} is not mode=, ttl=, token-file= or filter="),
-            }
-        }
-        let mode = match (mode, ttl) {
-            ("active-passive", ttl) => LinkMode::ActivePassive {
-                ttl: ttl.unwrap_or(DEFAULT_STANDBY_TTL),
-            },
-            ("spillover", ttl) => LinkMode::Spillover { ttl },
-            (_, None) => LinkMode::AllActive,
-            (_, Some(_)) => {
-                bail!("--link {spec:?}: ttl= is for mode=active-passive or mode=spillover")
-            }
-        };
-        let filter = match filter {
-            None => None,
-            Some(f) => {
-                use proto::v1::subscription::Filter;
-                let filter = if f.trim_start().starts_with('{') {
-                    Filter::Eventbridge(f.to_string())
-                } else {
-                    Filter::Text(f.to_string())
-                };
-                let s = proto::v1::Subscription {
-                    filter: Some(filter),
-                    ..Default::default()
-                };
-                let dnf = runtime::validate::filter(&s, &runtime::Limits::default())
-                    .map_err(|e| anyhow::anyhow!("--link {name} filter: {e}"))?;
-                Some(dnf)
-            }
-        };
-        links.push(LinkConfig {
-            name: name.to_string(),
-            url,
-            token,
-            filter,
-            mode,
-        });
+        let l = link_from_request(&r).map_err(|e| anyhow::anyhow!("--link {}: {e}", r.name))?;
+        links.push(l);
     }
-    Ok(Some(FederationConfig {
+    Ok(FederationConfig {
         cluster: cluster_name.to_string(),
         links,
         standby,
         promote_after,
-    }))
+    })
+}
+
+/// One `--link NAME=URL[,mode=MODE][,ttl=DUR][,token-file=PATH][,filter=FILTER]` as the
+/// request `dissem link add` sends (the token read from its file).
+pub(super) fn link_request(spec: &str) -> anyhow::Result<proto::v1::AddLinkRequest> {
+    let (name, rest) = spec.split_once('=').ok_or_else(|| {
+        anyhow::anyhow!(
+            "--link {spec:?}: expected \
+             NAME=URL[,mode=MODE][,ttl=DUR][,token-file=PATH][,filter=FILTER]"
+        )
+    })?;
+    // the filter takes the rest of the value, commas included
+    let (head, filter) = match rest.split_once(",filter=") {
+        Some((h, f)) => (h, f),
+        None => (rest, ""),
+    };
+    let mut parts = head.split(',');
+    let mut r = proto::v1::AddLinkRequest {
+        name: name.to_string(),
+        peer: parts.next().unwrap_or_default().to_string(),
+        filter: filter.to_string(),
+        ..Default::default()
+    };
+    for p in parts {
+        match p.split_once('=') {
+            Some(("token-file", path)) => r.token = read_token(path)?,
+            Some(("mode", m)) => r.mode = m.to_string(),
+            Some(("ttl", d)) => {
+                r.ttl_ms = crate::client::parse_duration_ms(d)
+                    .map_err(|e| anyhow::anyhow!("--link {name} ttl: {e}"))?;
+            }
+            _ => bail!("--link {spec:?}: {p:?} is not mode=, ttl=, token-file= or filter="),
+        }
+    }
+    Ok(r)
+}
+
+/// A token from its file (trimmed).
+pub(super) fn read_token(path: &str) -> anyhow::Result<String> {
+    let t = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("reading the token file {path}: {e}"))?;
+    Ok(t.trim().to_string())
 }
 
 #[cfg(test)]
@@ -129,7 +91,8 @@ mod tests {
         assert!(
             federation("eu", &[], false, None)
                 .expect("no links")
-                .is_none()
+                .links
+                .is_empty()
         );
         let f = federation(
             "eu",
@@ -137,8 +100,7 @@ mod tests {
             false,
             None,
         )
-        .expect("a link with a filter")
-        .expect("links");
+        .expect("a link with a filter");
         assert_eq!(f.cluster, "eu");
         assert_eq!(f.links[0].url, "http://10.0.0.1:7700");
         assert!(f.links[0].filter.is_some() && f.links[0].token.is_none());
@@ -157,7 +119,6 @@ mod tests {
         let spill = |v: &str| {
             federation("eu", &specs(&[v]), false, None)
                 .expect("spillover")
-                .expect("links")
                 .links[0]
                 .mode
         };
@@ -172,17 +133,16 @@ mod tests {
                 ttl: Some(std::time::Duration::from_secs(3))
             }
         );
-        assert!(err("eu", &["a=http://x,ttl=5s"]).contains("ttl= is for"));
+        assert!(err("eu", &["a=http://x,ttl=5s"]).contains("a ttl is for"));
         assert!(err("eu", &["a=http://x,mode=active-passive,ttl=5"]).contains("needs a unit"));
-        assert!(err("eu", &["a=http://x,mode=active-passive,ttl=8d"]).contains("over 7d"));
+        assert!(err("eu", &["a=http://x,mode=active-passive,ttl=8d"]).contains("over 7 days"));
         let ap = federation(
             "eu",
             &specs(&["b=http://x,mode=active-passive,ttl=2s"]),
             false,
             None,
         )
-        .expect("active-passive")
-        .expect("links");
+        .expect("active-passive");
         assert_eq!(
             ap.links[0].mode,
             worker::federation::LinkMode::ActivePassive {
@@ -190,8 +150,7 @@ mod tests {
             }
         );
         let standby = federation("us", &[], true, Some(std::time::Duration::from_secs(1)))
-            .expect("a standby without links")
-            .expect("settings");
+            .expect("a standby without links");
         assert!(standby.standby && standby.links.is_empty());
         assert!(
             federation("us", &[], false, Some(std::time::Duration::from_secs(1)))
@@ -200,6 +159,6 @@ mod tests {
                 .contains("give --standby")
         );
         assert!(err("eu", &["a=http://x,token-file=/nonexistent/t"]).contains("reading"));
-        assert!(err("eu", &["a=http://x,filter=n >"]).contains("--link a filter"));
+        assert!(err("eu", &["a=http://x,filter=n >"]).contains("--link a: filter"));
     }
 }

@@ -235,6 +235,24 @@ fn main() -> ExitCode {
         Command::Link {
             which: LinkCmd::Promote { node },
         } => client(&node, worker::client::promote),
+        Command::Link {
+            which:
+                LinkCmd::Add {
+                    node,
+                    name,
+                    peer,
+                    mode,
+                    ttl,
+                    token_file,
+                    filter,
+                },
+        } => match client::add_link_request(name, peer, mode, ttl, token_file, filter) {
+            Ok(r) => client(&node, |ch| worker::client::add_link(ch, r)),
+            Err(e) => Err(e),
+        },
+        Command::Link {
+            which: LinkCmd::Remove { node, name },
+        } => client(&node, |ch| worker::client::remove_link(ch, name)),
         Command::Token {
             which:
                 TokenCmd::Create {

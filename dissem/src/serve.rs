@@ -211,12 +211,12 @@ pub(super) async fn node_extras(u: &UpArgs) -> anyhow::Result<worker::NodeExtras
     Ok(worker::NodeExtras {
         metrics: metrics_listener(u.metrics_listen).await?,
         s3_events,
-        federation: crate::links::federation(
+        federation: Some(crate::links::federation(
             &u.cluster_name,
             &u.links,
             u.standby,
             u.promote_after.map(std::time::Duration::from_millis),
-        )?,
+        )?),
     })
 }
 

@@ -602,6 +602,12 @@ mod tests {
             required_role("/dissem.v1.Federation/Links"),
             Some(Role::Admin)
         );
+        for m in ["AddLink", "RemoveLink"] {
+            assert_eq!(
+                required_role(&format!("/dissem.v1.Federation/{m}")),
+                Some(Role::Admin)
+            );
+        }
         assert_eq!(required_role("/dissem.v1.Objects/Get"), Some(Role::Read));
         assert_eq!(
             required_role("/dissem.v1.Subscriptions/List"),

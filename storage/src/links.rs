@@ -28,6 +28,9 @@ fn copied_key(seq: u64) -> Vec<u8> {
     k
 }
 
+/// The prefix of the links added at run time (`dissem link add`): name -> settings.
+const ADDED: &[u8] = b"\x02added\0";
+
 fn link_prefix(link: &str) -> Vec<u8> {
     let mut k = link.as_bytes().to_vec();
     k.push(0);
@@ -98,6 +101,42 @@ impl Store {
             {
                 out.push(ObjectId { node: me, seq });
             }
+        }
+        Ok(out)
+    }
+
+    /// Keeps the settings of a link added at run time (opaque bytes); durable with the next
+    /// commit.
+    pub fn keep_link(&self, name: &str, settings: &[u8]) -> Result<(), StorageError> {
+        let mut k = ADDED.to_vec();
+        k.extend_from_slice(name.as_bytes());
+        self.links.insert(k, settings)?;
+        Ok(())
+    }
+
+    /// Forgets a link added at run time, and drops everything it owes; returns how many
+    /// entries it owed. Durable with the next commit.
+    pub fn forget_link(&self, name: &str) -> Result<u64, StorageError> {
+        let mut k = ADDED.to_vec();
+        k.extend_from_slice(name.as_bytes());
+        let mut b = sled::Batch::default();
+        b.remove(k);
+        let mut dropped = 0;
+        for kv in self.links.scan_prefix(link_prefix(name)) {
+            b.remove(kv?.0);
+            dropped += 1;
+        }
+        self.links.apply_batch(b)?;
+        Ok(dropped)
+    }
+
+    /// The links added at run time: (name, settings), by name.
+    pub fn kept_links(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        let mut out = Vec::new();
+        for kv in self.links.scan_prefix(ADDED) {
+            let (k, v) = kv?;
+            let name = String::from_utf8_lossy(&k[ADDED.len()..]).into_owned();
+            out.push((name, v.to_vec()));
         }
         Ok(out)
     }

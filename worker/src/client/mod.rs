@@ -390,6 +390,35 @@ pub async fn links(ch: Channel) -> Result<Printed, ServiceError> {
     Ok(render::links(&r))
 }
 
+/// Adds a link to a peer cluster (`dissem link add`).
+pub async fn add_link(ch: Channel, r: v1::AddLinkRequest) -> Result<Printed, ServiceError> {
+    let l = v1::federation_client::FederationClient::new(ch)
+        .add_link(r)
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner();
+    Ok(Printed::new(
+        vec![format!("link {} to {} added ({})", l.name, l.peer, l.mode)],
+        serde_json::json!({ "name": l.name, "peer": l.peer, "mode": l.mode, "ttl_ms": l.ttl_ms }),
+    ))
+}
+
+/// Removes a link added with `dissem link add` (`dissem link remove`).
+pub async fn remove_link(ch: Channel, name: String) -> Result<Printed, ServiceError> {
+    let r = v1::federation_client::FederationClient::new(ch)
+        .remove_link(v1::RemoveLinkRequest { name: name.clone() })
+        .await
+        .map_err(ServiceError::from)?
+        .into_inner();
+    Ok(Printed::new(
+        vec![format!(
+            "link {name} removed; {} entries it still owed were dropped",
+            r.dropped
+        )],
+        serde_json::json!({ "name": name, "dropped": r.dropped }),
+    ))
+}
+
 /// Promotes a standby node (`dissem link promote`).
 pub async fn promote(ch: Channel) -> Result<Printed, ServiceError> {
     let r = v1::federation_client::FederationClient::new(ch)

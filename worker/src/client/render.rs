@@ -380,8 +380,13 @@ pub fn links(r: &v1::LinksResponse) -> Printed {
         } else {
             String::new()
         };
+        let unclaimed = if l.unclaimed > 0 {
+            format!(" unclaimed {}", l.unclaimed)
+        } else {
+            String::new()
+        };
         lines.push(format!(
-            "{} {} {}{ttl} owed {} sent {} acked {} deduplicated {} lag {:.1} s{}{}",
+            "{} {} {}{ttl} owed {} sent {} acked {} deduplicated {}{unclaimed} lag {:.1} s{}{}{}",
             l.name,
             l.peer,
             l.mode,
@@ -392,6 +397,7 @@ pub fn links(r: &v1::LinksResponse) -> Printed {
             l.lag_seconds,
             if l.has_filter { " filtered" } else { "" },
             if l.has_token { " token" } else { "" },
+            if l.added { " (added)" } else { "" },
         ));
         json.push(json!({
             "name": l.name,
@@ -404,7 +410,9 @@ pub fn links(r: &v1::LinksResponse) -> Printed {
             "sent": l.sent,
             "acked": l.acked,
             "deduplicated": l.deduplicated,
+            "unclaimed": l.unclaimed,
             "lag_seconds": l.lag_seconds,
+            "added": l.added,
         }));
     }
     Printed::new(

@@ -8,6 +8,9 @@ use super::*;
 
 /// Where a dead-lettering delivery is handed over (the node's federation).
 pub trait Spill: Send + Sync + 'static {
+    /// Whether any dead letter goes anywhere now (a spillover link exists).
+    fn wants(&self) -> bool;
+
     /// The delivery of `obj` to subscription `sub` (`s`) dead-letters for `reason`: owes it
     /// to the spillover links whose filter the object passes (durable with the store's next
     /// commit, which the dead-letter record shares); `ttl_ms` is the subscription's delivery
@@ -46,7 +49,7 @@ impl Deliverer {
         obj: ObjectId,
         reason: String,
     ) -> String {
-        let Some(spill) = lock(&self.inner.spill).clone() else {
+        let Some(spill) = lock(&self.inner.spill).clone().filter(|s| s.wants()) else {
             return reason;
         };
         let Some(s) = s.filter(|s| !s.name.is_empty()) else {

@@ -28,6 +28,8 @@
 //! `[[federation.link]]` entries. Not built yet: `dissem link add|remove` (links change with
 //! a restart).
 
+mod manage;
+pub use manage::{MAX_LINK_TTL, link_from_request};
 mod sender;
 mod serve;
 mod spill;
@@ -135,11 +137,33 @@ pub struct LinkCounters {
     pub unclaimed: AtomicU64,
 }
 
+/// One link as it runs: its settings and counters.
+pub(crate) struct Link {
+    pub(crate) cfg: LinkConfig,
+    pub(crate) counters: LinkCounters,
+    /// Added at run time (`dissem link add`, kept in the store), not from the flags.
+    pub(crate) added: bool,
+    /// Set once removed: its sender stops.
+    pub(crate) removed: std::sync::atomic::AtomicBool,
+}
+
+impl Link {
+    fn new(cfg: LinkConfig, added: bool) -> Arc<Link> {
+        Arc::new(Link {
+            cfg,
+            counters: LinkCounters::default(),
+            added,
+            removed: Default::default(),
+        })
+    }
+}
+
 struct Inner {
     cfg: FederationConfig,
     store: Store,
     wake: tokio::sync::Notify,
-    counters: Vec<LinkCounters>,
+    /// The links now: the flags' first, then those added at run time.
+    links: std::sync::RwLock<Vec<Arc<Link>>>,
     role: std::sync::Mutex<Role>,
     /// The primary cluster this node last kept copies of: the only one whose promotion an
     /// active node steps down for.
@@ -168,7 +192,7 @@ impl std::fmt::Debug for Federation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Federation")
             .field("cluster", &self.inner.cfg.cluster)
-            .field("links", &self.inner.cfg.links.len())
+            .field("links", &self.current().len())
             .finish()
     }
 }
@@ -179,7 +203,21 @@ impl Federation {
     /// the store's next commit). A standby leaves its unfinished objects that the peer
     /// holds copies of to the peer: call this before the node's outbox is disseminated.
     pub fn new(cfg: FederationConfig, store: Store) -> Result<Federation, ServiceError> {
-        let counters = cfg.links.iter().map(|_| LinkCounters::default()).collect();
+        let mut links: Vec<Arc<Link>> = cfg
+            .links
+            .iter()
+            .map(|l| Link::new(l.clone(), false))
+            .collect();
+        for (name, bytes) in store.kept_links()? {
+            if links.iter().any(|l| l.cfg.name == name) {
+                tracing::warn!("link {name}: given by the flags too; the flags' settings apply");
+                continue;
+            }
+            match manage::kept_link(&bytes) {
+                Ok(l) => links.push(Link::new(l, true)),
+                Err(e) => tracing::error!("link {name}, added earlier, is not usable: {e}"),
+            }
+        }
         let (mut active, epoch, primary) = store.federation_role()?;
         if cfg.standby && active {
             store.set_federation_role(false, epoch, &primary)?;
@@ -204,7 +242,7 @@ impl Federation {
                 cfg,
                 store,
                 wake: tokio::sync::Notify::new(),
-                counters,
+                links: std::sync::RwLock::new(links),
                 role: std::sync::Mutex::new(Role {
                     active,
                     epoch,
@@ -223,17 +261,16 @@ impl Federation {
 
     /// Whether any link is configured.
     pub fn has_links(&self) -> bool {
-        !self.inner.cfg.links.is_empty()
+        !self.current().is_empty()
     }
 
-    /// The counters of each link, by name.
-    pub fn counters(&self) -> impl Iterator<Item = (&str, &LinkCounters)> {
+    /// The links now.
+    pub(crate) fn current(&self) -> Vec<Arc<Link>> {
         self.inner
-            .cfg
             .links
-            .iter()
-            .map(|l| l.name.as_str())
-            .zip(self.inner.counters.iter())
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// How many objects `link` is owed now.
@@ -245,11 +282,9 @@ impl Federation {
     /// nothing).
     pub fn lag(&self, link: &str) -> Duration {
         let spill = self
-            .inner
-            .cfg
-            .links
+            .current()
             .iter()
-            .any(|l| l.name == link && matches!(l.mode, LinkMode::Spillover { .. }));
+            .any(|l| l.cfg.name == link && matches!(l.cfg.mode, LinkMode::Spillover { .. }));
         let oldest = self
             .inner
             .store
@@ -273,9 +308,14 @@ impl Federation {
     /// Writes the per-link families, and this node's role, for `/metrics`.
     pub fn write_metrics(&self, o: &mut String) {
         use runtime::metrics::{escape, line};
+        let links = self.current();
         let per = |f: &dyn Fn(&str, &LinkCounters) -> f64| -> Vec<(String, f64)> {
-            self.counters()
-                .map(|(name, c)| (format!("link=\"{}\"", escape(name)), f(name, c)))
+            links
+                .iter()
+                .map(|l| {
+                    let name = &l.cfg.name;
+                    (format!("link=\"{}\"", escape(name)), f(name, &l.counters))
+                })
                 .collect()
         };
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
@@ -350,7 +390,8 @@ impl Federation {
         let mut object = None;
         // the last encoding, by expiry: links of one mode share it
         let mut encoded: Option<(u64, Vec<u8>)> = None;
-        for l in &self.inner.cfg.links {
+        for link in self.current() {
+            let l = &link.cfg;
             if l.filter.as_ref().is_some_and(|f| !f.eval(&event)) {
                 continue;
             }
@@ -393,34 +434,15 @@ impl Federation {
 
     /// Starts one sender per link.
     pub fn spawn(&self) {
-        for i in 0..self.inner.cfg.links.len() {
-            tokio::spawn(self.clone().sender(i));
+        for l in self.current() {
+            tokio::spawn(self.clone().sender(l));
         }
     }
 
     /// The links as `dissem link list` shows them (never a token).
     pub fn links(&self) -> v1::LinksResponse {
         let role = self.role();
-        let links = self
-            .inner
-            .cfg
-            .links
-            .iter()
-            .zip(&self.inner.counters)
-            .map(|(l, c)| v1::LinkInfo {
-                name: l.name.clone(),
-                peer: l.url.clone(),
-                mode: l.mode.name().into(),
-                ttl_ms: l.mode.ttl_ms(),
-                has_filter: l.filter.is_some(),
-                has_token: l.token.is_some(),
-                owed: self.owed(&l.name) as u64,
-                sent: c.sent.load(Ordering::Relaxed),
-                acked: c.acked.load(Ordering::Relaxed),
-                deduplicated: c.duplicates.load(Ordering::Relaxed),
-                lag_seconds: self.lag(&l.name).as_secs_f64(),
-            })
-            .collect();
+        let links = self.current().iter().map(|l| self.info(l)).collect();
         v1::LinksResponse {
             cluster: self.inner.cfg.cluster.clone(),
             links,
@@ -428,6 +450,28 @@ impl Federation {
             epoch: role.epoch,
             standby_copies: self.inner.store.standby_len() as u64,
             primary_seen_unix_ms: self.inner.primary_seen.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Federation {
+    /// How `dissem link list` shows a link (never its token).
+    pub(crate) fn info(&self, link: &Link) -> v1::LinkInfo {
+        let (l, c) = (&link.cfg, &link.counters);
+        v1::LinkInfo {
+            name: l.name.clone(),
+            peer: l.url.clone(),
+            mode: l.mode.name().into(),
+            ttl_ms: l.mode.ttl_ms(),
+            has_filter: l.filter.is_some(),
+            has_token: l.token.is_some(),
+            owed: self.owed(&l.name) as u64,
+            sent: c.sent.load(Ordering::Relaxed),
+            acked: c.acked.load(Ordering::Relaxed),
+            deduplicated: c.duplicates.load(Ordering::Relaxed),
+            lag_seconds: self.lag(&l.name).as_secs_f64(),
+            added: link.added,
+            unclaimed: c.unclaimed.load(Ordering::Relaxed),
         }
     }
 }

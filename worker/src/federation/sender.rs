@@ -14,10 +14,11 @@ const WATERMARK_POLL: Duration = Duration::from_millis(20);
 const HEARTBEAT: Duration = Duration::from_millis(200);
 
 impl Federation {
-    /// Sends what link `i` is owed, in order, until the process ends.
-    pub(super) async fn sender(self, i: usize) {
-        let link = &self.inner.cfg.links[i];
-        let counters = &self.inner.counters[i];
+    /// Sends what `this` link is owed, in order, until the link is removed or the process
+    /// ends.
+    pub(super) async fn sender(self, this: Arc<Link>) {
+        let link = &this.cfg;
+        let counters = &this.counters;
         let passive = matches!(link.mode, LinkMode::ActivePassive { .. });
         let spill = matches!(link.mode, LinkMode::Spillover { .. });
         let mut backoff = Duration::from_millis(100);
@@ -25,7 +26,7 @@ impl Federation {
         // the watermark last sent, and when anything last went out
         let mut sent_below = None;
         let mut sent_at = std::time::Instant::now();
-        loop {
+        while !this.removed.load(Ordering::SeqCst) {
             let role = self.role();
             if passive && !role.active {
                 // a standby owes its own standby nothing

@@ -241,4 +241,21 @@ impl v1::federation_server::Federation for Node {
     ) -> Result<Response<v1::PromoteResponse>, Status> {
         Ok(Response::new(Node::promote(self).await?))
     }
+
+    async fn add_link(
+        &self,
+        request: Request<v1::AddLinkRequest>,
+    ) -> Result<Response<v1::LinkInfo>, Status> {
+        let f = self.federation_settings()?;
+        Ok(Response::new(f.add_link(request.into_inner()).await?))
+    }
+
+    async fn remove_link(
+        &self,
+        request: Request<v1::RemoveLinkRequest>,
+    ) -> Result<Response<v1::RemoveLinkResponse>, Status> {
+        let f = self.federation_settings()?;
+        let dropped = f.remove_link(&request.into_inner().name).await?;
+        Ok(Response::new(v1::RemoveLinkResponse { dropped }))
+    }
 }

@@ -12,6 +12,10 @@ use crate::services::{Node, Sink};
 const MAX_SPILL_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 
 impl Spill for Federation {
+    fn wants(&self) -> bool {
+        self.spills()
+    }
+
     fn spill(
         &self,
         sub: u64,
@@ -25,7 +29,8 @@ impl Spill for Federation {
         };
         let now = runtime::now_ms();
         let mut to = Vec::new();
-        for l in &self.inner.cfg.links {
+        for link in self.current() {
+            let l = &link.cfg;
             let LinkMode::Spillover { ttl } = l.mode else {
                 continue;
             };
@@ -77,11 +82,9 @@ impl Spill for Federation {
 impl Federation {
     /// Whether any link is a spillover link.
     pub fn spills(&self) -> bool {
-        self.inner
-            .cfg
-            .links
+        self.current()
             .iter()
-            .any(|l| matches!(l.mode, LinkMode::Spillover { .. }))
+            .any(|l| matches!(l.cfg.mode, LinkMode::Spillover { .. }))
     }
 }
 

@@ -202,14 +202,13 @@ impl Node {
         }
     }
 
-    /// Starts the federation's senders, hands dead letters to the spillover links (if any),
-    /// and, with `--promote-after`, the primary's watch.
+    /// Starts the federation's senders, hands dead letters to the spillover links (when
+    /// there are any), and, with `--promote-after`, the primary's watch.
     pub fn start_federation(&self) {
         if let Some(f) = &self.federation {
             if let crate::services::Sink::Cluster(d) = &self.sink {
-                if f.spills() {
-                    d.deliverer().on_dead_letter(std::sync::Arc::new(f.clone()));
-                }
+                // spillover links may also be added later
+                d.deliverer().on_dead_letter(std::sync::Arc::new(f.clone()));
                 tokio::spawn(d.deliverer().clone().forget_spilled());
             }
             f.spawn();
