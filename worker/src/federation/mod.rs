@@ -24,9 +24,9 @@
 //!   there is never spilled again.
 //!
 //! Per link, `/metrics` shows what is owed, sent, acknowledged and deduplicated, and the lag
-//! (the age of the oldest object owed). Links come from `--link` flags or the config file's
-//! `[[federation.link]]` entries. Not built yet: `dissem link add|remove` (links change with
-//! a restart).
+//! (the age of the oldest object owed). Links come from `--link` flags, the config file's
+//! `[[federation.link]]` entries, or `dissem link add` at run time (`manage`, kept in the
+//! store).
 
 mod manage;
 pub use manage::{MAX_LINK_TTL, link_from_request};
@@ -261,7 +261,12 @@ impl Federation {
 
     /// Whether any link is configured.
     pub fn has_links(&self) -> bool {
-        !self.current().is_empty()
+        !self
+            .inner
+            .links
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 
     /// The links now.

@@ -112,9 +112,7 @@ impl Node {
     pub(super) fn federation_settings(&self) -> Result<&Federation, ServiceError> {
         self.federation.as_ref().ok_or_else(|| {
             ServiceError::FailedPrecondition(
-                "this node has no federation settings (--cluster-name with --link or \
-                 --standby)"
-                    .into(),
+                "this node was started without federation settings".into(),
             )
         })
     }
