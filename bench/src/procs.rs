@@ -398,6 +398,32 @@ where
     }
 }
 
+/// A QoS 1 subscription of `filter` (text syntax) pushing to the gRPC endpoint `target`, for
+/// the caller to adjust.
+pub fn grpc_subscription(filter: &str, target: &str) -> v1::Subscription {
+    v1::Subscription {
+        filter: Some(v1::subscription::Filter::Text(filter.into())),
+        target: Some(v1::Target {
+            kind: Some(v1::target::Kind::Grpc(target.to_string())),
+        }),
+        qos: v1::Qos::AtLeastOnce as i32,
+        ..v1::Subscription::default()
+    }
+}
+
+/// Creates `s` through the node (or coordinator) at `url`; the answer is its id.
+pub async fn create_subscription(url: &str, s: v1::Subscription) -> Result<u64, tonic::Status> {
+    Ok(
+        v1::subscriptions_client::SubscriptionsClient::new(channel(url))
+            .create(v1::CreateSubscriptionRequest {
+                subscription: Some(s),
+            })
+            .await?
+            .into_inner()
+            .id,
+    )
+}
+
 /// Creates a subscription with a gRPC push target through the node (or coordinator) at
 /// `url`; the answer is its id.
 pub async fn create_grpc_subscription(
@@ -407,23 +433,12 @@ pub async fn create_grpc_subscription(
     qos: v1::Qos,
     retry: Option<v1::RetryPolicy>,
 ) -> Result<u64, tonic::Status> {
-    Ok(
-        v1::subscriptions_client::SubscriptionsClient::new(channel(url))
-            .create(v1::CreateSubscriptionRequest {
-                subscription: Some(v1::Subscription {
-                    filter: Some(v1::subscription::Filter::Text(filter)),
-                    target: Some(v1::Target {
-                        kind: Some(v1::target::Kind::Grpc(target.to_string())),
-                    }),
-                    qos: qos as i32,
-                    retry,
-                    ..v1::Subscription::default()
-                }),
-            })
-            .await?
-            .into_inner()
-            .id,
-    )
+    let s = v1::Subscription {
+        qos: qos as i32,
+        retry,
+        ..grpc_subscription(&filter, target)
+    };
+    create_subscription(url, s).await
 }
 
 /// Every delivery record (subscription, object) in a stopped node's store.

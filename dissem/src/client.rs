@@ -161,6 +161,10 @@ pub(super) struct SubscribeArgs {
     /// letters to the peer cluster's subscriptions of the same tenant and name.
     #[arg(long)]
     name: Option<String>,
+    /// Deliver in the order the node took the objects (a publisher's order), one call at a
+    /// time; slower.
+    #[arg(long)]
+    ordered: bool,
 }
 
 /// `500ms`, `90s`, `10m`, `24h`, `7d` as milliseconds.
@@ -198,6 +202,7 @@ pub(super) fn subscribe(a: SubscribeArgs) -> anyhow::Result<bool> {
         push_batch: a.push_batch,
         headers: a.headers,
         name: a.name,
+        ordered: a.ordered,
     };
     client(&a.node, |ch| async move {
         let s = worker::client::subscribe(ch, &spec).await?;

@@ -94,6 +94,11 @@ impl Store {
         Ok(v)
     }
 
+    /// The first `limit` of this node's own objects still in the outbox, in order.
+    pub fn outbox_head(&self, limit: usize) -> Vec<u64> {
+        self.lock_outbox().keys().take(limit).copied().collect()
+    }
+
     /// This node's own objects still in the outbox, after sequence `after`, in order, at
     /// most `limit`.
     pub fn own_pending_after(&self, after: u64, limit: usize) -> Vec<u64> {

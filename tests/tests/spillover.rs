@@ -39,28 +39,17 @@ async fn link(url: &str) -> Option<v1::LinkInfo> {
 
 /// A QoS 1 gRPC subscription of everything numbered, pushing to `target`, named `name`.
 async fn subscribe(url: &str, target: &str, name: &str) -> u64 {
-    v1::subscriptions_client::SubscriptionsClient::new(tests::channel(url))
-        .create(v1::CreateSubscriptionRequest {
-            subscription: Some(v1::Subscription {
-                filter: Some(v1::subscription::Filter::Text("n >= 0".into())),
-                target: Some(v1::Target {
-                    kind: Some(v1::target::Kind::Grpc(target.into())),
-                }),
-                qos: v1::Qos::AtLeastOnce as i32,
-                retry: Some(v1::RetryPolicy {
-                    max_attempts: 3,
-                    ttl_ms: 60_000,
-                    initial_backoff_ms: 50,
-                    max_backoff_ms: 100,
-                }),
-                name: name.into(),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("create")
-        .into_inner()
-        .id
+    let s = v1::Subscription {
+        retry: Some(v1::RetryPolicy {
+            max_attempts: 3,
+            ttl_ms: 60_000,
+            initial_backoff_ms: 50,
+            max_backoff_ms: 100,
+        }),
+        name: name.into(),
+        ..tests::grpc_subscription("n >= 0", target)
+    };
+    tests::create_subscription(url, s).await.expect("create")
 }
 
 async fn put_all(url: &str, publisher: &str, ns: std::ops::Range<i64>) {

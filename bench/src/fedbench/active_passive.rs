@@ -58,8 +58,12 @@ pub(super) async fn run(o: &FederationOptions, dir: &Path) -> anyhow::Result<Act
     let (rec_s, target_s) = Recorder::start().await?;
     // exactly once across a SIGKILL needs QoS 2: a QoS 1 push acknowledged just before the
     // kill is pushed again after the restart (at least once)
-    rec_p.expect_qos2(subscribe(&p_url, &target_p, "", None, v1::Qos::ExactlyOnce).await?);
-    rec_s.expect_qos2(subscribe(&s_url, &target_s, "", None, v1::Qos::ExactlyOnce).await?);
+    let q2 = || Sub {
+        qos: v1::Qos::ExactlyOnce,
+        ..Sub::default()
+    };
+    rec_p.expect_qos2(subscribe(&p_url, &target_p, q2()).await?);
+    rec_s.expect_qos2(subscribe(&s_url, &target_s, q2()).await?);
 
     let publisher = Publisher::new("ap", &[p_url.clone(), s_url.clone()]);
     let total = (f64::from(o.ap_rate) * o.ap_run.as_secs_f64()) as i64;

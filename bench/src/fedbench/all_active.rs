@@ -29,8 +29,8 @@ pub struct AllActiveReport {
     /// Per cluster and publisher, objects the cluster stored after a later one of the same
     /// publisher (the order its ids give: what a link keeps).
     pub out_of_order: u64,
-    /// Per subscriber and publisher, objects that reached the subscriber after a later one
-    /// of the same publisher (pushes run in parallel, so this may be above 0), and where:
+    /// Per subscriber (an ordered subscription) and publisher, objects that reached the
+    /// subscriber after a later one of the same publisher, and where:
     /// `cluster <- publisher: count`.
     pub arrived_out_of_order: u64,
     pub arrived_out_of_order_at: Vec<String>,
@@ -59,7 +59,12 @@ pub(super) async fn run(o: &FederationOptions, dir: &Path) -> anyhow::Result<All
     let mut recs = Vec::new();
     for u in &urls {
         let (rec, target) = Recorder::start().await?;
-        subscribe(u, &target, "", None, v1::Qos::AtLeastOnce).await?;
+        let sub = Sub {
+            qos: v1::Qos::AtLeastOnce,
+            ordered: true,
+            ..Sub::default()
+        };
+        subscribe(u, &target, sub).await?;
         recs.push(rec);
     }
     let publishers: Vec<Publisher> = (0..3)
@@ -125,6 +130,7 @@ pub(super) async fn run(o: &FederationOptions, dir: &Path) -> anyhow::Result<All
     let pass = missing == 0
         && duplicates == 0
         && out_of_order == 0
+        && arrived_out_of_order == 0
         && forwards == expected_forwards
         && re_forwards == 0
         && before == after

@@ -218,33 +218,26 @@ fn cluster(bin: &Path, dir: &Path, name: &str, addr: SocketAddr, extra: &[String
     Proc::start(bin, &args)
 }
 
-/// A gRPC subscription of every numbered object on the cluster at `url`, pushing to
-/// `target` with `qos`, named `name`, with `retry`.
-async fn subscribe(
-    url: &str,
-    target: &str,
-    name: &str,
+/// How a benchmark subscribes: its name, retry policy, QoS and whether it is ordered.
+#[derive(Debug, Clone, Default)]
+struct Sub {
+    name: String,
     retry: Option<v1::RetryPolicy>,
     qos: v1::Qos,
-) -> anyhow::Result<u64> {
-    Ok(
-        v1::subscriptions_client::SubscriptionsClient::new(channel(url))
-            .create(v1::CreateSubscriptionRequest {
-                subscription: Some(v1::Subscription {
-                    filter: Some(v1::subscription::Filter::Text("n >= 0".into())),
-                    target: Some(v1::Target {
-                        kind: Some(v1::target::Kind::Grpc(target.into())),
-                    }),
-                    qos: qos as i32,
-                    retry,
-                    name: name.into(),
-                    ..Default::default()
-                }),
-            })
-            .await?
-            .into_inner()
-            .id,
-    )
+    ordered: bool,
+}
+
+/// A gRPC subscription of every numbered object on the cluster at `url`, pushing to
+/// `target`, as `sub` says.
+async fn subscribe(url: &str, target: &str, sub: Sub) -> anyhow::Result<u64> {
+    let s = v1::Subscription {
+        qos: sub.qos as i32,
+        retry: sub.retry,
+        name: sub.name,
+        ordered: sub.ordered,
+        ..procs::grpc_subscription("n >= 0", target)
+    };
+    Ok(procs::create_subscription(url, s).await?)
 }
 
 /// The links of the cluster at `url` (`None` while it does not answer).

@@ -48,22 +48,14 @@ pub(super) async fn run(o: &FederationOptions, dir: &Path) -> anyhow::Result<Spi
     };
     let (rec_a, target_a) = Recorder::start().await?;
     let (rec_b, target_b) = Recorder::start().await?;
-    subscribe(
-        &a_url,
-        &target_a,
-        "orders",
-        Some(retry),
-        v1::Qos::AtLeastOnce,
-    )
-    .await?;
-    subscribe(
-        &b_url,
-        &target_b,
-        "orders",
-        Some(retry),
-        v1::Qos::AtLeastOnce,
-    )
-    .await?;
+    let orders = || Sub {
+        name: "orders".into(),
+        retry: Some(retry),
+        qos: v1::Qos::AtLeastOnce,
+        ordered: false,
+    };
+    subscribe(&a_url, &target_a, orders()).await?;
+    subscribe(&b_url, &target_b, orders()).await?;
     let n = (f64::from(o.spill_rate) * o.spill_run.as_secs_f64()) as i64;
     let pa = Publisher::new("a", std::slice::from_ref(&a_url));
     let pb = Publisher::new("b", std::slice::from_ref(&b_url));

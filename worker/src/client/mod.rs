@@ -193,6 +193,8 @@ pub struct SubscribeSpec {
     pub headers: Vec<String>,
     /// The name spillover links deliver dead letters to in a peer cluster.
     pub name: Option<String>,
+    /// Deliveries in the order the node took their objects, one call at a time.
+    pub ordered: bool,
 }
 
 /// A `--header 'Name: value'` argument.
@@ -230,6 +232,7 @@ impl SubscribeSpec {
                 .map(|h| parse_header(h))
                 .collect::<Result<_, _>>()?,
             name: self.name.clone().unwrap_or_default(),
+            ordered: self.ordered,
             ..v1::Subscription::default()
         })
     }

@@ -57,6 +57,7 @@ pub fn subscription_json(s: &v1::Subscription) -> Value {
         "push_batch": s.push_batch,
         "tenant": s.tenant,
         "name": s.name,
+        "ordered": s.ordered,
     })
 }
 
@@ -96,6 +97,9 @@ pub fn subscription_lines(s: &v1::Subscription) -> Vec<String> {
     }
     if !s.name.is_empty() {
         lines.push(format!("name      {}", s.name));
+    }
+    if s.ordered {
+        lines.push("ordered   in the order the node took the objects".into());
     }
     lines
 }

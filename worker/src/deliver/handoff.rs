@@ -64,12 +64,14 @@ impl Deliverer {
                 Some(s) => known.push((s, sub)),
                 // not seen yet: looked up first (a QoS 1 one is pushed from memory)
                 None => {
+                    self.transit(obj, 1);
                     let me = self.clone();
                     tokio::spawn(async move {
                         match me.subscription(sub).await {
                             Ok(Some(s)) if qos1(&s) => me.queue(obj, vec![(s, sub)], true, true),
                             _ => me.to_record(sub, obj).await,
                         }
+                        me.transit(obj, -1);
                     });
                 }
             }
@@ -220,6 +222,8 @@ impl Deliverer {
         for id in held {
             self.release(id);
         }
+        // the matched frontier moved: ordered deliveries waiting for it may go
+        self.resequence();
         (acc, Ok(()))
     }
 }

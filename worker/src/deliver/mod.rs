@@ -53,6 +53,7 @@ mod figures;
 mod grpc_push;
 mod handoff;
 mod http_answer;
+mod ordered;
 mod queue;
 mod retry;
 mod settled;
@@ -140,6 +141,13 @@ struct Inner {
     deadlines: Mutex<HashMap<ObjectId, u64>>,
     /// Subscription ids by (tenant, name), as last looked up.
     named: Mutex<HashMap<(String, String), NamedIds>>,
+    /// Ordered subscriptions' deliveries, per subscription ([`ordered`]).
+    ordered: Mutex<HashMap<u64, ordered::Sequencer>>,
+    /// The periodic look at waiting ordered deliveries runs.
+    ordered_ticking: std::sync::atomic::AtomicBool,
+    /// Fresh deliveries on their way to a queue (their subscription being looked up), per
+    /// object: ordered deliveries of later objects wait for them.
+    transit: Mutex<std::collections::BTreeMap<ObjectId, usize>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -229,6 +237,9 @@ impl Deliverer {
                 spill: Mutex::new(None),
                 deadlines: Mutex::new(deadlines),
                 named: Mutex::default(),
+                ordered: Mutex::default(),
+                ordered_ticking: std::sync::atomic::AtomicBool::new(false),
+                transit: Mutex::default(),
             }),
         })
     }

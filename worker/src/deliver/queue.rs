@@ -58,7 +58,15 @@ impl Deliverer {
             return;
         }
         let Some(Some(s)) = self.cached_subscription(sub) else {
-            return self.enqueue(sub, obj);
+            // looked up first: ordered deliveries of later objects wait until it is queued
+            self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
+            self.transit(obj, 1);
+            let me = self.clone();
+            tokio::spawn(async move {
+                me.schedule(sub, obj).await;
+                me.transit(obj, -1);
+            });
+            return;
         };
         self.inner.counters.queued.fetch_add(1, Ordering::Relaxed);
         self.queue(obj, vec![(s, sub)], true, false);
@@ -105,6 +113,10 @@ impl Deliverer {
                 fresh,
                 in_memory,
             };
+            if s.ordered {
+                self.queue_ordered(&s, job);
+                continue;
+            }
             let key = endpoint_key(&s);
             match by_key.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, jobs)) => jobs.push(job),
