@@ -1,7 +1,7 @@
 //! Federation between clusters, all-active: three `dissem up` clusters on loopback linked in a
 //! triangle. Every object put in one reaches the subscribers of all three exactly once (no
 //! loops, no repeats), and what a cluster owes a peer that is down is delivered once the peer
-//! is back.
+//! is back, also when the owing cluster restarts meanwhile.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -103,6 +103,9 @@ fn a_triangle_of_clusters_delivers_every_object_everywhere_once() {
             .and_then(|v| v.parse().ok())
             .expect("ap's lag");
         assert!(lag > 0.0, "{scrape}");
+        // the sending side restarts too while it owes: what it owed is kept
+        drop(subs);
+        procs[0].restart();
         procs[2] = start(&dir, 2, &addrs, metrics);
         let url = procs[2].url();
         let (tx, mut down) = attach(&url, "all").await;

@@ -19,7 +19,8 @@ pub struct ActivePassiveReport {
     pub run_s: f64,
     pub killed_at_s: f64,
     pub ttl_ms: u64,
-    /// From the kill until the standby reports itself active.
+    /// From the kill until the standby reports itself active (at most
+    /// [`PROMOTED_WITHIN_MS`] to pass).
     pub promoted_after_ms: f64,
     pub delivered_by_primary: u64,
     pub delivered_by_secondary: u64,
@@ -32,6 +33,9 @@ pub struct ActivePassiveReport {
     /// the primary's and the secondary's subscriber.
     pub repeated: Vec<String>,
 }
+
+/// The standby is to be promoted within this of the primary's kill.
+pub const PROMOTED_WITHIN_MS: f64 = 1000.0;
 
 /// How much later than the TTL a copy's delivery may land (the push itself takes time).
 const STALE_SLACK: Duration = Duration::from_millis(250);
@@ -155,7 +159,11 @@ pub(super) async fn run(o: &FederationOptions, dir: &Path) -> anyhow::Result<Act
         .collect();
     let switched_back = drained_s && copies_gone && promote.is_ok() && stepped_down;
     Ok(ActivePassiveReport {
-        pass: missing == 0 && duplicates == 0 && stale == 0 && switched_back,
+        pass: missing == 0
+            && duplicates == 0
+            && stale == 0
+            && switched_back
+            && promoted_after_ms <= PROMOTED_WITHIN_MS,
         missing,
         duplicates,
         acknowledged: acked.len() as u64,

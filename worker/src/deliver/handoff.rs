@@ -47,9 +47,14 @@ impl Deliverer {
                 held: false,
             });
         }
+        // handed over (owed) before its pushes are queued: ordered deliveries of later
+        // objects wait until they are
+        self.transit(obj, 1);
         {
             let mut owed = lock(&self.inner.owed);
             if owed.contains_key(&obj) {
+                drop(owed);
+                self.transit(obj, -1);
                 return None;
             }
             owed.insert(obj, (memory.len() + 1, false));
@@ -77,6 +82,7 @@ impl Deliverer {
             }
         }
         self.queue(obj, known, true, true);
+        self.transit(obj, -1);
         Some(HandOff {
             to_record,
             held: true,

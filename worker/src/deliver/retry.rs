@@ -78,7 +78,11 @@ impl Deliverer {
         in_memory: bool,
     ) {
         self.count(sub, 2);
-        let s = self.cached_subscription(sub).flatten();
+        // looked up again if it left the cache: a spillover needs its name and tenant
+        let s = match self.cached_subscription(sub) {
+            Some(s) => s,
+            None => self.subscription(sub).await.ok().flatten(),
+        };
         let reason = self.spill_over(sub, s.as_deref(), obj, reason);
         tracing::info!("dead letter {}: {reason}", delivery_id(sub, obj));
         self.inner

@@ -354,6 +354,13 @@ impl Federation {
         );
         line(
             o,
+            "dissem_link_unclaimed_total",
+            "Spillover: deliveries the peer had no subscription of their tenant and name for.",
+            "counter",
+            &per(&|_, c| load(&c.unclaimed)),
+        );
+        line(
+            o,
             "dissem_link_lag_seconds",
             "Age of the oldest object the link owes (0 when it owes nothing).",
             "gauge",
