@@ -182,7 +182,9 @@ impl Deliverer {
                 return None;
             }
         };
-        match self.hold(obj, runtime::validate::qos(&s) == v1::Qos::ExactlyOnce) {
+        let exactly_once = runtime::validate::qos(&s) == v1::Qos::ExactlyOnce;
+        match self.hold(obj, exactly_once) {
+            Hold::Go if exactly_once && !received => self.standby_knows(obj).await,
             Hold::Go => {}
             Hold::Wait => {
                 self.postpone(&job, attempts, received).await;

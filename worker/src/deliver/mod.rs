@@ -68,7 +68,7 @@ pub use cloudevents::{
 };
 pub use config::DeliveryConfig;
 pub use handoff::{Accepted, HandOff};
-pub use settled::{Hold, Phases};
+pub use settled::{Hold, Phases, StandbyGate};
 pub use spill::Spill;
 pub use stream::{SessionStream, stream_key};
 
@@ -135,6 +135,8 @@ struct Inner {
     finished: Mutex<Option<mpsc::UnboundedSender<ObjectId>>>,
     /// Who learns of QoS 2 "received" phases before releases.
     phases: Mutex<Option<Arc<dyn Phases>>>,
+    /// Whether an active-passive standby knows an object finished here.
+    standby: Mutex<Option<Arc<dyn StandbyGate>>>,
     /// Where dead-lettering deliveries are handed over (spillover links).
     spill: Mutex<Option<Arc<dyn Spill>>>,
     /// Objects peers spilled over to this node: when their deliveries are given up.
@@ -234,6 +236,7 @@ impl Deliverer {
                 open: Mutex::new(HashMap::new()),
                 finished: Mutex::new(None),
                 phases: Mutex::new(None),
+                standby: Mutex::new(None),
                 spill: Mutex::new(None),
                 deadlines: Mutex::new(deadlines),
                 named: Mutex::default(),

@@ -4,9 +4,8 @@
 //! every earlier object of this node has been matched (handed to delivery: it is out of the
 //! outbox or its pushes run) and none of their fresh deliveries is still on its way to a
 //! queue (its subscription being looked up), so a late match cannot overtake; and while one
-//! delivery waits
-//! for its retry, the subscription's later ones wait behind it. A dead letter does not hold
-//! the rest up.
+//! delivery waits for its retry, the subscription's later ones wait behind it. A dead letter
+//! does not hold the rest up.
 
 use std::collections::BTreeMap;
 
@@ -27,19 +26,22 @@ pub(super) struct Sequencer {
     head: Option<ObjectId>,
     /// A call is out.
     busy: bool,
+    /// The subscription as last queued with.
+    sub: Option<Arc<v1::Subscription>>,
 }
 
 impl Deliverer {
     /// Queues `job` of the ordered subscription `sub` and pushes what may go.
-    pub(super) fn queue_ordered(&self, s: &v1::Subscription, job: Job) {
+    pub(super) fn queue_ordered(&self, s: &Arc<v1::Subscription>, job: Job) {
         let sub = job.sub;
-        lock(&self.inner.ordered)
-            .entry(sub)
-            .or_default()
-            .waiting
-            .insert(job.obj, job);
+        {
+            let mut all = lock(&self.inner.ordered);
+            let q = all.entry(sub).or_default();
+            q.waiting.insert(job.obj, job);
+            q.sub = Some(s.clone());
+        }
         self.look_again_later();
-        self.sequence(sub, s);
+        self.sequence(sub);
     }
 
     /// The first of this node's objects in the outbox that is not handed to delivery yet
@@ -89,10 +91,26 @@ impl Deliverer {
     /// Starts the next call of ordered subscription `sub` if none is out: the deliveries
     /// from the front, in object order, that may go (up to the batch size when the target
     /// takes batches).
-    fn sequence(&self, sub: u64, s: &v1::Subscription) {
+    fn sequence(&self, sub: u64) {
+        let s = {
+            let mut all = lock(&self.inner.ordered);
+            match all.get(&sub) {
+                None => return,
+                Some(q) if q.busy => return,
+                Some(q) if q.waiting.is_empty() => {
+                    // nothing waits: forgotten unless a retry is still to come back
+                    if q.head.is_none_or(|h| !self.record_open(sub, h)) {
+                        all.remove(&sub);
+                    }
+                    return;
+                }
+                Some(q) => q.sub.clone(),
+            }
+        };
+        let Some(s) = s else { return };
         let frontier = self.matched_frontier();
         let me = self.inner.store.node();
-        let batch = if self.batched_grpc(s) {
+        let batch = if self.batched_grpc(&s) {
             self.inner.cfg.push_batch.max(1)
         } else if matches!(
             s.target.as_ref().and_then(|t| t.kind.as_ref()),
@@ -112,12 +130,7 @@ impl Deliverer {
             // nothing up any more
             if let Some(h) = q.head
                 && !q.waiting.contains_key(&h)
-                && !matches!(
-                    self.inner.store.delivery(sub, h),
-                    Ok(Some(
-                        DeliveryState::Pending { .. } | DeliveryState::Received { .. }
-                    ))
-                )
+                && !self.record_open(sub, h)
             {
                 q.head = None;
             }
@@ -149,24 +162,26 @@ impl Deliverer {
         let objs: Vec<ObjectId> = jobs.iter().map(|j| j.obj).collect();
         let priority = jobs.iter().map(|j| j.priority).max().unwrap_or(0);
         let me = self.clone();
-        let s = s.clone();
         self.inner.lanes.spawn(priority, async move {
             me.attempt(jobs).await;
             // the first delivery not finished holds the rest until it is
-            let open = objs.into_iter().find(|obj| {
-                matches!(
-                    me.inner.store.delivery(sub, *obj),
-                    Ok(Some(
-                        DeliveryState::Pending { .. } | DeliveryState::Received { .. }
-                    ))
-                )
-            });
+            let open = objs.into_iter().find(|obj| me.record_open(sub, *obj));
             if let Some(q) = lock(&me.inner.ordered).get_mut(&sub) {
                 q.busy = false;
                 q.head = open;
             }
-            me.sequence(sub, &s);
+            me.sequence(sub);
         });
+    }
+
+    /// Whether the delivery record of (sub, obj) is open (pending or QoS 2 "received").
+    fn record_open(&self, sub: u64, obj: ObjectId) -> bool {
+        matches!(
+            self.inner.store.delivery(sub, obj),
+            Ok(Some(
+                DeliveryState::Pending { .. } | DeliveryState::Received { .. }
+            ))
+        )
     }
 
     /// Looks again at every ordered subscription with waiting deliveries (matches were
@@ -174,9 +189,7 @@ impl Deliverer {
     pub(super) fn resequence(&self) {
         let subs: Vec<u64> = lock(&self.inner.ordered).keys().copied().collect();
         for sub in subs {
-            if let Some(Some(s)) = self.cached_subscription(sub) {
-                self.sequence(sub, &s);
-            }
+            self.sequence(sub);
         }
     }
 

@@ -22,6 +22,16 @@ pub trait Phases: Send + Sync {
     fn hold(&self, obj: ObjectId, exactly_once: bool) -> Hold;
 }
 
+/// What an active-passive primary's standby knows (the federation): a QoS 2 delivery of this
+/// node's object goes out only once the standby knows the object finished here, so a standby
+/// promoted after this node dies never delivers it a second time.
+#[tonic::async_trait]
+pub trait StandbyGate: Send + Sync {
+    /// Returns once a healthy standby knows `obj` finished here (at once without a standby,
+    /// or while it does not answer; at most after a bound).
+    async fn known_to_standby(&self, obj: ObjectId);
+}
+
 /// Whether a delivery may be pushed now ([`Phases::hold`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hold {
@@ -53,6 +63,22 @@ impl Deliverer {
     pub(super) fn hold(&self, obj: ObjectId, exactly_once: bool) -> Hold {
         let p = lock(&self.inner.phases).clone();
         p.map_or(Hold::Go, |p| p.hold(obj, exactly_once))
+    }
+
+    /// Who tells whether a standby knows an object finished here ([`StandbyGate`]).
+    pub fn on_standby(&self, g: Arc<dyn StandbyGate>) {
+        *lock(&self.inner.standby) = Some(g);
+    }
+
+    /// Waits until a standby knows `obj` finished here (QoS 2 deliveries of this node's
+    /// objects; at once without a [`StandbyGate`]).
+    pub(super) async fn standby_knows(&self, obj: ObjectId) {
+        let g = lock(&self.inner.standby).clone();
+        if let Some(g) = g
+            && obj.node == self.inner.store.node()
+        {
+            g.known_to_standby(obj).await;
+        }
     }
 
     /// Where finished objects are reported (the node daemon tells the copies' holders).

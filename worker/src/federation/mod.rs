@@ -145,6 +145,10 @@ pub(crate) struct Link {
     pub(crate) added: bool,
     /// Set once removed: its sender stops.
     pub(crate) removed: std::sync::atomic::AtomicBool,
+    /// Active-passive: the finished-watermark the standby last acknowledged, and when (unix
+    /// ms; 0: not since start).
+    pub(crate) acked_below: AtomicU64,
+    pub(crate) acked_at: AtomicU64,
 }
 
 impl Link {
@@ -154,6 +158,8 @@ impl Link {
             counters: LinkCounters::default(),
             added,
             removed: Default::default(),
+            acked_below: AtomicU64::new(0),
+            acked_at: AtomicU64::new(0),
         })
     }
 }
@@ -170,6 +176,9 @@ struct Inner {
     primary: std::sync::Mutex<String>,
     /// When a primary's stream last reached this node (unix ms; 0: not since start).
     primary_seen: AtomicU64,
+    /// The finished-watermark every healthy standby acknowledged (QoS 2 deliveries wait for
+    /// it: `standby`'s gate).
+    standby_knows: tokio::sync::watch::Sender<u64>,
 }
 
 /// This node's active-passive role.
@@ -249,6 +258,7 @@ impl Federation {
                     peer_epoch: 0,
                 }),
                 primary_seen: AtomicU64::new(0),
+                standby_knows: tokio::sync::watch::Sender::new(0),
                 primary: std::sync::Mutex::new(primary),
             }),
         })

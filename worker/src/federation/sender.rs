@@ -112,6 +112,11 @@ impl Federation {
                         continue;
                     }
                     sent_below = Some(finished_below);
+                    if passive {
+                        this.acked_below.fetch_max(finished_below, Ordering::SeqCst);
+                        this.acked_at.store(runtime::now_ms(), Ordering::SeqCst);
+                        self.note_standby_knows();
+                    }
                     if let Err(e) = self.inner.store.link_acked(&link.name, &seqs) {
                         tracing::error!("link {}: {e}", link.name);
                     }

@@ -209,6 +209,7 @@ impl Node {
             if let crate::services::Sink::Cluster(d) = &self.sink {
                 // spillover links may also be added later
                 d.deliverer().on_dead_letter(std::sync::Arc::new(f.clone()));
+                d.deliverer().on_standby(std::sync::Arc::new(f.clone()));
                 tokio::spawn(d.deliverer().clone().forget_spilled());
             }
             f.spawn();
@@ -216,5 +217,113 @@ impl Node {
                 tokio::spawn(self.clone().watch_primary());
             }
         }
+    }
+}
+
+/// How long after its last acknowledgement a standby counts as healthy (a QoS 2 delivery
+/// waits for a healthy standby only).
+const STANDBY_HEALTHY_MS: u64 = 1000;
+/// The longest a QoS 2 delivery waits for the standby to learn its object finished.
+const STANDBY_WAIT: Duration = Duration::from_secs(1);
+
+impl Federation {
+    /// The finished-watermark every healthy standby acknowledged (`None`: no healthy one).
+    fn healthy_standby_watermark(&self) -> Option<u64> {
+        let now = runtime::now_ms();
+        self.current()
+            .iter()
+            .filter(|l| matches!(l.cfg.mode, LinkMode::ActivePassive { .. }))
+            .filter(|l| now.saturating_sub(l.acked_at.load(Ordering::SeqCst)) < STANDBY_HEALTHY_MS)
+            .map(|l| l.acked_below.load(Ordering::SeqCst))
+            .min()
+    }
+
+    /// Tells waiting QoS 2 deliveries how far the standbys know this node finished.
+    pub(super) fn note_standby_knows(&self) {
+        if let Some(w) = self.healthy_standby_watermark() {
+            self.inner.standby_knows.send_if_modified(|v| {
+                let up = w > *v;
+                if up {
+                    *v = w;
+                }
+                up
+            });
+        }
+    }
+}
+
+/// A QoS 2 delivery of this node's object waits until every healthy standby knows the object
+/// finished here (its watermark passed it): a standby promoted after this node dies then
+/// never delivers it again. Without a healthy standby (none, or silent for a second) it
+/// does not wait, and it waits at most [`STANDBY_WAIT`].
+#[tonic::async_trait]
+impl crate::deliver::StandbyGate for Federation {
+    async fn known_to_standby(&self, obj: ObjectId) {
+        if !self.role().active || self.healthy_standby_watermark().is_none() {
+            return;
+        }
+        let mut rx = self.inner.standby_knows.subscribe();
+        let _ = tokio::time::timeout(STANDBY_WAIT, rx.wait_for(|w| *w > obj.seq)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deliver::StandbyGate;
+
+    /// A QoS 2 delivery waits for a healthy standby to learn that its object finished, and
+    /// does not wait for a silent one.
+    #[tokio::test]
+    async fn a_delivery_waits_for_a_healthy_standby_only() {
+        let dir = std::env::temp_dir().join(format!("dissem-gate-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir, 1).expect("store");
+        let link = LinkConfig {
+            name: "dr".into(),
+            url: "http://127.0.0.1:1".into(),
+            token: None,
+            filter: None,
+            mode: LinkMode::ActivePassive {
+                ttl: Duration::from_secs(60),
+            },
+        };
+        let cfg = FederationConfig {
+            cluster: "p".into(),
+            links: vec![link],
+            standby: false,
+            promote_after: None,
+        };
+        let f = Federation::new(cfg, store).expect("federation");
+        let obj = ObjectId { node: 1, seq: 5 };
+        let quick = |f: Federation| async move {
+            tokio::time::timeout(Duration::from_millis(50), f.known_to_standby(obj))
+                .await
+                .is_ok()
+        };
+        assert!(quick(f.clone()).await, "no standby heard from: no wait");
+        let dr = f.current()[0].clone();
+        let acked = |below: u64| {
+            dr.acked_below.fetch_max(below, Ordering::SeqCst);
+            dr.acked_at.store(runtime::now_ms(), Ordering::SeqCst);
+            f.note_standby_knows();
+        };
+        acked(3);
+        assert!(!quick(f.clone()).await, "the standby knows only below 3");
+        let waiting = tokio::spawn({
+            let f = f.clone();
+            async move { f.known_to_standby(obj).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        acked(6);
+        tokio::time::timeout(Duration::from_millis(500), waiting)
+            .await
+            .expect("released once the standby knows")
+            .expect("task");
+        // silent for over a second: not waited for
+        dr.acked_at
+            .store(runtime::now_ms() - 2000, Ordering::SeqCst);
+        assert!(quick(f.clone()).await, "a silent standby is not waited for");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
