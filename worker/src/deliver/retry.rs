@@ -170,7 +170,8 @@ impl Deliverer {
                 sub,
                 obj,
                 format!(
-                    "gave up after {attempts} attempts: the deadline of this delivery spilled                      over from a peer cluster passed {} ms ago: {error}",
+                    "gave up after {attempts} attempts: the deadline of this delivery spilled \
+                     over from a peer cluster passed {} ms ago: {error}",
                     now - deadline
                 ),
                 job.in_memory,
