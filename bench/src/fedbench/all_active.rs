@@ -16,6 +16,8 @@ pub struct AllActiveReport {
     pub clusters: usize,
     pub objects_per_publisher: u32,
     pub rate: u32,
+    /// Puts per second each publisher achieved (it puts one at a time, paced at `rate`).
+    pub achieved_rate: f64,
     /// Distinct objects each cluster's subscriber got.
     pub delivered: Vec<usize>,
     /// Objects the links' peers acknowledged, and what that should be (each object once to
@@ -71,6 +73,7 @@ pub(super) async fn run(o: &FederationOptions, dir: &Path) -> anyhow::Result<All
         .map(|i| Publisher::new(&format!("p{i}"), &urls[i..=i]))
         .collect();
     let n = i64::from(o.objects);
+    let started = Instant::now();
     let tasks: Vec<_> = publishers.iter().map(|p| p.spawn(0..n, o.rate)).collect();
     // cut c0 -> c1 about a third of the way in
     let run_time = Duration::from_secs_f64(f64::from(o.objects) / f64::from(o.rate.max(1)));
@@ -82,7 +85,8 @@ pub(super) async fn run(o: &FederationOptions, dir: &Path) -> anyhow::Result<All
     for t in tasks {
         t.await?;
     }
-    eprintln!("  puts done; waiting for every subscriber");
+    let achieved_rate = f64::from(o.objects) / started.elapsed().as_secs_f64();
+    eprintln!("  puts done ({achieved_rate:.0}/s per publisher); waiting for every subscriber");
     let want = 3 * o.objects as usize;
     let _ = procs::try_wait_for(Duration::from_secs(60), || async {
         recs.iter()
@@ -142,6 +146,7 @@ pub(super) async fn run(o: &FederationOptions, dir: &Path) -> anyhow::Result<All
         clusters: 3,
         objects_per_publisher: o.objects,
         rate: o.rate,
+        achieved_rate,
         delivered: recs.iter().map(|r| r.numbered().len()).collect(),
         forwards,
         expected_forwards,
