@@ -150,7 +150,7 @@ impl Node {
             for (k, b) in live {
                 keys.push(k);
                 match v1::FederatedObject::decode(b.as_slice()) {
-                    Ok(o) => objs.push(self.replicated_object(o)),
+                    Ok(o) => objs.push(self.taken_over_object(o)),
                     Err(e) => tracing::error!("a standby copy does not decode: {e}"),
                 }
             }
@@ -179,6 +179,21 @@ impl Node {
             disseminated,
             expired,
         })
+    }
+
+    /// A primary's copy as this node disseminates it once promoted: under the writer's own
+    /// message id when it had one (this cluster now stands for the primary, and a writer
+    /// that failed over resends with that id: stored once), else under its origin's.
+    fn taken_over_object(
+        &self,
+        o: v1::FederatedObject,
+    ) -> Result<storage::NewObject, ServiceError> {
+        let own = o.message_id.clone();
+        let mut n = self.replicated_object(o)?;
+        if !own.is_empty() && own.len() <= self.limits.max_message_id_bytes {
+            n.message_id = own;
+        }
+        Ok(n)
     }
 
     /// With `--promote-after`: promotes this standby once its primary has been silent that
