@@ -22,6 +22,7 @@
 
 mod active_passive;
 mod all_active;
+mod publisher;
 mod spillover;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,7 @@ use crate::recorder::{Recorder, Seen};
 
 pub use active_passive::ActivePassiveReport;
 pub use all_active::AllActiveReport;
+use publisher::Publisher;
 pub use spillover::SpilloverReport;
 
 /// The sizes and times of the three runs.
@@ -261,68 +263,6 @@ async fn drained(urls: &[String], timeout: Duration) -> bool {
     })
     .await
     .is_some()
-}
-
-/// What a publisher got acknowledged: (publisher, n) -> (when, which of its URLs).
-type Acked = Arc<Mutex<BTreeMap<(String, i64), (Instant, usize)>>>;
-
-/// A publisher putting numbered objects, one at a time, at a steady rate, to the first URL
-/// of its list that answers (it moves on when a put fails, as a client with a failover
-/// address would; `at` says where it puts now).
-#[derive(Clone)]
-struct Publisher {
-    name: String,
-    urls: Vec<String>,
-    at: Arc<AtomicUsize>,
-    acked: Acked,
-}
-
-impl Publisher {
-    fn new(name: &str, urls: &[String]) -> Publisher {
-        Publisher {
-            name: name.into(),
-            urls: urls.to_vec(),
-            at: Arc::default(),
-            acked: Arc::default(),
-        }
-    }
-
-    /// Puts `ns` at `rate` per second; ends once each is acknowledged (a put fails over to
-    /// the next URL and is tried again with the same message id).
-    fn spawn(&self, ns: std::ops::Range<i64>, rate: u32) -> tokio::task::JoinHandle<()> {
-        let me = self.clone();
-        tokio::spawn(async move {
-            let start = tokio::time::Instant::now();
-            let gap = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
-            for (i, n) in ns.enumerate() {
-                tokio::time::sleep_until(start + gap * i as u32).await;
-                loop {
-                    let at = me.at.load(Ordering::SeqCst) % me.urls.len();
-                    let mut c = v1::ingest_client::IngestClient::new(channel(&me.urls[at]));
-                    match c.put(numbered_put(&me.name, n)).await {
-                        Ok(_) => {
-                            runtime::lock(&me.acked)
-                                .insert((me.name.clone(), n), (Instant::now(), at));
-                            break;
-                        }
-                        Err(_) => {
-                            let _ = me.at.compare_exchange(
-                                at,
-                                (at + 1) % me.urls.len(),
-                                Ordering::SeqCst,
-                                Ordering::SeqCst,
-                            );
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                    }
-                }
-            }
-        })
-    }
-
-    fn acked(&self) -> BTreeMap<(String, i64), (Instant, usize)> {
-        runtime::lock(&self.acked).clone()
-    }
 }
 
 /// Shows per numbered object summed over `recs`.

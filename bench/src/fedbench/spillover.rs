@@ -59,7 +59,10 @@ pub(super) async fn run(o: &FederationOptions, dir: &Path) -> anyhow::Result<Spi
     let n = (f64::from(o.spill_rate) * o.spill_run.as_secs_f64()) as i64;
     let pa = Publisher::new("a", std::slice::from_ref(&a_url));
     let pb = Publisher::new("b", std::slice::from_ref(&b_url));
-    let tasks = [pa.spawn(0..n, o.spill_rate), pb.spawn(0..n, o.spill_rate)];
+    let tasks = [
+        pa.spawn_stream(0..n, o.spill_rate),
+        pb.spawn_stream(0..n, o.spill_rate),
+    ];
     tokio::time::sleep(o.spill_refuse_at).await;
     eprintln!(
         "  A's subscriber refuses everything from {} s on",
