@@ -435,6 +435,17 @@ pub async fn setup(
     })
     .await
     .context("the subscriptions were not published in time")?;
+    // the node compiles the published image ahead of the first put (as a node does once
+    // subscriptions are in place), so the first matches do not wait for it
+    procs::try_wait_for(Duration::from_secs(120), || {
+        let u = url.clone();
+        async move {
+            let s = procs::stats(&u).await.ok()?;
+            (s.image_loaded >= s.cluster?.image_version).then_some(())
+        }
+    })
+    .await
+    .context("the node did not load the published image in time")?;
     let index = MatchIndex::build(
         ShardConfig::default(),
         ids.iter()

@@ -471,6 +471,7 @@ impl v1::cluster_server::Cluster for Handle {
         Ok(Response::new(v1::RegisterResponse {
             nonce,
             membership: Some(membership),
+            image_version: self.registry.image(0).map_or(0, |(v, _)| v),
         }))
     }
 
@@ -484,6 +485,7 @@ impl v1::cluster_server::Cluster for Handle {
         Ok(Response::new(v1::HeartbeatResponse {
             nonce,
             membership: Some(membership),
+            image_version: self.registry.image(0).map_or(0, |(v, _)| v),
         }))
     }
 

@@ -484,6 +484,10 @@ impl v1::admin_server::Admin for Node {
                 Sink::Cluster(d) => d.counters().taken_over.load(Ordering::Relaxed),
                 _ => 0,
             },
+            image_loaded: match &self.sink {
+                Sink::Cluster(d) => d.image_loaded(),
+                _ => 0,
+            },
             node: self.store.node(),
             objects_stored: self.store.object_count() as u64,
             puts_accepted: self.accepted.load(Ordering::Relaxed),

@@ -96,6 +96,7 @@ impl Daemon {
                         *lock(&self.inner.registered_at) = Some(Instant::now());
                         self.set_view(r.membership.as_ref());
                         self.lease_renewed(sent);
+                        self.prefetch_image(r.image_version);
                         // whatever was in flight with an earlier coordinator is sent again,
                         // once this node caught up with its quorums (no resend before)
                         lock(&self.inner.sent).clear();
@@ -144,6 +145,7 @@ impl Daemon {
                 Ok(r) if r.nonce == known => {
                     self.set_view(r.membership.as_ref());
                     self.lease_renewed(sent);
+                    self.prefetch_image(r.image_version);
                 }
                 Ok(r) => {
                     tracing::info!(

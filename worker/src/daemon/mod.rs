@@ -91,6 +91,9 @@ struct Inner {
     changes: Mutex<Changes>,
     results: Mutex<HashMap<(u64, u64), CachedResults>>,
     images: AsyncMutex<BTreeMap<u64, Arc<Loaded>>>,
+    /// The newest image version compiled here, and the newest one asked for ahead of use.
+    image_loaded: AtomicU64,
+    image_prefetch: AtomicU64,
     peers: Mutex<HashMap<(String, bool), DaemonClient<Internal>>>,
     /// When each outbox object was last sent to the coordinator.
     sent: Mutex<HashMap<ObjectId, Instant>>,
@@ -190,6 +193,8 @@ impl Daemon {
                 changes: Mutex::new(Changes::default()),
                 results: Mutex::new(HashMap::new()),
                 images: AsyncMutex::new(BTreeMap::new()),
+                image_loaded: AtomicU64::new(0),
+                image_prefetch: AtomicU64::new(0),
                 peers: Mutex::new(HashMap::new()),
                 sent: Mutex::new(HashMap::new()),
                 forward: tx,

@@ -93,10 +93,42 @@ impl Daemon {
         .map_err(|e| ServiceError::Unavailable(format!("image {version}: {e}")))?;
         let loaded = Arc::new(loaded);
         images.insert(version, loaded.clone());
+        self.inner
+            .image_loaded
+            .fetch_max(version, Ordering::Relaxed);
         while images.len() > 3 {
             images.pop_first();
         }
         Ok(loaded)
+    }
+
+    /// Compiles image `version` ahead of the first task that names it (the coordinator
+    /// published it), once; the newest image version compiled here.
+    pub(super) fn prefetch_image(&self, version: u64) {
+        if version == 0
+            || self
+                .inner
+                .image_prefetch
+                .fetch_max(version, Ordering::Relaxed)
+                >= version
+        {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = me.image(version).await {
+                tracing::debug!("loading image {version} ahead: {e}");
+                // tried again at the next heartbeat
+                me.inner
+                    .image_prefetch
+                    .fetch_min(version - 1, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// The newest image version compiled here.
+    pub fn image_loaded(&self) -> u64 {
+        self.inner.image_loaded.load(Ordering::Relaxed)
     }
 
     /// Takes the cached test results of `tasks` for the objects `keys` out of the cache (an
