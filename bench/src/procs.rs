@@ -470,3 +470,24 @@ pub fn free_port() -> std::net::SocketAddr {
         .and_then(|l| l.local_addr())
         .expect("a free port")
 }
+
+/// `dissem up` (the binary `bin`) of a cluster named `name` listening on `listen`, with its
+/// data in `dir/name`, the GPU off, and `extra` flags.
+pub fn cluster_up(bin: &Path, dir: &Path, name: &str, listen: &str, extra: &[String]) -> Proc {
+    let mut args: Vec<String> = [
+        "up",
+        "--listen",
+        listen,
+        "--gpu",
+        "off",
+        "--cluster-name",
+        name,
+        "--data",
+        &dir.join(name).display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().cloned());
+    Proc::start(bin, &args)
+}

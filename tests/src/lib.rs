@@ -146,22 +146,10 @@ pub fn start_up(dir: &Path, extra: &[&str]) -> Proc {
     Proc::start(&dissem_bin(), &args)
 }
 
-/// `dissem up` of a cluster named `name` listening on `listen`, with its data in
-/// `dir/name`, the GPU off, and `extra` flags.
+/// `dissem up` of this build of a cluster named `name` listening on `listen`, with its data
+/// in `dir/name`, the GPU off, and `extra` flags.
 pub fn cluster_up(dir: &Path, name: &str, listen: &str, extra: &[String]) -> Proc {
-    let mut args = vec![
-        "up".to_string(),
-        "--listen".into(),
-        listen.into(),
-        "--gpu".into(),
-        "off".into(),
-        "--cluster-name".into(),
-        name.into(),
-        "--data".into(),
-        dir.join(name).display().to_string(),
-    ];
-    args.extend(extra.iter().cloned());
-    Proc::start(&dissem_bin(), &args)
+    bench::procs::cluster_up(&dissem_bin(), dir, name, listen, extra)
 }
 
 /// One HTTP/1.1 request on `addr`: (status, body).
@@ -270,4 +258,13 @@ pub fn federation(
     url: &str,
 ) -> proto::v1::federation_client::FederationClient<tonic::transport::Channel> {
     proto::v1::federation_client::FederationClient::new(channel(url))
+}
+
+/// Puts `publisher`'s numbered objects `ns` ([`numbered_put`]) on the node at `url`, one
+/// after another, each acknowledged.
+pub async fn put_numbered(url: &str, publisher: &str, ns: std::ops::Range<i64>) {
+    let mut c = proto::v1::ingest_client::IngestClient::new(channel(url));
+    for n in ns {
+        c.put(numbered_put(publisher, n)).await.expect("put");
+    }
 }

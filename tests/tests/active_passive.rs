@@ -42,13 +42,6 @@ async fn settled(who: &str, url: &str, role: &'static str) -> v1::LinksResponse 
     .await
 }
 
-async fn put_all(url: &str, publisher: &str, ns: std::ops::Range<i64>) {
-    let mut c = v1::ingest_client::IngestClient::new(tests::channel(url));
-    for n in ns {
-        c.put(put(publisher, n)).await.expect("put");
-    }
-}
-
 #[test]
 fn a_standby_takes_over_from_a_dead_primary_and_hands_back() {
     let dir = temp_dir("active-passive");
@@ -70,7 +63,7 @@ fn a_standby_takes_over_from_a_dead_primary_and_hands_back() {
         let (p_tx, mut p_down, _) = stream_subscriber(&p, "all", filter()).await;
         let (s_tx, mut s_down, _) = stream_subscriber(&s, "all", filter()).await;
         // the primary disseminates; the standby keeps copies until the watermark passes them
-        put_all(&p, "a", 0..20).await;
+        tests::put_numbered(&p, "a", 0..20).await;
         let got = receive("primary", &p_tx, &mut p_down, 20, 0).await;
         assert!(got.len() == 20 && got.values().all(|c| *c == 1), "{got:?}");
         let s_links = settled("the secondary", &s, "standby").await;
@@ -82,7 +75,7 @@ fn a_standby_takes_over_from_a_dead_primary_and_hands_back() {
         primary.kill();
         let s_links = settled("the secondary", &s, "active").await;
         assert_eq!(s_links.epoch, 1, "{s_links:?}");
-        put_all(&s, "a", 20..30).await;
+        tests::put_numbered(&s, "a", 20..30).await;
         let got = receive("secondary", &s_tx, &mut s_down, 10, 20).await;
         assert!(
             got.len() == 10 && got.iter().all(|((_, n), c)| *n >= 20 && *c == 1),
@@ -109,7 +102,7 @@ fn a_standby_takes_over_from_a_dead_primary_and_hands_back() {
         // switching back: publishers first (a standby disseminates what is put to it), the
         // secondary drained, then the old primary promoted; the secondary steps down
         let (p_tx, mut p_down, _) = stream_subscriber(&p, "all2", filter()).await;
-        put_all(&p, "b", 0..10).await;
+        tests::put_numbered(&p, "b", 0..10).await;
         let got = receive("old primary", &p_tx, &mut p_down, 10, 0).await;
         assert!(got.len() == 10 && got.values().all(|c| *c == 1), "{got:?}");
         let promoted = federation(&p)
@@ -120,7 +113,7 @@ fn a_standby_takes_over_from_a_dead_primary_and_hands_back() {
         assert_eq!(promoted.epoch, 2, "above the secondary's 1: {promoted:?}");
         assert_eq!(promoted.disseminated, 0, "{promoted:?}");
         settled("the secondary", &s, "standby").await;
-        put_all(&p, "b", 10..15).await;
+        tests::put_numbered(&p, "b", 10..15).await;
         let got = receive("old primary", &p_tx, &mut p_down, 5, 10).await;
         assert!(
             got.keys().filter(|(_, n)| *n >= 10).count() == 5 && got.values().all(|c| *c == 1),

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use proto::v1;
 use tests::{
-    cluster_up, dissem_bin, federation, free_port, numbered_put as put,
-    receive_numbered as receive, runtime, stream_subscriber, temp_dir, wait_for,
+    cluster_up, dissem_bin, federation, free_port, receive_numbered as receive, runtime,
+    stream_subscriber, temp_dir, wait_for,
 };
 
 /// Runs the `dissem` CLI against the node at `url`: (success, stdout + stderr).
@@ -38,13 +38,6 @@ async fn link_names(url: &str) -> Vec<(String, bool)> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-async fn put_all(url: &str, publisher: &str, ns: std::ops::Range<i64>) {
-    let mut c = v1::ingest_client::IngestClient::new(tests::channel(url));
-    for n in ns {
-        c.put(put(publisher, n)).await.expect("put");
-    }
 }
 
 #[test]
@@ -101,7 +94,7 @@ fn links_are_added_kept_and_removed_at_run_time() {
     rt.block_on(async {
         let filter = || v1::subscription::Filter::Text("n >= 0".into());
         let (tx, mut down, _) = stream_subscriber(&b_url, "all", filter()).await;
-        put_all(&a_url, "a", 0..5).await;
+        tests::put_numbered(&a_url, "a", 0..5).await;
         let got = receive("b", &tx, &mut down, 5, 0).await;
         assert_eq!(got.values().copied().collect::<Vec<_>>(), vec![1; 5]);
         // kept across a restart
@@ -117,13 +110,13 @@ fn links_are_added_kept_and_removed_at_run_time() {
             names,
             vec![("to-c".to_string(), false), ("to-b".to_string(), true)]
         );
-        put_all(&a_url, "a", 5..10).await;
+        tests::put_numbered(&a_url, "a", 5..10).await;
         let got = receive("b after a's restart", &tx, &mut down, 5, 5).await;
         assert_eq!(got.len(), 5, "{got:?}");
         // removed: it stops, and stays removed across a restart
         let (ok, out) = cli(&a_url, &["link", "remove", "to-b"]);
         assert!(ok && out.contains("removed"), "{out}");
-        put_all(&a_url, "a", 10..13).await;
+        tests::put_numbered(&a_url, "a", 10..13).await;
         a.restart();
         let a_url = a.url();
         let names = wait_for("a's links", Duration::from_secs(20), || async {
@@ -131,7 +124,7 @@ fn links_are_added_kept_and_removed_at_run_time() {
         })
         .await;
         assert_eq!(names, vec![("to-c".to_string(), false)]);
-        put_all(&a_url, "a", 13..15).await;
+        tests::put_numbered(&a_url, "a", 13..15).await;
         let quiet = tokio::time::timeout(Duration::from_secs(2), down.message()).await;
         assert!(
             quiet.is_err(),

@@ -52,13 +52,6 @@ async fn subscribe(url: &str, target: &str, name: &str) -> u64 {
     tests::create_subscription(url, s).await.expect("create")
 }
 
-async fn put_all(url: &str, publisher: &str, ns: std::ops::Range<i64>) {
-    let mut c = v1::ingest_client::IngestClient::new(tests::channel(url));
-    for n in ns {
-        c.put(put(publisher, n)).await.expect("put");
-    }
-}
-
 /// Waits until `rec` showed every (publisher, n) of `ns`, then a further half second so a
 /// repeat would show; returns how often each numbered object was shown.
 async fn shown(
@@ -115,8 +108,8 @@ fn dead_letters_spill_over_to_the_peers_subscription_of_the_same_name_once() {
         subscribe(&b_url, &target_other, "").await;
 
         // healthy: A delivers its objects itself, B its own
-        put_all(&a_url, "a", 0..10).await;
-        put_all(&b_url, "b", 0..5).await;
+        tests::put_numbered(&a_url, "a", 0..10).await;
+        tests::put_numbered(&b_url, "b", 0..5).await;
         let got_a = shown("A's orders", &rec_a, "a", 0..10).await;
         assert_eq!(of(&got_a, "a"), once(0..10));
         let got_b = shown("B's orders", &rec_b, "b", 0..5).await;
@@ -124,7 +117,7 @@ fn dead_letters_spill_over_to_the_peers_subscription_of_the_same_name_once() {
 
         // A's subscriber refuses: each delivery dead-letters after 3 attempts and spills
         rec_a.set_refusing(true);
-        put_all(&a_url, "a", 10..20).await;
+        tests::put_numbered(&a_url, "a", 10..20).await;
         let got_b = shown("B's orders, spilled", &rec_b, "a", 10..20).await;
         assert_eq!(of(&got_b, "a"), once(10..20), "each spilled once");
         let l = wait_for("A's link drained", Duration::from_secs(10), || async {
@@ -138,7 +131,7 @@ fn dead_letters_spill_over_to_the_peers_subscription_of_the_same_name_once() {
 
         // B's subscriber refuses too: what dead-letters in B after spilling in stays there
         rec_b.set_refusing(true);
-        put_all(&a_url, "a", 20..23).await;
+        tests::put_numbered(&a_url, "a", 20..23).await;
         let dead = wait_for("B's dead letters", Duration::from_secs(30), || async {
             let d = v1::admin_client::AdminClient::new(tests::channel(&b_url))
                 .dead_letters(v1::DeadLettersRequest { limit: 100 })
@@ -161,7 +154,7 @@ fn dead_letters_spill_over_to_the_peers_subscription_of_the_same_name_once() {
 
         // B away: A keeps what it owes, across its own restart too
         b.kill();
-        put_all(&a_url, "a", 23..28).await;
+        tests::put_numbered(&a_url, "a", 23..28).await;
         wait_for("A owes 5", Duration::from_secs(30), || async {
             link(&a_url).await.filter(|l| l.owed == 5)
         })

@@ -201,23 +201,9 @@ pub fn print(r: &FederationReport) {
 
 /// `dissem up` of cluster `name` on `addr`, data under `dir/name`, loopback targets allowed.
 fn cluster(bin: &Path, dir: &Path, name: &str, addr: SocketAddr, extra: &[String]) -> Proc {
-    let mut args: Vec<String> = [
-        "up",
-        "--gpu",
-        "off",
-        "--allow-private-targets",
-        "--listen",
-        &addr.to_string(),
-        "--cluster-name",
-        name,
-        "--data",
-        &dir.join(name).display().to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().cloned());
-    Proc::start(bin, &args)
+    let mut flags = vec!["--allow-private-targets".to_string()];
+    flags.extend(extra.iter().cloned());
+    procs::cluster_up(bin, dir, name, &addr.to_string(), &flags)
 }
 
 /// How a benchmark subscribes: its name, retry policy, QoS and whether it is ordered.

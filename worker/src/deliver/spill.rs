@@ -75,13 +75,13 @@ impl Deliverer {
     /// Delivers `obj`, stored here for deliveries spilled in from a peer cluster
     /// ([`storage::Store::write_targeted`]), to `subs`, each given up at `deadline_unix_ms`.
     /// The pending records are written unflushed: the caller commits before it answers the
-    /// peer. Returns how many records are new.
+    /// peer.
     pub async fn deliver_spilled(
         &self,
         obj: ObjectId,
         subs: &[u64],
         deadline_unix_ms: u64,
-    ) -> Result<usize, storage::StorageError> {
+    ) -> Result<(), storage::StorageError> {
         {
             let mut d = lock(&self.inner.deadlines);
             let e = d.entry(obj).or_insert(deadline_unix_ms);
@@ -93,11 +93,11 @@ impl Deliverer {
             .store
             .add_pending_deliveries_unflushed(&pairs)
             .await?;
-        for (s, id) in &added {
-            self.opened(*s, *id);
-            self.enqueue_new(*s, *id);
+        for (s, id) in added {
+            self.opened(s, id);
+            self.enqueue_new(s, id);
         }
-        Ok(added.len())
+        Ok(())
     }
 
     /// The ids of subscriptions of `tenant` named `name`, through the node's subscription

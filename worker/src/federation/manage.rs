@@ -5,7 +5,8 @@
 
 use super::*;
 
-/// The longest a peer keeps a copy, or may take over a spilled delivery: 7 days.
+/// The longest a peer keeps a copy, or tries a spilled delivery: 7 days (a link's ttl is
+/// refused above it, and a receiver caps what a sender asks at it).
 pub const MAX_LINK_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// A link's settings from their request form (the flags', the API's, the store's), checked;

@@ -295,15 +295,12 @@ impl Federation {
 
     /// How far `link` is behind: the age of the oldest object it is owed (zero when it owes
     /// nothing).
-    pub fn lag(&self, link: &str) -> Duration {
-        let spill = self
-            .current()
-            .iter()
-            .any(|l| l.cfg.name == link && matches!(l.cfg.mode, LinkMode::Spillover { .. }));
+    pub(crate) fn lag(&self, link: &Link) -> Duration {
+        let spill = matches!(link.cfg.mode, LinkMode::Spillover { .. });
         let oldest = self
             .inner
             .store
-            .link_owed(link, 1)
+            .link_owed(&link.cfg.name, 1)
             .ok()
             .and_then(|v| v.into_iter().next())
             .and_then(|(_, b)| {
@@ -324,13 +321,10 @@ impl Federation {
     pub fn write_metrics(&self, o: &mut String) {
         use runtime::metrics::{escape, line};
         let links = self.current();
-        let per = |f: &dyn Fn(&str, &LinkCounters) -> f64| -> Vec<(String, f64)> {
+        let per = |f: &dyn Fn(&Link) -> f64| -> Vec<(String, f64)> {
             links
                 .iter()
-                .map(|l| {
-                    let name = &l.cfg.name;
-                    (format!("link=\"{}\"", escape(name)), f(name, &l.counters))
-                })
+                .map(|l| (format!("link=\"{}\"", escape(&l.cfg.name)), f(l)))
                 .collect()
         };
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
@@ -339,42 +333,42 @@ impl Federation {
             "dissem_link_owed",
             "Objects a federation link owes its peer cluster.",
             "gauge",
-            &per(&|n, _| self.owed(n) as f64),
+            &per(&|l| self.owed(&l.cfg.name) as f64),
         );
         line(
             o,
             "dissem_link_sent_total",
             "Objects sent to the peer (a retried batch counts again).",
             "counter",
-            &per(&|_, c| load(&c.sent)),
+            &per(&|l| load(&l.counters.sent)),
         );
         line(
             o,
             "dissem_link_acked_total",
             "Objects the peer acknowledged.",
             "counter",
-            &per(&|_, c| load(&c.acked)),
+            &per(&|l| load(&l.counters.acked)),
         );
         line(
             o,
             "dissem_link_deduplicated_total",
             "Objects the peer had already (stored once).",
             "counter",
-            &per(&|_, c| load(&c.duplicates)),
+            &per(&|l| load(&l.counters.duplicates)),
         );
         line(
             o,
             "dissem_link_unclaimed_total",
             "Spillover: deliveries the peer had no subscription of their tenant and name for.",
             "counter",
-            &per(&|_, c| load(&c.unclaimed)),
+            &per(&|l| load(&l.counters.unclaimed)),
         );
         line(
             o,
             "dissem_link_lag_seconds",
             "Age of the oldest object the link owes (0 when it owes nothing).",
             "gauge",
-            &per(&|n, _| self.lag(n).as_secs_f64()),
+            &per(&|l| self.lag(l).as_secs_f64()),
         );
         let role = self.role();
         line(
@@ -412,7 +406,9 @@ impl Federation {
         let mut object = None;
         // the last encoding, by expiry: links of one mode share it
         let mut encoded: Option<(u64, Vec<u8>)> = None;
-        for link in self.current() {
+        // every put comes here: the links are read in place, not copied
+        let links = self.inner.links.read().unwrap_or_else(|p| p.into_inner());
+        for link in links.iter() {
             let l = &link.cfg;
             if l.filter.as_ref().is_some_and(|f| !f.eval(&event)) {
                 continue;
@@ -491,7 +487,7 @@ impl Federation {
             sent: c.sent.load(Ordering::Relaxed),
             acked: c.acked.load(Ordering::Relaxed),
             deduplicated: c.duplicates.load(Ordering::Relaxed),
-            lag_seconds: self.lag(&l.name).as_secs_f64(),
+            lag_seconds: self.lag(link).as_secs_f64(),
             added: link.added,
             unclaimed: c.unclaimed.load(Ordering::Relaxed),
         }
@@ -507,11 +503,16 @@ pub fn replicated_message_id(o: &v1::FederatedObject, max: usize) -> String {
     } else {
         o.message_id.clone()
     };
-    let m = format!("fed:{}:{own}", o.origin_cluster);
-    if m.len() <= max {
-        m
+    bounded_id("fed:", format!("fed:{}:{own}", o.origin_cluster), max)
+}
+
+/// `id` when it fits in `max` bytes, else `prefix` and its SHA-256 (stable, and still
+/// under the reserved prefix).
+pub(crate) fn bounded_id(prefix: &str, id: String, max: usize) -> String {
+    if id.len() <= max {
+        id
     } else {
-        format!("fed:{}", runtime::auth::sha256_hex(m.as_bytes()))
+        format!("{prefix}{}", runtime::auth::sha256_hex(id.as_bytes()))
     }
 }
 

@@ -8,9 +8,6 @@ use super::*;
 use crate::services::Node;
 use tonic::{Request, Response, Status};
 
-/// The longest a standby keeps a copy (7 days), whatever the primary's link says.
-const MAX_STANDBY_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
-
 impl Node {
     /// A peer's object as this node stores it: under a message id of its origin, with its
     /// external id; checked like a put.
@@ -85,10 +82,10 @@ impl Node {
                     "required on an active-passive link",
                 ));
             }
-            // a copy is kept at most MAX_STANDBY_TTL, whatever the primary asks
+            // a copy is kept at most MAX_LINK_TTL, whatever the primary asks
             let expires = o
                 .expires_unix_ms
-                .min(now.saturating_add(MAX_STANDBY_TTL_MS));
+                .min(now.saturating_add(MAX_LINK_TTL.as_millis() as u64));
             copies.push((id.seq, expires, o.encode_to_vec()));
         }
         let kept: Vec<storage::StandbyCopy<'_>> = copies

@@ -8,9 +8,6 @@ use super::*;
 use crate::deliver::Spill;
 use crate::services::{Node, Sink};
 
-/// The longest a spilled delivery is tried here (7 days), whatever the sender asks.
-const MAX_SPILL_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
-
 impl Spill for Federation {
     fn wants(&self) -> bool {
         self.spills()
@@ -91,12 +88,11 @@ impl Federation {
 /// The message id a spilled object's copy is stored under here: one copy per object of the
 /// sending cluster, however many of its deliveries spill.
 fn spill_message_id(from: &str, id: v1::ObjectId, max: usize) -> String {
-    let m = format!("spill:{from}:{}:{}", id.node, id.seq);
-    if m.len() <= max {
-        m
-    } else {
-        format!("spill:{}", runtime::auth::sha256_hex(m.as_bytes()))
-    }
+    bounded_id(
+        "spill:",
+        format!("spill:{from}:{}:{}", id.node, id.seq),
+        max,
+    )
 }
 
 impl Node {
@@ -173,7 +169,7 @@ impl Node {
                 r.duplicates += 1;
                 continue;
             }
-            let expires = expires.min(now.saturating_add(MAX_SPILL_TTL_MS));
+            let expires = expires.min(now.saturating_add(MAX_LINK_TTL.as_millis() as u64));
             let subs = deliverer
                 .named_subscriptions(&tenant, &name)
                 .await

@@ -329,7 +329,9 @@ mod tests {
             let f = f.clone();
             async move { f.known_to_standby(obj).await }
         });
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // the waiting task runs up to its wait (one thread: it runs when this one yields)
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "it waits for the standby");
         acked(6);
         tokio::time::timeout(Duration::from_millis(500), waiting)
             .await
