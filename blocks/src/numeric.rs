@@ -6,8 +6,9 @@
 //! ranges, and their negations) is a row interval, so strict and non-strict operators are exact
 //! at the constants themselves. Each row carries the OR of the Bloom filters of every predicate
 //! it satisfies: the paper's per-operator cumulative columns folded into one, because the
-//! object's filter is their OR anyway. Constants are stored as `i64` when all are integers that
-//! fit (half the memory and faster compares), else as exact [`Num`]s.
+//! object's filter is their OR anyway. Constants are stored as `i32` or `i64` when all are
+//! integers that fit (a quarter or half the memory, and integer compares), else as exact
+//! [`Num`]s.
 
 use crate::num::Num;
 use crate::predicate::Bound;
@@ -15,6 +16,7 @@ use crate::predicate::Bound;
 /// Sorted distinct constants of one attribute.
 #[derive(Debug, Clone)]
 pub enum Constants {
+    Int32(Vec<i32>),
     Int(Vec<i64>),
     Exact(Vec<Num>),
 }
@@ -27,8 +29,12 @@ impl Constants {
     pub fn new(mut all: Vec<Num>) -> Constants {
         all.sort_unstable();
         all.dedup();
-        if all.iter().all(|n| n.as_i64().is_some()) {
-            Constants::Int(all.iter().filter_map(|n| n.as_i64()).collect())
+        let ints: Option<Vec<i64>> = all.iter().map(|n| n.as_i64()).collect();
+        if let Some(ints) = ints {
+            match ints.iter().map(|&i| i32::try_from(i)).collect() {
+                Ok(small) => Constants::Int32(small),
+                Err(_) => Constants::Int(ints),
+            }
         } else {
             Constants::Exact(all)
         }
@@ -37,6 +43,7 @@ impl Constants {
     /// Number of distinct constants.
     pub fn len(&self) -> usize {
         match self {
+            Constants::Int32(v) => v.len(),
             Constants::Int(v) => v.len(),
             Constants::Exact(v) => v.len(),
         }
@@ -55,6 +62,7 @@ impl Constants {
     /// The constant at an index.
     pub fn get(&self, i: usize) -> Num {
         match self {
+            Constants::Int32(v) => Num::from(v[i] as i64),
             Constants::Int(v) => Num::from(v[i]),
             Constants::Exact(v) => v[i],
         }
@@ -68,12 +76,8 @@ impl Constants {
                 let i = v.partition_point(|c| *c < x);
                 (i, i < v.len() && v[i] == x)
             }
-            Constants::Int(v) => {
-                // compare in fixed point: a multiplication per step, no i128 division
-                let raw = x.to_raw();
-                let i = v.partition_point(|c| Num::from(*c).to_raw() < raw);
-                (i, i < v.len() && Num::from(v[i]).to_raw() == raw)
-            }
+            Constants::Int(v) => locate_int(v, x),
+            Constants::Int32(v) => locate_int(v, x),
         }
     }
 
@@ -106,9 +110,28 @@ impl Constants {
     /// Heap bytes used.
     pub fn heap_bytes(&self) -> usize {
         match self {
+            Constants::Int32(v) => 4 * v.len(),
             Constants::Int(v) => 8 * v.len(),
             Constants::Exact(v) => 16 * v.len(),
         }
+    }
+}
+
+/// `locate` over integer constants: integer compares when `x` is an integer, else the
+/// constants below `x` are those not above its floor (and none equals it).
+#[inline]
+fn locate_int<T: Copy + Ord + TryFrom<i128>>(v: &[T], x: Num) -> (usize, bool) {
+    let int = x.as_i64();
+    let key = int.map_or_else(|| x.floor_int(), i128::from);
+    match T::try_from(key) {
+        Ok(k) if int.is_some() => {
+            let i = v.partition_point(|c| *c < k);
+            (i, i < v.len() && v[i] == k)
+        }
+        Ok(k) => (v.partition_point(|c| *c <= k), false),
+        // beyond the type's range: below or above every constant
+        Err(_) if key < 0 => (0, false),
+        Err(_) => (v.len(), false),
     }
 }
 
@@ -128,6 +151,7 @@ mod tests {
             vec![n("0.5"), n("1"), n("-3.25")],
             vec![n("9223372036854775807"), n("-9223372036854775808")],
             vec![n("18446744073709551615"), n("0")],
+            vec![n("-7"), n("3"), n("2147483647"), n("-2147483648")],
         ] {
             let table = Constants::new(consts.clone());
             let mut probes = consts.clone();

@@ -64,6 +64,21 @@ impl Base {
         };
         let (runs, flag_runs, probe_rows) = layout::probe_runs(&recs.recs, &mut order);
         let chosen = layout::strategy(&cfg, &c, &order, &recs, words, bloom_ready)?;
+        // a cell shard never visits the access index: keep only each conjunction's subscription
+        let access_ready = chosen.strategy != Strategy::Cells;
+        let n_conj = recs.recs.len();
+        let (recs_kept, conj_subs) = if access_ready {
+            (recs.recs, Vec::new())
+        } else {
+            let subs = recs.recs.iter().map(|r| r.sub).collect();
+            order.num_index = Vec::new();
+            (Vec::new(), subs)
+        };
+        let (runs, flag_runs, probe_rows) = if access_ready {
+            (runs, flag_runs, probe_rows)
+        } else {
+            (Vec::new(), Vec::new(), Vec::new())
+        };
         let mut attrs = c.attrs;
         if !cfg.test_ids {
             for blk in attrs.iter_mut() {
@@ -82,7 +97,10 @@ impl Base {
             flag_pred: c.flag_pred,
             pred_pos,
             not_exists_attrs: c.not_exists_attrs,
-            recs: recs.recs,
+            recs: recs_kept,
+            conj_subs,
+            access_ready,
+            n_conj,
             code_start: recs.code_start,
             codes: recs.codes,
             conj_preds: recs.new_preds,

@@ -399,7 +399,7 @@ pub(super) fn strategy(
                 .any(|c| c.op() == OP_ROWS)
         })
         .count();
-    let cells_bytes = n_conj.div_ceil(64) * 8 * (row_attrs.len() * (2 * cfg.cells + 1) + 1);
+    let cells_bytes = n_conj.div_ceil(64) * 8 * (row_attrs.len() * (cfg.cells + 1) + 1);
     let cells_fit = cfg.cells_budget_bytes >= cells_bytes && !row_attrs.is_empty();
     let est_cells_cost = if cells_fit {
         n_conj as f64 / 64.0 * 2.0 * row_attrs.len() as f64 * 0.3 + no_rows as f64 * 10.0
@@ -439,16 +439,18 @@ pub(super) fn strategy(
             n_conj,
             cfg.cells,
             &max_rows,
-            |r| {
-                codes[code_start[r] as usize..code_start[r + 1] as usize]
-                    .iter()
-                    .filter(|c| c.op() == OP_ROWS)
-                    .map(|c| RowPred {
-                        attr: c.attr(),
-                        lo: c.a,
-                        hi: c.b,
-                    })
-                    .collect()
+            |r, out: &mut Vec<RowPred>| {
+                out.clear();
+                out.extend(
+                    codes[code_start[r] as usize..code_start[r + 1] as usize]
+                        .iter()
+                        .filter(|c| c.op() == OP_ROWS)
+                        .map(|c| RowPred {
+                            attr: c.attr(),
+                            lo: c.a,
+                            hi: c.b,
+                        }),
+                );
             },
             &impure,
         )

@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// Largest objects x attributes the cell path keeps rows for densely (16 MiB).
+const DENSE_ROWS_MAX: usize = 1 << 22;
+
 impl Base {
     /// Runs the test blocks of every attribute of the object into the context.
     pub(super) fn load(&self, ev: &Event, ctx: &mut EvalCtx) {
@@ -329,7 +332,7 @@ impl Base {
     /// stay in cache while the whole batch passes over them.
     pub fn bloom_candidates(&self, objs: &[u64], mut f: impl FnMut(usize, u32)) {
         const BLOCK: usize = 2048;
-        let n = self.recs.len();
+        let n = self.n_conj;
         let w = self.words;
         let n_obj = objs.len() / w.max(1);
         let mut acc = vec![0u64; BLOCK];
@@ -382,8 +385,10 @@ impl Base {
         ctx: &mut EvalCtx,
         out: &mut [Vec<u32>],
     ) -> VerifyStats {
-        if strategy == Strategy::Cells
-            && let Some(cells) = &self.cells
+        let bloom = strategy == Strategy::Bloom && self.bloom_ready;
+        // a cell shard has no access index: whatever is asked but Bloom runs the cells
+        if let Some(cells) = &self.cells
+            && (strategy == Strategy::Cells || (!self.access_ready && !bloom))
         {
             return self.match_cells(cells, events, ctx, out);
         }
@@ -408,6 +413,15 @@ impl Base {
         self.verify_candidates(events, &cands, ctx, out)
     }
 
+    /// The code range of a record.
+    #[inline]
+    fn code_range(&self, rec: u32) -> (usize, usize) {
+        (
+            self.code_start[rec as usize] as usize,
+            self.code_start[rec as usize + 1] as usize,
+        )
+    }
+
     pub(super) fn match_cells(
         &self,
         cells: &CellIndex,
@@ -415,25 +429,56 @@ impl Base {
         ctx: &mut EvalCtx,
         out: &mut [Vec<u32>],
     ) -> VerifyStats {
+        let n_attrs = self.attr_names.len();
+        // each object's row per attribute, dense, so survivors made only of row intervals are
+        // verified inside the scan while their block's codes are in cache
+        let dense = n_attrs.saturating_mul(events.len()) <= DENSE_ROWS_MAX;
+        let mut rows: Vec<u32> = if dense {
+            vec![NO_ROW; n_attrs * events.len()]
+        } else {
+            Vec::new()
+        };
         let mut per_event: Vec<Vec<u16>> = Vec::with_capacity(events.len());
         let mut loaded: Vec<Loaded> = Vec::with_capacity(events.len());
-        for ev in events {
+        for (i, ev) in events.iter().enumerate() {
             self.load(ev, ctx);
             let mut c = Vec::with_capacity(cells.attributes());
             cells.cells_of(|a| ctx.rows[a as usize], &mut c);
             per_event.push(c);
+            if dense {
+                for &a in &ctx.touched {
+                    rows[i * n_attrs + a as usize] = ctx.rows[a as usize];
+                }
+            }
             loaded.push(ctx.snapshot());
             ctx.reset();
         }
         let mut undecided: Vec<Vec<u32>> = vec![Vec::new(); events.len()];
-        cells.scan(&per_event, |o, rec, certain| {
-            if certain {
-                out[o].push(rec);
-            } else {
-                undecided[o].push(rec);
+        let mut stats = VerifyStats::default();
+        cells.scan(&per_event, |found| {
+            // ask for every survivor's codes first, so their cache misses overlap
+            for s in found.iter().filter(|s| !s.impure) {
+                let (a, e) = self.code_range(s.conj);
+                crate::cells::prefetch(&self.codes[a..e]);
+            }
+            for s in found {
+                let o = s.object as usize;
+                if s.impure || !dense {
+                    undecided[o].push(s.conj);
+                    continue;
+                }
+                stats.verified += 1;
+                let r = &rows[o * n_attrs..(o + 1) * n_attrs];
+                let (a, e) = self.code_range(s.conj);
+                let holds = self.codes[a..e].iter().fold(true, |acc, c| {
+                    let v = r.get(c.attr() as usize).copied().unwrap_or(NO_ROW);
+                    acc & (v >= c.a && v <= c.b)
+                });
+                if holds {
+                    out[o].push(s.conj);
+                }
             }
         });
-        let mut stats = VerifyStats::default();
         for ((l, cs), o) in loaded.iter().zip(&undecided).zip(out.iter_mut()) {
             if cs.is_empty() {
                 continue;

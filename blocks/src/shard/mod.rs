@@ -258,6 +258,12 @@ pub struct Base {
     /// Per record: its subscription and the first two codes after the access predicate,
     /// so the access path reads one 32-byte slot per visited conjunction, sequentially.
     recs: Vec<Rec>,
+    /// Per conjunction its subscription, kept instead of `recs` when the shard matches by
+    /// cells and drops the access index.
+    conj_subs: Vec<u64>,
+    /// The access index (`recs`, `num_index`, runs) is built; a cell shard drops it.
+    access_ready: bool,
+    n_conj: usize,
     code_start: Vec<u32>,
     codes: Vec<Code>,
     conj_preds: Vec<u32>,
@@ -326,7 +332,7 @@ impl Base {
 
     /// Number of conjunctions.
     pub fn conjunctions(&self) -> usize {
-        self.recs.len()
+        self.n_conj
     }
 
     /// The word-major conjunction filters (`word * conjunctions() + index`), for the GPU.
@@ -336,7 +342,10 @@ impl Base {
 
     /// The subscription a conjunction belongs to.
     pub fn conjunction_subscription(&self, conj: u32) -> u64 {
-        self.recs[conj as usize].sub
+        match self.recs.get(conj as usize) {
+            Some(r) => r.sub,
+            None => self.conj_subs[conj as usize],
+        }
     }
 
     /// Attribute names known to the shard (objects' other attributes are dropped at once).
@@ -347,7 +356,7 @@ impl Base {
     /// Figures about the shard.
     pub fn stats(&self) -> ShardStats {
         ShardStats {
-            conjunctions: self.recs.len(),
+            conjunctions: self.n_conj,
             predicates: self.n_preds as usize,
             attributes: self.attr_names.len(),
             flags: self.n_flags as usize,
@@ -382,6 +391,7 @@ impl Base {
             + 4 * self.flag_pred.len()
             + 2 * self.pred_pos.len()
             + std::mem::size_of::<Rec>() * self.recs.len()
+            + 8 * self.conj_subs.len()
             + 4 * self.code_start.len()
             + 12 * self.codes.len()
             + 4 * self.conj_preds.len()
