@@ -383,13 +383,16 @@ fn long_posting_lists_equal_reference() {
         want.iter().map(Vec::len).sum::<usize>() > 1000,
         "the workload should match"
     );
-    for strategy in [
+    // a match block alone keeps no test ids: its Bloom tables must not depend on them
+    let strategies = [
         MatchStrategy::Access,
         MatchStrategy::Bloom,
         MatchStrategy::Cells,
-    ] {
+    ];
+    for (strategy, test_ids) in strategies.into_iter().flat_map(|s| [(s, true), (s, false)]) {
         let cfg = ShardConfig {
             strategy: StrategyChoice::Fixed(strategy),
+            test_ids,
             ..ShardConfig::default()
         };
         let index = MatchIndex::build(cfg, subs.clone()).expect("build");
@@ -403,4 +406,37 @@ fn long_posting_lists_equal_reference() {
             assert_eq!(got, want, "{strategy:?} asked for {asked:?}");
         }
     }
+}
+
+/// Selective numeric predicates get Bloom bits, carried by the per-row filters: a match block
+/// that keeps no test ids (as the bench's and the cluster's may) must still build them.
+#[test]
+fn bloom_without_test_ids_finds_selective_numeric_matches() {
+    let subs: Vec<(u64, blocks::Dnf)> = (0..600u64)
+        .map(|i| {
+            let text = format!("x = {i} && y range [{}, {}]", i % 97, i % 97 + 3);
+            (i, blocks::text::parse_text(&text).expect("valid"))
+        })
+        .collect();
+    let events: Vec<Event> = (0..300i64)
+        .map(|i| {
+            Event::new([
+                ("x", Value::from(i * 3)),
+                ("y", Value::from(i * 3 % 97 + 1)),
+            ])
+        })
+        .collect();
+    let reference = reference(&subs);
+    let want: Vec<Vec<u64>> = events.iter().map(|e| reference.match_event(e)).collect();
+    assert!(want.iter().filter(|m| !m.is_empty()).count() > 50);
+    let cfg = ShardConfig {
+        strategy: StrategyChoice::Fixed(MatchStrategy::Bloom),
+        test_ids: false,
+        ..ShardConfig::default()
+    };
+    let index = MatchIndex::build(cfg, subs).expect("build");
+    let mut ctx = index.base().new_ctx();
+    let mut got = Vec::new();
+    index.match_batch(&events, &mut ctx, &mut got);
+    assert_eq!(got, want);
 }

@@ -43,7 +43,12 @@ impl Base {
         let bloom = cfg.bloom.validate()?;
         let words = bloom.words();
         let mut it = intern(subs)?;
-        let mut c = compile(&it.preds, it.attr_names.len(), cfg.test_ids);
+        // the id intervals serve test ids, and the Bloom row filters are swept from them
+        let mut c = compile(
+            &it.preds,
+            it.attr_names.len(),
+            cfg.test_ids || cfg.bloom_tables,
+        );
         let (bloom_ready, pred_pos) = bloom_positions(&cfg, bloom, &it, &mut c);
         drop(std::mem::take(&mut it.preds));
         let n_preds = c.pred_codes.len();
@@ -241,7 +246,7 @@ impl<'a> ConstIndex<'a> {
 
 /// Phase 2: numeric constants per attribute, flags for string and set tests, and each
 /// predicate's code and selectivity estimate.
-fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, test_ids: bool) -> Compiled {
+fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> Compiled {
     let n_preds = preds.len();
     let mut consts: Vec<Vec<Num>> = vec![Vec::new(); n_attrs];
     let mut numeric_attr = vec![false; n_attrs];
@@ -326,7 +331,7 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, test_ids: bool) -> Compi
                     blk.neg_rows.push((ra, rb, pid));
                     (Code::new(a, OP_NOT_ROWS, ra, rb), 1.0 - sel)
                 } else {
-                    if test_ids {
+                    if id_intervals {
                         id_items[a as usize].push((ra, rb, pid));
                     }
                     (Code::new(a, OP_ROWS, ra, rb), sel)
