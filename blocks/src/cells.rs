@@ -10,12 +10,12 @@
 //! `absent` bitset: the conjunction tests the attribute). Conjunctions with no bit set are the
 //! survivors; the caller verifies them exactly while their block is still in cache.
 //!
-//! Bitsets are laid out block by block (4096 conjunctions, a few hundred KiB per block), and a
-//! batch of objects passes over one block before the next, so every slice an object ORs comes
-//! from the core's own cache. The OR runs eight words at a time in registers, compiled for
+//! Bitsets are laid out block by block (2048 conjunctions: about 170 KiB at 32 cells and 20
+//! attributes), and a batch of objects passes over one block before the next, so every slice
+//! an object ORs comes from the core's own cache. The OR runs eight words at a time in registers, compiled for
 //! AVX-512 or AVX2 when the CPU has them (detected at run time), plain otherwise.
 
-/// Conjunctions per block (64 words per bitset slice).
+/// Conjunctions per block (32 words per bitset slice).
 pub const BLOCK: usize = 2048;
 const WORDS: usize = BLOCK / 64;
 
