@@ -69,7 +69,6 @@ impl Base {
         let chosen = layout::strategy(&cfg, &c, &order, &recs, words, bloom_ready)?;
         // a cell shard never visits the access index: keep only each conjunction's subscription
         let access_ready = chosen.strategy != Strategy::Cells;
-        let n_conj = recs.recs.len();
         let (recs_kept, conj_subs) = if access_ready {
             (recs.recs, Vec::new())
         } else {
@@ -103,7 +102,6 @@ impl Base {
             recs: recs_kept,
             conj_subs,
             access_ready,
-            n_conj,
             code_start: recs.code_start,
             codes: recs.codes,
             conj_preds: recs.new_preds,

@@ -332,7 +332,7 @@ impl Base {
     /// stay in cache while the whole batch passes over them.
     pub fn bloom_candidates(&self, objs: &[u64], mut f: impl FnMut(usize, u32)) {
         const BLOCK: usize = 2048;
-        let n = self.n_conj;
+        let n = self.conjunctions();
         let w = self.words;
         let n_obj = objs.len() / w.max(1);
         let mut acc = vec![0u64; BLOCK];

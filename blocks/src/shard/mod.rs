@@ -259,11 +259,12 @@ pub struct Base {
     /// so the access path reads one 32-byte slot per visited conjunction, sequentially.
     recs: Vec<Rec>,
     /// Per conjunction its subscription, kept instead of `recs` when the shard matches by
-    /// cells and drops the access index.
+    /// cells and drops the access index (`recs`, `num_index`, runs); exactly one of the two
+    /// is filled.
     conj_subs: Vec<u64>,
-    /// The access index (`recs`, `num_index`, runs) is built; a cell shard drops it.
+    /// The access index is kept (not derivable from `conj_subs`: an empty cell shard has
+    /// neither).
     access_ready: bool,
-    n_conj: usize,
     code_start: Vec<u32>,
     codes: Vec<Code>,
     conj_preds: Vec<u32>,
@@ -332,7 +333,7 @@ impl Base {
 
     /// Number of conjunctions.
     pub fn conjunctions(&self) -> usize {
-        self.n_conj
+        self.recs.len() + self.conj_subs.len()
     }
 
     /// The word-major conjunction filters (`word * conjunctions() + index`), for the GPU.
@@ -356,7 +357,7 @@ impl Base {
     /// Figures about the shard.
     pub fn stats(&self) -> ShardStats {
         ShardStats {
-            conjunctions: self.n_conj,
+            conjunctions: self.conjunctions(),
             predicates: self.n_preds as usize,
             attributes: self.attr_names.len(),
             flags: self.n_flags as usize,

@@ -103,7 +103,7 @@ impl Daemon {
     }
 
     /// Compiles image `version` ahead of the first task that names it (the coordinator
-    /// published it), once; the newest image version compiled here.
+    /// published it), once per version; a failed compile is tried again when asked again.
     pub(super) fn prefetch_image(&self, version: u64) {
         if version == 0
             || self
