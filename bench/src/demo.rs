@@ -65,15 +65,15 @@ pub struct DemoReport {
 }
 
 #[derive(Default)]
-struct Seen {
+pub(crate) struct Seen {
     /// (subscription, "node:seq") -> (times shown, first time).
-    pairs: HashMap<(u64, ObjectId), (u32, Instant)>,
-    bad_signatures: u64,
+    pub(crate) pairs: HashMap<(u64, ObjectId), (u32, Instant)>,
+    pub(crate) bad_signatures: u64,
 }
 
-type Shared = Arc<Mutex<Seen>>;
+pub(crate) type Shared = Arc<Mutex<Seen>>;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -183,7 +183,7 @@ impl v1::subscriber_server::Subscriber for GrpcSubscriber {
     }
 }
 
-async fn grpc_endpoint(seen: Shared, exactly_once: bool) -> anyhow::Result<String> {
+pub(crate) async fn grpc_endpoint(seen: Shared, exactly_once: bool) -> anyhow::Result<String> {
     let l = TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", l.local_addr()?);
     let svc = GrpcSubscriber {
@@ -199,9 +199,9 @@ async fn grpc_endpoint(seen: Shared, exactly_once: bool) -> anyhow::Result<Strin
     Ok(url)
 }
 
-const SECRET: &str = "demo-secret";
+pub(crate) const SECRET: &str = "demo-secret";
 
-async fn webhook_endpoint(seen: Shared) -> anyhow::Result<String> {
+pub(crate) async fn webhook_endpoint(seen: Shared) -> anyhow::Result<String> {
     let l = TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/hook", l.local_addr()?);
     tokio::spawn(async move {
@@ -260,7 +260,7 @@ async fn webhook_endpoint(seen: Shared) -> anyhow::Result<String> {
     Ok(url)
 }
 
-async fn stream_endpoint(node: &str, name: &str, seen: Shared) -> anyhow::Result<()> {
+pub(crate) async fn stream_endpoint(node: &str, name: &str, seen: Shared) -> anyhow::Result<()> {
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
     tx.send(v1::StreamClientMessage {
         kind: Some(v1::stream_client_message::Kind::Attach(name.into())),
@@ -353,6 +353,27 @@ pub struct Phase {
     pub put_latency: Latency,
 }
 
+/// Waits until the node's published image holds `n` subscriptions and the node has loaded
+/// it: a node compiles the published image ahead of the first put (as it does once
+/// subscriptions are in place), so the first matches do not wait for it.
+pub(crate) async fn wait_image(url: &str, n: u64) -> anyhow::Result<()> {
+    procs::try_wait_for(Duration::from_secs(120), || {
+        let u = url.to_string();
+        async move { (procs::stats(&u).await.ok()?.cluster?.image_subscriptions == n).then_some(()) }
+    })
+    .await
+    .context("the subscriptions were not published in time")?;
+    procs::try_wait_for(Duration::from_secs(120), || {
+        let u = url.to_string();
+        async move {
+            let s = procs::stats(&u).await.ok()?;
+            (s.image_loaded >= s.cluster?.image_version).then_some(())
+        }
+    })
+    .await
+    .context("the node did not load the published image in time")
+}
+
 /// Starts `dissem up` in `dir`, the endpoints, and registers `subs` iot subscriptions.
 pub async fn setup(
     bin: &std::path::Path,
@@ -428,24 +449,7 @@ pub async fn setup(
         }
     }
     bar.finish();
-    let n = subs as u64;
-    procs::try_wait_for(Duration::from_secs(120), || {
-        let u = url.clone();
-        async move { (procs::stats(&u).await.ok()?.cluster?.image_subscriptions == n).then_some(()) }
-    })
-    .await
-    .context("the subscriptions were not published in time")?;
-    // the node compiles the published image ahead of the first put (as a node does once
-    // subscriptions are in place), so the first matches do not wait for it
-    procs::try_wait_for(Duration::from_secs(120), || {
-        let u = url.clone();
-        async move {
-            let s = procs::stats(&u).await.ok()?;
-            (s.image_loaded >= s.cluster?.image_version).then_some(())
-        }
-    })
-    .await
-    .context("the node did not load the published image in time")?;
+    wait_image(&url, subs as u64).await?;
     let index = MatchIndex::build(
         ShardConfig::default(),
         ids.iter()

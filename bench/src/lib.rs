@@ -9,6 +9,8 @@
 pub mod churnbench;
 pub mod churnmetrics;
 pub mod clusterbench;
+pub mod cost;
+pub mod cpu;
 pub mod cut;
 pub mod demo;
 pub mod e2e;

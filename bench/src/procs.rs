@@ -87,6 +87,11 @@ impl Proc {
         }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The process's URL.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

@@ -1,4 +1,4 @@
-//! The benchmark commands (`bench match|ingest|cluster|e2e|quorum|churn|failover|federation`)
+//! The benchmark commands (`bench match|ingest|cluster|e2e|cost|quorum|churn|failover|federation`)
 //! and `demo`: flags in, a call into
 //! the `bench` crate, figures out.
 
@@ -18,6 +18,9 @@ pub(super) enum Bench {
     Cluster(ClusterArgs),
     /// Durable put -> push delivered (gRPC and webhook): saturation, half load, 2x overload.
     E2e(E2eArgs),
+    /// Node CPU per delivery (from /proc) and objects/s for gRPC batch, webhook and stream
+    /// targets, each object matching one subscription.
+    Cost(CostArgs),
     /// Quorum replication on a grid of node processes: a p_f fraction SIGKILLed, deliveries
     /// against the oracle and the seed's analytic P_smd.
     Quorum(QuorumArgs),
@@ -271,6 +274,60 @@ pub(super) fn bench_e2e(a: E2eArgs) -> anyhow::Result<bool> {
             .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     }
     Ok(report.lost == 0)
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct CostArgs {
+    /// Target kinds to measure (comma separated): grpc-batch, webhook, webhook-batch, stream.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "grpc-batch,webhook,webhook-batch,stream"
+    )]
+    pub(super) kinds: Vec<String>,
+    /// Subscriptions per kind.
+    #[arg(long, default_value_t = 1_000)]
+    pub(super) subs: usize,
+    /// Subscriptions each object matches (at one endpoint, so they can share a push).
+    #[arg(long, default_value_t = 1)]
+    pub(super) fanout: usize,
+    /// Objects put per kind (after a warm-up of a twentieth of that).
+    #[arg(long, default_value_t = 100_000)]
+    pub(super) objects: usize,
+    /// Concurrent PutStream writers.
+    #[arg(long, default_value_t = 8)]
+    pub(super) writers: usize,
+    /// Puts each writer keeps unanswered.
+    #[arg(long, default_value_t = 32)]
+    pub(super) window: usize,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+}
+
+pub(super) fn bench_cost(a: CostArgs) -> anyhow::Result<bool> {
+    let kinds = a
+        .kinds
+        .iter()
+        .map(|k| bench::cost::Kind::parse(k.trim()))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let report = bench::cost::run(&bench::cost::CostOptions {
+        bin: std::env::current_exe()?,
+        kinds,
+        subs: a.subs,
+        fanout: a.fanout,
+        objects: a.objects,
+        writers: a.writers,
+        window: a.window,
+    })?;
+    bench::cost::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    Ok(report
+        .rows
+        .iter()
+        .all(|r| r.lost == 0 && r.wrong == 0 && r.duplicates == 0))
 }
 
 #[derive(clap::Args, Debug)]

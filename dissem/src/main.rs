@@ -23,8 +23,8 @@ mod links;
 mod serve;
 
 use benches::{
-    Bench, bench_churn, bench_cluster, bench_e2e, bench_failover, bench_federation, bench_ingest,
-    bench_match, bench_quorum, demo,
+    Bench, bench_churn, bench_cluster, bench_cost, bench_e2e, bench_failover, bench_federation,
+    bench_ingest, bench_match, bench_quorum, demo,
 };
 use client::{LinkCmd, NodeArg, TokenCmd, client};
 use serve::{CoordinatorArgs, NodeArgs, UpArgs, WorkerFlags, coordinator_cmd, node_cmd, up};
@@ -323,6 +323,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Bench::E2e(a),
         } => bench_e2e(a),
+        Command::Bench {
+            which: Bench::Cost(a),
+        } => bench_cost(a),
         Command::Bench {
             which: Bench::Ingest(a),
         } => bench_ingest(a),

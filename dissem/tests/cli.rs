@@ -7,6 +7,28 @@ fn dissem() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dissem"))
 }
 
+/// Runs `cmd` (logging at warn), fails the test with its output unless it succeeded, and
+/// returns its standard output.
+fn succeeds(cmd: &mut Command) -> String {
+    let out = cmd
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("running dissem");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The JSON file a command wrote.
+fn json_file(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("the JSON file was written");
+    serde_json::from_str(&text).expect("the JSON file parses")
+}
+
 /// Where each space-separated token of `line` ends.
 fn token_ends(line: &str) -> Vec<usize> {
     let b = line.as_bytes();
@@ -311,38 +333,87 @@ fn demo_delivers_everything_to_every_endpoint_kind() {
 }
 
 #[test]
+fn bench_cost_reports_node_cpu_per_delivery_for_every_target_kind() {
+    let dir = std::env::temp_dir().join(format!("dissem-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json = dir.join("cost.json");
+    let stdout = succeeds(
+        dissem()
+            .args([
+                "bench",
+                "cost",
+                "--subs",
+                "40",
+                "--fanout",
+                "2",
+                "--objects",
+                "400",
+                "--json",
+            ])
+            .arg(&json),
+    );
+    let v = json_file(&json);
+    let rows = v["rows"].as_array().expect("rows");
+    let kinds: Vec<_> = rows
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["grpc-batch", "webhook", "webhook-batch", "stream"],
+        "{v}"
+    );
+    for r in rows {
+        // every object reached exactly its two subscriptions, and the node's CPU was read
+        assert_eq!(r["deliveries"], 800, "{r}");
+        assert_eq!(r["lost"], 0, "{r}");
+        assert_eq!(r["wrong"], 0, "{r}");
+        assert!(r["node_cpu_seconds"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+        assert!(
+            r["node_cpu_us_per_delivery"].as_f64().unwrap_or(0.0) > 0.0,
+            "{r}"
+        );
+        assert!(r["objects_per_second"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+    }
+    assert!(stdout.contains("node µs/delivery"), "{stdout}");
+    let bad = dissem()
+        .args(["bench", "cost", "--kinds", "pigeon"])
+        .output()
+        .expect("running dissem bench cost");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--kinds"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn bench_e2e_writes_json_and_an_svg_plot() {
     let dir = std::env::temp_dir().join(format!("dissem-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let (json, svg) = (dir.join("e2e.json"), dir.join("e2e.svg"));
-    let out = dissem()
-        .args([
-            "bench",
-            "e2e",
-            "--subs",
-            "300",
-            "--objects",
-            "200",
-            "--seconds",
-            "0.5",
-            "--saturation-seconds",
-            "1",
-            "--json",
-        ])
-        .arg(&json)
-        .arg("--svg")
-        .arg(&svg)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("running dissem bench e2e");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = succeeds(
+        dissem()
+            .args([
+                "bench",
+                "e2e",
+                "--subs",
+                "300",
+                "--objects",
+                "200",
+                "--seconds",
+                "0.5",
+                "--saturation-seconds",
+                "1",
+                "--json",
+            ])
+            .arg(&json)
+            .arg("--svg")
+            .arg(&svg),
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let v = json_file(&json);
     assert_eq!(v["lost"], 0, "{v}");
     assert!(v["saturation_objects_per_second"].as_f64().unwrap_or(0.0) > 0.0);
     // saturation is sustained (sized from the burst to about the second asked for), and
@@ -354,7 +425,6 @@ fn bench_e2e_writes_json_and_an_svg_plot() {
     assert!(v["burst_objects_per_second"].as_f64().unwrap_or(0.0) > 0.0);
     assert!(v["overload_backlog_seconds"].as_f64().is_some(), "{v}");
     assert!(v["overload_backlog_built"].is_boolean(), "{v}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("sustained over"), "{stdout}");
     assert!(stdout.contains("after the last put"), "{stdout}");
     assert!(v["half_load"]["phase"]["latency_by_priority"]["7"]["count"].as_u64() > Some(0));
