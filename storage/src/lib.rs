@@ -24,6 +24,7 @@
 
 mod codec;
 mod deliveries;
+mod fresh;
 mod images;
 mod links;
 mod objects;
@@ -96,6 +97,8 @@ pub struct Store {
     data: sled::Tree,
     /// The objects' bytes and metadata, appended to segment files beside sled.
     log: Arc<ObjectLog>,
+    /// The objects written lately, for their first reads.
+    fresh: fresh::Fresh,
     subs: sled::Tree,
     /// Subscription copies (quorum replication): id -> the node that placed it (the node
     /// that took its Create), big endian.
@@ -208,6 +211,7 @@ impl Store {
         let log = Arc::new(ObjectLog::open(&path.join("objects"))?);
         let store = Store {
             log,
+            fresh: fresh::Fresh::default(),
             data: db.open_tree("data")?,
             subs: db.open_tree("subscriptions")?,
             placed: db.open_tree("subscription_placed")?,

@@ -215,6 +215,7 @@ impl Store {
             targeted,
         });
         self.data.insert(key(b'd', seq), entry)?;
+        self.fresh.keep(seq, std::sync::Arc::new(stored));
         Ok(PutOutcome {
             id,
             duplicate: false,
@@ -247,6 +248,9 @@ impl Store {
     pub fn get(&self, id: ObjectId) -> Result<Option<StoredObject>, StorageError> {
         if id.node != self.node {
             return self.replica(id);
+        }
+        if let Some(o) = self.fresh.get(id.seq) {
+            return Ok(Some(o));
         }
         let Some(v) = self.data.get(key(b'd', id.seq))? else {
             return Ok(None);
@@ -301,6 +305,7 @@ impl Store {
                 {
                     self.data.remove(msg_key(&obj.message_id))?;
                 }
+                self.fresh.forget(seq);
                 self.data.remove(&k)?;
                 removed += 1;
             }

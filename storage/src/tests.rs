@@ -192,6 +192,37 @@ async fn retention_keeps_pending_objects_and_deletes_unused_log_segments() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_object_reads_back_whole_until_it_is_deleted() {
+    let dir = temp_dir("fresh");
+    let s = Store::open(&dir, 5).expect("open");
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(s.put(obj(i, &format!("m{i}"))).await.expect("put").id);
+    }
+    // read from memory
+    let fresh = s.get(ids[3]).expect("get").expect("kept");
+    assert_eq!(fresh.data, obj(3, "m3").data);
+    assert_eq!(fresh.message_id, "m3");
+    for id in &ids[..2] {
+        assert!(s.retire(*id).expect("retire"));
+    }
+    assert_eq!(s.expire_before(u64::MAX).expect("expire"), 2);
+    for id in &ids[..2] {
+        assert!(
+            s.get(*id).expect("get").is_none(),
+            "deleted objects are not answered"
+        );
+    }
+    drop(s);
+    // what memory answered is what sled and the log answer
+    let s = Store::open(&dir, 5).expect("reopen");
+    assert_eq!(s.get(ids[3]).expect("get"), Some(fresh));
+    assert!(s.get(ids[0]).expect("get").is_none());
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_whose_bytes_never_reached_the_log_is_dropped_at_open() {
     let dir = temp_dir("torn");
     let kept;

@@ -433,8 +433,8 @@ impl Deliverer {
                 check_literal(url, self.inner.cfg.allow_private_targets)?;
                 self.consented(url).await?;
                 let node = d.object_id.map_or(0, |o| o.node);
-                let event = event_json(&object.event, &d, node);
-                let trace = object.event.trace_headers.as_slice();
+                let event = event_json(object.event(), &d, node);
+                let trace = object.event().trace_headers.as_slice();
                 self.send_post(&HookKey::of(url, s), event, CLOUDEVENT, trace)
                     .await
             }

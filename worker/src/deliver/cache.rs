@@ -5,15 +5,47 @@
 use super::*;
 
 /// What every delivery of one object shares, built once: the stored object, its attributes
-/// as gRPC sends them, and the subscription-independent parts of its CloudEvent.
+/// as gRPC sends them, and (on the first delivery that needs them) the
+/// subscription-independent parts of its CloudEvent and its batched gRPC fields.
 #[derive(Debug)]
 pub(super) struct CachedObject {
     pub(super) stored: storage::StoredObject,
     pub(super) metadata: Vec<v1::Attribute>,
-    pub(super) event: EventParts,
+    event: std::sync::OnceLock<EventParts>,
+    grpc_shared: std::sync::OnceLock<Bytes>,
+    /// Whether the data goes with the deliveries (it is within `max_data_bytes`).
+    with_data: bool,
+}
+
+impl CachedObject {
+    fn data(&self) -> &[u8] {
+        if self.with_data {
+            &self.stored.data
+        } else {
+            &[]
+        }
+    }
+
+    /// The CloudEvent parts every webhook delivery of the object shares.
+    pub(super) fn event(&self) -> &EventParts {
+        self.event.get_or_init(|| {
+            EventParts::new(&self.metadata, self.data(), self.stored.received_unix_ms)
+        })
+    }
+
     /// A `Delivery`'s object fields (metadata and data) as protobuf bytes, encoded once and
     /// appended to each batched delivery of the object ([`BatchOut`]).
-    pub(super) grpc_shared: Bytes,
+    pub(super) fn grpc_shared(&self) -> Bytes {
+        self.grpc_shared
+            .get_or_init(|| {
+                Bytes::from(prost::Message::encode_to_vec(&v1::Delivery {
+                    metadata: self.metadata.clone(),
+                    data: self.data().to_vec(),
+                    ..v1::Delivery::default()
+                }))
+            })
+            .clone()
+    }
 }
 
 /// Recently delivered objects, oldest evicted first.
@@ -95,22 +127,12 @@ impl Deliverer {
             return Ok(None);
         };
         let metadata = validate::attributes_to_proto(&stored.metadata);
-        let data: &[u8] = if stored.data.len() <= self.inner.cfg.max_data_bytes {
-            &stored.data
-        } else {
-            &[]
-        };
-        let event = EventParts::new(&metadata, data, stored.received_unix_ms);
-        let grpc_shared = Bytes::from(prost::Message::encode_to_vec(&v1::Delivery {
-            metadata: metadata.clone(),
-            data: data.to_vec(),
-            ..v1::Delivery::default()
-        }));
         let o = Arc::new(CachedObject {
+            with_data: stored.data.len() <= self.inner.cfg.max_data_bytes,
             stored,
             metadata,
-            event,
-            grpc_shared,
+            event: std::sync::OnceLock::new(),
+            grpc_shared: std::sync::OnceLock::new(),
         });
         let mut c = lock(&self.inner.objects);
         if c.map.insert(id, o.clone()).is_none() {

@@ -49,12 +49,7 @@ impl Deliverer {
     pub(super) async fn grpc_batch(&self, url: &str, mut ps: Vec<Prepared>) {
         let deliveries: Vec<(v1::Delivery, Bytes)> = ps
             .iter_mut()
-            .map(|p| {
-                (
-                    std::mem::take(&mut p.delivery),
-                    p.object.grpc_shared.clone(),
-                )
-            })
+            .map(|p| (std::mem::take(&mut p.delivery), p.object.grpc_shared()))
             .collect();
         let sizes: Vec<usize> = deliveries
             .iter()

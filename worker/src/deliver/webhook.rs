@@ -82,14 +82,14 @@ impl Deliverer {
             .iter()
             .map(|p| {
                 let node = p.delivery.object_id.map_or(0, |o| o.node);
-                event_json(&p.object.event, &p.delivery, node)
+                event_json(p.object.event(), &p.delivery, node)
             })
             .collect();
         let sizes: Vec<usize> = events.iter().map(Vec::len).collect();
         let objects: Vec<Arc<CachedObject>> = ps.iter().map(|p| p.object.clone()).collect();
         let traces: Vec<&[(&'static str, String)]> = objects
             .iter()
-            .map(|o| o.event.trace_headers.as_slice())
+            .map(|o| o.event().trace_headers.as_slice())
             .collect();
         let mut ps = ps.into_iter();
         let runs = runs_by_size(&sizes, MAX_BATCH_BYTES)
