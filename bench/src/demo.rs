@@ -309,7 +309,7 @@ pub enum Targets {
 /// A running embedded cluster with subscriber endpoints and registered subscriptions.
 pub struct Setup {
     // the child process lives as long as the setup
-    _node: Proc,
+    node: Proc,
     url: String,
     seen: Shared,
     qos_of: HashMap<u64, u8>,
@@ -458,7 +458,7 @@ pub async fn setup(
             .collect(),
     )?;
     Ok(Setup {
-        _node: node,
+        node,
         url,
         seen,
         qos_of: ids.into_iter().collect(),
@@ -468,6 +468,11 @@ pub async fn setup(
 }
 
 impl Setup {
+    /// The process id of the embedded cluster.
+    pub fn node_pid(&self) -> u32 {
+        self.node.pid()
+    }
+
     /// The node's admin stats.
     pub async fn stats(&self) -> anyhow::Result<v1::StatsResponse> {
         Ok(procs::stats(&self.url).await?)

@@ -55,6 +55,9 @@ pub struct E2eReport {
     pub burst_objects_per_second: f64,
     /// Deliveries (pushes acknowledged) per second in the saturation phase.
     pub saturation_deliveries_per_second: f64,
+    /// The node process's CPU time (`/proc/<pid>/stat`) over the saturation phase divided by
+    /// its deliveries, microseconds.
+    pub saturation_node_cpu_us_per_delivery: f64,
     pub saturation: Phase,
     pub half_load: RatedPhase,
     pub overload: RatedPhase,
@@ -233,8 +236,10 @@ pub fn run(opts: &E2eOptions) -> anyhow::Result<E2eReport> {
         // burst underestimates: the cluster speeds up as it warms)
         let mut rate = burst_ops;
         let mut round = 0;
-        let sat = loop {
+        let cpu_now = || crate::cpu::process_cpu_seconds(s.node_pid()).unwrap_or(0.0);
+        let (sat, sat_cpu) = loop {
             let objects = ((rate * opts.saturation_seconds) as usize).max(opts.objects);
+            let cpu0 = cpu_now();
             let sat = s
                 .phase(
                     &unthrottled(opts.seed + 4 + round, objects),
@@ -242,16 +247,19 @@ pub fn run(opts: &E2eOptions) -> anyhow::Result<E2eReport> {
                     "saturation",
                 )
                 .await?;
+            let cpu = cpu_now() - cpu0;
             rate = sat.put as f64 / sat.delivered_seconds.max(1e-9);
             round += 1;
             if sat.delivered_seconds >= 0.8 * opts.saturation_seconds || round == 3 {
-                break sat;
+                break (sat, cpu);
             }
         };
         let ops = rate;
         let dps = sat.latency.count as f64 / sat.delivered_seconds.max(1e-9);
+        let cpu_us = sat_cpu * 1e6 / sat.latency.count.max(1) as f64;
         progress.line(&format!(
-            "saturation: {ops:.0} objects/s, {dps:.0} deliveries/s end to end"
+            "saturation: {ops:.0} objects/s, {dps:.0} deliveries/s end to end, node CPU \
+             {cpu_us:.1} µs per delivery"
         ));
         let half_load = rated(&s, opts, ops, 0.5, 2, "half load", &progress).await?;
         let overload = rated(&s, opts, ops, 2.0, 3, "2x overload", &progress).await?;
@@ -269,6 +277,7 @@ pub fn run(opts: &E2eOptions) -> anyhow::Result<E2eReport> {
             writers: opts.writers,
             saturation_objects_per_second: ops,
             saturation_deliveries_per_second: dps,
+            saturation_node_cpu_us_per_delivery: cpu_us,
             lost: burst.lost + sat.lost + half_load.phase.lost + overload.phase.lost,
             saturation_seconds: sat.delivered_seconds,
             burst_objects_per_second: burst_ops,
@@ -327,6 +336,11 @@ pub fn print(r: &E2eReport) {
         r.saturation.latency.count,
         r.saturation.latency.p50_ms,
         r.saturation.latency.p99_ms
+    );
+    println!(
+        "saturation: node CPU {:.1} µs per delivery (node process CPU seconds / deliveries, \
+         from /proc; `dissem bench cost` gives it per target kind)",
+        r.saturation_node_cpu_us_per_delivery
     );
     for (name, ph) in [("half load", &r.half_load), ("2x overload", &r.overload)] {
         println!(

@@ -423,6 +423,13 @@ fn bench_e2e_writes_json_and_an_svg_plot() {
         "a sustained phase, not a burst: {v}"
     );
     assert!(v["burst_objects_per_second"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(
+        v["saturation_node_cpu_us_per_delivery"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 0.0,
+        "{v}"
+    );
     assert!(v["overload_backlog_seconds"].as_f64().is_some(), "{v}");
     assert!(v["overload_backlog_built"].is_boolean(), "{v}");
     assert!(stdout.contains("sustained over"), "{stdout}");
