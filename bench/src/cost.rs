@@ -154,6 +154,7 @@ async fn writer(
     range: std::ops::Range<usize>,
     groups: usize,
     window: usize,
+    bar: indicatif::ProgressBar,
 ) -> anyhow::Result<Vec<(usize, ObjectId)>> {
     let (tx, rx) = tokio::sync::mpsc::channel::<v1::PutRequest>(window.max(1));
     let mut acks = client
@@ -192,6 +193,7 @@ async fn writer(
                     },
                 ));
                 permits.add_permits(1);
+                bar.inc(1);
             }
             other => {
                 sender.abort();
@@ -209,6 +211,7 @@ async fn put_all(
     url: &str,
     range: std::ops::Range<usize>,
     o: &CostOptions,
+    bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<(f64, HashMap<ObjectId, usize>)> {
     let t0 = Instant::now();
     let writers = o.writers.clamp(1, range.len().max(1));
@@ -223,7 +226,13 @@ async fn put_all(
             break;
         }
         let client = Ingest::new(channels[w % channels.len()].clone());
-        set.spawn(writer(client, start..end, o.subs / o.fanout, o.window));
+        set.spawn(writer(
+            client,
+            start..end,
+            o.subs / o.fanout,
+            o.window,
+            bar.clone(),
+        ));
     }
     let mut index = HashMap::with_capacity(range.len());
     while let Some(r) = set.join_next().await {
@@ -344,7 +353,7 @@ async fn run_kind(
     demo::wait_image(&url, o.subs as u64).await?;
     // warm-up: connections, the subscriptions' first lookups, the allocator
     let warm = (o.objects / 20).max(100);
-    put_all(&url, 0..warm, o).await?;
+    put_all(&url, 0..warm, o, &indicatif::ProgressBar::hidden()).await?;
     let warm_pairs = warm * o.fanout;
     let (got, _) = wait_shown(&seen, warm_pairs).await;
     if got < warm_pairs {
@@ -360,8 +369,7 @@ async fn run_kind(
     let own0 = cpu::own_cpu_seconds().unwrap_or(0.0);
     let t0 = Instant::now();
     let bar = progress.bar(o.objects as u64, kind.name());
-    let (put_seconds, index) = put_all(&url, warm..warm + o.objects, o).await?;
-    bar.inc(o.objects as u64);
+    let (put_seconds, index) = put_all(&url, warm..warm + o.objects, o, &bar).await?;
     let (_, done) = wait_shown(&seen, warm_pairs + want).await;
     let cpu1 = cpu::process_cpu_seconds(pid).context("reading the node's /proc/<pid>/stat")?;
     let own1 = cpu::own_cpu_seconds().unwrap_or(0.0);
