@@ -378,7 +378,7 @@ async fn run_kind(
     let s = lock(&seen);
     let (mut deliveries, mut duplicates, mut wrong) = (0, 0, 0);
     for (&(sub, obj), &(times, _)) in &s.pairs {
-        // only the measured objects; each must reach the one subscription it names
+        // only the measured objects; each must reach the subscriptions of its group only
         let Some(&i) = index.get(&obj) else {
             continue;
         };
