@@ -408,13 +408,11 @@ pub async fn setup(
     let w = Workload::Iot(IotSpec);
     let list = w.subscriptions(seed, subs, |_| {});
     let bar = progress.bar(list.len() as u64, "registering subscriptions");
-    let client = v1::subscriptions_client::SubscriptionsClient::new(procs::channel(&url));
-    let mut ids = vec![(0u64, 0u8); list.len()];
-    let mut set = tokio::task::JoinSet::new();
-    let mut next = 0;
-    while next < list.len() || !set.is_empty() {
-        while next < list.len() && set.len() < 64 {
-            let (target, qos) = match (targets, next % 4) {
+    let (created, levels): (Vec<_>, Vec<_>) = list
+        .iter()
+        .enumerate()
+        .map(|(i, (_, dnf))| {
+            let (target, qos) = match (targets, i % 4) {
                 (Targets::AllKinds, 0) | (Targets::GrpcAndWebhook, 0 | 2) => {
                     (v1::target::Kind::Grpc(grpc1.clone()), v1::Qos::AtLeastOnce)
                 }
@@ -427,27 +425,22 @@ pub async fn setup(
                 ),
                 _ => (v1::target::Kind::Stream("demo".into()), v1::Qos::AtMostOnce),
             };
-            let req = v1::CreateSubscriptionRequest {
-                subscription: Some(v1::Subscription {
-                    filter: Some(v1::subscription::Filter::Text(list[next].1.to_text())),
-                    target: Some(v1::Target { kind: Some(target) }),
-                    qos: qos as i32,
-                    webhook_secret: SECRET.into(),
-                    ..v1::Subscription::default()
-                }),
+            let s = v1::Subscription {
+                filter: Some(v1::subscription::Filter::Text(dnf.to_text())),
+                target: Some(v1::Target { kind: Some(target) }),
+                qos: qos as i32,
+                webhook_secret: SECRET.into(),
+                ..v1::Subscription::default()
             };
-            let mut c = client.clone();
-            let i = next;
-            let level = runtime::validate::qos_number(qos);
-            set.spawn(async move { (i, level, c.create(req).await) });
-            next += 1;
-        }
-        if let Some(r) = set.join_next().await {
-            let (i, qos, r) = r?;
-            ids[i] = (r.context("creating a subscription")?.into_inner().id, qos);
-            bar.inc(1);
-        }
-    }
+            (s, runtime::validate::qos_number(qos))
+        })
+        .unzip();
+    let ids: Vec<(u64, u8)> = procs::create_all(&url, created, 64, || bar.inc(1))
+        .await
+        .context("creating a subscription")?
+        .into_iter()
+        .zip(levels)
+        .collect();
     bar.finish();
     wait_image(&url, subs as u64).await?;
     let index = MatchIndex::build(

@@ -297,40 +297,54 @@ where
     }
 }
 
-/// Registers subscriptions (text filters) through `url` with `concurrency` calls in flight;
-/// returns the assigned ids in order.
-pub async fn subscribe_all(url: &str, filters: &[String], concurrency: usize) -> Vec<u64> {
+/// Creates `subs` through `url` with `concurrency` calls in flight, calling `done` after
+/// each; returns the assigned ids in order.
+pub async fn create_all(
+    url: &str,
+    subs: Vec<v1::Subscription>,
+    concurrency: usize,
+    done: impl Fn(),
+) -> Result<Vec<u64>, tonic::Status> {
     let client = v1::subscriptions_client::SubscriptionsClient::new(channel(url));
-    let mut ids = vec![0u64; filters.len()];
-    let mut next = 0;
+    let mut ids = vec![0u64; subs.len()];
+    let mut todo = subs.into_iter().enumerate();
     let mut set = tokio::task::JoinSet::new();
-    while next < filters.len() || !set.is_empty() {
-        while next < filters.len() && set.len() < concurrency {
+    loop {
+        while set.len() < concurrency.max(1)
+            && let Some((i, s)) = todo.next()
+        {
             let mut c = client.clone();
-            let f = filters[next].clone();
-            let i = next;
-            set.spawn(async move {
-                let req = v1::CreateSubscriptionRequest {
-                    subscription: Some(v1::Subscription {
-                        filter: Some(v1::subscription::Filter::Text(f)),
-                        target: Some(v1::Target {
-                            kind: Some(v1::target::Kind::Stream("test".into())),
-                        }),
-                        qos: v1::Qos::AtMostOnce as i32,
-                        ..v1::Subscription::default()
-                    }),
-                };
-                let r = c.create(req).await.expect("create subscription");
-                (i, r.into_inner().id)
-            });
-            next += 1;
+            let req = v1::CreateSubscriptionRequest {
+                subscription: Some(s),
+            };
+            set.spawn(async move { (i, c.create(req).await) });
         }
-        if let Some(r) = set.join_next().await {
-            let (i, id) = r.expect("subscribe task");
-            ids[i] = id;
-        }
+        let Some(r) = set.join_next().await else {
+            return Ok(ids);
+        };
+        let (i, r) = r.map_err(|e| tonic::Status::internal(format!("create task: {e}")))?;
+        ids[i] = r?.into_inner().id;
+        done();
     }
-    ids
+}
+
+/// Registers subscriptions (text filters, QoS 0 to stream "test") through `url` with
+/// `concurrency` calls in flight; returns the assigned ids in order.
+pub async fn subscribe_all(url: &str, filters: &[String], concurrency: usize) -> Vec<u64> {
+    let subs = filters
+        .iter()
+        .map(|f| v1::Subscription {
+            filter: Some(v1::subscription::Filter::Text(f.clone())),
+            target: Some(v1::Target {
+                kind: Some(v1::target::Kind::Stream("test".into())),
+            }),
+            qos: v1::Qos::AtMostOnce as i32,
+            ..v1::Subscription::default()
+        })
+        .collect();
+    create_all(url, subs, concurrency, || {})
+        .await
+        .expect("create subscription")
 }
 
 /// One object to put: metadata as (name, value) and a message id for deduplication.

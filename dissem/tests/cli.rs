@@ -353,6 +353,7 @@ fn bench_cost_reports_node_cpu_per_delivery_for_every_target_kind() {
             .arg(&json),
     );
     let v = json_file(&json);
+    assert_eq!(v["pass"], true, "{v}");
     let rows = v["rows"].as_array().expect("rows");
     let kinds: Vec<_> = rows
         .iter()
