@@ -3,9 +3,15 @@
 //!
 //! A subscription created through a node is stored on every live member of that node's
 //! column quorum before Create returns (quorum replication), and node 0 and node n-1 belong
-//! to every column quorum, so either holds all of them. The new leader asks them first; if
-//! neither answers in full it takes the union of every member's copies. Its own disk may
-//! hold a registry from an earlier leadership, changed since: it is replaced, not merged.
+//! to every column quorum, so either holds all of them. The new leader asks both; if
+//! neither answers in full it takes every member's copies. Every other node that answers
+//! gives what changed since a Create: its tombstones (a delete reaches every live node) and
+//! its copies of updated subscriptions (an update reaches every live holder, which may not
+//! include node 0 or n-1 when they are down). What the leader keeps
+//! follows `storage::Newest`: the highest revision of each subscription wins and a deletion
+//! is final, so a node that was down while a subscription changed or went cannot bring the
+//! old version back. Its own disk may hold a registry from an earlier leadership, changed
+//! since: its records are replaced, its tombstones kept.
 //!
 //! Cluster membership (node ids = grid positions, endpoints, `owns_from`) lives in etcd under
 //! `nodes/<id>`: the leader writes a node's record when it registers, and that is how the
@@ -24,7 +30,7 @@ use runtime::cluster_secret::ClusterSecret;
 use runtime::etcd::Etcd;
 use runtime::grid::Grid;
 use serde::{Deserialize, Serialize};
-use storage::Store;
+use storage::{Newest, Store, SubCopy};
 
 /// The etcd key prefix of node records.
 pub const NODES: &str = "nodes/";
@@ -97,22 +103,27 @@ pub async fn agree_on_grid(etcd: &Etcd, grid: Grid) -> Result<(), ServiceError> 
     }
 }
 
-/// Every copy the node at `endpoint` holds, by id.
+/// Every copy the node at `endpoint` holds (with `changed_only`, only its tombstones and
+/// its copies of updated subscriptions), each offered to `into`; the answer is how many it
+/// listed.
 async fn pull(
     endpoint: &str,
     secret: &ClusterSecret,
     positions: u32,
     max_record: usize,
-) -> Result<BTreeMap<u64, Vec<u8>>, ServiceError> {
+    changed_only: bool,
+    into: &mut Newest,
+) -> Result<usize, ServiceError> {
     let mut client = DaemonClient::with_interceptor(runtime::channel(endpoint)?, secret.stamp())
         .max_decoding_message_size(64 << 20);
-    let mut out = BTreeMap::new();
     let mut after = 0;
+    let mut listed = 0;
     loop {
         let page = client.subscription_copies(v1::SubscriptionCopiesRequest {
             after_id: after,
             limit: PAGE,
             placed_by: (0..positions).collect(),
+            changed_only,
         });
         let r = tokio::time::timeout(PAGE_TIMEOUT, page)
             .await
@@ -128,18 +139,27 @@ async fn pull(
             }
         }
         let last = r.copies.last().map(|c| c.id);
-        out.extend(r.copies.into_iter().map(|c| (c.id, c.record)));
+        listed += r.copies.len();
+        for c in r.copies {
+            into.offer(SubCopy {
+                id: c.id,
+                revision: c.revision,
+                placed_by: Some(c.placed_by),
+                record: (!c.deleted).then_some(c.record),
+            });
+        }
         match last {
             Some(id) if r.more && id > after => after = id,
-            _ => return Ok(out),
+            _ => return Ok(listed),
         }
     }
 }
 
-/// Replaces the registry in `store` with the copies the nodes in etcd hold: the answer is
-/// how many subscriptions it holds now. With no node recorded yet (a new cluster) the store
-/// is left as it is. Fails when nodes are recorded but none answers (the caller tries again:
-/// leading with an empty registry would match objects against nothing).
+/// Replaces the registry in `store` with the newest versions of the copies the nodes in
+/// etcd hold: the answer is how many subscriptions it holds now. With no node recorded yet
+/// (a new cluster) the store is left as it is. Fails when nodes are recorded but none
+/// answers (the caller tries again: leading with an empty registry would match objects
+/// against nothing).
 pub async fn rebuild(
     store: &Store,
     etcd: &Etcd,
@@ -154,56 +174,71 @@ pub async fn rebuild(
         return Ok(n);
     }
     let positions = grid.len();
-    let full: Vec<&NodeRecord> = [0, positions.saturating_sub(1)]
-        .iter()
-        .filter_map(|n| nodes.get(n))
+    let full: Vec<u32> = [0, positions.saturating_sub(1)]
+        .into_iter()
+        .filter(|n| nodes.contains_key(n))
+        .collect::<std::collections::BTreeSet<u32>>()
+        .into_iter()
         .collect();
-    let mut copies = None;
-    for r in full {
-        match pull(&r.endpoint, secret, positions, max_record).await {
+    let mut merged = Newest::default();
+    let mut whole = Vec::new();
+    for n in &full {
+        let r = &nodes[n];
+        match pull(
+            &r.endpoint,
+            secret,
+            positions,
+            max_record,
+            false,
+            &mut merged,
+        )
+        .await
+        {
             Ok(c) => {
                 tracing::info!(
-                    "registry: {} subscriptions from node {} (it holds them all)",
-                    c.len(),
+                    "registry: {c} copies and tombstones from node {} (it holds them all)",
                     r.node
                 );
-                copies = Some(c);
-                break;
+                whole.push(r.node);
             }
             Err(e) => tracing::warn!("subscription copies from node {}: {e}", r.node),
         }
     }
-    let copies = match copies {
-        Some(c) => c,
-        None => {
-            let mut union = BTreeMap::new();
-            let mut answered = 0;
-            for r in nodes.values() {
-                match pull(&r.endpoint, secret, positions, max_record).await {
-                    Ok(c) => {
-                        answered += 1;
-                        union.extend(c);
-                    }
-                    Err(e) => tracing::debug!("subscription copies from node {}: {e}", r.node),
-                }
-            }
-            if answered == 0 {
-                return Err(ServiceError::Unavailable(format!(
-                    "none of the {} recorded nodes gave its subscription copies",
-                    nodes.len()
-                )));
-            }
-            tracing::warn!(
-                "registry: {} subscriptions from {answered} of {} nodes (node 0 and node {} \
-                 hold them all and did not answer)",
-                union.len(),
-                nodes.len(),
-                positions - 1
-            );
-            union
+    let mut answered = whole.len();
+    for r in nodes.values().filter(|r| !whole.contains(&r.node)) {
+        // without a whole holder, every member's copies; else what changed since Creates
+        let changed_only = !whole.is_empty();
+        match pull(
+            &r.endpoint,
+            secret,
+            positions,
+            max_record,
+            changed_only,
+            &mut merged,
+        )
+        .await
+        {
+            Ok(_) => answered += 1,
+            Err(e) => tracing::debug!("subscription copies from node {}: {e}", r.node),
         }
-    };
-    let records: Vec<(u64, Vec<u8>)> = copies.into_iter().collect();
-    store.replace_subscriptions(&records).await?;
-    Ok(records.len())
+    }
+    if answered == 0 {
+        return Err(ServiceError::Unavailable(format!(
+            "none of the {} recorded nodes gave its subscription copies",
+            nodes.len()
+        )));
+    }
+    if whole.is_empty() {
+        tracing::warn!(
+            "registry: {} subscriptions from {answered} of {} nodes (node 0 and node {} \
+             hold them all and did not answer)",
+            merged.len(),
+            nodes.len(),
+            positions - 1
+        );
+    }
+    // this disk's own tombstones (an earlier leadership's deletions) are kept by the store
+    let (records, deleted) = merged.into_parts();
+    store.replace_subscriptions(&records, &deleted).await?;
+    Ok(store.subscription_count())
 }

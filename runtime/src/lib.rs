@@ -22,6 +22,7 @@ pub mod link;
 pub mod listen;
 pub mod metrics;
 pub mod rate;
+pub mod rng;
 pub mod serve;
 pub mod subscriptions;
 pub mod target_guard;

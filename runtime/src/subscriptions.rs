@@ -40,6 +40,10 @@ pub struct Subscriptions {
     /// Changes only from members of the cluster (an elected coordinator: a node forwards
     /// them and places the copies the next leader rebuilds the registry from).
     changes_from: Option<crate::cluster_secret::ClusterSecret>,
+    /// Changes to stored records, one at a time: a revision drawn, its record stored and
+    /// the index told in that order, so a later revision is never overwritten by an
+    /// earlier one and an update racing a delete cannot store the deleted record again.
+    writes: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Subscriptions {
@@ -51,6 +55,7 @@ impl Subscriptions {
             index,
             tenant_subs: Arc::default(),
             changes_from: None,
+            writes: Arc::default(),
         }
     }
 
@@ -85,8 +90,21 @@ impl Subscriptions {
         mut s: v1::Subscription,
         dnf: blocks::Dnf,
     ) -> Result<v1::Subscription, ServiceError> {
-        self.store.put_subscription(s.id, s.encode_to_vec()).await?;
-        self.index.upsert(s.id, dnf);
+        {
+            let _w = self.writes.lock().await;
+            s.revision = match s.revision {
+                0 => self.store.next_subscription_revision()?,
+                r => r,
+            };
+            if !self
+                .store
+                .put_subscription(s.id, s.encode_to_vec(), s.revision)
+                .await?
+            {
+                return Err(ServiceError::NotFound(format!("subscription {}", s.id)));
+            }
+            self.index.upsert(s.id, dnf);
+        }
         self.index.in_force().await?;
         s.webhook_secret.clear();
         s.webhook_headers.clear();
@@ -230,6 +248,8 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         let saved = match self.store.next_subscription_id() {
             Ok(id) => {
                 s.id = id;
+                // drawn from the revisions' counter: the first version's revision
+                s.revision = id;
                 self.save_subscription(s, dnf).await
             }
             Err(e) => Err(e.into()),
@@ -314,6 +334,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         s.qos = validate::qos(&s) as i32;
         // the owner stays: an update never moves a subscription between tenants
         s.tenant = self.owned_subscription(&caller, s.id)?.tenant;
+        s.revision = 0; // drawn when it is stored
         Ok(Response::new(self.save_subscription(s, dnf).await?))
     }
 
@@ -325,16 +346,19 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         let caller = auth::caller(&request);
         let id = request.into_inner().id;
         let owner = self.owned_subscription(&caller, id)?.tenant;
-        if !self
-            .store
-            .delete_subscription(id)
-            .await
-            .map_err(ServiceError::from)?
         {
-            return Err(ServiceError::NotFound(format!("subscription {id}")).into());
+            let _w = self.writes.lock().await;
+            if !self
+                .store
+                .delete_subscription(id)
+                .await
+                .map_err(ServiceError::from)?
+            {
+                return Err(ServiceError::NotFound(format!("subscription {id}")).into());
+            }
+            self.index.remove(id);
         }
         self.release_subscription(&owner);
-        self.index.remove(id);
         self.index.in_force().await?;
         Ok(Response::new(v1::DeleteSubscriptionResponse {}))
     }

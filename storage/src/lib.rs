@@ -27,6 +27,7 @@ mod deliveries;
 mod fresh;
 mod images;
 mod links;
+mod newest;
 mod objects;
 mod objlog;
 mod outbox;
@@ -49,6 +50,7 @@ use tokio::sync::{Mutex, Notify};
 
 pub use codec::CodecError;
 pub use deliveries::DeliveryState;
+pub use newest::{Held, Newest, SubCopy, replaces};
 pub use objects::{NewObject, ObjectId, PutOutcome, StoredObject};
 pub use replicas::ReplicaCounts;
 pub use spilled::SpillKey;
@@ -103,6 +105,13 @@ pub struct Store {
     /// Subscription copies (quorum replication): id -> the node that placed it (the node
     /// that took its Create), big endian.
     placed: sled::Tree,
+    /// Subscription revisions: id -> the change that wrote the version held (big endian).
+    revisions: sled::Tree,
+    /// Tombstones of deleted subscriptions: id -> when it was deleted (unix ms, big endian).
+    /// A deletion is final: no copy of that id is taken again.
+    deleted: sled::Tree,
+    /// Writes to the subscription trees, one at a time (a read-compare-write each).
+    subs_write: Arc<std::sync::Mutex<()>>,
     meta: sled::Tree,
     /// Block data images: name, 0, version (big endian) -> bytes.
     images: sled::Tree,
@@ -215,6 +224,9 @@ impl Store {
             data: db.open_tree("data")?,
             subs: db.open_tree("subscriptions")?,
             placed: db.open_tree("subscription_placed")?,
+            revisions: db.open_tree("subscription_revisions")?,
+            deleted: db.open_tree("subscription_deleted")?,
+            subs_write: Arc::default(),
             images: db.open_tree("images")?,
             deliveries: db.open_tree("deliveries")?,
             replicas: db.open_tree("replicas")?,

@@ -1,11 +1,42 @@
-//! The subscriptions keyspace: opaque records by id, ids from a durable counter.
+//! The subscriptions keyspace: opaque records by id, ids from a durable counter, each
+//! record's revision, and the tombstones of deleted ids. Copies placed by other nodes
+//! (quorum replication) follow [`crate::newest`]: the highest revision wins and a deletion
+//! is final, so a node that was down while a subscription changed never brings an old
+//! version, or a deleted one, back.
 
 use super::*;
 
-fn corrupt_placed() -> StorageError {
+fn corrupt(tree: &'static str) -> StorageError {
     StorageError::Corrupt {
-        tree: "subscription_placed",
+        tree,
         source: CodecError::Truncated,
+    }
+}
+
+fn be_u64(v: &[u8], tree: &'static str) -> Result<u64, StorageError> {
+    <[u8; 8]>::try_from(v)
+        .map(u64::from_be_bytes)
+        .map_err(|_| corrupt(tree))
+}
+
+fn be_u32(v: &[u8], tree: &'static str) -> Result<u32, StorageError> {
+    <[u8; 4]>::try_from(v)
+        .map(u32::from_be_bytes)
+        .map_err(|_| corrupt(tree))
+}
+
+/// The id of the next key of `it`, without taking it (an error is taken and returned).
+fn peek_id(
+    it: &mut std::iter::Peekable<sled::Iter>,
+    tree: &'static str,
+) -> Result<Option<u64>, StorageError> {
+    match it.peek() {
+        Some(Ok((k, _))) => be_u64(k, tree).map(Some),
+        Some(Err(_)) => match it.next() {
+            Some(Err(e)) => Err(e.into()),
+            _ => Ok(None),
+        },
+        None => Ok(None),
     }
 }
 
@@ -21,6 +52,13 @@ impl Store {
         Ok(counted.max(floor))
     }
 
+    /// A revision for a change to a subscription: drawn from the same counter as ids, so it
+    /// is above every id and revision this store handed out before, and (from an elected
+    /// coordinator's epoch floor) above every one an earlier leader handed out.
+    pub fn next_subscription_revision(&self) -> Result<u64, StorageError> {
+        self.next_subscription_id()
+    }
+
     /// Hands subscription ids out from `floor` on (if that is above what was handed out):
     /// an elected coordinator numbers from its epoch, so no two leaders hand out one id.
     pub fn raise_subscription_ids(&self, floor: u64) {
@@ -28,83 +66,227 @@ impl Store {
             .fetch_max(floor, Ordering::AcqRel);
     }
 
-    /// Replaces every stored subscription with `records` (id, encoded record) and makes it
-    /// durable: a new coordinator leader's registry, rebuilt from the nodes' copies.
+    fn write_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.subs_write.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces every stored subscription with `records` (id, revision, encoded record) and
+    /// records `deleted` as deleted, durably: a new coordinator leader's registry, rebuilt
+    /// from the nodes' copies. Tombstones already here stay, and a record whose id is one
+    /// of them is not taken.
     pub async fn replace_subscriptions(
         &self,
-        records: &[(u64, Vec<u8>)],
+        records: &[(u64, u64, Vec<u8>)],
+        deleted: &[u64],
     ) -> Result<(), StorageError> {
-        self.subs.clear()?;
-        self.placed.clear()?;
-        for (id, r) in records {
-            self.subs.insert(id.to_be_bytes(), r.as_slice())?;
+        {
+            let _w = self.write_lock();
+            self.subs.clear()?;
+            self.placed.clear()?;
+            self.revisions.clear()?;
+            let now = now_ms().to_be_bytes();
+            for id in deleted {
+                if !self.deleted.contains_key(id.to_be_bytes())? {
+                    self.deleted.insert(id.to_be_bytes(), &now[..])?;
+                }
+            }
+            for (id, rev, r) in records {
+                if self.deleted.contains_key(id.to_be_bytes())? {
+                    continue;
+                }
+                self.subs.insert(id.to_be_bytes(), r.as_slice())?;
+                self.revisions
+                    .insert(id.to_be_bytes(), &rev.to_be_bytes()[..])?;
+            }
         }
         self.commit().await
     }
 
-    /// Stores (or replaces) a subscription record durably.
-    pub async fn put_subscription(&self, id: u64, record: Vec<u8>) -> Result<(), StorageError> {
-        self.subs.insert(id.to_be_bytes(), record)?;
-        self.commit().await
+    /// Stores (or replaces) the registry's record of a subscription at `revision`, durably
+    /// (the registry is the authority: no comparison of revisions). False, and nothing
+    /// written, if the subscription was deleted.
+    pub async fn put_subscription(
+        &self,
+        id: u64,
+        record: Vec<u8>,
+        revision: u64,
+    ) -> Result<bool, StorageError> {
+        {
+            let _w = self.write_lock();
+            if self.deleted.contains_key(id.to_be_bytes())? {
+                return Ok(false);
+            }
+            self.subs.insert(id.to_be_bytes(), record)?;
+            self.revisions
+                .insert(id.to_be_bytes(), &revision.to_be_bytes()[..])?;
+        }
+        self.commit().await?;
+        Ok(true)
     }
 
-    /// Stores (or replaces) a subscription record, not yet durable ([`Store::commit`]).
-    pub fn put_subscription_unflushed(&self, id: u64, record: &[u8]) -> Result<(), StorageError> {
-        self.subs.insert(id.to_be_bytes(), record)?;
-        Ok(())
+    /// What this store holds of subscription `id`.
+    pub fn subscription_held(&self, id: u64) -> Result<Held, StorageError> {
+        if self.deleted.contains_key(id.to_be_bytes())? {
+            return Ok(Held::Deleted);
+        }
+        if !self.subs.contains_key(id.to_be_bytes())? {
+            return Ok(Held::Absent);
+        }
+        Ok(Held::Revision(
+            match self.revisions.get(id.to_be_bytes())? {
+                Some(v) => be_u64(&v, "subscription_revisions")?,
+                None => 0,
+            },
+        ))
     }
 
-    /// Stores a copy of subscription `id` that node `placed_by` placed here (quorum
-    /// replication), not yet durable.
-    pub fn put_subscription_copy_unflushed(
+    /// Takes a copy of subscription `id` at `revision` if it is newer than what is held
+    /// (never after its deletion), not yet durable; with `only_if_held`, only in place of a
+    /// copy held (an update never adds one). `placed_by`: the node that took its Create (a
+    /// quorum copy); `None` keeps what was recorded. The answer is whether it was taken.
+    pub fn apply_subscription_copy_unflushed(
         &self,
         id: u64,
         record: &[u8],
-        placed_by: u32,
-    ) -> Result<(), StorageError> {
+        revision: u64,
+        placed_by: Option<u32>,
+        only_if_held: bool,
+    ) -> Result<bool, StorageError> {
+        let _w = self.write_lock();
+        let held = self.subscription_held(id)?;
+        if (only_if_held && !matches!(held, Held::Revision(_))) || !replaces(held, revision) {
+            return Ok(false);
+        }
         self.subs.insert(id.to_be_bytes(), record)?;
-        self.placed
-            .insert(id.to_be_bytes(), &placed_by.to_be_bytes()[..])?;
-        Ok(())
+        self.revisions
+            .insert(id.to_be_bytes(), &revision.to_be_bytes()[..])?;
+        if let Some(by) = placed_by {
+            self.placed
+                .insert(id.to_be_bytes(), &by.to_be_bytes()[..])?;
+        }
+        Ok(true)
     }
 
-    /// Up to `limit` subscription copies with ids above `after`, in id order, that a node
-    /// in `placed_by` placed: (id, record, placer).
+    /// Up to `limit` subscription ids above `after`, in id order: the copies that a node in
+    /// `placed_by` placed, and every tombstone (a returning node and a rebuild need every
+    /// deletion). With `changed_only`, only what changed since a Create: the tombstones and
+    /// the copies of updated subscriptions (revision above the id).
     pub fn subscription_copies(
         &self,
         after: u64,
         limit: usize,
         placed_by: &std::collections::HashSet<u32>,
-    ) -> Result<Vec<(u64, Vec<u8>, u32)>, StorageError> {
+        changed_only: bool,
+    ) -> Result<Vec<SubCopy>, StorageError> {
         let mut out = Vec::new();
         if after == u64::MAX {
             return Ok(out);
         }
-        for kv in self.placed.range(after.saturating_add(1).to_be_bytes()..) {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = kv?;
-            let by = <[u8; 4]>::try_from(v.as_ref())
-                .map(u32::from_be_bytes)
-                .map_err(|_| corrupt_placed())?;
-            if !placed_by.contains(&by) {
-                continue;
-            }
-            if let Some(record) = self.subs.get(&k)? {
-                let id = <[u8; 8]>::try_from(k.as_ref())
-                    .map(u64::from_be_bytes)
-                    .map_err(|_| corrupt_placed())?;
-                out.push((id, record.to_vec(), by));
+        let from = after.saturating_add(1).to_be_bytes();
+        // copies are walked by the placed tree, or (changed only) by the revisions
+        let walked = if changed_only {
+            &self.revisions
+        } else {
+            &self.placed
+        };
+        let mut copies = walked.range(from..).peekable();
+        let mut tombs = self.deleted.range(from..).peekable();
+        while out.len() < limit {
+            let next_copy = peek_id(&mut copies, "subscription_revisions")?;
+            let next_tomb = peek_id(&mut tombs, "subscription_deleted")?;
+            let take_copy = match (next_copy, next_tomb) {
+                (None, None) => break,
+                (Some(c), Some(t)) => c < t,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+            };
+            if take_copy {
+                let Some((k, _)) = copies.next().transpose()? else {
+                    break;
+                };
+                if let Some(c) = self.listed_copy(&k, placed_by, changed_only)? {
+                    out.push(c);
+                }
+            } else if let Some(t) = next_tomb {
+                if next_copy == Some(t) {
+                    copies.next(); // a copy left behind a tombstone is deleted
+                }
+                tombs.next();
+                out.push(SubCopy {
+                    id: t,
+                    revision: 0,
+                    placed_by: None,
+                    record: None,
+                });
             }
         }
         Ok(out)
     }
 
-    /// Removes a subscription record, not yet durable; false if it did not exist.
+    /// The copy under key `k` if `placed_by` placed it (and, `changed_only`, if it was
+    /// updated since its Create).
+    fn listed_copy(
+        &self,
+        k: &[u8],
+        placed_by: &std::collections::HashSet<u32>,
+        changed_only: bool,
+    ) -> Result<Option<SubCopy>, StorageError> {
+        let id = be_u64(k, "subscriptions")?;
+        let revision = match self.revisions.get(k)? {
+            Some(r) => be_u64(&r, "subscription_revisions")?,
+            None => 0,
+        };
+        if changed_only && revision <= id {
+            return Ok(None);
+        }
+        let Some(by) = self.placed.get(k)? else {
+            return Ok(None); // a registry record, not a placed copy
+        };
+        let by = be_u32(&by, "subscription_placed")?;
+        if !placed_by.contains(&by) {
+            return Ok(None);
+        }
+        Ok(self.subs.get(k)?.map(|record| SubCopy {
+            id,
+            revision,
+            placed_by: Some(by),
+            record: Some(record.to_vec()),
+        }))
+    }
+
+    /// Deletes subscription `id` for good, not yet durable: its record goes and its
+    /// tombstone stays, so no copy of it is taken again. The answer is whether a record
+    /// was there.
     pub fn remove_subscription_unflushed(&self, id: u64) -> Result<bool, StorageError> {
+        let _w = self.write_lock();
+        if !self.deleted.contains_key(id.to_be_bytes())? {
+            self.deleted
+                .insert(id.to_be_bytes(), &now_ms().to_be_bytes()[..])?;
+        }
         self.placed.remove(id.to_be_bytes())?;
+        self.revisions.remove(id.to_be_bytes())?;
         Ok(self.subs.remove(id.to_be_bytes())?.is_some())
+    }
+
+    /// Whether subscription `id` was deleted (and its tombstone is still kept).
+    pub fn subscription_deleted(&self, id: u64) -> Result<bool, StorageError> {
+        Ok(self.deleted.contains_key(id.to_be_bytes())?)
+    }
+
+    /// Forgets the tombstones of deletions made before `before_ms` (unix ms); the answer is
+    /// how many. A node down for longer than tombstones are kept must rejoin with a fresh
+    /// disk, or an old copy of its could come back.
+    pub fn prune_subscription_tombstones(&self, before_ms: u64) -> Result<usize, StorageError> {
+        let _w = self.write_lock();
+        let mut gone = 0;
+        for kv in self.deleted.iter() {
+            let (k, v) = kv?;
+            if be_u64(&v, "subscription_deleted")? < before_ms {
+                self.deleted.remove(k)?;
+                gone += 1;
+            }
+        }
+        Ok(gone)
     }
 
     /// A subscription record.
@@ -133,9 +315,9 @@ impl Store {
         Ok(out)
     }
 
-    /// Removes a subscription durably; false if it did not exist.
+    /// Deletes a subscription durably, leaving its tombstone; false if it did not exist.
     pub async fn delete_subscription(&self, id: u64) -> Result<bool, StorageError> {
-        let existed = self.subs.remove(id.to_be_bytes())?.is_some();
+        let existed = self.remove_subscription_unflushed(id)?;
         self.commit().await?;
         Ok(existed)
     }

@@ -462,26 +462,97 @@ async fn subscription_copies_are_listed_by_the_node_that_placed_them() {
     let dir = temp_dir("placed");
     let s = Store::open(&dir, 1).expect("open");
     for (id, by) in [(1u64, 3u32), (2, 5), (3, 3), (4, 7)] {
-        s.put_subscription_copy_unflushed(id, format!("s{id}").as_bytes(), by)
-            .expect("put");
+        assert!(
+            s.apply_subscription_copy_unflushed(
+                id,
+                format!("s{id}").as_bytes(),
+                id,
+                Some(by),
+                false
+            )
+            .expect("put")
+        );
     }
     s.commit().await.expect("commit");
     let want: std::collections::HashSet<u32> = [3, 7].into_iter().collect();
-    let all = s.subscription_copies(0, 10, &want).expect("list");
-    let ids: Vec<(u64, u32)> = all.iter().map(|(id, _, by)| (*id, *by)).collect();
-    assert_eq!(ids, [(1, 3), (3, 3), (4, 7)]);
-    assert_eq!(all[0].1, b"s1");
-    // paged, and a removed copy is gone from the listing
-    let page = s.subscription_copies(1, 1, &want).expect("page");
-    assert_eq!(page.iter().map(|c| c.0).collect::<Vec<_>>(), [3]);
+    let all = s.subscription_copies(0, 10, &want, false).expect("list");
+    let ids: Vec<(u64, Option<u32>)> = all.iter().map(|c| (c.id, c.placed_by)).collect();
+    assert_eq!(ids, [(1, Some(3)), (3, Some(3)), (4, Some(7))]);
+    assert_eq!(all[0].record.as_deref(), Some(&b"s1"[..]));
+    // paged, and a removed copy is listed as its tombstone
+    let page = s.subscription_copies(1, 1, &want, false).expect("page");
+    assert_eq!(page.iter().map(|c| c.id).collect::<Vec<_>>(), [3]);
     assert!(s.remove_subscription_unflushed(3).expect("remove"));
-    let ids: Vec<u64> = s
-        .subscription_copies(0, 10, &want)
+    let listed: Vec<(u64, bool)> = s
+        .subscription_copies(0, 10, &want, false)
         .expect("list")
         .iter()
-        .map(|c| c.0)
+        .map(|c| (c.id, c.record.is_some()))
         .collect();
-    assert_eq!(ids, [1, 4]);
+    assert_eq!(listed, [(1, true), (3, false), (4, true)]);
+    // what changed since the Creates: the tombstone, and the one copy updated since
+    assert!(
+        s.apply_subscription_copy_unflushed(4, b"s4'", 9, None, true)
+            .expect("update")
+    );
+    let changed: Vec<(u64, u64, bool)> = s
+        .subscription_copies(0, 10, &want, true)
+        .expect("changed")
+        .iter()
+        .map(|c| (c.id, c.revision, c.record.is_some()))
+        .collect();
+    assert_eq!(changed, [(3, 0, false), (4, 9, true)]);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_is_taken_only_if_newer_and_never_after_its_deletion_across_a_reopen() {
+    let dir = temp_dir("versions");
+    {
+        let s = Store::open(&dir, 1).expect("open");
+        assert!(
+            s.apply_subscription_copy_unflushed(7, b"v5", 5, Some(2), false)
+                .expect("put")
+        );
+        // an older version does not replace a newer one; the same or a newer one does
+        assert!(
+            !s.apply_subscription_copy_unflushed(7, b"v4", 4, Some(2), false)
+                .expect("old")
+        );
+        assert!(
+            s.apply_subscription_copy_unflushed(7, b"v9", 9, None, true)
+                .expect("new")
+        );
+        assert_eq!(s.subscription_held(7).expect("held"), Held::Revision(9));
+        // an update never adds a copy
+        assert!(
+            !s.apply_subscription_copy_unflushed(8, b"u", 3, None, true)
+                .expect("upd")
+        );
+        assert_eq!(s.subscription_held(8).expect("held"), Held::Absent);
+        assert!(s.remove_subscription_unflushed(7).expect("remove"));
+        s.commit().await.expect("commit");
+    }
+    let s = Store::open(&dir, 1).expect("reopen");
+    assert_eq!(s.subscription_held(7).expect("held"), Held::Deleted);
+    assert!(
+        !s.apply_subscription_copy_unflushed(7, b"late", u64::MAX, Some(2), false)
+            .expect("after delete"),
+        "a deleted subscription came back"
+    );
+    assert_eq!(s.get_subscription(7).expect("get"), None);
+    // a rebuild keeps tombstones and skips records they name
+    s.replace_subscriptions(&[(7, 10, b"r".to_vec()), (9, 10, b"n".to_vec())], &[11])
+        .await
+        .expect("replace");
+    assert_eq!(s.subscription_held(7).expect("held"), Held::Deleted);
+    assert_eq!(s.subscription_held(9).expect("held"), Held::Revision(10));
+    assert_eq!(s.subscription_held(11).expect("held"), Held::Deleted);
+    // tombstones are forgotten only by age
+    assert_eq!(s.prune_subscription_tombstones(0).expect("prune"), 0);
+    assert_eq!(s.prune_subscription_tombstones(u64::MAX).expect("prune"), 2);
+    assert_eq!(s.subscription_held(7).expect("held"), Held::Absent);
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -294,3 +294,100 @@ fn a_coordinator_with_another_grid_than_the_cluster_is_refused() {
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// Issue 31's first hole: node 0 (which holds every subscription, and which a new leader
+/// asked first) is down while one subscription is deleted and another updated; it comes
+/// back with its old copies, and the leader is killed. The new leader's registry must not
+/// hold the deleted subscription, nor the old version of the updated one.
+#[test]
+fn a_node_down_while_subscriptions_change_brings_no_old_version_back_to_a_new_leader() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !have_etcd() {
+        return;
+    }
+    runtime().block_on(async {
+        let dir = temp_dir("failover-versions");
+        let mut c = ElectedCluster::start(&dissem_bin(), &dir, 2, 3, 2, &small_node_flags())
+            .await
+            .expect("cluster");
+        let via = c.nodes[1].url();
+        let create = |filter: &str| {
+            tests::create_grpc_subscription(
+                &via,
+                filter.into(),
+                "http://127.0.0.1:9",
+                v1::Qos::AtLeastOnce,
+                None,
+            )
+        };
+        let deleted = create("n >= 0").await.expect("create");
+        let updated = create("n >= 1").await.expect("create");
+        let mut subs =
+            v1::subscriptions_client::SubscriptionsClient::new(bench::procs::channel(&via));
+        let first = subs
+            .get(v1::GetSubscriptionRequest { id: updated })
+            .await
+            .expect("get")
+            .into_inner();
+        assert!(first.revision > 0, "a created subscription has a revision");
+
+        c.nodes[0].kill();
+        subs.delete(v1::DeleteSubscriptionRequest { id: deleted })
+            .await
+            .expect("delete while node 0 is down");
+        let mut change = first.clone();
+        change.filter = Some(v1::subscription::Filter::Text("n >= 2".into()));
+        let second = subs.update(change).await.expect("update").into_inner();
+        assert!(
+            second.revision > first.revision,
+            "{second:?} after {first:?}"
+        );
+
+        // node 0 is back with its old copies, and answers before the leader goes
+        c.nodes[0].restart();
+        let (old, k) = {
+            let l = c.wait_leader(Duration::from_secs(5)).await.expect("leader");
+            let k = ElectedCluster::index_of(&l.name).expect("ours");
+            (l, k)
+        };
+        c.coordinators[k].kill();
+        c.wait_new_leader(old.epoch, Duration::from_secs(15))
+            .await
+            .expect("a new leader");
+
+        // through a node (which follows the new leader): the deletion and the newest version
+        let got = wait_for("the new leader's registry", Duration::from_secs(30), || {
+            let via = via.clone();
+            async move {
+                let mut subs =
+                    v1::subscriptions_client::SubscriptionsClient::new(bench::procs::channel(&via));
+                let list = subs
+                    .list(v1::ListSubscriptionsRequest {
+                        after_id: 0,
+                        limit: 100,
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                Some(list.subscriptions)
+            }
+        })
+        .await;
+        let ids: Vec<u64> = got.iter().map(|s| s.id).collect();
+        assert_eq!(
+            ids,
+            vec![updated],
+            "the deleted subscription is back: {got:?}"
+        );
+        assert_eq!(
+            got[0].revision, second.revision,
+            "an old version serves: {got:?}"
+        );
+        assert_eq!(
+            got[0].filter,
+            Some(v1::subscription::Filter::Text("n >= 2".into()))
+        );
+        drop(c);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

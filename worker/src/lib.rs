@@ -186,10 +186,15 @@ pub async fn run_node(
     .await
 }
 
+/// How long a node keeps the tombstone of a deleted subscription: a node down for longer
+/// than this must rejoin with a fresh disk (README, "Subscription copies").
+pub const TOMBSTONE_KEEP: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
 /// Retention: every `every`, deletes objects whose dissemination is finished (outbox record
 /// retired) and that are older than `keep`, acknowledged deliveries and dead letters older than
-/// `keep`, and (with `max_objects`) the oldest finished objects beyond that count. Pending
-/// objects and deliveries are never deleted. Runs until the task is dropped.
+/// `keep`, (with `max_objects`) the oldest finished objects beyond that count, and the
+/// tombstones of subscriptions deleted over [`TOMBSTONE_KEEP`] ago. Pending objects and
+/// deliveries are never deleted. Runs until the task is dropped.
 pub async fn retain(
     store: Store,
     keep: std::time::Duration,
@@ -215,6 +220,8 @@ pub async fn retain(
             if let Some(max) = max_objects {
                 objects += s.expire_to_count(max)?;
             }
+            let tombstones_from = now_ms().saturating_sub(TOMBSTONE_KEEP.as_millis() as u64);
+            s.prune_subscription_tombstones(tombstones_from)?;
             Ok((objects, deliveries))
         };
         match tokio::task::spawn_blocking(run).await {

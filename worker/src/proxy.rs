@@ -141,7 +141,14 @@ impl v1::subscriptions_server::Subscriptions for SubscriptionsProxy {
         let id = request.get_ref().id;
         let r = self.client()?.delete(self.change(request)?).await?;
         if let Some(d) = &self.placement {
-            d.drop_subscription(id).await;
+            let (stored, asked) = d.drop_subscription(id).await;
+            if stored < asked {
+                tracing::warn!(
+                    "deleted subscription {id}: its tombstone reached {stored} of the {asked} \
+                     live nodes (the registry has the deletion, and a rebuild takes every \
+                     node's tombstones)"
+                );
+            }
         }
         Ok(r)
     }

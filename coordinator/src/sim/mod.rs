@@ -532,5 +532,6 @@ impl Sim {
     }
 }
 
+pub mod copies;
 #[cfg(test)]
 mod tests;

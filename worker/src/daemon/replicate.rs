@@ -107,8 +107,8 @@ pub(super) enum PeerMsg {
     Received(ObjectId, u64, Option<UnboundedSender<bool>>),
     /// A subscription to store (or, `only_if_held`, to replace where held).
     Subscription(v1::SubscriptionCopy, Option<UnboundedSender<bool>>),
-    /// A deleted subscription.
-    DropSubscription(u64),
+    /// A deleted subscription (its tombstone).
+    DropSubscription(u64, Option<UnboundedSender<bool>>),
 }
 
 fn id_proto(id: ObjectId) -> v1::ObjectId {
@@ -368,13 +368,13 @@ impl Daemon {
             return (0, 0);
         };
         let view = self.known_view(&g.subscription_quorum(me)).await;
-        let record = match self
+        let (record, revision) = match self
             .inner
             .coord
             .subscription(v1::SubscriptionRecordRequest { id })
             .await
         {
-            Ok(s) => prost::Message::encode_to_vec(&s),
+            Ok(s) => (prost::Message::encode_to_vec(&s), s.revision),
             Err(e) => {
                 tracing::warn!("reading subscription {id} to place it: {e}");
                 return (0, 1);
@@ -390,24 +390,26 @@ impl Daemon {
         let mut stored = 0;
         for n in targets {
             if n == me {
-                let held = self
-                    .inner
-                    .store
-                    .get_subscription(id)
-                    .ok()
-                    .flatten()
-                    .is_some();
                 let store = &self.inner.store;
-                let put = match (update, held) {
-                    (true, false) => continue, // an update replaces copies, never adds one
-                    (true, true) => store.put_subscription_unflushed(id, &record),
-                    (false, _) => store.put_subscription_copy_unflushed(id, &record, me),
-                };
-                if put.is_ok() {
-                    if self.inner.store.commit().await.is_ok() {
-                        stored += 1;
+                let placed_by = (!update).then_some(me);
+                // an update replaces copies, never adds one; an older version than the one
+                // held (a later change placed first) is no news, and counts as stored
+                let applied = store
+                    .apply_subscription_copy_unflushed(id, &record, revision, placed_by, update);
+                match applied {
+                    Ok(_) if update && store.get_subscription(id).ok().flatten().is_none() => {
+                        continue;
                     }
-                    asked += 1;
+                    Ok(_) => {
+                        asked += 1;
+                        if store.commit().await.is_ok() {
+                            stored += 1;
+                        }
+                    }
+                    Err(e) => {
+                        asked += 1;
+                        tracing::warn!("storing subscription {id}: {e}");
+                    }
                 }
                 continue;
             }
@@ -420,6 +422,8 @@ impl Daemon {
                 record: record.clone(),
                 only_if_held: update,
                 placed_by: me,
+                revision,
+                deleted: false,
             };
             self.to_peer(n, PeerMsg::Subscription(copy, Some(tx.clone())));
         }
@@ -451,19 +455,31 @@ impl Daemon {
         }
     }
 
-    /// Drops the copies of deleted subscription `id` on every live node.
-    pub async fn drop_subscription(&self, id: u64) {
+    /// Deletes subscription `id` on every live node, leaving its tombstone (a copy that a
+    /// node down now still holds is dropped when it catches up, and never wins a rebuild).
+    /// The answer is how many of how many live nodes stored the tombstone before the
+    /// replication deadline.
+    pub async fn drop_subscription(&self, id: u64) -> (usize, usize) {
         let view = self.view();
         let me = self.inner.cfg.node;
-        let Some(g) = view.grid else { return };
-        if let Ok(true) = self.inner.store.remove_subscription_unflushed(id) {
-            let _ = self.inner.store.commit().await;
+        let Some(g) = view.grid else { return (0, 0) };
+        let mut stored = 0;
+        if self.inner.store.remove_subscription_unflushed(id).is_ok()
+            && self.inner.store.commit().await.is_ok()
+        {
+            stored += 1;
         }
+        let (tx, rx) = unbounded_channel();
+        let mut asked = 1;
         for n in 0..g.len() {
             if n != me && view.alive(n) {
-                self.to_peer(n, PeerMsg::DropSubscription(id));
+                asked += 1;
+                self.to_peer(n, PeerMsg::DropSubscription(id, Some(tx.clone())));
             }
         }
+        drop(tx);
+        stored += gather_acks(rx, usize::MAX, self.replicate_deadline()).await;
+        (stored, asked)
     }
 
     /// Queues `msg` for peer `node` (its queue task starts on first use).
@@ -507,7 +523,10 @@ impl Daemon {
                         req.subscriptions.push(copy);
                         acks.extend(ack);
                     }
-                    PeerMsg::DropSubscription(id) => req.dropped_subscriptions.push(id),
+                    PeerMsg::DropSubscription(id, ack) => {
+                        req.dropped_subscriptions.push(id);
+                        acks.extend(ack);
+                    }
                 }
             }
             let ok = self.send_replicate(node, req).await;
@@ -579,18 +598,23 @@ impl Daemon {
                     "larger than the object limit",
                 ));
             }
-            if c.only_if_held {
-                if store.get_subscription(c.id)?.is_none() {
-                    continue;
-                }
-                store.put_subscription_unflushed(c.id, &c.record)?;
+            subs_changed |= if c.deleted {
+                store.remove_subscription_unflushed(c.id)?;
+                true
             } else {
-                store.put_subscription_copy_unflushed(c.id, &c.record, c.placed_by)?;
-            }
-            subs_changed = true;
+                let placed_by = (!c.only_if_held).then_some(c.placed_by);
+                store.apply_subscription_copy_unflushed(
+                    c.id,
+                    &c.record,
+                    c.revision,
+                    placed_by,
+                    c.only_if_held,
+                )?
+            };
         }
         for &id in &req.dropped_subscriptions {
-            subs_changed |= store.remove_subscription_unflushed(id)?;
+            store.remove_subscription_unflushed(id)?;
+            subs_changed = true; // the tombstone is new, or written again
         }
         for id in &finished {
             // a takeover of this object is over too

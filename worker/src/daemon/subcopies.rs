@@ -3,7 +3,10 @@
 //! not there then (a fresh disk at a free position, or a node that was down) pulls, at its
 //! catch-up, the copies its position must hold: those placed by every node whose column
 //! quorum contains it. Node 0 and node n-1 hold every subscription, so one of them answers
-//! all of it; without either, every live node answers what it holds.
+//! all of it; without either, every live node answers what it holds. Tombstones of
+//! deleted subscriptions come with the copies, and what the node takes follows
+//! `storage::replaces`: the newest revision wins and a deletion is final, so a node that
+//! was down while a subscription changed or went drops the old version at its catch-up.
 
 use super::*;
 use replicate::View;
@@ -29,28 +32,20 @@ impl Daemon {
         }
         let limit = r.limit.clamp(1, 1024) as usize;
         let want: HashSet<u32> = r.placed_by.into_iter().collect();
-        let mut v = self
-            .inner
-            .store
-            .subscription_copies(r.after_id, limit + 1, &want)?;
+        let mut v =
+            self.inner
+                .store
+                .subscription_copies(r.after_id, limit + 1, &want, r.changed_only)?;
         let more = v.len() > limit;
         v.truncate(limit);
         Ok(v1::SubscriptionCopiesResponse {
-            copies: v
-                .into_iter()
-                .map(|(id, record, placed_by)| v1::SubscriptionCopy {
-                    id,
-                    record,
-                    only_if_held: false,
-                    placed_by,
-                })
-                .collect(),
+            copies: v.into_iter().map(copy_proto).collect(),
             more,
         })
     }
 
-    /// Pulls the subscription copies this node's position must hold and lacks; the answer
-    /// is how many it stored.
+    /// Pulls the subscription copies this node's position must hold, and the tombstones;
+    /// the answer is how many copies it took or dropped.
     pub(super) async fn catch_up_subscriptions(&self, view: &View) -> usize {
         let Some(g) = view.grid else { return 0 };
         let me = self.inner.cfg.node;
@@ -90,6 +85,7 @@ impl Daemon {
                     after_id: after,
                     limit: PAGE,
                     placed_by: placers.to_vec(),
+                    changed_only: false,
                 })
                 .await?
                 .into_inner();
@@ -101,8 +97,18 @@ impl Daemon {
                         "larger than the object limit",
                     ));
                 }
-                if store.get_subscription(c.id)?.is_none() {
-                    store.put_subscription_copy_unflushed(c.id, &c.record, c.placed_by)?;
+                if c.deleted {
+                    if !store.subscription_deleted(c.id)? {
+                        store.remove_subscription_unflushed(c.id)?;
+                        stored += 1;
+                    }
+                } else if store.apply_subscription_copy_unflushed(
+                    c.id,
+                    &c.record,
+                    c.revision,
+                    Some(c.placed_by),
+                    false,
+                )? {
                     stored += 1;
                 }
             }
@@ -114,5 +120,17 @@ impl Daemon {
                 _ => return Ok(stored),
             }
         }
+    }
+}
+
+/// A listed copy (or tombstone) as `Daemon.SubscriptionCopies` sends it.
+pub(crate) fn copy_proto(c: storage::SubCopy) -> v1::SubscriptionCopy {
+    v1::SubscriptionCopy {
+        id: c.id,
+        deleted: c.record.is_none(),
+        record: c.record.unwrap_or_default(),
+        only_if_held: false,
+        placed_by: c.placed_by.unwrap_or(0),
+        revision: c.revision,
     }
 }
