@@ -121,8 +121,8 @@ pub struct ElectedCluster {
     pub dir: PathBuf,
     bin: PathBuf,
     lease_ttl: u64,
-    /// The grid is `1 x grid_nodes`.
-    grid_nodes: u32,
+    /// The grid: rows, columns.
+    grid: (u32, u32),
 }
 
 fn s(x: &str) -> String {
@@ -141,6 +141,19 @@ impl ElectedCluster {
         lease_ttl: u64,
         node_args: &[String],
     ) -> anyhow::Result<ElectedCluster> {
+        Self::start_grid(bin, dir, coordinators, (1, nodes), lease_ttl, node_args).await
+    }
+
+    /// [`ElectedCluster::start`] with a grid of `rows x cols` nodes.
+    pub async fn start_grid(
+        bin: &Path,
+        dir: &Path,
+        coordinators: usize,
+        (rows, cols): (u32, u32),
+        lease_ttl: u64,
+        node_args: &[String],
+    ) -> anyhow::Result<ElectedCluster> {
+        let nodes = rows * cols;
         let etcd = EtcdProc::start(&dir.join("etcd")).await?;
         let client = Etcd::connect(&etcd.url, "/dissem/")?;
         let mut c = ElectedCluster {
@@ -151,7 +164,7 @@ impl ElectedCluster {
             dir: dir.to_path_buf(),
             bin: bin.to_path_buf(),
             lease_ttl,
-            grid_nodes: nodes,
+            grid: (rows, cols),
         };
         std::fs::create_dir_all(dir)?;
         runtime::cluster_secret::ClusterSecret::load_or_create(&c.secret_file())?;
@@ -216,7 +229,7 @@ impl ElectedCluster {
             s("--name"),
             format!("c{k}"),
             s("--grid"),
-            format!("1x{}", self.grid_nodes),
+            format!("{}x{}", self.grid.0, self.grid.1),
             s("--lease-ttl"),
             self.lease_ttl.to_string(),
             s("--allow-private-targets"),

@@ -29,7 +29,6 @@ use runtime::ServiceError;
 use runtime::cluster_secret::ClusterSecret;
 use runtime::etcd::Etcd;
 use runtime::grid::Grid;
-use serde::{Deserialize, Serialize};
 use storage::{Newest, Store, SubCopy};
 
 /// The etcd key prefix of node records.
@@ -41,43 +40,56 @@ const PAGE: u32 = 1024;
 /// How long one node may take to answer one page.
 const PAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A node as etcd records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeRecord {
-    pub node: u32,
-    pub endpoint: String,
-    #[serde(default)]
-    pub owns_from: u64,
-}
+pub use runtime::election::NodeRecord;
+use runtime::election::Signed;
 
-/// Writes a node's record (on registration).
-pub async fn record_node(etcd: &Etcd, r: &NodeRecord) -> Result<(), ServiceError> {
-    let value = serde_json::to_vec(r).map_err(|e| ServiceError::Startup(e.to_string()))?;
+/// Writes a node's record (on registration), signed with the cluster secret.
+pub async fn record_node(
+    etcd: &Etcd,
+    r: &NodeRecord,
+    secret: &ClusterSecret,
+) -> Result<(), ServiceError> {
+    let value = serde_json::to_vec(&r.clone().signed(secret))
+        .map_err(|e| ServiceError::Startup(e.to_string()))?;
     etcd.put(&format!("{NODES}{}", r.node), value, 0).await?;
     Ok(())
 }
 
-/// Every node etcd knows, by id (records that do not parse are skipped with a warning).
-pub async fn nodes(etcd: &Etcd) -> Result<BTreeMap<u32, NodeRecord>, ServiceError> {
-    records(etcd, NODES).await
+/// Every node etcd knows, by id (records that do not parse, or that the cluster secret did
+/// not sign, are skipped with a warning: the leader sends the secret to these endpoints).
+pub async fn nodes(
+    etcd: &Etcd,
+    secret: &ClusterSecret,
+) -> Result<BTreeMap<u32, NodeRecord>, ServiceError> {
+    records(etcd, NODES, secret).await
 }
 
 /// The nodes whose presence key is there (up now, as far as their etcd leases say).
-pub async fn live_nodes(etcd: &Etcd) -> Result<BTreeMap<u32, NodeRecord>, ServiceError> {
-    records(etcd, runtime::election::LIVE_PREFIX).await
+pub async fn live_nodes(
+    etcd: &Etcd,
+    secret: &ClusterSecret,
+) -> Result<BTreeMap<u32, NodeRecord>, ServiceError> {
+    records(etcd, runtime::election::LIVE_PREFIX, secret).await
 }
 
-async fn records(etcd: &Etcd, prefix: &str) -> Result<BTreeMap<u32, NodeRecord>, ServiceError> {
+async fn records(
+    etcd: &Etcd,
+    prefix: &str,
+    secret: &ClusterSecret,
+) -> Result<BTreeMap<u32, NodeRecord>, ServiceError> {
     let mut out = BTreeMap::new();
     for kv in etcd.get_prefix(prefix).await? {
+        let key = String::from_utf8_lossy(&kv.key);
         match serde_json::from_slice::<NodeRecord>(&kv.value) {
-            Ok(r) => {
+            Ok(r) if r.verifies(secret) => {
                 out.insert(r.node, r);
             }
-            Err(e) => tracing::warn!(
-                "etcd key {}: not a node record: {e}",
-                String::from_utf8_lossy(&kv.key)
+            Ok(r) => tracing::warn!(
+                "etcd key {key}: node {} at {} is not signed with the cluster secret: skipped",
+                r.node,
+                r.endpoint
             ),
+            Err(e) => tracing::warn!("etcd key {key}: not a node record: {e}"),
         }
     }
     Ok(out)
@@ -167,7 +179,7 @@ pub async fn rebuild(
     secret: &ClusterSecret,
     max_record: usize,
 ) -> Result<usize, ServiceError> {
-    let nodes = nodes(etcd).await?;
+    let nodes = nodes(etcd, secret).await?;
     if nodes.is_empty() {
         let n = store.subscription_count();
         tracing::info!("no node recorded in etcd: keeping the {n} subscriptions on this disk");

@@ -261,9 +261,11 @@ impl Driver {
                         node: r.node,
                         endpoint: r.endpoint.clone(),
                         owns_from: r.owns_from,
+                        sig: String::new(),
                     };
+                    let secret = self.cfg.cluster_secret.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = crate::rebuild::record_node(&etcd, &rec).await {
+                        if let Err(e) = crate::rebuild::record_node(&etcd, &rec, &secret).await {
                             tracing::warn!("recording node {} in etcd: {e}", rec.node);
                         }
                     });

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::bail;
+use runtime::election::Signed;
 
 use crate::serve::{CoordinatorArgs, announce, metrics_listener, shutdown};
 
@@ -151,7 +152,7 @@ async fn lead(
             Err(e) => bail!("rebuilding the registry: {e}"),
         }
     };
-    let live: Vec<_> = match coordinator::rebuild::live_nodes(etcd).await {
+    let live: Vec<_> = match coordinator::rebuild::live_nodes(etcd, &base.cluster_secret).await {
         Ok(l) => l.into_values().collect(),
         Err(e) => {
             tracing::warn!("reading which nodes are up: {e}");
@@ -178,12 +179,16 @@ async fn lead(
     let metrics = metrics_listener(a.metrics_listen).await?;
     let listener = a.listen_flags.listener(listener, limits)?;
     leadership
-        .announce(&runtime::election::LeaderInfo {
-            name: name.to_string(),
-            url: url.clone(),
-            nonce,
-            epoch: leadership.epoch,
-        })
+        .announce(
+            &runtime::election::LeaderInfo {
+                name: name.to_string(),
+                url: url.clone(),
+                nonce,
+                epoch: leadership.epoch,
+                sig: String::new(),
+            }
+            .signed(&base.cluster_secret),
+        )
         .await?;
     tracing::info!(
         "leading (epoch {}) on {url} with {subscriptions} subscriptions, {} ms after winning",

@@ -11,6 +11,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use hmac::Mac;
 use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
@@ -65,6 +66,17 @@ pub(crate) fn random_hex() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Bytes from lowercase or uppercase hex (at most 64 bytes); `None` if it is not hex.
+fn from_hex(h: &str) -> Option<Vec<u8>> {
+    if !h.len().is_multiple_of(2) || h.len() > 128 {
+        return None;
+    }
+    (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 impl ClusterSecret {
     /// A secret from its text (printable ASCII, at least 16 bytes).
     pub fn new(text: &str) -> Result<ClusterSecret, ServiceError> {
@@ -87,6 +99,34 @@ impl ClusterSecret {
             value,
             digest: Arc::new(digest(text.as_bytes())),
         })
+    }
+
+    /// The HMAC-SHA256 of `msg` under the secret, as hex: what a member signs for the
+    /// others (the leader key in etcd), so a store outside the cluster's trust cannot
+    /// forge it.
+    pub fn sign(&self, msg: &[u8]) -> String {
+        self.mac(msg).map_or_else(String::new, |m| {
+            m.finalize()
+                .into_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        })
+    }
+
+    /// Whether `sig_hex` is [`ClusterSecret::sign`] of `msg` (compared in constant time).
+    pub fn verify(&self, msg: &[u8], sig_hex: &str) -> bool {
+        let Some(sig) = from_hex(sig_hex) else {
+            return false;
+        };
+        self.mac(msg).is_some_and(|m| m.verify_slice(&sig).is_ok())
+    }
+
+    /// The MAC of `msg` (HMAC accepts keys of every length: `None` does not happen).
+    fn mac(&self, msg: &[u8]) -> Option<hmac::Hmac<Sha256>> {
+        let mut m = <hmac::Hmac<Sha256> as Mac>::new_from_slice(self.value.as_bytes()).ok()?;
+        m.update(msg);
+        Some(m)
     }
 
     /// A fresh random secret.
@@ -225,6 +265,21 @@ pub type Internal =
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signs_what_only_holders_of_the_secret_can_verify() {
+        let s = ClusterSecret::new("0123456789abcdef-secret").expect("secret");
+        let sig = s.sign(b"leader c1");
+        assert_eq!(sig.len(), 64);
+        assert!(s.verify(b"leader c1", &sig));
+        assert!(!s.verify(b"leader c2", &sig), "another message");
+        assert!(
+            !ClusterSecret::random().verify(b"leader c1", &sig),
+            "another secret"
+        );
+        assert!(!s.verify(b"leader c1", "zz"), "not hex");
+        assert!(!s.verify(b"leader c1", ""), "unsigned");
+    }
 
     #[test]
     fn checks_the_secret_and_never_prints_it() {

@@ -12,9 +12,14 @@
 //! keeps leases), and the leader goes on; a lease that is gone ends the leadership. Nodes follow the leader key ([`LeaderWatch`]) and take assignments only from the
 //! leader it names (by nonce), so a deposed leader that still sends is ignored.
 //!
-//! The leader key's value says who leads and where: `{"name", "url", "nonce"}`. A new
-//! leader first writes it with no `url` (it is rebuilding its registry), then with its
-//! address once it serves; nodes connect only to a leader with an address.
+//! The leader key's value says who leads and where: `{"name", "url", "nonce", "sig"}`. A
+//! new leader first writes it with no `url` (it is rebuilding its registry), then with its
+//! address once it serves; nodes connect only to a leader with an address. etcd is not
+//! trusted with the cluster secret's power: the announcement is signed with the secret
+//! (HMAC-SHA256 over name, url, nonce and the epoch, so an old announcement copied into a
+//! new key does not verify), and a node follows only a leader key that verifies, so
+//! whoever can write to etcd cannot make the nodes send their secret to an address of
+//! their choosing.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::ServiceError;
+use crate::cluster_secret::ClusterSecret;
 use crate::etcd::{Change, Etcd};
 
 /// The leader key's name under the etcd prefix.
@@ -46,6 +52,9 @@ pub struct LeaderInfo {
     /// The leadership's epoch: the key's creation revision (not stored in the value).
     #[serde(skip)]
     pub epoch: u64,
+    /// [`LeaderInfo::signed`]: the cluster secret's signature of the rest, epoch included.
+    #[serde(default)]
+    pub sig: String,
 }
 
 impl LeaderInfo {
@@ -53,6 +62,76 @@ impl LeaderInfo {
         let mut l: LeaderInfo = serde_json::from_slice(&kv.value).ok()?;
         l.epoch = u64::try_from(kv.create_revision).ok()?;
         Some(l)
+    }
+}
+
+/// What the cluster writes to etcd, signed with the cluster secret: whoever can write to
+/// etcd but lacks the secret cannot forge it.
+pub trait Signed: Sized {
+    /// What the signature covers (a tag naming the kind of record first).
+    fn signed_bytes(&self) -> Vec<u8>;
+    fn sig_mut(&mut self) -> &mut String;
+    fn sig(&self) -> &str;
+
+    /// The same, signed with the cluster secret.
+    fn signed(mut self, secret: &ClusterSecret) -> Self {
+        *self.sig_mut() = secret.sign(&self.signed_bytes());
+        self
+    }
+
+    /// Whether the cluster secret signed it.
+    fn verifies(&self, secret: &ClusterSecret) -> bool {
+        secret.verify(&self.signed_bytes(), self.sig())
+    }
+}
+
+impl Signed for LeaderInfo {
+    /// The epoch too: an announcement copied into a later leadership's key does not verify.
+    fn signed_bytes(&self) -> Vec<u8> {
+        format!(
+            "dissem leader\n{}\n{}\n{}\n{}",
+            self.name, self.url, self.nonce, self.epoch
+        )
+        .into_bytes()
+    }
+
+    fn sig_mut(&mut self) -> &mut String {
+        &mut self.sig
+    }
+
+    fn sig(&self) -> &str {
+        &self.sig
+    }
+}
+
+/// A node as etcd records it: `nodes/<id>` (written by the leader when the node
+/// registers) and `live/<id>` (the node's presence). Signed with the cluster secret, since
+/// a new leader sends the secret to the endpoints these name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub node: u32,
+    pub endpoint: String,
+    #[serde(default)]
+    pub owns_from: u64,
+    #[serde(default)]
+    pub sig: String,
+}
+
+impl Signed for NodeRecord {
+    fn signed_bytes(&self) -> Vec<u8> {
+        format!(
+            "dissem node\n{}\n{}\n{}",
+            self.node, self.endpoint, self.owns_from
+        )
+        .into_bytes()
+    }
+
+    fn sig_mut(&mut self) -> &mut String {
+        &mut self.sig
+    }
+
+    fn sig(&self) -> &str {
+        &self.sig
     }
 }
 
@@ -312,10 +391,12 @@ pub struct LeaderWatch {
 }
 
 impl LeaderWatch {
-    /// Starts following the leader key (a task that runs until the runtime stops).
-    pub fn start(etcd: Etcd) -> LeaderWatch {
+    /// Starts following the leader key (a task that runs until the runtime stops). A leader
+    /// with an address counts only if `secret` signed it; one that does not verify is
+    /// taken as no leader, and logged.
+    pub fn start(etcd: Etcd, secret: ClusterSecret) -> LeaderWatch {
         let (tx, rx) = watch::channel(None);
-        tokio::spawn(follow(etcd, tx));
+        tokio::spawn(follow(etcd, secret, tx));
         LeaderWatch { rx }
     }
 
@@ -333,7 +414,24 @@ impl LeaderWatch {
     }
 }
 
-async fn follow(etcd: Etcd, tx: watch::Sender<Option<LeaderInfo>>) {
+/// The leader a key value names, if it may be followed: one still without an address, or
+/// one the cluster secret signed.
+fn trusted(kv: &crate::etcd::KeyValue, secret: &ClusterSecret) -> Option<LeaderInfo> {
+    let l = LeaderInfo::parse(kv)?;
+    if l.url.is_empty() || l.verifies(secret) {
+        return Some(l);
+    }
+    tracing::warn!(
+        "the etcd leader key names {:?} at {} (epoch {}) without a valid signature of the \
+         cluster secret: not followed (a coordinator with another secret, or a forged key)",
+        l.name,
+        l.url,
+        l.epoch
+    );
+    None
+}
+
+async fn follow(etcd: Etcd, secret: ClusterSecret, tx: watch::Sender<Option<LeaderInfo>>) {
     let mut pause = Duration::from_millis(50);
     loop {
         let round = async {
@@ -342,12 +440,14 @@ async fn follow(etcd: Etcd, tx: watch::Sender<Option<LeaderInfo>>) {
                 Some(kv) => kv.mod_revision + 1,
                 None => 0,
             };
-            tx.send_if_modified(|cur| replace(cur, kv.as_ref().and_then(LeaderInfo::parse)));
+            tx.send_if_modified(|cur| {
+                replace(cur, kv.as_ref().and_then(|kv| trusted(kv, &secret)))
+            });
             let mut w = etcd.watch(LEADER_KEY, false, from).await?;
             while let Some(changes) = w.next().await {
                 for c in changes {
                     let next = match &c {
-                        Change::Put(kv) => LeaderInfo::parse(kv),
+                        Change::Put(kv) => trusted(kv, &secret),
                         Change::Delete(_) => None,
                     };
                     tx.send_if_modified(|cur| replace(cur, next));
@@ -384,4 +484,71 @@ fn replace(cur: &mut Option<LeaderInfo>, next: Option<LeaderInfo>) -> bool {
     }
     *cur = next;
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(value: &[u8], create_revision: i64) -> crate::etcd::KeyValue {
+        crate::etcd::KeyValue {
+            key: LEADER_KEY.as_bytes().to_vec(),
+            create_revision,
+            value: value.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn leader(url: &str, epoch: u64) -> LeaderInfo {
+        LeaderInfo {
+            name: "c1".into(),
+            url: url.into(),
+            nonce: 7,
+            epoch,
+            sig: String::new(),
+        }
+    }
+
+    #[test]
+    fn nodes_follow_only_a_leader_key_the_cluster_secret_signed_for_its_epoch() {
+        let secret = ClusterSecret::random();
+        let good = leader("http://10.0.0.1:7600", 42).signed(&secret);
+        let value = serde_json::to_vec(&good).expect("json");
+        assert_eq!(
+            trusted(&kv(&value, 42), &secret).map(|l| l.url),
+            Some(good.url.clone())
+        );
+        // the same value under a key created later (copied into a new leadership)
+        assert_eq!(trusted(&kv(&value, 43), &secret), None);
+        // another secret, or none at all
+        assert_eq!(trusted(&kv(&value, 42), &ClusterSecret::random()), None);
+        let forged = serde_json::to_vec(&leader("http://evil:1", 42)).expect("json");
+        assert_eq!(trusted(&kv(&forged, 42), &secret), None);
+        // a leader still rebuilding (no address) is named but not connected to
+        let rebuilding = serde_json::to_vec(&leader("", 42)).expect("json");
+        assert!(trusted(&kv(&rebuilding, 42), &secret).is_some());
+        // a changed address breaks the signature
+        let mut moved = good.clone();
+        moved.url = "http://evil:1".into();
+        let moved = serde_json::to_vec(&moved).expect("json");
+        assert_eq!(trusted(&kv(&moved, 42), &secret), None);
+    }
+
+    #[test]
+    fn a_node_record_verifies_only_as_signed() {
+        let secret = ClusterSecret::random();
+        let r = NodeRecord {
+            node: 3,
+            endpoint: "http://127.0.0.1:7703".into(),
+            owns_from: 9,
+            sig: String::new(),
+        };
+        assert!(!r.verifies(&secret), "unsigned");
+        let signed = r.clone().signed(&secret);
+        assert!(signed.verifies(&secret));
+        let mut moved = signed.clone();
+        moved.endpoint = "http://evil:1".into();
+        assert!(!moved.verifies(&secret), "another endpoint");
+        assert!(!signed.verifies(&ClusterSecret::random()), "another secret");
+    }
 }

@@ -66,6 +66,12 @@ impl From<ServiceError> for tonic::Status {
             ServiceError::RateLimited(_) | ServiceError::Quota(_) => {
                 tonic::Status::resource_exhausted(m)
             }
+            // the disk is full: the caller's request was not stored, and asking again once
+            // space is freed (or at another node) works
+            ServiceError::Storage(s) if s.is_disk_full() => {
+                tracing::warn!("refused: {m}");
+                tonic::Status::resource_exhausted(m)
+            }
             ServiceError::Storage(_) => {
                 tracing::error!("storage failure: {m}");
                 tonic::Status::unavailable(m)
@@ -109,6 +115,13 @@ mod tests {
         assert_eq!(again.message(), "filter: no predicate");
         let gone = ServiceError::from(tonic::Status::unavailable("coordinator down"));
         assert!(matches!(gone, ServiceError::Unavailable(ref m) if m == "coordinator down"));
+        let full = ServiceError::Storage(storage::StorageError::Log(
+            std::io::Error::from_raw_os_error(28),
+        ));
+        assert_eq!(
+            tonic::Status::from(full).code(),
+            tonic::Code::ResourceExhausted
+        );
         let long = ServiceError::NotFound("x".repeat(5000));
         assert!(tonic::Status::from(long).message().len() <= MAX_STATUS_MESSAGE_BYTES + 3);
     }

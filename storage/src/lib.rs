@@ -32,6 +32,8 @@ mod objects;
 mod objlog;
 mod outbox;
 mod replicas;
+mod scrub;
+mod space;
 mod spilled;
 mod standby;
 mod subscriptions;
@@ -79,6 +81,30 @@ pub enum StorageError {
     Flusher,
     #[error("object log I/O: {0}")]
     Log(#[from] std::io::Error),
+    /// The disk under the data directory is full (or the quota used up): the write was not
+    /// made, and nothing that needed it was acknowledged.
+    #[error("the disk holding {dir} is full ({source}): writes are refused until space is freed")]
+    DiskFull {
+        dir: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// `ENOSPC` and `EDQUOT`: no room left on the device, or in the user's quota.
+fn is_out_of_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(28) | Some(122))
+}
+
+impl StorageError {
+    /// Whether the disk (or the quota) is full.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StorageError::DiskFull { .. } => true,
+            StorageError::Log(e) | StorageError::Sled(sled::Error::Io(e)) => is_out_of_space(e),
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +120,10 @@ struct Commit {
 #[derive(Debug, Clone)]
 pub struct Store {
     db: sled::Db,
+    /// The data directory (named when its disk is full).
+    dir: Arc<std::path::PathBuf>,
+    /// Free space against the reserve, read before each put.
+    space: Arc<space::Space>,
     /// Object locators (`d` + seq: where the record lies in the object log, when it was
     /// received, whether it has a message id, its priority) and message ids (`m` + id).
     data: sled::Tree,
@@ -236,6 +266,8 @@ impl Store {
             spilled: db.open_tree("spilled")?,
             meta,
             db,
+            dir: Arc::new(path.to_path_buf()),
+            space: Arc::new(space::Space::new(path.to_path_buf())),
             node,
             seq: Arc::new(std::sync::Mutex::new((reserved, reserved))),
             owns_from,
@@ -261,8 +293,28 @@ impl Store {
         self.owns_from
     }
 
+    /// `e`, named [`StorageError::DiskFull`] with this store's directory when it says the
+    /// disk is full.
+    pub(crate) fn named(&self, e: StorageError) -> StorageError {
+        if !e.is_disk_full() || matches!(e, StorageError::DiskFull { .. }) {
+            return e;
+        }
+        let source = match e {
+            StorageError::Log(io) | StorageError::Sled(sled::Error::Io(io)) => io,
+            other => return other,
+        };
+        StorageError::DiskFull {
+            dir: self.dir.display().to_string(),
+            source,
+        }
+    }
+
     /// Waits until everything written before the call is durable (group commit).
     pub async fn commit(&self) -> Result<(), StorageError> {
+        self.commit_inner().await.map_err(|e| self.named(e))
+    }
+
+    async fn commit_inner(&self) -> Result<(), StorageError> {
         // the flush we need is one that starts after now
         let needed = self.commit.started.load(Ordering::SeqCst) + 1;
         loop {

@@ -127,6 +127,7 @@ impl Store {
     /// Writes an object and enters it in the outbox (not yet durable: see [`Store::put`] for
     /// the acknowledged form).
     pub(super) fn write(&self, obj: NewObject) -> Result<PutOutcome, StorageError> {
+        self.space.check(now_ms())?;
         let seq = self.next_seq(obj.priority, true)?;
         let out = self.write_as(seq, obj, false);
         if !matches!(
@@ -226,7 +227,7 @@ impl Store {
     /// on disk. Concurrent puts share flushes.
     pub async fn put(&self, obj: NewObject) -> Result<PutOutcome, StorageError> {
         // in-memory work (sled buffers writes); only the flush below touches the disk
-        let out = self.write(obj)?;
+        let out = self.write(obj).map_err(|e| self.named(e))?;
         self.commit().await?;
         Ok(out)
     }
@@ -237,7 +238,10 @@ impl Store {
         &self,
         objs: Vec<NewObject>,
     ) -> Result<Vec<Result<PutOutcome, StorageError>>, StorageError> {
-        let outs: Vec<_> = objs.into_iter().map(|o| self.write(o)).collect();
+        let outs: Vec<_> = objs
+            .into_iter()
+            .map(|o| self.write(o).map_err(|e| self.named(e)))
+            .collect();
         if outs.iter().any(Result::is_ok) {
             self.commit().await?;
         }

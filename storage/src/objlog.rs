@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A segment is closed and a new one started past this size.
 const SEGMENT_BYTES: u64 = 64 << 20;
-const HEADER: usize = 16;
+pub(crate) const HEADER: usize = 16;
 /// The length a segment is given after a failed write: past any limit, so it is closed.
 const BROKEN: u64 = u64::MAX / 2;
 
@@ -90,7 +90,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn segment_path(dir: &Path, segment: u32) -> PathBuf {
+pub(crate) fn segment_path(dir: &Path, segment: u32) -> PathBuf {
     dir.join(format!("{segment:010}.log"))
 }
 
@@ -109,11 +109,13 @@ fn create_segment(dir: &Path, segment: u32) -> std::io::Result<File> {
 }
 
 impl ObjectLog {
-    /// Opens the log in `dir` (created if missing) and starts a fresh segment after the
-    /// newest one there.
+    /// Opens the log in `dir` (created if missing), checks the newest segment there (what
+    /// a crash or a failing disk damaged is named in the log: `scrub`), and starts a fresh
+    /// segment after it.
     pub fn open(dir: &Path) -> std::io::Result<ObjectLog> {
         std::fs::create_dir_all(dir)?;
         let newest = Self::segments_in(dir)?.into_iter().max();
+        crate::scrub::check_tail(dir, newest);
         let segment = newest.map_or(1, |s| s + 1);
         let file = create_segment(dir, segment)?;
         Ok(ObjectLog {

@@ -30,16 +30,27 @@ impl Store {
         let mut outbox = std::collections::BTreeMap::new();
         for kv in self.data.range(key(b'd', floor)..=key(b'd', u64::MAX)) {
             let (k, v) = kv?;
-            let seq = seq_of(&k).ok_or_else(|| StorageError::Corrupt {
-                tree: "object locators",
-                source: CodecError::Truncated,
-            })?;
-            let e = Self::decode_entry(&v)?;
+            let entry = seq_of(&k).zip(Self::decode_entry(&v).ok());
+            let Some((seq, e)) = entry else {
+                // a damaged locator: named and dropped, the node starts without it
+                tracing::error!(
+                    "object locator {:?} does not decode (damaged on disk): dropped",
+                    k.as_ref()
+                );
+                self.data.remove(&k)?;
+                dropped += 1;
+                continue;
+            };
             if self.log.read(e.at, seq)?.is_some() {
                 if !e.targeted {
                     outbox.insert(seq, e.priority);
                 }
             } else {
+                tracing::debug!(
+                    "object {seq}: no record that checks out at segment {} offset {}",
+                    e.at.segment,
+                    e.at.offset
+                );
                 self.data.remove(&k)?;
                 dropped += 1;
             }
@@ -47,7 +58,9 @@ impl Store {
         *self.lock_outbox() = outbox;
         if dropped > 0 {
             tracing::warn!(
-                "dropped {dropped} unacknowledged object(s) whose bytes never reached the disk"
+                "dropped {dropped} object(s) whose record is missing or does not check out: \
+                 puts a crash cut off before their acknowledgement, or records named above as \
+                 damaged"
             );
             self.db.flush()?;
         }

@@ -133,7 +133,8 @@ impl Daemon {
     /// else the one at `cfg.coordinator`, over gRPC.
     pub fn link(cfg: &DaemonConfig) -> Result<ToCoordinator, ServiceError> {
         if let Some(etcd) = &cfg.etcd {
-            let leader = runtime::election::LeaderWatch::start(etcd.clone());
+            let leader =
+                runtime::election::LeaderWatch::start(etcd.clone(), cfg.cluster_secret.clone());
             return Ok(ToCoordinator::Elected(Arc::new(
                 runtime::link::Elected::new(leader, cfg.cluster_secret.stamp()),
             )));

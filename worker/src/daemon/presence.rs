@@ -3,9 +3,11 @@
 //! newly elected coordinator reads it to know which nodes are up before they register with
 //! it, so its first membership answers already hold them all (no node takes a live peer
 //! for dead because the new leader had not heard of it yet). A node that dies leaves the
-//! key to its lease.
+//! key to its lease. The record is signed with the cluster secret (a leader sends the
+//! secret only to endpoints the secret signed).
 
 use super::*;
+use runtime::election::Signed;
 
 /// The presence lease, in seconds (etcd's minimum is about 2).
 const PRESENCE_TTL_S: i64 = 3;
@@ -15,13 +17,14 @@ impl Daemon {
     /// times per TTL; a lost lease (etcd restarted past it, a long pause) is taken anew.
     pub(super) async fn presence(self, etcd: runtime::etcd::Etcd) {
         let cfg = &self.inner.cfg;
-        let value = serde_json::json!({
-            "node": cfg.node,
-            "endpoint": cfg.endpoint,
-            "owns_from": self.inner.store.owns_from(),
-        })
-        .to_string()
-        .into_bytes();
+        let record = runtime::election::NodeRecord {
+            node: cfg.node,
+            endpoint: cfg.endpoint.clone(),
+            owns_from: self.inner.store.owns_from(),
+            sig: String::new(),
+        }
+        .signed(&cfg.cluster_secret);
+        let value = serde_json::to_vec(&record).unwrap_or_default();
         let key = format!("{}{}", runtime::election::LIVE_PREFIX, cfg.node);
         let every = Duration::from_millis((PRESENCE_TTL_S as u64 * 1000) / 3);
         let mut lease = None;
