@@ -78,9 +78,23 @@ pub struct FailoverReport {
 /// Acknowledged objects and when.
 pub type Acked = Arc<Mutex<Vec<(ObjectId, Instant)>>>;
 
+/// Each acknowledged object's number `n`, and the next number to be put (every put of a
+/// number at or above it starts after the moment it is read).
+#[derive(Debug, Clone, Default)]
+pub struct Numbers {
+    pub of: Arc<Mutex<std::collections::HashMap<ObjectId, usize>>>,
+    pub next: Arc<std::sync::atomic::AtomicUsize>,
+}
+
 /// Puts at `rate` per second through `urls` in turn until `stop` (objects with a counter `n`,
 /// message ids `failover-<n>`), recording each acknowledged id with when it was acknowledged.
-async fn put_steadily(urls: Vec<String>, rate: u32, acked: Acked, stop: Arc<AtomicBool>) {
+async fn put_steadily(
+    urls: Vec<String>,
+    rate: u32,
+    acked: Acked,
+    numbers: Numbers,
+    stop: Arc<AtomicBool>,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
     let mut set = tokio::task::JoinSet::new();
     let mut i = 0usize;
@@ -88,7 +102,9 @@ async fn put_steadily(urls: Vec<String>, rate: u32, acked: Acked, stop: Arc<Atom
         tick.tick().await;
         let url = urls[i % urls.len()].clone();
         let acked = acked.clone();
+        let numbers = numbers.clone();
         let n = i;
+        numbers.next.store(n + 1, Ordering::SeqCst);
         set.spawn(async move {
             let req = v1::PutRequest {
                 data: Vec::new(),
@@ -101,6 +117,7 @@ async fn put_steadily(urls: Vec<String>, rate: u32, acked: Acked, stop: Arc<Atom
             };
             if let Ok(id) = put_retrying(&url, req, Duration::from_secs(10)).await {
                 runtime::lock(&acked).push((id, Instant::now()));
+                runtime::lock(&numbers.of).insert(id, n);
             }
         });
         i += 1;
@@ -115,9 +132,12 @@ async fn put_steadily(urls: Vec<String>, rate: u32, acked: Acked, stop: Arc<Atom
 #[derive(Debug)]
 pub struct Traffic {
     pub rec: Recorder,
+    /// The recorder's URL (the subscriptions' gRPC target).
+    pub target: String,
     pub q1: u64,
     pub q2: u64,
     pub acked: Acked,
+    pub numbers: Numbers,
     stop: Arc<AtomicBool>,
     putter: Option<tokio::task::JoinHandle<()>>,
 }
@@ -137,18 +157,22 @@ impl Traffic {
             .await
             .context("creating the QoS 1 subscription")?;
         let acked: Acked = Arc::default();
+        let numbers = Numbers::default();
         let stop = Arc::new(AtomicBool::new(false));
         let putter = tokio::spawn(put_steadily(
             c.nodes.iter().map(|n| n.url()).collect(),
             rate,
             acked.clone(),
+            numbers.clone(),
             stop.clone(),
         ));
         Ok(Traffic {
             rec,
+            target,
             q1,
             q2,
             acked,
+            numbers,
             stop,
             putter: Some(putter),
         })

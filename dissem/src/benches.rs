@@ -1,4 +1,4 @@
-//! The benchmark commands (`bench match|ingest|cluster|e2e|cost|quorum|churn|failover|federation`)
+//! The benchmark commands (`bench match|ingest|cluster|e2e|cost|quorum|churn|failover|federation|chaos`)
 //! and `demo`: flags in, a call into
 //! the `bench` crate, figures out.
 
@@ -33,6 +33,85 @@ pub(super) enum Bench {
     /// active-passive (the primary killed, the switch back) and spillover (a refusing
     /// subscriber), each pass or fail.
     Federation(FederationArgs),
+    /// Seeded fault schedules over etcd, two coordinators and a grid of nodes (kills,
+    /// pauses past the lease, etcd restarts, subscription changes while a node is down),
+    /// with an oracle after each: nothing lost, no QoS 2 duplicate, nothing misdelivered,
+    /// no deleted subscription back, no old version serving (needs `etcd` on the PATH).
+    Chaos(ChaosArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct ChaosArgs {
+    /// The first schedule's seed (schedule i has seed + i); a failure names the seed that
+    /// replays it with `--schedules 1`. Default: from the clock, printed.
+    #[arg(long)]
+    pub(super) seed: Option<u64>,
+    /// Schedules to run.
+    #[arg(long, default_value_t = 200)]
+    pub(super) schedules: usize,
+    /// Keep running schedules until this many minutes have passed (after `--schedules`).
+    #[arg(long)]
+    pub(super) minutes: Option<f64>,
+    /// Faults per schedule.
+    #[arg(long, default_value_t = 4)]
+    pub(super) faults: usize,
+    /// The grid of nodes, ROWSxCOLS.
+    #[arg(long, default_value = "3x3")]
+    pub(super) grid: String,
+    /// Puts per second, spread over the nodes.
+    #[arg(long, default_value_t = 40)]
+    pub(super) rate: u32,
+    /// The coordinators' etcd lease in seconds.
+    #[arg(long, default_value_t = 2)]
+    pub(super) lease_ttl: u64,
+    /// Three schedules of three faults (CI): under a minute here.
+    #[arg(long)]
+    pub(super) quick: bool,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+}
+
+pub(super) fn bench_chaos(a: ChaosArgs) -> anyhow::Result<bool> {
+    let grid: runtime::grid::Grid = a
+        .grid
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--grid {:?}: {e}", a.grid))?;
+    if a.rate == 0 || a.faults == 0 || a.lease_ttl == 0 {
+        bail!("--rate, --faults and --lease-ttl must be at least 1");
+    }
+    if a.minutes.is_some_and(|m| !(m.is_finite() && m > 0.0)) {
+        bail!("--minutes must be a positive number");
+    }
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs())
+    });
+    let (schedules, faults, minutes) = if a.quick {
+        (3, 3, None)
+    } else {
+        (a.schedules, a.faults, a.minutes)
+    };
+    eprintln!("chaos seed {seed}");
+    let report = bench::chaos::run(&bench::chaos::ChaosOptions {
+        bin: std::env::current_exe()?,
+        seed,
+        schedules,
+        minutes,
+        faults,
+        grid: (grid.rows, grid.cols),
+        rate: a.rate,
+        lease_ttl: a.lease_ttl,
+    })?;
+    bench::chaos::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
+    }
+    if !report.pass {
+        bail!("the chaos benchmark found violations: see the seeds above");
+    }
+    Ok(true)
 }
 
 #[derive(clap::Args, Debug)]

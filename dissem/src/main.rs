@@ -23,8 +23,8 @@ mod links;
 mod serve;
 
 use benches::{
-    Bench, bench_churn, bench_cluster, bench_cost, bench_e2e, bench_failover, bench_federation,
-    bench_ingest, bench_match, bench_quorum, demo,
+    Bench, bench_chaos, bench_churn, bench_cluster, bench_cost, bench_e2e, bench_failover,
+    bench_federation, bench_ingest, bench_match, bench_quorum, demo,
 };
 use client::{LinkCmd, NodeArg, TokenCmd, client};
 use serve::{CoordinatorArgs, NodeArgs, UpArgs, WorkerFlags, coordinator_cmd, node_cmd, up};
@@ -341,6 +341,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Bench::Federation(a),
         } => bench_federation(a),
+        Command::Bench {
+            which: Bench::Chaos(a),
+        } => bench_chaos(a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

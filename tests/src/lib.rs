@@ -268,3 +268,23 @@ pub async fn put_numbered(url: &str, publisher: &str, ns: std::ops::Range<i64>) 
         c.put(numbered_put(publisher, n)).await.expect("put");
     }
 }
+
+/// Runs `dissem <args> --json <json>` and reads the JSON it wrote: (the JSON, stdout, and
+/// whether it exited 0). A missing or unreadable file fails with both outputs.
+pub fn bench_json(args: &[&str], json: &Path) -> (serde_json::Value, String, bool) {
+    let out = Command::new(dissem_bin())
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .expect("dissem runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let r = serde_json::from_str(&std::fs::read_to_string(json).unwrap_or_else(|e| {
+        panic!(
+            "no JSON ({e}): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }))
+    .expect("JSON");
+    (r, text, out.status.success())
+}

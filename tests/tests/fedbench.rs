@@ -4,26 +4,13 @@
 //! missing in any mode. (Whether each mode passes also depends on timings, e.g. the
 //! promotion within 1 s, which a loaded CI machine may miss: the benchmark reports those.)
 
-use tests::{dissem_bin, temp_dir};
+use tests::temp_dir;
 
 #[test]
 fn the_federation_benchmark_runs_every_mode_and_loses_nothing() {
     let dir = temp_dir("fedbench");
     let json = dir.join("federation.json");
-    let out = std::process::Command::new(dissem_bin())
-        .args(["bench", "federation", "--quick", "--json"])
-        .arg(&json)
-        .output()
-        .expect("dissem runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_else(|e| {
-            panic!(
-                "no JSON ({e}): {text}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        }))
-        .expect("JSON");
+    let (r, text, _) = tests::bench_json(&["bench", "federation", "--quick"], &json);
     for mode in ["all_active", "active_passive", "spillover"] {
         let m = &r[mode];
         assert!(m["pass"].is_boolean(), "{mode}: {m}");
