@@ -5,8 +5,9 @@
 //!
 //! A schedule is drawn from its seed alone: a few faults, each one of SIGKILL and restart of
 //! a node, SIGSTOP past the lease then SIGCONT of a node, SIGKILL of the leading coordinator
-//! (restarted as a standby), SIGKILL and restart of etcd, and subscription changes while a
-//! node is down (a subscription deleted, a canary updated, a canary created). Schedule `i`
+//! (restarted as a standby), SIGKILL and restart of etcd, the subscribers refusing every
+//! delivery for a while, and subscription changes while a node is down (a subscription
+//! deleted, a canary updated, a canary created). Schedule `i`
 //! of a run with seed `S` has seed `S + i`; a failing one is printed with its seed, and
 //! `--seed <that> --schedules 1` replays it.
 //!
@@ -17,7 +18,7 @@
 //! canary listed at an older revision than its last update returned.
 //!
 //! Not drawn yet: link cuts and delay through the relay, federated clusters, full disks and
-//! damaged logs (those have tests of their own: `tests/disk.rs`), subscriber kills.
+//! damaged logs (those have tests of their own: `tests/disk.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -61,6 +62,9 @@ pub enum Fault {
     EtcdRestart,
     /// Node `node` down while a subscription is deleted, a canary updated and one created.
     SubsWhileDown { node: u32 },
+    /// The subscribers refuse every delivery (UNAVAILABLE) for `down_ms`: deliveries stay
+    /// owed and are retried.
+    SubscriberDown { down_ms: u64 },
 }
 
 impl Fault {
@@ -71,6 +75,7 @@ impl Fault {
             Fault::LeaderKill => "leader_kill",
             Fault::EtcdRestart => "etcd_restart",
             Fault::SubsWhileDown { .. } => "subs_while_down",
+            Fault::SubscriberDown { .. } => "subscriber_down",
         }
     }
 }
@@ -89,6 +94,9 @@ pub fn schedule(seed: u64, faults: usize, nodes: u32) -> Vec<Fault> {
                 30..=44 => Fault::NodePause { node },
                 45..=64 => Fault::LeaderKill,
                 65..=74 => Fault::EtcdRestart,
+                75..=84 => Fault::SubscriberDown {
+                    down_ms: 500 + rng.below(2500),
+                },
                 _ => Fault::SubsWhileDown { node },
             }
         })
@@ -177,11 +185,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         }
         let seed = o.seed.wrapping_add(done as u64);
         let plan = schedule(seed, o.faults, nodes);
-        eprintln!(
-            "schedule {} (seed {seed}): {}",
-            done + 1,
-            plan.iter().map(Fault::kind).collect::<Vec<_>>().join(", ")
-        );
+        let at = Instant::now();
         let mut victim = Some(
             create_grpc_subscription(
                 &live_node(&c, None),
@@ -193,12 +197,16 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
             .await
             .context("creating the schedule's subscription")?,
         );
+        let mut took = Vec::new();
         for f in &plan {
             *faults.entry(f.kind()).or_default() += 1;
+            let t = Instant::now();
             apply(&mut c, &traffic, &mut changes, &mut victim, *f, o.lease_ttl)
                 .await
                 .with_context(|| format!("schedule seed {seed}: {f:?}"))?;
+            took.push(format!("{} {:.1} s", f.kind(), t.elapsed().as_secs_f64()));
         }
+        let faulted = Instant::now();
         if let Some(id) = victim.take() {
             // every node is back: an ordinary delete, checked like the others
             delete(&live_node(&c, None), id, &traffic, &mut changes)
@@ -224,6 +232,17 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         resurrected += r;
         stale += s;
         done += 1;
+        eprintln!(
+            "schedule {done} (seed {seed}) in {:.1} s: {}; checked in {:.1} s{}",
+            at.elapsed().as_secs_f64(),
+            took.join(", "),
+            faulted.elapsed().as_secs_f64(),
+            if violations.is_empty() {
+                ""
+            } else {
+                " (violations so far)"
+            }
+        );
     }
     let acked = traffic.stop().await?;
     let missing = traffic.undelivered(&acked, Duration::from_secs(60)).await;
@@ -313,6 +332,11 @@ async fn apply(
             c.coordinators[k].kill();
             c.wait_new_leader(l.epoch, Duration::from_secs(20)).await?;
             c.coordinators[k] = c.start_coordinator(k);
+        }
+        Fault::SubscriberDown { down_ms } => {
+            traffic.rec.set_refusing(true);
+            tokio::time::sleep(Duration::from_millis(down_ms)).await;
+            traffic.rec.set_refusing(false);
         }
         Fault::EtcdRestart => {
             c.etcd.restart().await?;
@@ -527,7 +551,7 @@ mod tests {
             .flat_map(|s| schedule(s, 4, 9))
             .map(|f| f.kind())
             .collect();
-        assert_eq!(kinds.len(), 5, "every kind is drawn: {kinds:?}");
+        assert_eq!(kinds.len(), 6, "every kind is drawn: {kinds:?}");
         assert!((0..200).flat_map(|s| schedule(s, 4, 9)).all(|f| match f {
             Fault::NodeKill { node, .. }
             | Fault::NodePause { node }

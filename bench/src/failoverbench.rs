@@ -37,6 +37,9 @@ pub struct FailoverOptions {
     pub lease_ttl: u64,
     /// Steady running between a recovery and the next kill.
     pub between: Duration,
+    /// Subscriptions registered before the first kill besides the two that check the
+    /// deliveries (each matching nothing): what a new leader rebuilds its registry from.
+    pub subs: usize,
 }
 
 /// One kill of the leader.
@@ -56,6 +59,8 @@ pub struct Kill {
 pub struct FailoverReport {
     pub coordinators: usize,
     pub nodes: u32,
+    /// Subscriptions in the registry (the extra ones and the two that check).
+    pub subscriptions: usize,
     pub lease_ttl_s: u64,
     pub rate: u32,
     pub kills: Vec<Kill>,
@@ -252,6 +257,7 @@ async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
         &procs::small_node_flags(),
     )
     .await?;
+    register_extra(&c, o.subs).await?;
     let mut traffic = Traffic::start(&c, o.rate).await?;
     let (rec, q1, q2) = (traffic.rec.clone(), traffic.q1, traffic.q2);
     let mut kills = Vec::new();
@@ -318,6 +324,7 @@ async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
     let report = FailoverReport {
         coordinators: o.coordinators,
         nodes: o.nodes,
+        subscriptions: o.subs + 2,
         lease_ttl_s: o.lease_ttl,
         rate: o.rate,
         failover_p50_ms: crate::percentile(&f, 0.5),
@@ -336,11 +343,34 @@ async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
     Ok(report)
 }
 
+/// Registers `n` subscriptions that match nothing (`n = -k`), spread over the nodes, with a
+/// progress bar.
+async fn register_extra(c: &ElectedCluster, n: usize) -> anyhow::Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let bar = crate::progress::Progress::new().bar(n as u64, "subscriptions");
+    let per = n.div_ceil(c.nodes.len());
+    let mut set = tokio::task::JoinSet::new();
+    for (i, node) in c.nodes.iter().enumerate() {
+        let subs: Vec<v1::Subscription> = (i * per..((i + 1) * per).min(n))
+            .map(|k| procs::grpc_subscription(&format!("n = -{}", k + 1), "http://127.0.0.1:9"))
+            .collect();
+        let (url, bar) = (node.url(), bar.clone());
+        set.spawn(async move { procs::create_all(&url, subs, 64, || bar.inc(1)).await });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
 /// Prints the figures.
 pub fn print(r: &FailoverReport) {
     println!(
-        "failover: {} coordinators, {} nodes, lease {} s, {} puts/s",
-        r.coordinators, r.nodes, r.lease_ttl_s, r.rate
+        "failover: {} coordinators, {} nodes, {} subscriptions, lease {} s, {} puts/s",
+        r.coordinators, r.nodes, r.subscriptions, r.lease_ttl_s, r.rate
     );
     println!(
         "{:>4}  {:>8}  {:>6}  {:>10}  {:>11}  {:>11}",

@@ -164,6 +164,10 @@ pub(super) struct FailoverArgs {
     /// Seconds of steady running before each kill.
     #[arg(long, default_value_t = 3.0)]
     pub(super) between_s: f64,
+    /// Subscriptions to register first (matching nothing): what each new leader rebuilds
+    /// its registry from.
+    #[arg(long, default_value_t = 0)]
+    pub(super) subs: usize,
     /// Write the figures as JSON to this file.
     #[arg(long)]
     pub(super) json: Option<PathBuf>,
@@ -184,6 +188,7 @@ pub(super) fn bench_failover(a: FailoverArgs) -> anyhow::Result<bool> {
         rate: a.rate,
         lease_ttl: a.lease_ttl,
         between: std::time::Duration::from_secs_f64(a.between_s),
+        subs: a.subs,
     })?;
     bench::failoverbench::print(&report);
     if let Some(path) = &a.json {
