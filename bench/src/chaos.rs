@@ -4,7 +4,8 @@
 //! gRPC endpoint and a writer putting numbered objects through every node throughout.
 //!
 //! A schedule is drawn from its seed alone: a few faults, each one of SIGKILL and restart of
-//! a node, SIGSTOP past the lease then SIGCONT of a node, SIGKILL of the leading coordinator
+//! a node (with its disk, or with its data directory deleted), SIGSTOP past the lease then
+//! SIGCONT of a node, SIGKILL of the leading coordinator
 //! (restarted as a standby), SIGKILL and restart of etcd, the subscribers refusing every
 //! delivery for a while, and subscription changes while a node is down (a subscription
 //! deleted, a canary updated, a canary created). Schedule `i`
@@ -54,6 +55,8 @@ pub struct ChaosOptions {
 pub enum Fault {
     /// SIGKILL node `node`, restart it after `down_ms`.
     NodeKill { node: u32, down_ms: u64 },
+    /// SIGKILL node `node`, delete its data directory (a lost disk), start it again there.
+    NodeWiped { node: u32 },
     /// SIGSTOP node `node` past its lease, then SIGCONT.
     NodePause { node: u32 },
     /// SIGKILL the leading coordinator; it comes back as a standby.
@@ -71,6 +74,7 @@ impl Fault {
     pub fn kind(&self) -> &'static str {
         match self {
             Fault::NodeKill { .. } => "node_kill",
+            Fault::NodeWiped { .. } => "node_wiped",
             Fault::NodePause { .. } => "node_pause",
             Fault::LeaderKill => "leader_kill",
             Fault::EtcdRestart => "etcd_restart",
@@ -87,10 +91,11 @@ pub fn schedule(seed: u64, faults: usize, nodes: u32) -> Vec<Fault> {
         .map(|_| {
             let node = rng.below(u64::from(nodes)) as u32;
             match rng.below(100) {
-                0..=29 => Fault::NodeKill {
+                0..=21 => Fault::NodeKill {
                     node,
                     down_ms: 200 + rng.below(2500),
                 },
+                22..=29 => Fault::NodeWiped { node },
                 30..=44 => Fault::NodePause { node },
                 45..=64 => Fault::LeaderKill,
                 65..=74 => Fault::EtcdRestart,
@@ -316,6 +321,12 @@ async fn apply(
         Fault::NodeKill { node, down_ms } => {
             c.nodes[node as usize].kill();
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
+            c.nodes[node as usize].restart();
+        }
+        Fault::NodeWiped { node } => {
+            c.nodes[node as usize].kill();
+            let data = c.dir.join(format!("node{node}"));
+            std::fs::remove_dir_all(&data).with_context(|| format!("wiping {}", data.display()))?;
             c.nodes[node as usize].restart();
         }
         Fault::NodePause { node } => {
@@ -551,7 +562,7 @@ mod tests {
             .flat_map(|s| schedule(s, 4, 9))
             .map(|f| f.kind())
             .collect();
-        assert_eq!(kinds.len(), 6, "every kind is drawn: {kinds:?}");
+        assert_eq!(kinds.len(), 7, "every kind is drawn: {kinds:?}");
         assert!((0..200).flat_map(|s| schedule(s, 4, 9)).all(|f| match f {
             Fault::NodeKill { node, .. }
             | Fault::NodePause { node }

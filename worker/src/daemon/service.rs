@@ -122,6 +122,7 @@ impl v1::daemon_server::Daemon for Daemon {
                 more,
                 seqs,
                 received: Vec::new(),
+                owns_from: 0,
             }));
         }
         let (objects, more) = self.held_after(r.origin, r.after_seq, limit)?;
@@ -142,11 +143,17 @@ impl v1::daemon_server::Daemon for Daemon {
                 });
             }
         }
+        let owns_from = if r.origin == self.inner.cfg.node {
+            self.inner.store.owns_from()
+        } else {
+            0
+        };
         Ok(Response::new(v1::ReplicasResponse {
             objects: objects.iter().map(replicate::replica_to_proto).collect(),
             more,
             seqs: Vec::new(),
             received,
+            owns_from,
         }))
     }
 }

@@ -96,13 +96,14 @@ impl Daemon {
     }
 
     /// Pulls `origin`'s unfinished objects from `from` after `after`, one page (their received
-    /// marks are stored here); the answer is the page and whether more follow.
+    /// marks are stored here); the answer is the page, whether more follow, and (when `from`
+    /// is the origin) the first sequence number its store handed out.
     async fn pull(
         &self,
         from: &str,
         origin: u32,
         after: u64,
-    ) -> Result<(Vec<storage::StoredObject>, bool), ServiceError> {
+    ) -> Result<(Vec<storage::StoredObject>, bool, u64), ServiceError> {
         let mut c = self.peer(from)?;
         let r = c
             .replicas(v1::ReplicasRequest {
@@ -130,16 +131,19 @@ impl Daemon {
             marks.len()
         );
         self.inner.store.mark_received_unflushed(&marks)?;
-        Ok((page, r.more))
+        Ok((page, r.more, r.owns_from))
     }
 
     /// Every unfinished object of `origin` that `from` holds, stored as copies here; the
-    /// answer is the sequence numbers `from` holds unfinished.
-    async fn pull_all(&self, from: &str, origin: u32) -> Result<Vec<u64>, ServiceError> {
+    /// answer is the sequence numbers `from` holds unfinished, and (when `from` is the
+    /// origin) the first sequence number its store handed out.
+    async fn pull_all(&self, from: &str, origin: u32) -> Result<(Vec<u64>, u64), ServiceError> {
         let mut after = 0;
         let mut seen = Vec::new();
+        let mut owns_from = 0;
         loop {
-            let (page, more) = self.pull(from, origin, after).await?;
+            let (page, more, owns) = self.pull(from, origin, after).await?;
+            owns_from = owns_from.max(owns);
             if let Some(last) = page.last() {
                 after = last.id.seq;
             }
@@ -149,7 +153,7 @@ impl Daemon {
                 self.inner.store.commit().await?;
             }
             if !more || page.is_empty() {
-                return Ok(seen);
+                return Ok((seen, owns_from));
             }
         }
     }
@@ -329,9 +333,9 @@ impl Daemon {
         let mut pulled = 0usize;
         for (origin, ep) in view.live_endpoints(g.origins_held_by(me), &[]) {
             match self.pull_all(&ep, origin).await {
-                Ok(held) => {
+                Ok((held, owns_from)) => {
                     pulled += held.len();
-                    if let Err(e) = self.drop_finished(origin, &held) {
+                    if let Err(e) = self.drop_finished(origin, &held, owns_from) {
                         tracing::warn!("dropping node {origin}'s finished copies: {e}");
                     }
                 }
@@ -368,8 +372,11 @@ impl Daemon {
     }
 
     /// Marks finished the copies of `origin` up to the highest sequence its origin still
-    /// holds that it no longer holds (finished while this node was down).
-    fn drop_finished(&self, origin: u32, held: &[u64]) -> Result<(), ServiceError> {
+    /// holds that it no longer holds (finished while this node was down). Copies below
+    /// `owns_from`, the origin's first sequence number, are left alone: they are an earlier
+    /// node's at that position (its disk lost), which the origin never held; its heir takes
+    /// them over, and their holders learn of their end from it.
+    fn drop_finished(&self, origin: u32, held: &[u64], owns_from: u64) -> Result<(), ServiceError> {
         let Some(&top) = held.iter().max() else {
             return Ok(());
         };
@@ -381,7 +388,7 @@ impl Daemon {
         let gone: Vec<ObjectId> = mine
             .iter()
             .map(|o| o.id)
-            .filter(|id| id.seq < top && !held.contains(&id.seq))
+            .filter(|id| id.seq >= owns_from && id.seq < top && !held.contains(&id.seq))
             .collect();
         self.inner.store.finish_replicas(&gone)?;
         Ok(())
