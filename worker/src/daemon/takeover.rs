@@ -11,7 +11,9 @@
 //! meanwhile (its holders' tombstones) and what its successor adopted, then resends the rest
 //! and owns its new objects again. A node that was down catches up on start: it pulls, by
 //! sequence ranges, the unfinished objects of every origin whose quorum it belongs to, and
-//! drops the copies their origins finished meanwhile.
+//! drops the copies their origins finished meanwhile, never those below the origin's first
+//! sequence number: they belong to an earlier node at that position (a lost disk), which the
+//! origin never held, and are its heir's to take over.
 
 use super::*;
 use replicate::{View, replica_from_proto};
