@@ -226,8 +226,17 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 seed,
                 invariant: "lost",
                 detail: format!(
-                    "{} acknowledged objects, e.g. {:?}",
+                    "{} acknowledged objects ({} not shown to the QoS 1 subscriber, {} not to \
+                     the QoS 2 one), e.g. {:?}",
                     missing.len() - lost,
+                    missing
+                        .iter()
+                        .filter(|id| traffic.rec.first_shown((traffic.q1, **id)).is_none())
+                        .count(),
+                    missing
+                        .iter()
+                        .filter(|id| traffic.rec.first_shown((traffic.q2, **id)).is_none())
+                        .count(),
                     &missing[..missing.len().min(3)]
                 ),
             });
@@ -238,16 +247,14 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         stale += s;
         done += 1;
         eprintln!(
-            "schedule {done} (seed {seed}) in {:.1} s: {}; checked in {:.1} s{}",
+            "schedule {done} (seed {seed}) in {:.1} s: {}; checked in {:.1} s",
             at.elapsed().as_secs_f64(),
             took.join(", "),
             faulted.elapsed().as_secs_f64(),
-            if violations.is_empty() {
-                ""
-            } else {
-                " (violations so far)"
-            }
         );
+        for v in violations.iter().filter(|v| v.seed == seed) {
+            eprintln!("  VIOLATION {}: {}", v.invariant, v.detail);
+        }
     }
     let acked = traffic.stop().await?;
     let missing = traffic.undelivered(&acked, Duration::from_secs(60)).await;

@@ -675,6 +675,20 @@ impl Daemon {
                 .into_iter()
                 .filter(|&s| s > after),
         );
+        // until its deliveries are resumed (after its first catch-up) a node's open records
+        // are on its disk only: a holder that took their objects for finished here would end
+        // their copies, and this node would then close the records as finished elsewhere
+        // (a QoS 2 delivery never released; found by `bench chaos`)
+        if !self.inner.resumed.load(Ordering::Acquire) {
+            seqs.extend(
+                self.inner
+                    .deliverer
+                    .unfinished_objects()?
+                    .into_iter()
+                    .filter(|o| o.node == origin && o.seq > after)
+                    .map(|o| o.seq),
+            );
+        }
         let more = seqs.len() > limit;
         let mut out = Vec::new();
         for seq in seqs.into_iter().take(limit) {
