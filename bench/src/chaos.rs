@@ -47,6 +47,9 @@ pub struct ChaosOptions {
     /// Puts per second, spread over the nodes.
     pub rate: u32,
     pub lease_ttl: u64,
+    /// The report is written here after every schedule too (a run stopped early still
+    /// leaves its figures).
+    pub json: Option<std::path::PathBuf>,
 }
 
 /// One fault of a schedule.
@@ -249,6 +252,26 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         );
         for v in violations.iter().filter(|v| v.seed == seed) {
             eprintln!("  VIOLATION {}: {}", v.invariant, v.detail);
+        }
+        if let Some(path) = &o.json {
+            let (qos2_duplicates, qos1_repeats) = traffic.repeats();
+            let so_far = ChaosReport {
+                seed: o.seed,
+                grid: format!("{}x{}", o.grid.0, o.grid.1),
+                schedules: done,
+                faults: faults.clone(),
+                acknowledged: acked.len(),
+                lost,
+                qos2_duplicates,
+                qos1_repeats,
+                misdelivered: misdeliveries(&traffic, &changes),
+                resurrected,
+                stale_versions: stale,
+                pass: false, // not finished
+                violations: violations.clone(),
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            crate::write_json(path, &so_far)?;
         }
     }
     let acked = traffic.stop().await?;

@@ -67,7 +67,8 @@ pub(super) struct ChaosArgs {
     /// Three schedules of three faults (CI): under a minute here.
     #[arg(long)]
     pub(super) quick: bool,
-    /// Write the figures as JSON to this file.
+    /// Write the figures as JSON to this file (after every schedule, `pass` false until
+    /// the end).
     #[arg(long)]
     pub(super) json: Option<PathBuf>,
 }
@@ -103,6 +104,7 @@ pub(super) fn bench_chaos(a: ChaosArgs) -> anyhow::Result<bool> {
         grid: (grid.rows, grid.cols),
         rate: a.rate,
         lease_ttl: a.lease_ttl,
+        json: a.json.clone(),
     })?;
     bench::chaos::print(&report);
     if let Some(path) = &a.json {
