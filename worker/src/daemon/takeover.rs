@@ -374,23 +374,26 @@ impl Daemon {
     }
 
     /// Marks finished the copies of `origin` up to the highest sequence its origin still
-    /// holds that it no longer holds (finished while this node was down). Copies below
-    /// `owns_from`, the origin's first sequence number, are left alone: they are an earlier
-    /// node's at that position (its disk lost), which the origin never held; its heir takes
-    /// them over, and their holders learn of their end from it.
+    /// holds that it no longer holds (finished while this node was down). Left alone: copies
+    /// below `owns_from`, the origin's first sequence number (an earlier node's at that
+    /// position, its disk lost, which the origin never held: its heir takes them over), and
+    /// copies this node adopted and still disseminates (the origin handed them over).
     fn drop_finished(&self, origin: u32, held: &[u64], owns_from: u64) -> Result<(), ServiceError> {
         let Some(&top) = held.iter().max() else {
             return Ok(());
         };
         let held: HashSet<u64> = held.iter().copied().collect();
-        let mine = self
-            .inner
-            .store
-            .unfinished_replicas(origin, 0, usize::MAX)?;
+        let store = &self.inner.store;
+        let mine = store.unfinished_replicas(origin, 0, usize::MAX)?;
+        // what this node adopted and still disseminates is not the origin's to answer for
+        // (it handed them over): ending the copy here would take the object from under its
+        // pending deliveries (a QoS 2 release lost; found by `bench chaos`)
+        let open = self.inner.deliverer.open_objects(origin);
         let gone: Vec<ObjectId> = mine
             .iter()
             .map(|o| o.id)
             .filter(|id| id.seq >= owns_from && id.seq < top && !held.contains(&id.seq))
+            .filter(|id| !store.in_outbox(*id) && !open.contains(&id.seq))
             .collect();
         self.inner.store.finish_replicas(&gone)?;
         Ok(())
