@@ -265,24 +265,17 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
             eprintln!("  VIOLATION {}: {}", v.invariant, v.detail);
         }
         if let Some(path) = &o.json {
-            let (qos2_duplicates, qos1_repeats) = traffic.repeats();
-            let so_far = ChaosReport {
-                seed: o.seed,
-                grid: format!("{}x{}", o.grid.0, o.grid.1),
+            let t = Tally {
                 schedules: done,
                 faults: faults.clone(),
                 acknowledged: acked.len(),
                 lost,
-                qos2_duplicates,
-                qos1_repeats,
-                misdelivered: misdeliveries(&traffic, &changes),
                 resurrected,
-                stale_versions: stale,
-                pass: false, // not finished
+                stale,
                 violations: violations.clone(),
-                seconds: started.elapsed().as_secs_f64(),
             };
-            crate::write_json(path, &so_far)?;
+            // not finished: no pass yet
+            crate::write_json(path, &report(o, t, &traffic, &changes, started, false))?;
         }
     }
     let acked = traffic.stop().await?;
@@ -295,7 +288,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         });
     }
     let lost = missing.len();
-    let (qos2_duplicates, qos1_repeats) = traffic.repeats();
+    let (qos2_duplicates, _) = traffic.repeats();
     if qos2_duplicates > dups {
         violations.push(Violation {
             seed: o.seed,
@@ -314,30 +307,58 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
             detail: format!("{misdelivered} deliveries to canaries or deleted subscriptions"),
         });
     }
-    let report = ChaosReport {
-        seed: o.seed,
-        grid: format!("{}x{}", o.grid.0, o.grid.1),
+    let pass = violations.is_empty();
+    let t = Tally {
         schedules: done,
         faults,
         acknowledged: acked.len(),
         lost,
-        qos2_duplicates,
-        qos1_repeats,
-        misdelivered,
         resurrected,
-        stale_versions: stale,
-        pass: violations.is_empty(),
+        stale,
         violations,
-        seconds: started.elapsed().as_secs_f64(),
     };
+    let report = report(o, t, &traffic, &changes, started, pass);
     drop(c);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
 }
 
-/// The recording endpoint the subscriptions push to.
-fn target(t: &Traffic) -> String {
-    t.target.clone()
+/// What a run counted itself; the rest of a report is read from the traffic.
+struct Tally {
+    schedules: usize,
+    faults: BTreeMap<&'static str, usize>,
+    acknowledged: usize,
+    lost: usize,
+    resurrected: usize,
+    stale: usize,
+    violations: Vec<Violation>,
+}
+
+fn report(
+    o: &ChaosOptions,
+    t: Tally,
+    traffic: &Traffic,
+    changes: &Changes,
+    started: Instant,
+    pass: bool,
+) -> ChaosReport {
+    let (qos2_duplicates, qos1_repeats) = traffic.repeats();
+    ChaosReport {
+        seed: o.seed,
+        grid: format!("{}x{}", o.grid.0, o.grid.1),
+        schedules: t.schedules,
+        faults: t.faults,
+        acknowledged: t.acknowledged,
+        lost: t.lost,
+        qos2_duplicates,
+        qos1_repeats,
+        misdelivered: misdeliveries(traffic, changes),
+        resurrected: t.resurrected,
+        stale_versions: t.stale,
+        pass,
+        violations: t.violations,
+        seconds: started.elapsed().as_secs_f64(),
+    }
 }
 
 /// A live node to send subscription changes through (not `but`).
@@ -439,7 +460,7 @@ async fn create(
     traffic: &Traffic,
 ) -> Result<v1::Subscription, tonic::Status> {
     let subs = v1::subscriptions_client::SubscriptionsClient::new(procs::channel(via));
-    let s = procs::grpc_subscription(filter, &target(traffic));
+    let s = procs::grpc_subscription(filter, &traffic.target);
     retry(|| {
         let mut subs = subs.clone();
         let subscription = Some(s.clone());

@@ -184,15 +184,15 @@ impl Store {
         }
         let from = after.saturating_add(1).to_be_bytes();
         // copies are walked by the placed tree, or (changed only) by the revisions
-        let walked = if changed_only {
-            &self.revisions
+        let (walked, walked_name) = if changed_only {
+            (&self.revisions, "subscription_revisions")
         } else {
-            &self.placed
+            (&self.placed, "subscription_placed")
         };
         let mut copies = walked.range(from..).peekable();
         let mut tombs = self.deleted.range(from..).peekable();
         while out.len() < limit {
-            let next_copy = peek_id(&mut copies, "subscription_revisions")?;
+            let next_copy = peek_id(&mut copies, walked_name)?;
             let next_tomb = peek_id(&mut tombs, "subscription_deleted")?;
             let take_copy = match (next_copy, next_tomb) {
                 (None, None) => break,
@@ -201,10 +201,12 @@ impl Store {
                 (None, Some(_)) => false,
             };
             if take_copy {
-                let Some((k, _)) = copies.next().transpose()? else {
+                let Some((k, v)) = copies.next().transpose()? else {
                     break;
                 };
-                if let Some(c) = self.listed_copy(&k, placed_by, changed_only)? {
+                // walking the placed tree, its value is the placer already
+                let placer = if changed_only { None } else { Some(v) };
+                if let Some(c) = self.listed_copy(&k, placer, placed_by, changed_only)? {
                     out.push(c);
                 }
             } else if let Some(t) = next_tomb {
@@ -224,10 +226,12 @@ impl Store {
     }
 
     /// The copy under key `k` if `placed_by` placed it (and, `changed_only`, if it was
-    /// updated since its Create).
+    /// updated since its Create); `placer`: its entry in the placed tree, when the caller
+    /// read it already.
     fn listed_copy(
         &self,
         k: &[u8],
+        placer: Option<sled::IVec>,
         placed_by: &std::collections::HashSet<u32>,
         changed_only: bool,
     ) -> Result<Option<SubCopy>, StorageError> {
@@ -239,7 +243,11 @@ impl Store {
         if changed_only && revision <= id {
             return Ok(None);
         }
-        let Some(by) = self.placed.get(k)? else {
+        let placer = match placer {
+            Some(p) => Some(p),
+            None => self.placed.get(k)?,
+        };
+        let Some(by) = placer else {
             return Ok(None); // a registry record, not a placed copy
         };
         let by = be_u32(&by, "subscription_placed")?;

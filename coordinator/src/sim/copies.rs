@@ -225,13 +225,12 @@ impl Cluster {
                 let node = &mut self.nodes[n as usize];
                 match c.record {
                     None => node.delete(self.rules, c.id),
-                    Some(_) if c.placed_by.is_some_and(|p| placers.contains(&p)) => {
-                        if self.rules.versions {
-                            node.apply(self.rules, c.id, c.revision, c.placed_by, false);
-                        } else if !node.copies.contains_key(&c.id) {
-                            // before revisions: only what the node lacked
-                            node.apply(self.rules, c.id, c.revision, c.placed_by, false);
-                        }
+                    // before revisions the catch-up took only what the node lacked
+                    Some(_)
+                        if c.placed_by.is_some_and(|p| placers.contains(&p))
+                            && (self.rules.versions || !node.copies.contains_key(&c.id)) =>
+                    {
+                        node.apply(self.rules, c.id, c.revision, c.placed_by, false);
                     }
                     Some(_) => {}
                 }
