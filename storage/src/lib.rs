@@ -52,6 +52,7 @@ use tokio::sync::{Mutex, Notify};
 
 pub use codec::CodecError;
 pub use deliveries::DeliveryState;
+pub use links::LinkEntry;
 pub use newest::{Held, Newest, SubCopy, replaces};
 pub use objects::{NewObject, ObjectId, PutOutcome, StoredObject};
 pub use replicas::ReplicaCounts;

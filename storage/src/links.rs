@@ -4,6 +4,12 @@
 //! out. An entry stays until the peer acknowledged it, so what is owed survives restarts of
 //! either side and link outages; it is durable with the next commit.
 //!
+//! An entry owed for another node's object (a copy this node took over from a lost origin)
+//! has a longer key: a fresh sequence number of this node's (so it sorts with the rest and
+//! collides with no object of this node's), then the object's origin and sequence number. An
+//! index beside them (object -> link -> entry) says whether any link still owes such an
+//! object.
+//!
 //! Beside them, under a prefix no link name has: this node's objects that an active-passive
 //! standby acknowledged copies of while they were still in the outbox (unfinished here). A
 //! node that starts as a standby hands those to the peer (it disseminated them when it was
@@ -17,6 +23,67 @@ fn link_key(link: &str, seq: u64) -> Vec<u8> {
     k.push(0);
     k.extend_from_slice(&seq.to_be_bytes());
     k
+}
+
+/// An entry for another node's object `id`, at this node's fresh sequence number `entry`.
+fn foreign_key(link: &str, entry: u64, id: ObjectId) -> Vec<u8> {
+    let mut k = link_key(link, entry);
+    k.extend_from_slice(&id.node.to_be_bytes());
+    k.extend_from_slice(&id.seq.to_be_bytes());
+    k
+}
+
+/// The prefix of the index of entries owed for other nodes' objects.
+const OWING: &[u8] = b"\x03owing\0";
+
+fn owing_prefix(id: ObjectId) -> Vec<u8> {
+    let mut k = OWING.to_vec();
+    k.extend_from_slice(&id.node.to_be_bytes());
+    k.extend_from_slice(&id.seq.to_be_bytes());
+    k
+}
+
+fn owing_key(id: ObjectId, link: &str) -> Vec<u8> {
+    let mut k = owing_prefix(id);
+    k.extend_from_slice(link.as_bytes());
+    k
+}
+
+/// One entry a link is owed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkEntry {
+    /// Its place in the link's order (this node's sequence numbers).
+    pub key: u64,
+    /// The other node's object it is owed for (`None`: this node's object `key`, or a
+    /// spillover link's delivery).
+    pub foreign: Option<ObjectId>,
+    /// The encoded object (or delivery) as it goes out.
+    pub bytes: Vec<u8>,
+}
+
+impl LinkEntry {
+    /// The object this entry carries, given this node's id: the foreign one, else this
+    /// node's object `key`.
+    pub fn object(&self, me: u32) -> ObjectId {
+        self.foreign.unwrap_or(ObjectId {
+            node: me,
+            seq: self.key,
+        })
+    }
+}
+
+fn decode_entry_key(link: &str, k: &[u8]) -> Option<(u64, Option<ObjectId>)> {
+    let rest = k.get(link.len() + 1..)?;
+    let key = u64::from_be_bytes(<[u8; 8]>::try_from(rest.get(..8)?).ok()?);
+    match rest.len() {
+        8 => Some((key, None)),
+        20 => {
+            let node = u32::from_be_bytes(<[u8; 4]>::try_from(&rest[8..12]).ok()?);
+            let seq = u64::from_be_bytes(<[u8; 8]>::try_from(&rest[12..20]).ok()?);
+            Some((key, Some(ObjectId { node, seq })))
+        }
+        _ => None,
+    }
 }
 
 /// The prefix of the copied-while-unfinished marks (no link name starts with a control byte).
@@ -45,18 +112,78 @@ impl Store {
         Ok(())
     }
 
-    /// The first `limit` entries `link` is owed, in order: (sequence number, bytes).
-    pub fn link_owed(&self, link: &str, limit: usize) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
+    /// Owes `link` another node's object `id` (a copy this node took over; its encoding
+    /// `bytes`); durable with the next [`Store::commit`]. `false` when it is owed already.
+    pub fn link_owe_foreign(
+        &self,
+        link: &str,
+        id: ObjectId,
+        bytes: &[u8],
+    ) -> Result<bool, StorageError> {
+        let index = owing_key(id, link);
+        if self.links.contains_key(&index)? {
+            return Ok(false);
+        }
+        let entry = self.next_seq(0, false)?;
+        let mut b = sled::Batch::default();
+        b.insert(foreign_key(link, entry, id), bytes);
+        b.insert(index, &entry.to_be_bytes()[..]);
+        self.links.apply_batch(b)?;
+        Ok(true)
+    }
+
+    /// Whether `link` still owes this node's object `seq`.
+    pub fn link_owes_own(&self, link: &str, seq: u64) -> Result<bool, StorageError> {
+        Ok(self.links.contains_key(link_key(link, seq))?)
+    }
+
+    /// Whether any link still owes another node's object `id`.
+    pub fn link_owes_foreign(&self, id: ObjectId) -> Result<bool, StorageError> {
+        Ok(self
+            .links
+            .scan_prefix(owing_prefix(id))
+            .next()
+            .transpose()?
+            .is_some())
+    }
+
+    /// This node's objects above `after` that `link` still owes, in order, at most `limit`.
+    pub fn link_owed_own_after(
+        &self,
+        link: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<u64>, StorageError> {
+        let mut out = Vec::new();
+        if after == u64::MAX {
+            return Ok(out);
+        }
+        // just past the link's entries
+        let mut end = link_prefix(link);
+        end.pop();
+        end.push(1);
+        for k in self.links.range(link_key(link, after + 1)..end).keys() {
+            if out.len() >= limit {
+                break;
+            }
+            if let Some((seq, None)) = decode_entry_key(link, &k?) {
+                out.push(seq);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first `limit` entries `link` is owed, in order.
+    pub fn link_owed(&self, link: &str, limit: usize) -> Result<Vec<LinkEntry>, StorageError> {
         let mut out = Vec::new();
         for kv in self.links.scan_prefix(link_prefix(link)).take(limit) {
             let (k, v) = kv?;
-            if let Some(seq) = k
-                .len()
-                .checked_sub(8)
-                .and_then(|at| <[u8; 8]>::try_from(&k[at..]).ok())
-                .map(u64::from_be_bytes)
-            {
-                out.push((seq, v.to_vec()));
+            if let Some((key, foreign)) = decode_entry_key(link, &k) {
+                out.push(LinkEntry {
+                    key,
+                    foreign,
+                    bytes: v.to_vec(),
+                });
             }
         }
         Ok(out)
@@ -123,7 +250,11 @@ impl Store {
         b.remove(k);
         let mut dropped = 0;
         for kv in self.links.scan_prefix(link_prefix(name)) {
-            b.remove(kv?.0);
+            let k = kv?.0;
+            if let Some((_, Some(id))) = decode_entry_key(name, &k) {
+                b.remove(owing_key(id, name));
+            }
+            b.remove(k);
             dropped += 1;
         }
         self.links.apply_batch(b)?;
@@ -141,11 +272,21 @@ impl Store {
         Ok(out)
     }
 
-    /// The peer acknowledged these entries of `link`.
-    pub fn link_acked(&self, link: &str, seqs: &[u64]) -> Result<(), StorageError> {
+    /// The peer acknowledged these entries of `link` (key, foreign object).
+    pub fn link_acked(
+        &self,
+        link: &str,
+        entries: &[(u64, Option<ObjectId>)],
+    ) -> Result<(), StorageError> {
         let mut b = sled::Batch::default();
-        for s in seqs {
-            b.remove(link_key(link, *s));
+        for &(key, foreign) in entries {
+            match foreign {
+                None => b.remove(link_key(link, key)),
+                Some(id) => {
+                    b.remove(foreign_key(link, key, id));
+                    b.remove(owing_key(id, link));
+                }
+            }
         }
         self.links.apply_batch(b)?;
         Ok(())

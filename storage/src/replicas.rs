@@ -2,7 +2,10 @@
 //! held for the row (or xS) quorum of their origin. Key: origin node, sequence (big endian, so
 //! one origin's copies are one ordered range); value: a state byte and, while unfinished, the
 //! encoded object. A finished copy (its origin, or whoever took over, delivered it) keeps a
-//! tombstone, so a late copy or a catch-up cannot bring it back. Beside them, the QoS 2
+//! tombstone, so a late copy or a catch-up cannot bring it back. A copy whose object was
+//! delivered while a federation link still owed it is *forwarding*: it keeps its bytes, is
+//! never disseminated again, and ends once every link acknowledged the object (so a lost
+//! origin disk does not lose what a peer cluster was owed). Beside them, the QoS 2
 //! deliveries of those objects that a subscriber has "received" (so a takeover only
 //! releases them, and the subscriber never sees one twice).
 
@@ -10,6 +13,7 @@ use super::*;
 
 const UNFINISHED: u8 = 0;
 const FINISHED: u8 = 1;
+const FORWARDING: u8 = 2;
 
 fn replica_key(origin: u32, seq: u64) -> [u8; 12] {
     let mut k = [0u8; 12];
@@ -36,6 +40,8 @@ fn corrupt(source: CodecError) -> StorageError {
 pub struct ReplicaCounts {
     pub unfinished: usize,
     pub finished: usize,
+    /// Delivered, kept for the federation links that still owe the object.
+    pub forwarding: usize,
 }
 
 impl Store {
@@ -69,6 +75,30 @@ impl Store {
                 .insert(replica_key(id.node, id.seq), &[FINISHED][..])?;
             let prefix = replica_key(id.node, id.seq);
             for k in self.phases.scan_prefix(prefix).keys() {
+                self.phases.remove(k?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks unfinished copies forwarding: their objects were delivered, but a federation
+    /// link still owes them. The bytes stay (whoever takes the origin over owes them to its
+    /// links), the received marks go; a finished copy stays finished, and an absent one is
+    /// left absent. Not yet durable.
+    pub fn forward_replicas(&self, ids: &[ObjectId]) -> Result<(), StorageError> {
+        for id in ids {
+            let k = replica_key(id.node, id.seq);
+            let Some(v) = self.replicas.get(k)? else {
+                continue;
+            };
+            if v.first() != Some(&UNFINISHED) {
+                continue;
+            }
+            let mut f = v.to_vec();
+            f[0] = FORWARDING;
+            // a finish or a newer copy in between wins
+            let _ = self.replicas.compare_and_swap(k, Some(v), Some(f))?;
+            for k in self.phases.scan_prefix(k).keys() {
                 self.phases.remove(k?)?;
             }
         }
@@ -155,15 +185,27 @@ impl Store {
         after: u64,
         limit: usize,
     ) -> Result<Vec<StoredObject>, StorageError> {
+        self.copies_in(UNFINISHED, origin, after, limit)
+    }
+
+    /// Up to `limit` copies of `origin`'s objects in `state` above `after`, in order.
+    fn copies_in(
+        &self,
+        want: u8,
+        origin: u32,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredObject>, StorageError> {
         self.scan_after(origin, after, limit, |id, state, rest| {
-            if state != UNFINISHED {
+            if state != want {
                 return Ok(None);
             }
             codec::decode_object(rest, id).map(Some).map_err(corrupt)
         })
     }
 
-    /// Up to `limit` sequence numbers of `origin`'s finished copies above `after`, in order.
+    /// Up to `limit` sequence numbers of `origin`'s delivered copies above `after` (finished
+    /// or forwarding), in order.
     pub fn finished_replicas(
         &self,
         origin: u32,
@@ -171,8 +213,30 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<u64>, StorageError> {
         self.scan_after(origin, after, limit, |id, state, _| {
-            Ok((state == FINISHED).then_some(id.seq))
+            Ok((state != UNFINISHED).then_some(id.seq))
         })
+    }
+
+    /// Up to `limit` sequence numbers of `origin`'s forwarding copies above `after`, in order.
+    pub fn forwarding_seqs(
+        &self,
+        origin: u32,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<u64>, StorageError> {
+        self.scan_after(origin, after, limit, |id, state, _| {
+            Ok((state == FORWARDING).then_some(id.seq))
+        })
+    }
+
+    /// Up to `limit` forwarding copies of `origin`'s objects above `after`, in order.
+    pub fn forwarding_replicas(
+        &self,
+        origin: u32,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredObject>, StorageError> {
+        self.copies_in(FORWARDING, origin, after, limit)
     }
 
     /// The copies this node holds, by state.
@@ -182,6 +246,7 @@ impl Store {
             let (_, v) = kv?;
             match v.first() {
                 Some(&UNFINISHED) => c.unfinished += 1,
+                Some(&FORWARDING) => c.forwarding += 1,
                 _ => c.finished += 1,
             }
         }

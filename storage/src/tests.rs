@@ -423,7 +423,8 @@ async fn replicas_are_paged_by_origin_finished_for_good_and_survive_reopen() {
         s.replica_counts().expect("counts"),
         ReplicaCounts {
             unfinished: 5,
-            finished: 1
+            finished: 1,
+            forwarding: 0
         }
     );
     assert!(
@@ -676,5 +677,99 @@ async fn copies_of_unfinished_objects_are_remembered_until_the_objects_finish() 
     assert_eq!(s.copied_unfinished().expect("copied"), vec![ids[2]]);
     // links' own entries are another keyspace
     assert_eq!(s.link_owed_len("x"), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn forwarding_copies_keep_their_bytes_until_finished_and_are_never_unfinished_again() {
+    let dir = temp_dir("forwarding");
+    let s = Store::open(&dir, 0).expect("open");
+    let copies: Vec<_> = (1..=3).map(|q| copy(4, q)).collect();
+    s.put_replicas_unflushed(&copies).expect("put");
+    let (one, two, three) = (copies[0].id, copies[1].id, copies[2].id);
+    s.mark_received_unflushed(&[(two, 9)]).expect("mark");
+    s.finish_replicas(&[one]).expect("finish");
+    // a finished copy stays finished; an absent one stays absent
+    let absent = ObjectId { node: 4, seq: 7 };
+    s.forward_replicas(&[one, two, absent]).expect("forward");
+    assert!(!s.knows_replica(absent).expect("knows"));
+    assert!(
+        s.received_marks(two).expect("marks").is_empty(),
+        "delivered"
+    );
+    assert_eq!(
+        s.forwarding_replicas(4, 0, 10).expect("forwarding"),
+        vec![copies[1].clone()]
+    );
+    assert_eq!(s.forwarding_seqs(4, 0, 10).expect("seqs"), [2]);
+    assert_eq!(s.finished_replicas(4, 0, 10).expect("delivered"), [1, 2]);
+    let unfinished = s.unfinished_replicas(4, 0, 10).expect("unfinished");
+    assert_eq!(unfinished.iter().map(|o| o.id).collect::<Vec<_>>(), [three]);
+    assert_eq!(s.replica(two).expect("get"), None, "not to disseminate");
+    assert!(!s.adopt(two).expect("adopt"));
+    // a late copy does not make it unfinished again
+    assert_eq!(s.put_replicas_unflushed(&copies[1..2]).expect("late"), 0);
+    s.commit().await.expect("commit");
+    drop(s);
+    let s = Store::open(&dir, 0).expect("reopen");
+    assert_eq!(
+        s.replica_counts().expect("counts"),
+        ReplicaCounts {
+            unfinished: 1,
+            finished: 1,
+            forwarding: 1
+        }
+    );
+    s.finish_replicas(&[two]).expect("finish");
+    assert!(s.forwarding_seqs(4, 0, 10).expect("seqs").is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn entries_owed_for_other_nodes_objects_sort_with_the_rest_and_are_indexed() {
+    let dir = temp_dir("foreign");
+    let s = Store::open(&dir, 1).expect("open");
+    let own = s.put(obj(1, "")).await.expect("put").id;
+    s.link_owe("eu", own.seq, b"own").expect("owe");
+    let theirs = ObjectId {
+        node: 4,
+        seq: own.seq,
+    };
+    assert!(s.link_owe_foreign("eu", theirs, b"theirs").expect("owe"));
+    assert!(!s.link_owe_foreign("eu", theirs, b"theirs").expect("again"));
+    assert!(s.link_owe_foreign("us", theirs, b"theirs").expect("owe"));
+    s.commit().await.expect("commit");
+    drop(s);
+    let s = Store::open(&dir, 1).expect("reopen");
+    let eu = s.link_owed("eu", 10).expect("owed");
+    assert_eq!(eu.len(), 2);
+    assert_eq!(
+        (eu[0].key, eu[0].foreign, eu[0].bytes.as_slice()),
+        (own.seq, None, &b"own"[..])
+    );
+    assert_eq!(eu[0].object(1), own);
+    assert!(eu[1].key > own.seq, "after what was owed before");
+    assert_eq!((eu[1].foreign, eu[1].object(1)), (Some(theirs), theirs));
+    assert!(s.link_owes_own("eu", own.seq).expect("owes"));
+    assert!(
+        !s.link_owes_own("eu", eu[1].key)
+            .expect("an entry, not an object")
+    );
+    assert_eq!(s.link_owed_own_after("eu", 0, 10).expect("own"), [own.seq]);
+    assert!(
+        s.link_owed_own_after("eu", own.seq, 10)
+            .expect("own")
+            .is_empty()
+    );
+    assert!(s.link_owes_foreign(theirs).expect("owes"));
+    // still owed on "us" after "eu" acknowledged it
+    s.link_acked("eu", &[(eu[0].key, None), (eu[1].key, eu[1].foreign)])
+        .expect("ack");
+    assert_eq!(s.link_owed_len("eu"), 0);
+    assert!(!s.link_owes_own("eu", own.seq).expect("owes"));
+    assert!(s.link_owes_foreign(theirs).expect("owes"));
+    // a removed link's entries leave the index too
+    assert_eq!(s.forget_link("us").expect("forget"), 1);
+    assert!(!s.link_owes_foreign(theirs).expect("owes"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -480,6 +480,7 @@ impl v1::admin_server::Admin for Node {
         Ok(Response::new(v1::StatsResponse {
             copies_unfinished: copies.unfinished as u64,
             copies_finished: copies.finished as u64,
+            copies_forwarding: copies.forwarding as u64,
             objects_taken_over: match &self.sink {
                 Sink::Cluster(d) => d.counters().taken_over.load(Ordering::Relaxed),
                 _ => 0,

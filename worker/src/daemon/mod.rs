@@ -40,6 +40,7 @@ use runtime::{lock, now_ms};
 mod config;
 mod fence;
 mod forward;
+mod forwarding;
 mod matched;
 mod membership;
 mod outbox;
@@ -53,6 +54,7 @@ mod tasks;
 mod workers;
 
 pub use config::{DaemonConfig, GpuUse};
+pub use forwarding::LinkLedger;
 pub use workers::lane_switch;
 
 // what the parts share with each other (each part takes the whole module with `use super::*`)
@@ -115,6 +117,11 @@ struct Inner {
     /// given) this node took over.
     owned_below: Mutex<HashMap<u32, u64>>,
     finished_rx: Mutex<Option<mpsc::UnboundedReceiver<ObjectId>>>,
+    /// The node's federation links (`forwarding`), and where they report what they
+    /// acknowledged.
+    links: Mutex<Option<Arc<dyn LinkLedger>>>,
+    links_acked: mpsc::UnboundedSender<ObjectId>,
+    links_acked_rx: Mutex<Option<mpsc::UnboundedReceiver<ObjectId>>>,
     /// The lease fence: whether this node surely holds its lease.
     lease: Mutex<fence::Lease>,
     /// Objects another node took over from this one and disseminates now: their queued
@@ -182,6 +189,7 @@ impl Daemon {
         }
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
         deliverer.on_finished(finished_tx);
+        let (links_acked, links_acked_rx) = mpsc::unbounded_channel();
         let d = Daemon {
             inner: Arc::new(Inner {
                 coord,
@@ -215,6 +223,9 @@ impl Daemon {
                 owned: Mutex::new(std::collections::BTreeSet::new()),
                 owned_below: Mutex::new(HashMap::new()),
                 finished_rx: Mutex::new(Some(finished_rx)),
+                links: Mutex::new(None),
+                links_acked,
+                links_acked_rx: Mutex::new(Some(links_acked_rx)),
                 lease: Mutex::new(fence::Lease::default()),
                 handed: Mutex::new(HashSet::new()),
             }),
@@ -245,8 +256,10 @@ impl Daemon {
         tokio::spawn(self.clone().resender());
         tokio::spawn(self.clone().regulator());
         tokio::spawn(self.clone().relays());
-        if let Some(rx) = lock(&self.inner.finished_rx).take() {
-            tokio::spawn(self.clone().finisher(rx));
+        let finished = lock(&self.inner.finished_rx).take();
+        let acked = lock(&self.inner.links_acked_rx).take();
+        if let (Some(rx), Some(acked)) = (finished, acked) {
+            tokio::spawn(self.clone().finisher(rx, acked));
         }
         if self.inner.cfg.bulk_lane {
             tokio::spawn(self.clone().lane_switch());

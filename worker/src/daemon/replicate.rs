@@ -103,6 +103,9 @@ pub(super) enum PeerMsg {
     Copy(Arc<v1::ReplicaObject>, Option<UnboundedSender<bool>>),
     /// The object's dissemination is finished: the copy goes.
     Finished(ObjectId),
+    /// The object was delivered, but a federation link still owes it: the copy stays, as
+    /// forwarding.
+    Forwarding(ObjectId),
     /// A subscriber has the QoS 2 delivery (object, subscription) "received".
     Received(ObjectId, u64, Option<UnboundedSender<bool>>),
     /// A subscription to store (or, `only_if_held`, to replace where held).
@@ -512,6 +515,7 @@ impl Daemon {
                         acks.extend(ack);
                     }
                     PeerMsg::Finished(id) => req.finished.push(id_proto(id)),
+                    PeerMsg::Forwarding(id) => req.forwarding.push(id_proto(id)),
                     PeerMsg::Received(id, sub, ack) => {
                         req.received.push(v1::ReceivedMark {
                             id: Some(id_proto(id)),
@@ -573,15 +577,18 @@ impl Daemon {
                 copies.push(o);
             }
         }
-        let finished: Vec<ObjectId> = req
-            .finished
-            .iter()
-            .map(|id| ObjectId {
-                node: id.node,
-                seq: id.seq,
-            })
-            .filter(|id| id.node != me)
-            .collect();
+        // another node's objects only (this node's own are its to end)
+        let others = |ids: &[v1::ObjectId]| -> Vec<ObjectId> {
+            ids.iter()
+                .map(|id| ObjectId {
+                    node: id.node,
+                    seq: id.seq,
+                })
+                .filter(|id| id.node != me)
+                .collect()
+        };
+        let finished = others(&req.finished);
+        let forwarding = others(&req.forwarding);
         let marks: Vec<(ObjectId, u64)> = marks_from_proto(&req.received)
             .into_iter()
             .filter(|(id, _)| id.node != me)
@@ -589,6 +596,8 @@ impl Daemon {
         let store = &self.inner.store;
         let stored = store.put_replicas_unflushed(&copies)?;
         store.mark_received_unflushed(&marks)?;
+        // in the order the sender sent them: a copy, then its delivery, then its end
+        store.forward_replicas(&forwarding)?;
         store.finish_replicas(&finished)?;
         let mut subs_changed = false;
         for c in &req.subscriptions {
@@ -616,11 +625,11 @@ impl Daemon {
             store.remove_subscription_unflushed(id)?;
             subs_changed = true; // the tombstone is new, or written again
         }
-        for id in &finished {
+        for id in finished.iter().chain(&forwarding) {
             // a takeover of this object is over too
             self.inner.store.retire(*id)?;
         }
-        if !copies.is_empty() || !marks.is_empty() || subs_changed {
+        if !copies.is_empty() || !marks.is_empty() || !forwarding.is_empty() || subs_changed {
             self.inner.store.commit().await?;
         }
         Ok(v1::ReplicateResponse {
@@ -628,42 +637,25 @@ impl Daemon {
         })
     }
 
-    /// Finished objects (from delivery) go to the holders of their copies: an object of this
-    /// node's, or one it took over (whose copy here is finished too).
-    pub(super) async fn finisher(self, mut rx: UnboundedReceiver<ObjectId>) {
-        while let Some(id) = rx.recv().await {
-            let Some(g) = self.grid() else { continue };
-            let me = self.inner.cfg.node;
-            if id.node != me
-                && let Err(e) = self.inner.store.finish_replicas(&[id])
-            {
-                tracing::warn!("finishing copy {}:{}: {e}", id.node, id.seq);
-            }
-            if !g.contains(id.node) {
-                continue;
-            }
-            for p in g.xs_quorum(id.node) {
-                if p != me {
-                    self.to_peer(p, PeerMsg::Finished(id));
-                }
-            }
-        }
-    }
-
-    /// The unfinished objects of `origin` this node holds after `after` (its own outbox and
-    /// open deliveries when it is the origin, else its copies), at most `limit`.
+    /// The unfinished objects of `origin` this node holds after `after` (its own outbox, open
+    /// deliveries and objects a federation link still owes when it is the origin, else its
+    /// copies), at most `limit`; whether more follow; and, of this node's own, those held
+    /// only for the links (delivered: forwarding).
     pub(super) fn held_after(
         &self,
         origin: u32,
         after: u64,
         limit: usize,
-    ) -> Result<(Vec<StoredObject>, bool), ServiceError> {
+    ) -> Result<(Vec<StoredObject>, bool, Vec<u64>), ServiceError> {
         let store = &self.inner.store;
         if origin != self.inner.cfg.node {
             let v = store.unfinished_replicas(origin, after, limit + 1)?;
             let more = v.len() > limit;
-            return Ok((v.into_iter().take(limit).collect(), more));
+            return Ok((v.into_iter().take(limit).collect(), more, Vec::new()));
         }
+        // what a link still owes is held for it: a holder that took it for finished would end
+        // its copy, and a lost disk here would then lose what the peer cluster was owed
+        let forwarding = self.forwarding_own_after(after, limit + 1);
         let mut seqs: std::collections::BTreeSet<u64> = store
             .own_pending_after(after, limit + 1)
             .into_iter()
@@ -689,6 +681,7 @@ impl Daemon {
                     .map(|o| o.seq),
             );
         }
+        seqs.extend(&forwarding);
         let more = seqs.len() > limit;
         let mut out = Vec::new();
         for seq in seqs.into_iter().take(limit) {
@@ -696,7 +689,12 @@ impl Daemon {
                 out.push(o);
             }
         }
-        Ok((out, more))
+        let answered: HashSet<u64> = out.iter().map(|o| o.id.seq).collect();
+        let forwarding = forwarding
+            .into_iter()
+            .filter(|s| answered.contains(s))
+            .collect();
+        Ok((out, more, forwarding))
     }
 }
 

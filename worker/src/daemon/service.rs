@@ -113,6 +113,9 @@ impl v1::daemon_server::Daemon for Daemon {
                 v1::ReplicaSet::Finished => store
                     .finished_replicas(r.origin, r.after_seq, limit + 1)
                     .map_err(ServiceError::from)?,
+                v1::ReplicaSet::Forwarding => store
+                    .forwarding_seqs(r.origin, r.after_seq, limit + 1)
+                    .map_err(ServiceError::from)?,
                 _ => store.adopted_after(r.origin, r.after_seq, limit + 1),
             };
             let more = seqs.len() > limit;
@@ -123,9 +126,10 @@ impl v1::daemon_server::Daemon for Daemon {
                 seqs,
                 received: Vec::new(),
                 owns_from: 0,
+                forwarding: Vec::new(),
             }));
         }
-        let (objects, more) = self.held_after(r.origin, r.after_seq, limit)?;
+        let (objects, more, forwarding) = self.held_after(r.origin, r.after_seq, limit)?;
         let mut received = Vec::new();
         for o in &objects {
             for sub in self
@@ -154,6 +158,7 @@ impl v1::daemon_server::Daemon for Daemon {
             seqs: Vec::new(),
             received,
             owns_from,
+            forwarding,
         }))
     }
 }

@@ -98,14 +98,15 @@ impl Daemon {
     }
 
     /// Pulls `origin`'s unfinished objects from `from` after `after`, one page (their received
-    /// marks are stored here); the answer is the page, whether more follow, and (when `from`
-    /// is the origin) the first sequence number its store handed out.
+    /// marks are stored here); the answer is the page, whether more follow, (when `from` is
+    /// the origin) the first sequence number its store handed out, and which of the page are
+    /// delivered but still owed to a federation link (forwarding).
     async fn pull(
         &self,
         from: &str,
         origin: u32,
         after: u64,
-    ) -> Result<(Vec<storage::StoredObject>, bool, u64), ServiceError> {
+    ) -> Result<(Vec<storage::StoredObject>, bool, u64, Vec<u64>), ServiceError> {
         let mut c = self.peer(from)?;
         let r = c
             .replicas(v1::ReplicasRequest {
@@ -133,7 +134,7 @@ impl Daemon {
             marks.len()
         );
         self.inner.store.mark_received_unflushed(&marks)?;
-        Ok((page, r.more, r.owns_from))
+        Ok((page, r.more, r.owns_from, r.forwarding))
     }
 
     /// Every unfinished object of `origin` that `from` holds, stored as copies here; the
@@ -144,15 +145,21 @@ impl Daemon {
         let mut seen = Vec::new();
         let mut owns_from = 0;
         loop {
-            let (page, more, owns) = self.pull(from, origin, after).await?;
+            let (page, more, owns, forwarding) = self.pull(from, origin, after).await?;
             owns_from = owns_from.max(owns);
             if let Some(last) = page.last() {
                 after = last.id.seq;
             }
             seen.extend(page.iter().map(|o| o.id.seq));
             if !page.is_empty() {
-                self.inner.store.put_replicas_unflushed(&page)?;
-                self.inner.store.commit().await?;
+                let store = &self.inner.store;
+                store.put_replicas_unflushed(&page)?;
+                let forwarding: Vec<ObjectId> = forwarding
+                    .into_iter()
+                    .map(|seq| ObjectId { node: origin, seq })
+                    .collect();
+                store.forward_replicas(&forwarding)?;
+                store.commit().await?;
             }
             if !more || page.is_empty() {
                 return Ok((seen, owns_from));
@@ -205,18 +212,25 @@ impl Daemon {
         }
         // what a live node adopted already stays with it: one owner per object
         let taken = self.adopted_elsewhere(origin).await;
-        // and what a live holder knows finished is not disseminated again (a copy here can
-        // have missed its end: pulled from a holder just before it learned it)
-        let finished = self.finished_elsewhere(origin).await;
-        let stale: Vec<ObjectId> = finished
-            .iter()
-            .map(|&seq| ObjectId { node: origin, seq })
-            .collect();
-        if let Err(e) = self.inner.store.finish_replicas(&stale) {
+        // and what a live holder knows delivered is not disseminated again (a copy here can
+        // have missed its end: pulled from a holder just before it learned it); what a link
+        // still owes stays, as forwarding
+        let (finished, forwarding) = self.finished_elsewhere(origin).await;
+        let ids = |seqs: &HashSet<u64>| -> Vec<ObjectId> {
+            seqs.iter()
+                .map(|&seq| ObjectId { node: origin, seq })
+                .collect()
+        };
+        let store = &self.inner.store;
+        let ended = store
+            .forward_replicas(&ids(&forwarding))
+            .and_then(|()| store.finish_replicas(&ids(&finished)));
+        if let Err(e) = ended {
             tracing::warn!("ending node {origin}'s finished copies: {e}");
         }
+        let finished: HashSet<u64> = finished.union(&forwarding).copied().collect();
         let mut after = 0;
-        let mut adopted = 0usize;
+        let mut adopted = Vec::new();
         loop {
             if !self.still_taking(origin, below) {
                 return; // it came back meanwhile, or another node succeeds it now
@@ -240,22 +254,29 @@ impl Daemon {
                 .filter(|o| !finished.contains(&o.id.seq))
             {
                 if matches!(self.inner.store.adopt(o.id), Ok(true)) {
-                    adopted += 1;
                     self.arrived(o.id, o.priority, &o.metadata);
+                    adopted.push(o);
                 }
             }
         }
         self.inner
             .counters
             .taken_over
-            .fetch_add(adopted as u64, Ordering::Relaxed);
-        tracing::info!("took over {adopted} unfinished objects of node {origin}");
+            .fetch_add(adopted.len() as u64, Ordering::Relaxed);
+        tracing::info!(
+            "took over {} unfinished objects of node {origin}",
+            adopted.len()
+        );
+        // what the origin owed its federation links, this node owes them now
+        self.owe_taken_over(origin, below, &adopted).await;
     }
 
     /// Sequence numbers of `origin`'s objects, from the oldest unfinished copy here on, that
-    /// other live members of its quorum know finished.
-    async fn finished_elsewhere(&self, origin: u32) -> HashSet<u64> {
+    /// other live members of its quorum know finished, and (apart) those they know delivered
+    /// but still owed to a federation link (forwarding).
+    async fn finished_elsewhere(&self, origin: u32) -> (HashSet<u64>, HashSet<u64>) {
         let mut done = HashSet::new();
+        let mut forwarding = HashSet::new();
         let oldest = match self.inner.store.unfinished_replicas(origin, 0, 1) {
             Ok(v) => v.first().map(|o| o.id.seq),
             Err(e) => {
@@ -265,14 +286,28 @@ impl Daemon {
         };
         let view = self.view();
         let (Some(oldest), Some(g)) = (oldest, view.grid) else {
-            return done;
+            return (done, forwarding);
         };
         let skip = [self.inner.cfg.node, origin];
         for (_, ep) in view.live_endpoints(g.xs_quorum(origin), &skip) {
-            let set = v1::ReplicaSet::Finished;
-            done.extend(self.seqs_of(&ep, origin, set, oldest - 1).await);
+            let delivered = self
+                .seqs_of(&ep, origin, v1::ReplicaSet::Finished, oldest - 1)
+                .await;
+            let owed: HashSet<u64> = self
+                .seqs_of(&ep, origin, v1::ReplicaSet::Forwarding, oldest - 1)
+                .await
+                .into_iter()
+                .collect();
+            for seq in delivered {
+                if owed.contains(&seq) {
+                    forwarding.insert(seq);
+                } else {
+                    done.insert(seq); // finished: every link had it
+                }
+            }
         }
-        done
+        forwarding.retain(|s| !done.contains(s));
+        (done, forwarding)
     }
 
     /// Sequence numbers of `origin`'s objects that other live members of its quorum adopted.
@@ -384,14 +419,24 @@ impl Daemon {
         };
         let held: HashSet<u64> = held.iter().copied().collect();
         let store = &self.inner.store;
-        let mine = store.unfinished_replicas(origin, 0, usize::MAX)?;
+        let mut mine: Vec<ObjectId> = store
+            .unfinished_replicas(origin, 0, usize::MAX)?
+            .iter()
+            .map(|o| o.id)
+            .collect();
+        // and forwarding copies whose links all had the object meanwhile
+        mine.extend(
+            store
+                .forwarding_seqs(origin, 0, usize::MAX)?
+                .into_iter()
+                .map(|seq| ObjectId { node: origin, seq }),
+        );
         // what this node adopted and still disseminates is not the origin's to answer for
         // (it handed them over): ending the copy here would take the object from under its
         // pending deliveries (a QoS 2 release lost; found by `bench chaos`)
         let open = self.inner.deliverer.open_objects(origin);
         let gone: Vec<ObjectId> = mine
-            .iter()
-            .map(|o| o.id)
+            .into_iter()
             .filter(|id| id.seq >= owns_from && id.seq < top && !held.contains(&id.seq))
             .filter(|id| !store.in_outbox(*id) && !open.contains(&id.seq))
             .collect();

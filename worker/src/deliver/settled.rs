@@ -126,6 +126,11 @@ impl Deliverer {
         }
     }
 
+    /// Whether `obj` has open delivery records.
+    pub fn is_open(&self, obj: ObjectId) -> bool {
+        lock(&self.inner.open).contains_key(&obj)
+    }
+
     /// Objects of `origin` with open delivery records (their dissemination is not finished
     /// though they left the outbox).
     pub fn open_objects(&self, origin: u32) -> HashSet<u64> {

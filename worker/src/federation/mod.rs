@@ -30,6 +30,7 @@
 
 mod manage;
 pub use manage::{MAX_LINK_TTL, link_from_request};
+mod owed;
 mod sender;
 mod serve;
 mod spill;
@@ -179,6 +180,9 @@ struct Inner {
     /// The finished-watermark every healthy standby acknowledged (QoS 2 deliveries wait for
     /// it: `standby`'s gate).
     standby_knows: tokio::sync::watch::Sender<u64>,
+    /// Where the all-active links report the objects they acknowledged (the node daemon's
+    /// finisher: copies of what a link owes outlive delivery).
+    acked_to: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<ObjectId>>>,
 }
 
 /// This node's active-passive role.
@@ -259,6 +263,7 @@ impl Federation {
                 }),
                 primary_seen: AtomicU64::new(0),
                 standby_knows: tokio::sync::watch::Sender::new(0),
+                acked_to: std::sync::Mutex::new(None),
                 primary: std::sync::Mutex::new(primary),
             }),
         })
@@ -303,7 +308,8 @@ impl Federation {
             .link_owed(&link.cfg.name, 1)
             .ok()
             .and_then(|v| v.into_iter().next())
-            .and_then(|(_, b)| {
+            .map(|e| e.bytes)
+            .and_then(|b| {
                 if spill {
                     v1::SpilledDelivery::decode(b.as_slice())
                         .ok()

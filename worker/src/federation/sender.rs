@@ -63,19 +63,22 @@ impl Federation {
                     continue;
                 }
             }
-            let seqs: Vec<u64> = owed.iter().map(|(s, _)| *s).collect();
+            let entries: Vec<(u64, Option<ObjectId>)> =
+                owed.iter().map(|e| (e.key, e.foreign)).collect();
+            let seqs: Vec<u64> = owed.iter().map(|e| e.key).collect();
             let mut objects: Vec<v1::FederatedObject> = Vec::new();
             let mut spilled: Vec<v1::SpilledDelivery> = Vec::new();
-            for (seq, b) in &owed {
+            for e in &owed {
+                let b = e.bytes.as_slice();
                 let decoded = if spill {
-                    v1::SpilledDelivery::decode(b.as_slice()).map(|d| spilled.push(d))
+                    v1::SpilledDelivery::decode(b).map(|d| spilled.push(d))
                 } else {
-                    v1::FederatedObject::decode(b.as_slice()).map(|o| objects.push(o))
+                    v1::FederatedObject::decode(b).map(|o| objects.push(o))
                 };
                 // written by this node, so only a damaged store gets here: said, then dropped
                 // with the batch's acknowledgement rather than blocking the link
-                if let Err(e) = decoded {
-                    tracing::error!("link {}: entry {seq} does not decode: {e}", link.name)
+                if let Err(err) = decoded {
+                    tracing::error!("link {}: entry {} does not decode: {err}", link.name, e.key)
                 }
             }
             let n = (objects.len() + spilled.len()) as u64;
@@ -117,8 +120,12 @@ impl Federation {
                         this.acked_at.store(runtime::now_ms(), Ordering::SeqCst);
                         self.note_standby_knows();
                     }
-                    if let Err(e) = self.inner.store.link_acked(&link.name, &seqs) {
+                    if let Err(e) = self.inner.store.link_acked(&link.name, &entries) {
                         tracing::error!("link {}: {e}", link.name);
+                    } else if link.mode == LinkMode::AllActive {
+                        // their copies end once no link owes them
+                        let me = self.inner.store.node();
+                        self.report_acked(owed.iter().map(|e| e.object(me)));
                     }
                     // what the standby holds copies of while it is unfinished here is the
                     // standby's to disseminate if this node comes back as a standby
@@ -157,14 +164,14 @@ impl Federation {
 
     /// The next batch `link` is owed: at most [`BATCH`] entries, closed once past
     /// [`BATCH_BYTES`].
-    fn owed_batch(&self, link: &str) -> Result<Vec<(u64, Vec<u8>)>, storage::StorageError> {
+    fn owed_batch(&self, link: &str) -> Result<Vec<storage::LinkEntry>, storage::StorageError> {
         let mut o = self.inner.store.link_owed(link, BATCH)?;
         let mut bytes = 0;
         let keep = o
             .iter()
-            .take_while(|(_, b)| {
+            .take_while(|e| {
                 let first = bytes == 0;
-                bytes += b.len();
+                bytes += e.bytes.len();
                 first || bytes <= BATCH_BYTES
             })
             .count();
@@ -176,11 +183,11 @@ impl Federation {
     /// standby and drops what it still owed the peer (its own objects it disseminates
     /// itself; the peer took over the rest).
     async fn superseded(&self, link: &LinkConfig, epoch: u64) {
-        let owed: Vec<u64> = self
+        let owed: Vec<(u64, Option<ObjectId>)> = self
             .inner
             .store
             .link_owed(&link.name, usize::MAX)
-            .map(|v| v.into_iter().map(|(s, _)| s).collect())
+            .map(|v| v.into_iter().map(|e| (e.key, e.foreign)).collect())
             .unwrap_or_default();
         if let Err(e) = self.step_down(epoch).await {
             tracing::error!("link {}: stepping down: {e}", link.name);

@@ -37,20 +37,7 @@ impl Spill for Federation {
             // by default the peer has half the subscription's delivery TTL
             let ttl = ttl.map_or(ttl_ms / 2, |t| t.as_millis() as u64).max(1);
             let d = v1::SpilledDelivery {
-                object: Some(v1::FederatedObject {
-                    origin_cluster: self.inner.cfg.cluster.clone(),
-                    origin_id: Some(v1::ObjectId {
-                        node: obj.id.node,
-                        seq: obj.id.seq,
-                    }),
-                    message_id: obj.message_id.clone(),
-                    data: obj.data.clone(),
-                    metadata: runtime::validate::attributes_to_proto(&obj.metadata),
-                    priority: u32::from(obj.priority),
-                    external_id: obj.external_id.clone(),
-                    received_unix_ms: obj.received_unix_ms,
-                    expires_unix_ms: now.saturating_add(ttl),
-                }),
+                object: Some(self.federated(obj, now.saturating_add(ttl))),
                 subscription_id: sub,
                 tenant: s.tenant.clone(),
                 name: s.name.clone(),

@@ -225,6 +225,8 @@ impl Node {
                 // spillover links may also be added later
                 d.deliverer().on_dead_letter(std::sync::Arc::new(f.clone()));
                 d.deliverer().on_standby(std::sync::Arc::new(f.clone()));
+                // copies of what an all-active link owes outlive delivery
+                f.keep_copies_for_links(d);
                 tokio::spawn(d.deliverer().clone().forget_spilled());
             }
             f.spawn();

@@ -1,0 +1,177 @@
+//! Objects a federation link still owes outlive their delivery (issue #31, hole 2). What a
+//! put owes each all-active link is stored on the node that took it; if that node's disk were
+//! lost after delivery, but before the peer cluster acknowledged the object, the peer would
+//! never get it. So an object's end reaches the holders of its copies in two steps: when it
+//! is delivered while a link still owes it, they mark their copies *forwarding* (the bytes
+//! stay; nobody disseminates it again); when the last link acknowledged it (or it was
+//! delivered with nothing owed), they end them (`finished`). A node that takes a lost
+//! origin over owes the copies it adopts, and the forwarding ones, to its own all-active
+//! links (the peer stores an object once, by its origin id, so a second sender is harmless).
+//!
+//! The finisher is the one place that decides: it hears of every delivered object (from
+//! delivery) and of every object a link acknowledged (from the federation senders).
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use storage::StoredObject;
+
+use super::replicate::PeerMsg;
+use super::*;
+
+/// What the node's federation links owe (the federation implements it; a node without links
+/// has none).
+pub trait LinkLedger: Send + Sync + std::fmt::Debug {
+    /// Whether an all-active link still owes the object `id`.
+    fn owes(&self, id: ObjectId) -> bool;
+    /// This node's objects above `after` an all-active link still owes, in order, at most
+    /// `limit`.
+    fn owed_own_after(&self, after: u64, limit: usize) -> Vec<u64>;
+    /// Owes another node's object (a copy this node took over) to every all-active link whose
+    /// filter it passes; durable with the store's next commit.
+    fn owe_copy(&self, o: &StoredObject) -> Result<(), ServiceError>;
+}
+
+impl Daemon {
+    /// Hands the daemon the node's federation links: copies of what they owe are kept past
+    /// delivery. The answer is where the links report each object they acknowledged.
+    pub fn set_links(&self, links: Arc<dyn LinkLedger>) -> mpsc::UnboundedSender<ObjectId> {
+        *lock(&self.inner.links) = Some(links);
+        self.inner.links_acked.clone()
+    }
+
+    pub(super) fn links(&self) -> Option<Arc<dyn LinkLedger>> {
+        lock(&self.inner.links).clone()
+    }
+
+    /// Whether a link still owes `id`.
+    pub(super) fn links_owe(&self, id: ObjectId) -> bool {
+        self.links().is_some_and(|l| l.owes(id))
+    }
+
+    /// Whether `id` is still being disseminated here (in the outbox, adopted, or with an open
+    /// delivery record).
+    fn disseminating(&self, id: ObjectId) -> bool {
+        self.inner.store.in_outbox(id) || self.inner.deliverer.is_open(id)
+    }
+
+    /// Ends the copies of delivered objects: each delivered object (`delivered`), and each
+    /// object a link acknowledged (`acked`), goes to the holders of its copies as forwarding
+    /// while a link still owes it, else as finished. An object of this node's, or one it took
+    /// over (whose copy here changes the same way).
+    pub(super) async fn finisher(
+        self,
+        mut delivered: UnboundedReceiver<ObjectId>,
+        mut acked: UnboundedReceiver<ObjectId>,
+    ) {
+        loop {
+            let (id, from_delivery) = tokio::select! {
+                Some(id) = delivered.recv() => (id, true),
+                Some(id) = acked.recv() => (id, false),
+                else => return,
+            };
+            // a link's acknowledgement of an object still being delivered: its delivery
+            // ends it
+            if !from_delivery && self.disseminating(id) {
+                continue;
+            }
+            let forwarding = self.links_owe(id);
+            if forwarding && !from_delivery {
+                continue; // another link still owes it: its acknowledgement ends it
+            }
+            self.end_copies(id, forwarding);
+        }
+    }
+
+    /// Tells the holders of `id`'s copies (and this node's own copy, of another node's
+    /// object) that it was delivered: forwarding, or finished.
+    fn end_copies(&self, id: ObjectId, forwarding: bool) {
+        let Some(g) = self.grid() else { return };
+        let me = self.inner.cfg.node;
+        if id.node != me {
+            let store = &self.inner.store;
+            let r = if forwarding {
+                store.forward_replicas(&[id])
+            } else {
+                store.finish_replicas(&[id])
+            };
+            if let Err(e) = r {
+                tracing::warn!("ending copy {}:{}: {e}", id.node, id.seq);
+            }
+        }
+        if !g.contains(id.node) {
+            return;
+        }
+        for p in g.xs_quorum(id.node) {
+            if p != me {
+                let msg = if forwarding {
+                    PeerMsg::Forwarding(id)
+                } else {
+                    PeerMsg::Finished(id)
+                };
+                self.to_peer(p, msg);
+            }
+        }
+    }
+
+    /// This node's objects above `after` that are held only because a link still owes them
+    /// (delivered; a holder keeps them as forwarding copies), at most `limit`.
+    pub(super) fn forwarding_own_after(&self, after: u64, limit: usize) -> Vec<u64> {
+        let Some(l) = self.links() else {
+            return Vec::new();
+        };
+        let me = self.inner.cfg.node;
+        l.owed_own_after(after, limit)
+            .into_iter()
+            .filter(|&seq| !self.disseminating(ObjectId { node: me, seq }))
+            .collect()
+    }
+
+    /// A takeover's share of the links: every copy of `origin`'s objects below `below` that
+    /// this node adopted or holds forwarding is owed to its links (durable before the
+    /// answer); forwarding copies no link of this node's takes end at once.
+    pub(super) async fn owe_taken_over(&self, origin: u32, below: u64, adopted: &[StoredObject]) {
+        let Some(links) = self.links() else { return };
+        let store = &self.inner.store;
+        let mut owed = 0usize;
+        let mut ended = Vec::new();
+        for o in adopted {
+            match links.owe_copy(o) {
+                Ok(()) => owed += 1,
+                Err(e) => tracing::error!("owing {}:{} to the links: {e}", o.id.node, o.id.seq),
+            }
+        }
+        let mut after = 0;
+        loop {
+            let page = match store.forwarding_replicas(origin, after, 512) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("reading node {origin}'s forwarding copies: {e}");
+                    break;
+                }
+            };
+            let Some(last) = page.last() else { break };
+            after = last.id.seq;
+            for o in page.iter().filter(|o| o.id.seq < below) {
+                match links.owe_copy(o) {
+                    Ok(()) => owed += 1,
+                    Err(e) => {
+                        tracing::error!("owing {}:{} to the links: {e}", o.id.node, o.id.seq)
+                    }
+                }
+                if !links.owes(o.id) {
+                    ended.push(o.id); // no link of this node's takes it
+                }
+            }
+        }
+        if let Err(e) = store.commit().await {
+            tracing::error!("storing what node {origin}'s objects owe the links: {e}");
+            return;
+        }
+        for id in ended {
+            self.end_copies(id, false);
+        }
+        if owed > 0 {
+            tracing::info!("owed {owed} of node {origin}'s objects to this node's links");
+        }
+    }
+}
