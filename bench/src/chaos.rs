@@ -8,7 +8,10 @@
 //! SIGCONT of a node, SIGKILL of the leading coordinator
 //! (restarted as a standby), SIGKILL and restart of etcd, the subscribers refusing every
 //! delivery for a while, and subscription changes while a node is down (a subscription
-//! deleted, a canary updated, a canary created). Schedule `i`
+//! deleted, a canary updated, a canary created). Every node links (all-active) to a peer
+//! cluster through a relay (`chaosfed`); about a third of the schedules start by cutting
+//! that link, or by SIGKILLing the peer, and heal it only after their last fault, so what
+//! the puts owe the peer is owed while nodes die and lose their disks. Schedule `i`
 //! of a run with seed `S` has seed `S + i`; a failing one is printed with its seed, and
 //! `--seed <that> --schedules 1` replays it.
 //!
@@ -16,10 +19,11 @@
 //! subscribers (at least once for QoS 1, exactly once for QoS 2); nothing delivered to a
 //! canary (a filter no object matches) nor to a deleted subscription for an object put
 //! after the delete returned; no deleted subscription listed again by the leader; no
-//! canary listed at an older revision than its last update returned.
+//! canary listed at an older revision than its last update returned; every acknowledged
+//! object shown to the peer cluster's subscriber.
 //!
-//! Not drawn yet: link cuts and delay through the relay, federated clusters, full disks and
-//! damaged logs (those have tests of their own: `tests/disk.rs`).
+//! Not drawn yet: link delay and loss, full disks and damaged logs (those have tests of
+//! their own: `tests/disk.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -28,10 +32,12 @@ use anyhow::{Context, bail};
 use proto::v1;
 use serde::Serialize;
 
+use crate::chaosfed::Peer;
 use crate::elected::ElectedCluster;
 use crate::failoverbench::Traffic;
 use crate::procs::{self, try_wait_for};
 use runtime::rng::Rng;
+use storage::ObjectId;
 
 /// Options of the chaos benchmark.
 #[derive(Debug, Clone)]
@@ -71,6 +77,11 @@ pub enum Fault {
     /// The subscribers refuse every delivery (UNAVAILABLE) for `down_ms`: deliveries stay
     /// owed and are retried.
     SubscriberDown { down_ms: u64 },
+    /// The link to the peer cluster cut (the relay refuses every connection) until the
+    /// schedule's last fault is over.
+    LinkCut,
+    /// The peer cluster SIGKILLed, and started again once the schedule's last fault is over.
+    PeerDown,
 }
 
 impl Fault {
@@ -83,12 +94,31 @@ impl Fault {
             Fault::EtcdRestart => "etcd_restart",
             Fault::SubsWhileDown { .. } => "subs_while_down",
             Fault::SubscriberDown { .. } => "subscriber_down",
+            Fault::LinkCut => "link_cut",
+            Fault::PeerDown => "peer_down",
         }
     }
 }
 
-/// The faults of the schedule of `seed` on a grid of `nodes` nodes.
+/// The faults of the schedule of `seed` on a grid of `nodes` nodes: in about a third of the
+/// schedules first one of the federation link (healed after the last fault; drawn from a
+/// stream of its own, so a seed's cluster faults are those it had before links were drawn),
+/// then `faults` of the cluster.
 pub fn schedule(seed: u64, faults: usize, nodes: u32) -> Vec<Fault> {
+    let mut fed = Rng::new(seed ^ 0x5eed_0000_0000_0fed);
+    let mut plan = Vec::new();
+    if fed.below(3) == 0 {
+        plan.push(if fed.below(2) == 0 {
+            Fault::LinkCut
+        } else {
+            Fault::PeerDown
+        });
+    }
+    plan.extend(cluster_faults(seed, faults, nodes));
+    plan
+}
+
+fn cluster_faults(seed: u64, faults: usize, nodes: u32) -> Vec<Fault> {
     let mut rng = Rng::new(seed);
     (0..faults)
         .map(|_| {
@@ -133,6 +163,8 @@ pub struct ChaosReport {
     pub misdelivered: u64,
     pub resurrected: usize,
     pub stale_versions: usize,
+    /// Acknowledged objects the peer cluster's subscriber was never shown.
+    pub federation_missing: usize,
     pub violations: Vec<Violation>,
     pub seconds: f64,
     pub pass: bool,
@@ -168,21 +200,17 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         "starting etcd, 2 coordinators and a {}x{} grid of nodes",
         o.grid.0, o.grid.1
     );
-    let mut c = ElectedCluster::start_grid(
-        &o.bin,
-        &dir,
-        2,
-        o.grid,
-        o.lease_ttl,
-        &procs::small_node_flags(),
-    )
-    .await?;
+    let mut peer = Peer::start(&o.bin, &dir).await?;
+    let mut flags = procs::small_node_flags();
+    flags.extend(peer.link_flags());
+    let mut c = ElectedCluster::start_grid(&o.bin, &dir, 2, o.grid, o.lease_ttl, &flags).await?;
     let mut traffic = Traffic::start(&c, o.rate).await?;
     let mut changes = Changes::default();
     let mut faults: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut violations = Vec::new();
-    // acknowledged objects not delivered yet, as of the last check
+    // acknowledged objects not delivered yet (here, at the peer), as of the last check
     let (mut lost, mut resurrected, mut stale) = (0usize, 0, 0);
+    let mut fed_missing = 0usize;
     // QoS 2 duplicates as of the last check (each schedule's are its own violation)
     let mut dups = 0;
     let mut done = 0;
@@ -206,11 +234,18 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         for f in &plan {
             *faults.entry(f.kind()).or_default() += 1;
             let t = Instant::now();
-            apply(&mut c, &traffic, &mut changes, &mut victim, *f, o.lease_ttl)
+            let mut on = Targets {
+                c: &mut c,
+                peer: &mut peer,
+                traffic: &traffic,
+            };
+            apply(&mut on, &mut changes, &mut victim, *f, o.lease_ttl)
                 .await
                 .with_context(|| format!("schedule seed {seed}: {f:?}"))?;
             took.push(format!("{} {:.1} s", f.kind(), t.elapsed().as_secs_f64()));
         }
+        // the link, cut or with its peer down since the start, is whole again
+        peer.heal();
         let faulted = Instant::now();
         if let Some(id) = victim.take() {
             // every node is back: an ordinary delete, checked like the others
@@ -242,6 +277,19 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
             });
         }
         lost = missing.len();
+        let at_peer = peer_missing(&peer, &traffic, &acked).await;
+        if at_peer.len() > fed_missing {
+            violations.push(Violation {
+                seed,
+                invariant: "federation_missing",
+                detail: format!(
+                    "{} acknowledged objects never reached the peer cluster, e.g. n = {:?}",
+                    at_peer.len() - fed_missing,
+                    &at_peer[..at_peer.len().min(3)]
+                ),
+            });
+        }
+        fed_missing = at_peer.len();
         let (now_dups, _) = traffic.repeats();
         if now_dups > dups {
             violations.push(Violation {
@@ -272,6 +320,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 lost,
                 resurrected,
                 stale,
+                fed_missing,
                 violations: violations.clone(),
             };
             // not finished: no pass yet
@@ -288,6 +337,18 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         });
     }
     let lost = missing.len();
+    let at_peer = peer_missing(&peer, &traffic, &acked).await;
+    if at_peer.len() > fed_missing {
+        violations.push(Violation {
+            seed: o.seed,
+            invariant: "federation_missing",
+            detail: format!(
+                "{} acknowledged objects never reached the peer cluster at the end",
+                at_peer.len() - fed_missing
+            ),
+        });
+    }
+    let fed_missing = at_peer.len();
     let (qos2_duplicates, _) = traffic.repeats();
     if qos2_duplicates > dups {
         violations.push(Violation {
@@ -315,6 +376,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         lost,
         resurrected,
         stale,
+        fed_missing,
         violations,
     };
     let report = report(o, t, &traffic, &changes, started, pass);
@@ -331,6 +393,7 @@ struct Tally {
     lost: usize,
     resurrected: usize,
     stale: usize,
+    fed_missing: usize,
     violations: Vec<Violation>,
 }
 
@@ -355,6 +418,7 @@ fn report(
         misdelivered: misdeliveries(traffic, changes),
         resurrected: t.resurrected,
         stale_versions: t.stale,
+        federation_missing: t.fed_missing,
         pass,
         violations: t.violations,
         seconds: started.elapsed().as_secs_f64(),
@@ -369,15 +433,37 @@ fn live_node(c: &ElectedCluster, but: Option<u32>) -> String {
     c.nodes[i].url()
 }
 
+/// The numbers of acknowledged objects `acked` the peer cluster was not shown (waiting up to
+/// a minute for them).
+async fn peer_missing(peer: &Peer, traffic: &Traffic, acked: &[ObjectId]) -> Vec<usize> {
+    let want: std::collections::BTreeSet<usize> = {
+        let numbers = runtime::lock(&traffic.numbers.of);
+        acked
+            .iter()
+            .filter_map(|id| numbers.get(id).copied())
+            .collect()
+    };
+    peer.missing(&want, Duration::from_secs(60)).await
+}
+
+/// What a fault acts on.
+struct Targets<'a> {
+    c: &'a mut ElectedCluster,
+    peer: &'a mut Peer,
+    traffic: &'a Traffic,
+}
+
 async fn apply(
-    c: &mut ElectedCluster,
-    traffic: &Traffic,
+    on: &mut Targets<'_>,
     changes: &mut Changes,
     victim: &mut Option<u64>,
     f: Fault,
     lease_ttl: u64,
 ) -> anyhow::Result<()> {
+    let (c, traffic) = (&mut *on.c, on.traffic);
     match f {
+        Fault::LinkCut => on.peer.cut.set_down(true),
+        Fault::PeerDown => on.peer.stop(),
         Fault::NodeKill { node, down_ms } => {
             c.nodes[node as usize].kill();
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
@@ -610,14 +696,15 @@ pub fn print(r: &ChaosReport) {
     println!("faults: {}", faults.join(", "));
     println!(
         "acknowledged {}, lost {}, QoS 2 duplicates {}, QoS 1 repeats {}, misdelivered {}, \
-         resurrected {}, stale versions {}",
+         resurrected {}, stale versions {}, missing at the peer cluster {}",
         r.acknowledged,
         r.lost,
         r.qos2_duplicates,
         r.qos1_repeats,
         r.misdelivered,
         r.resurrected,
-        r.stale_versions
+        r.stale_versions,
+        r.federation_missing
     );
     for v in &r.violations {
         println!(
@@ -639,7 +726,12 @@ mod tests {
             .flat_map(|s| schedule(s, 4, 9))
             .map(|f| f.kind())
             .collect();
-        assert_eq!(kinds.len(), 7, "every kind is drawn: {kinds:?}");
+        assert_eq!(kinds.len(), 9, "every kind is drawn: {kinds:?}");
+        // a seed's cluster faults come first, as before links were drawn
+        for seed in 0..200 {
+            let plan = schedule(seed, 4, 9);
+            assert_eq!(plan[plan.len() - 4..], cluster_faults(seed, 4, 9)[..]);
+        }
         assert!((0..200).flat_map(|s| schedule(s, 4, 9)).all(|f| match f {
             Fault::NodeKill { node, .. }
             | Fault::NodePause { node }

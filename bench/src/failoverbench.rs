@@ -113,10 +113,18 @@ async fn put_steadily(
         set.spawn(async move {
             let req = v1::PutRequest {
                 data: Vec::new(),
-                metadata: runtime::validate::attributes_to_proto(&[(
-                    "n".to_string(),
-                    blocks::Value::Num(blocks::num::Num::from(n as i64)),
-                )]),
+                // `pub` and `n`: a numbered object (`recorder::numbered_key`), which a peer
+                // cluster's subscriber recognises under the peer's own ids
+                metadata: runtime::validate::attributes_to_proto(&[
+                    (
+                        "pub".to_string(),
+                        blocks::Value::from(crate::chaosfed::PUBLISHER),
+                    ),
+                    (
+                        "n".to_string(),
+                        blocks::Value::Num(blocks::num::Num::from(n as i64)),
+                    ),
+                ]),
                 priority: 0,
                 message_id: format!("failover-{n}"),
             };
