@@ -22,8 +22,10 @@
 //! canary listed at an older revision than its last update returned; every acknowledged
 //! object shown to the peer cluster's subscriber.
 //!
-//! Not drawn yet: link delay and loss, full disks and damaged logs (those have tests of
-//! their own: `tests/disk.rs`).
+//! About a quarter of the schedules end by damaging a node's object log while it is down
+//! (`chaosdisk`): the node must take the lost records back from their copies.
+//!
+//! Not drawn yet: link delay and loss, and full disks (`tests/disk.rs` has its own test).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -82,6 +84,9 @@ pub enum Fault {
     LinkCut,
     /// The peer cluster SIGKILLed, and started again once the schedule's last fault is over.
     PeerDown,
+    /// SIGKILL node `node`, flip a byte in each of the last records of its object log (as a
+    /// failing disk would), start it again.
+    LogDamaged { node: u32 },
 }
 
 impl Fault {
@@ -96,14 +101,15 @@ impl Fault {
             Fault::SubscriberDown { .. } => "subscriber_down",
             Fault::LinkCut => "link_cut",
             Fault::PeerDown => "peer_down",
+            Fault::LogDamaged { .. } => "log_damaged",
         }
     }
 }
 
 /// The faults of the schedule of `seed` on a grid of `nodes` nodes: in about a third of the
-/// schedules first one of the federation link (healed after the last fault; drawn from a
-/// stream of its own, so a seed's cluster faults are those it had before links were drawn),
-/// then `faults` of the cluster.
+/// schedules first one of the federation link (healed after the last fault), then `faults`
+/// of the cluster, then in about a quarter a damaged object log. The link and disk faults are
+/// drawn from streams of their own, so a seed's cluster faults are those it had before.
 pub fn schedule(seed: u64, faults: usize, nodes: u32) -> Vec<Fault> {
     let mut fed = Rng::new(seed ^ 0x5eed_0000_0000_0fed);
     let mut plan = Vec::new();
@@ -115,6 +121,12 @@ pub fn schedule(seed: u64, faults: usize, nodes: u32) -> Vec<Fault> {
         });
     }
     plan.extend(cluster_faults(seed, faults, nodes));
+    let mut disk = Rng::new(seed ^ 0xd15c_0000_0000_0000);
+    if disk.below(4) == 0 {
+        plan.push(Fault::LogDamaged {
+            node: disk.below(u64::from(nodes)) as u32,
+        });
+    }
     plan
 }
 
@@ -211,8 +223,10 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     // acknowledged objects not delivered yet (here, at the peer), as of the last check
     let (mut lost, mut resurrected, mut stale) = (0usize, 0, 0);
     let mut fed_missing = 0usize;
-    // QoS 2 duplicates as of the last check (each schedule's are its own violation)
+    // QoS 2 duplicates as of the last check (each schedule's are its own violation), and the
+    // pairs already named
     let mut dups = 0;
+    let mut reported = std::collections::BTreeSet::new();
     let mut done = 0;
     loop {
         let time_left = o
@@ -295,7 +309,11 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
             violations.push(Violation {
                 seed,
                 invariant: "qos2_duplicates",
-                detail: format!("{} QoS 2 deliveries shown twice", now_dups - dups),
+                detail: format!(
+                    "{} QoS 2 deliveries shown twice: {}",
+                    now_dups - dups,
+                    duplicated(&traffic, &mut reported)
+                ),
             });
         }
         dups = now_dups;
@@ -446,6 +464,38 @@ async fn peer_missing(peer: &Peer, traffic: &Traffic, acked: &[ObjectId]) -> Vec
     peer.missing(&want, Duration::from_secs(60)).await
 }
 
+/// The QoS 2 pairs shown more than once that were not named yet, with the subscriber's calls
+/// of each (when, relative to the first; what; from which port): where a replay starts.
+fn duplicated(t: &Traffic, reported: &mut std::collections::BTreeSet<(u64, ObjectId)>) -> String {
+    let mut out = Vec::new();
+    for (pair, _) in t
+        .rec
+        .shown()
+        .into_iter()
+        .filter(|(p, n)| p.0 == t.q2 && *n > 1)
+    {
+        if !reported.insert(pair) {
+            continue;
+        }
+        let calls = t.rec.calls(pair);
+        let first = calls.first().map(|c| c.0);
+        let calls: Vec<String> = calls
+            .iter()
+            .map(|(at, what, port)| {
+                let ms = first.map_or(0, |f| at.duration_since(f).as_millis());
+                format!("+{ms} ms {what} from port {port}")
+            })
+            .collect();
+        out.push(format!(
+            "object {}:{} ({})",
+            pair.1.node,
+            pair.1.seq,
+            calls.join(", ")
+        ));
+    }
+    out.join("; ")
+}
+
 /// What a fault acts on.
 struct Targets<'a> {
     c: &'a mut ElectedCluster,
@@ -464,6 +514,12 @@ async fn apply(
     match f {
         Fault::LinkCut => on.peer.cut.set_down(true),
         Fault::PeerDown => on.peer.stop(),
+        Fault::LogDamaged { node } => {
+            let n = &mut c.nodes[node as usize];
+            n.kill();
+            crate::chaosdisk::damage_tail(&c.dir.join(format!("node{node}")), 3)?;
+            n.restart();
+        }
         Fault::NodeKill { node, down_ms } => {
             c.nodes[node as usize].kill();
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
@@ -726,15 +782,20 @@ mod tests {
             .flat_map(|s| schedule(s, 4, 9))
             .map(|f| f.kind())
             .collect();
-        assert_eq!(kinds.len(), 9, "every kind is drawn: {kinds:?}");
-        // a seed's cluster faults come first, as before links were drawn
+        assert_eq!(kinds.len(), 10, "every kind is drawn: {kinds:?}");
+        // a seed's cluster faults are those it had before link and disk faults were drawn
         for seed in 0..200 {
-            let plan = schedule(seed, 4, 9);
-            assert_eq!(plan[plan.len() - 4..], cluster_faults(seed, 4, 9)[..]);
+            let plan: Vec<Fault> = schedule(seed, 4, 9)
+                .into_iter()
+                .filter(|f| !matches!(f, Fault::LinkCut | Fault::PeerDown))
+                .filter(|f| !matches!(f, Fault::LogDamaged { .. }))
+                .collect();
+            assert_eq!(plan, cluster_faults(seed, 4, 9));
         }
         assert!((0..200).flat_map(|s| schedule(s, 4, 9)).all(|f| match f {
             Fault::NodeKill { node, .. }
             | Fault::NodePause { node }
+            | Fault::LogDamaged { node }
             | Fault::SubsWhileDown { node } => node < 9,
             _ => true,
         }));

@@ -7,6 +7,7 @@
 //! thin wrappers over it.
 
 pub mod chaos;
+pub mod chaosdisk;
 pub mod chaosfed;
 pub mod churnbench;
 pub mod churnmetrics;

@@ -21,7 +21,8 @@ pub struct Proc {
     args: Vec<String>,
 }
 
-/// The log file of a child started with `args`, when `DISSEM_TEST_LOG_DIR` names a folder.
+/// The log file of a child started with `args`, when `DISSEM_TEST_LOG_DIR` names a folder
+/// (one per data directory, appended to across restarts).
 fn log_file(args: &[String]) -> Option<std::fs::File> {
     let dir = PathBuf::from(std::env::var_os("DISSEM_TEST_LOG_DIR")?);
     let data = args
@@ -38,7 +39,12 @@ fn log_file(args: &[String]) -> Option<std::fs::File> {
         data.file_name()?.to_string_lossy()
     );
     std::fs::create_dir_all(&dir).ok()?;
-    std::fs::File::create(dir.join(format!("{name}.log"))).ok()
+    // appended to: a restarted process keeps what it logged before
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .ok()
 }
 
 impl Proc {

@@ -31,6 +31,7 @@ mod newest;
 mod objects;
 mod objlog;
 mod outbox;
+mod repair;
 mod replicas;
 mod scrub;
 mod space;
@@ -172,6 +173,10 @@ pub struct Store {
     adopted: Arc<std::sync::Mutex<std::collections::BTreeMap<ObjectId, u8>>>,
     /// The floor last written to sled.
     outbox_floor_written: Arc<AtomicU64>,
+    /// This node's objects lost at open, to restore from copies (`repair`); they hold the
+    /// outbox floor below them.
+    /// seq -> whether it was still to be matched.
+    repair: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, bool>>>,
     commit: Arc<Commit>,
     /// Subscription ids are handed out from here on when it is above sled's counter (an
     /// elected coordinator's epoch; 0: sled's counter alone).
@@ -275,10 +280,14 @@ impl Store {
             outbox: Arc::default(),
             adopted: Arc::default(),
             outbox_floor_written: Arc::default(),
+            repair: Arc::default(),
             commit: Arc::new(Commit::default()),
             subscription_id_floor: Arc::default(),
         };
+        store.load_repair()?;
         store.load_outbox()?;
+        let damaged = store.log.damaged_at_open();
+        store.note_damaged(&damaged)?;
         Ok(store)
     }
 

@@ -75,6 +75,8 @@ pub struct ObjectLog {
     synced: Mutex<(u32, u64)>,
     /// `fdatasync` calls made by [`ObjectLog::sync`].
     disk_syncs: std::sync::atomic::AtomicU64,
+    /// The records the check at open found damaged (their sequence numbers).
+    damaged: Vec<u64>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -115,7 +117,8 @@ impl ObjectLog {
     pub fn open(dir: &Path) -> std::io::Result<ObjectLog> {
         std::fs::create_dir_all(dir)?;
         let newest = Self::segments_in(dir)?.into_iter().max();
-        crate::scrub::check_tail(dir, newest);
+        let report = crate::scrub::check_tail(dir, newest);
+        let damaged = report.damaged.iter().map(|d| d.seq).collect();
         let segment = newest.map_or(1, |s| s + 1);
         let file = create_segment(dir, segment)?;
         Ok(ObjectLog {
@@ -128,7 +131,13 @@ impl ObjectLog {
             readers: Mutex::new(HashMap::new()),
             synced: Mutex::new((segment, 0)),
             disk_syncs: Default::default(),
+            damaged,
         })
+    }
+
+    /// The sequence numbers of the records the check at open found damaged.
+    pub fn damaged_at_open(&self) -> Vec<u64> {
+        self.damaged.clone()
     }
 
     fn segments_in(dir: &Path) -> std::io::Result<Vec<u32>> {

@@ -52,6 +52,8 @@ impl Store {
                     e.at.offset
                 );
                 self.data.remove(&k)?;
+                // its quorum may hold a copy (`repair`)
+                self.needs_repair(seq, true)?;
                 dropped += 1;
             }
         }
@@ -60,7 +62,7 @@ impl Store {
             tracing::warn!(
                 "dropped {dropped} object(s) whose record is missing or does not check out: \
                  puts a crash cut off before their acknowledgement, or records named above as \
-                 damaged"
+                 damaged (restored from their copies when the row quorum holds any)"
             );
             self.db.flush()?;
         }
@@ -71,7 +73,14 @@ impl Store {
     pub(super) fn outbox_floor(&self) -> u64 {
         let g = self.lock_seq();
         let next = g.0;
-        self.lock_outbox().keys().next().copied().unwrap_or(next)
+        let outbox = self.lock_outbox().keys().next().copied().unwrap_or(next);
+        // an object lost at open and not yet restored stays owed
+        let lost = self
+            .lock_repair()
+            .iter()
+            .find(|(_, outbox)| **outbox)
+            .map_or(next, |(seq, _)| *seq);
+        outbox.min(lost)
     }
 
     /// Writes the outbox floor if it moved (it reaches the disk with the flush that follows).

@@ -773,3 +773,115 @@ async fn entries_owed_for_other_nodes_objects_sort_with_the_rest_and_are_indexed
     assert!(!s.link_owes_foreign(theirs).expect("owes"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_lost_at_open_is_remembered_until_restored_from_a_copy() {
+    let dir = temp_dir("repair");
+    let (kept, lost, gone);
+    let lost_copy;
+    {
+        let s = Store::open(&dir, 6).expect("open");
+        kept = s.put(obj(1, "")).await.expect("put").id;
+        lost = s.put(obj(2, "m-2")).await.expect("put").id;
+        lost_copy = s.get(lost).expect("get").expect("stored");
+        // a locator whose record is missing: another object lost the same way
+        gone = ObjectId {
+            node: 6,
+            seq: lost.seq + 1,
+        };
+        let entry = Store::encode_entry(&Entry {
+            at: Locator {
+                segment: 1,
+                offset: 1 << 20,
+                len: 10,
+            },
+            received_unix_ms: 1,
+            has_message_id: false,
+            priority: 0,
+            targeted: false,
+        });
+        s.data.insert(key(b'd', gone.seq), entry).expect("insert");
+        s.db.flush().expect("flush");
+    }
+    // a byte of the second object's record changes on disk
+    let seg = newest_segment(&dir);
+    let mut bytes = std::fs::read(&seg).expect("segment");
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0xff;
+    std::fs::write(&seg, &bytes).expect("damage");
+    {
+        let s = Store::open(&dir, 6).expect("reopen");
+        assert_eq!(pending_ids(&s), vec![kept]);
+        assert_eq!(s.to_repair(), vec![lost.seq, gone.seq]);
+        s.commit().await.expect("commit");
+        // the floor stays below what is still to repair
+        assert!(s.outbox_floor() <= lost.seq);
+    }
+    let s = Store::open(&dir, 6).expect("reopen");
+    assert_eq!(s.to_repair(), vec![lost.seq, gone.seq], "durable");
+    // a copy of another node's object, or of one not lost, restores nothing
+    assert_eq!(s.restore_own(&[copy(4, lost.seq)]).expect("restore"), 0);
+    assert_eq!(
+        s.restore_own(std::slice::from_ref(&lost_copy))
+            .expect("restore"),
+        1
+    );
+    assert_eq!(
+        s.restore_own(std::slice::from_ref(&lost_copy))
+            .expect("again"),
+        0
+    );
+    s.give_up_repair(&[gone.seq]).expect("give up");
+    s.commit().await.expect("commit");
+    drop(s);
+    let s = Store::open(&dir, 6).expect("reopen");
+    assert!(s.to_repair().is_empty());
+    assert_eq!(pending_ids(&s), vec![kept, lost]);
+    assert_eq!(s.get(lost).expect("get"), Some(lost_copy));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_matched_object_damaged_on_disk_is_restored_in_place_not_matched_again() {
+    let dir = temp_dir("repair-matched");
+    let (first, damaged, lost_copy);
+    {
+        let s = Store::open(&dir, 6).expect("open");
+        first = s.put(obj(1, "")).await.expect("put").id;
+        damaged = s.put(obj(2, "")).await.expect("put").id;
+        lost_copy = s.get(damaged).expect("get").expect("stored");
+        // both matched: out of the outbox, the floor past them
+        s.retire(first).expect("retire");
+        s.retire(damaged).expect("retire");
+        s.commit().await.expect("commit");
+    }
+    let seg = newest_segment(&dir);
+    let mut bytes = std::fs::read(&seg).expect("segment");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&seg, &bytes).expect("damage");
+    let s = Store::open(&dir, 6).expect("reopen");
+    assert_eq!(s.get(damaged).expect("get"), None, "reads as absent");
+    assert_eq!(s.to_repair(), vec![damaged.seq]);
+    assert!(pending_ids(&s).is_empty());
+    assert!(s.outbox_floor() > damaged.seq, "the floor is not held back");
+    assert_eq!(
+        s.restore_own(std::slice::from_ref(&lost_copy))
+            .expect("restore"),
+        1
+    );
+    assert!(pending_ids(&s).is_empty(), "not matched again");
+    assert_eq!(s.get(damaged).expect("get"), Some(lost_copy));
+    assert!(s.get(first).expect("get").is_some());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The newest object-log segment with records in the store at `dir`.
+fn newest_segment(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::read_dir(dir.join("objects"))
+        .expect("log")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
+        .max()
+        .expect("a segment")
+}

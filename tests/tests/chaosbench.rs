@@ -49,8 +49,9 @@ fn the_chaos_benchmark_runs_its_schedules_and_every_invariant_holds() {
 /// new leader every holder caught up with node 1 and took its answer (it held none of its
 /// predecessor's objects) as their end, before node 1's heir could adopt them: 4 acknowledged
 /// objects were never delivered. Holders now leave copies below the origin's first sequence
-/// number to the heir. (Since federation faults are drawn, the seed also cuts the link to the
-/// peer cluster first; its cluster faults are the same.)
+/// number to the heir. (Since link and disk faults are drawn, the seed also cuts the link to
+/// the peer cluster first and damages a node's object log last; its cluster faults are the
+/// same.)
 #[test]
 fn a_lost_disk_before_a_new_leader_loses_no_acknowledged_object() {
     if !bench::elected::etcd_available() {
@@ -72,8 +73,36 @@ fn a_lost_disk_before_a_new_leader_loses_no_acknowledged_object() {
     assert_eq!(
         r["faults"],
         serde_json::json!({"etcd_restart": 1, "leader_kill": 1, "link_cut": 1,
-            "node_wiped": 1, "subscriber_down": 1}),
+            "log_damaged": 1, "node_wiped": 1, "subscriber_down": 1}),
         "the schedule of seed 109 changed: {r}"
+    );
+    assert_eq!(r["lost"], 0, "{text}");
+    assert!(ok && r["pass"] == true, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The schedule that found a restarted node answering an object with a durable open QoS 2
+/// record as delivered: the peer cluster down (so every object is owed to the link), node 0
+/// killed between a QoS 2 Deliver and its "received" mark, then restarted. Before it resumed
+/// its records, it answered its holders' catch-up with the objects its link still owed and
+/// that had no delivery open in memory as forwarding (delivered); its own catch-up then
+/// learned that object as delivered elsewhere and closed the record: the release never came.
+/// Open records on disk now count until they are resumed. The schedule ends with a damaged
+/// object log (node 6 restores one object from its copies).
+#[test]
+fn a_restarted_node_does_not_answer_an_undelivered_object_as_delivered() {
+    if !bench::elected::etcd_available() {
+        return; // the first test says so, or fails under DISSEM_REQUIRE_ETCD
+    }
+    let dir = temp_dir("chaos-6009");
+    let json = dir.join("chaos.json");
+    let args = ["bench", "chaos", "--seed", "6009", "--schedules", "1"];
+    let (r, text, ok) = tests::bench_json(&args, &json);
+    assert_eq!(
+        r["faults"],
+        serde_json::json!({"log_damaged": 1, "node_kill": 2, "node_pause": 1,
+            "peer_down": 1, "subs_while_down": 1}),
+        "the schedule of seed 6009 changed: {r}"
     );
     assert_eq!(r["lost"], 0, "{text}");
     assert!(ok && r["pass"] == true, "{text}");

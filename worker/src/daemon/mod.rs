@@ -46,6 +46,7 @@ mod membership;
 mod outbox;
 mod presence;
 mod relay;
+mod repair;
 mod replicate;
 mod service;
 mod subcopies;

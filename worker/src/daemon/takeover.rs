@@ -367,6 +367,8 @@ impl Daemon {
         if !g.contains(me) {
             return self.resume_deliveries(&HashSet::new());
         }
+        // first what its own disk lost: until then it would answer those objects as gone
+        self.repair_own(&view).await;
         let mut pulled = 0usize;
         for (origin, ep) in view.live_endpoints(g.origins_held_by(me), &[]) {
             match self.pull_all(&ep, origin).await {
