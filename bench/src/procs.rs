@@ -109,6 +109,11 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// Its exit status once it has ended (`None` while it runs).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Sends it a signal by name (`STOP`, `CONT`): a paused process keeps its sockets but
     /// answers nothing, as an overloaded or partitioned one.
     pub fn signal(&self, name: &str) {

@@ -232,27 +232,6 @@ pub(super) struct SubArgs {
     count: Option<u64>,
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-async fn interrupted() {
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 pub(super) fn sub(a: SubArgs) -> anyhow::Result<bool> {
     use std::io::Write;
     let opts = worker::subscriber::SubOptions {
@@ -272,7 +251,7 @@ pub(super) fn sub(a: SubArgs) -> anyhow::Result<bool> {
                 let mut out = std::io::stdout().lock();
                 writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
             },
-            interrupted(),
+            crate::serve::shutdown(),
         )
         .await
     })?;

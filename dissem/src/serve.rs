@@ -314,8 +314,25 @@ pub(super) fn announce(line: String) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Resolves on Ctrl-C (SIGINT).
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM (what systemd and Kubernetes send to stop a
+/// process): the servers stop and the process exits 0. What it still owes is on its disk.
 pub(super) async fn shutdown() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
     let _ = tokio::signal::ctrl_c().await;
 }
 
