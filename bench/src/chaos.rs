@@ -220,9 +220,11 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let mut changes = Changes::default();
     let mut faults: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut violations = Vec::new();
-    // acknowledged objects not delivered yet (here, at the peer), as of the last check
+    // acknowledged objects found not delivered (here, at the peer) by a check
     let (mut lost, mut resurrected, mut stale) = (0usize, 0, 0);
     let mut fed_missing = 0usize;
+    let mut known_lost = std::collections::HashSet::new();
+    let mut known_fed = std::collections::HashSet::new();
     // QoS 2 duplicates as of the last check (each schedule's are its own violation), and the
     // pairs already named
     let mut dups = 0;
@@ -267,17 +269,20 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 .await
                 .context("deleting the schedule's subscription")?;
         }
-        // the schedule's checks, once every node is back
+        // the schedule's checks, once every node is back (of the objects not found missing
+        // before: those are counted already, and waiting for them again would only slow
+        // every later schedule by the whole minute)
         let acked = traffic.acked();
-        let missing = traffic.undelivered(&acked, Duration::from_secs(60)).await;
-        if missing.len() > lost {
+        let check = not_in(&acked, &known_lost);
+        let missing = traffic.undelivered(&check, Duration::from_secs(60)).await;
+        if !missing.is_empty() {
             violations.push(Violation {
                 seed,
                 invariant: "lost",
                 detail: format!(
                     "{} acknowledged objects ({} not shown to the QoS 1 subscriber, {} not to \
                      the QoS 2 one), e.g. {:?}",
-                    missing.len() - lost,
+                    missing.len(),
                     missing
                         .iter()
                         .filter(|id| traffic.rec.first_shown((traffic.q1, **id)).is_none())
@@ -290,20 +295,23 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 ),
             });
         }
-        lost = missing.len();
-        let at_peer = peer_missing(&peer, &traffic, &acked).await;
-        if at_peer.len() > fed_missing {
+        known_lost.extend(missing);
+        lost = known_lost.len();
+        let check = not_in(&acked, &known_fed);
+        let at_peer = peer_missing(&peer, &traffic, &check).await;
+        if !at_peer.is_empty() {
             violations.push(Violation {
                 seed,
                 invariant: "federation_missing",
                 detail: format!(
-                    "{} acknowledged objects never reached the peer cluster, e.g. n = {:?}",
-                    at_peer.len() - fed_missing,
+                    "{} acknowledged objects never reached the peer cluster, e.g. (n, id) {:?}",
+                    at_peer.len(),
                     &at_peer[..at_peer.len().min(3)]
                 ),
             });
         }
-        fed_missing = at_peer.len();
+        known_fed.extend(at_peer.iter().map(|(_, id)| *id));
+        fed_missing = known_fed.len();
         let (now_dups, _) = traffic.repeats();
         if now_dups > dups {
             violations.push(Violation {
@@ -346,27 +354,29 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         }
     }
     let acked = traffic.stop().await?;
-    let missing = traffic.undelivered(&acked, Duration::from_secs(60)).await;
-    if missing.len() > lost {
+    let check = not_in(&acked, &known_lost);
+    let missing = traffic.undelivered(&check, Duration::from_secs(60)).await;
+    if !missing.is_empty() {
         violations.push(Violation {
             seed: o.seed,
             invariant: "lost",
             detail: format!("{} acknowledged objects at the end", missing.len()),
         });
     }
-    let lost = missing.len();
-    let at_peer = peer_missing(&peer, &traffic, &acked).await;
-    if at_peer.len() > fed_missing {
+    let lost = lost + missing.len();
+    let check = not_in(&acked, &known_fed);
+    let at_peer = peer_missing(&peer, &traffic, &check).await;
+    if !at_peer.is_empty() {
         violations.push(Violation {
             seed: o.seed,
             invariant: "federation_missing",
             detail: format!(
                 "{} acknowledged objects never reached the peer cluster at the end",
-                at_peer.len() - fed_missing
+                at_peer.len()
             ),
         });
     }
-    let fed_missing = at_peer.len();
+    let fed_missing = fed_missing + at_peer.len();
     let (qos2_duplicates, _) = traffic.repeats();
     if qos2_duplicates > dups {
         violations.push(Violation {
@@ -451,17 +461,26 @@ fn live_node(c: &ElectedCluster, but: Option<u32>) -> String {
     c.nodes[i].url()
 }
 
-/// The numbers of acknowledged objects `acked` the peer cluster was not shown (waiting up to
-/// a minute for them).
-async fn peer_missing(peer: &Peer, traffic: &Traffic, acked: &[ObjectId]) -> Vec<usize> {
-    let want: std::collections::BTreeSet<usize> = {
+/// The acknowledged objects of `acked` the peer cluster was not shown (waiting up to a
+/// minute for them): (number, object id here).
+async fn peer_missing(
+    peer: &Peer,
+    traffic: &Traffic,
+    acked: &[ObjectId],
+) -> Vec<(usize, ObjectId)> {
+    let by_number: BTreeMap<usize, ObjectId> = {
         let numbers = runtime::lock(&traffic.numbers.of);
         acked
             .iter()
-            .filter_map(|id| numbers.get(id).copied())
+            .filter_map(|id| numbers.get(id).map(|&n| (n, *id)))
             .collect()
     };
-    peer.missing(&want, Duration::from_secs(60)).await
+    let want = by_number.keys().copied().collect();
+    peer.missing(&want, Duration::from_secs(60))
+        .await
+        .into_iter()
+        .filter_map(|n| by_number.get(&n).map(|&id| (n, id)))
+        .collect()
 }
 
 /// The QoS 2 pairs shown more than once that were not named yet, with the subscriber's calls
@@ -494,6 +513,15 @@ fn duplicated(t: &Traffic, reported: &mut std::collections::BTreeSet<(u64, Objec
         ));
     }
     out.join("; ")
+}
+
+/// The objects of `acked` not in `known` (those a check found missing already).
+fn not_in(acked: &[ObjectId], known: &std::collections::HashSet<ObjectId>) -> Vec<ObjectId> {
+    acked
+        .iter()
+        .filter(|id| !known.contains(*id))
+        .copied()
+        .collect()
 }
 
 /// What a fault acts on.

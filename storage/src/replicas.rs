@@ -188,6 +188,23 @@ impl Store {
         self.copies_in(UNFINISHED, origin, after, limit)
     }
 
+    /// Up to `limit` copies of `origin`'s objects above `after` that still have their bytes
+    /// (unfinished, or forwarding: `true`), in order.
+    pub fn held_replicas(
+        &self,
+        origin: u32,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(StoredObject, bool)>, StorageError> {
+        self.scan_after(origin, after, limit, |id, state, rest| {
+            if state == FINISHED {
+                return Ok(None);
+            }
+            let o = codec::decode_object(rest, id).map_err(corrupt)?;
+            Ok(Some((o, state == FORWARDING)))
+        })
+    }
+
     /// Up to `limit` copies of `origin`'s objects in `state` above `after`, in order.
     fn copies_in(
         &self,

@@ -43,6 +43,37 @@ fn the_chaos_benchmark_runs_its_schedules_and_every_invariant_holds() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Replays the one schedule of `seed`, checks it is still the schedule whose `faults` (by
+/// kind) found the bug, and that it passes with every count at 0.
+fn replay(seed: u64, faults: serde_json::Value) {
+    if !bench::elected::etcd_available() {
+        return; // the first test says so, or fails under DISSEM_REQUIRE_ETCD
+    }
+    let dir = temp_dir(&format!("chaos-{seed}"));
+    let json = dir.join("chaos.json");
+    let seed = seed.to_string();
+    let args = [
+        "bench",
+        "chaos",
+        "--seed",
+        &seed,
+        "--schedules",
+        "1",
+        "--faults",
+        "4",
+    ];
+    let (r, text, ok) = tests::bench_json(&args, &json);
+    assert_eq!(
+        r["faults"], faults,
+        "the schedule of seed {seed} changed: {r}"
+    );
+    for zero in ["lost", "qos2_duplicates", "federation_missing"] {
+        assert_eq!(r[zero], 0, "{zero}: {text}");
+    }
+    assert!(ok && r["pass"] == true, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The schedule that found a node on a fresh disk ending its predecessor's unfinished
 /// objects: a subscriber refusing (so node 1's first objects stay unfinished), node 1's data
 /// directory deleted and the node started again, etcd restarted, the leader killed. At the
@@ -54,31 +85,11 @@ fn the_chaos_benchmark_runs_its_schedules_and_every_invariant_holds() {
 /// same.)
 #[test]
 fn a_lost_disk_before_a_new_leader_loses_no_acknowledged_object() {
-    if !bench::elected::etcd_available() {
-        return; // the test above says so, or fails under DISSEM_REQUIRE_ETCD
-    }
-    let dir = temp_dir("chaos-109");
-    let json = dir.join("chaos.json");
-    let args = [
-        "bench",
-        "chaos",
-        "--seed",
-        "109",
-        "--schedules",
-        "1",
-        "--faults",
-        "4",
-    ];
-    let (r, text, ok) = tests::bench_json(&args, &json);
-    assert_eq!(
-        r["faults"],
+    replay(
+        109,
         serde_json::json!({"etcd_restart": 1, "leader_kill": 1, "link_cut": 1,
             "log_damaged": 1, "node_wiped": 1, "subscriber_down": 1}),
-        "the schedule of seed 109 changed: {r}"
     );
-    assert_eq!(r["lost"], 0, "{text}");
-    assert!(ok && r["pass"] == true, "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The schedule that found a restarted node answering an object with a durable open QoS 2
@@ -91,20 +102,24 @@ fn a_lost_disk_before_a_new_leader_loses_no_acknowledged_object() {
 /// object log (node 6 restores one object from its copies).
 #[test]
 fn a_restarted_node_does_not_answer_an_undelivered_object_as_delivered() {
-    if !bench::elected::etcd_available() {
-        return; // the first test says so, or fails under DISSEM_REQUIRE_ETCD
-    }
-    let dir = temp_dir("chaos-6009");
-    let json = dir.join("chaos.json");
-    let args = ["bench", "chaos", "--seed", "6009", "--schedules", "1"];
-    let (r, text, ok) = tests::bench_json(&args, &json);
-    assert_eq!(
-        r["faults"],
+    replay(
+        6009,
         serde_json::json!({"log_damaged": 1, "node_kill": 2, "node_pause": 1,
             "peer_down": 1, "subs_while_down": 1}),
-        "the schedule of seed 6009 changed: {r}"
     );
-    assert_eq!(r["lost"], 0, "{text}");
-    assert!(ok && r["pass"] == true, "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The schedule that found an heir missing what a peer cluster was owed: the link cut, node 1
+/// killed and restarted while node 0 puts (so node 1 lacks the copies of node 0's newest
+/// objects), then node 0's disk lost. Node 0 had delivered those objects, so node 2 held them
+/// as forwarding, but the heir pulled only unfinished copies from the other holders and owed
+/// its links only what it held itself: the peer never got them. Holders now answer their
+/// forwarding copies too.
+#[test]
+fn an_heir_owes_the_links_the_forwarding_copies_it_missed() {
+    replay(
+        7015,
+        serde_json::json!({"link_cut": 1, "node_pause": 1, "node_wiped": 1,
+            "subs_while_down": 1, "subscriber_down": 1}),
+    );
 }

@@ -164,6 +164,7 @@ impl Daemon {
         let mut owed = 0usize;
         let mut ended = Vec::new();
         for o in adopted {
+            tracing::debug!("owing adopted {}:{} to the links", o.id.node, o.id.seq);
             match links.owe_copy(o) {
                 Ok(()) => owed += 1,
                 Err(e) => tracing::error!("owing {}:{} to the links: {e}", o.id.node, o.id.seq),
@@ -181,6 +182,7 @@ impl Daemon {
             let Some(last) = page.last() else { break };
             after = last.id.seq;
             for o in page.iter().filter(|o| o.id.seq < below) {
+                tracing::debug!("owing forwarding {}:{} to the links", o.id.node, o.id.seq);
                 match links.owe_copy(o) {
                     Ok(()) => owed += 1,
                     Err(e) => {

@@ -120,6 +120,12 @@ impl Federation {
                         this.acked_at.store(runtime::now_ms(), Ordering::SeqCst);
                         self.note_standby_knows();
                     }
+                    tracing::debug!(
+                        "link {}: {} entries acknowledged ({} for other nodes' objects)",
+                        link.name,
+                        entries.len(),
+                        entries.iter().filter(|(_, f)| f.is_some()).count()
+                    );
                     if let Err(e) = self.inner.store.link_acked(&link.name, &entries) {
                         tracing::error!("link {}: {e}", link.name);
                     } else if link.mode == LinkMode::AllActive {
