@@ -63,6 +63,24 @@ impl Daemon {
         }
     }
 
+    /// Gives up the objects this node lost at open when nothing can hold copies of them
+    /// (`why`): without a grid an object lives on its node alone. (Kept, they would hold the
+    /// outbox floor, and every start would match again what came after them.)
+    pub(super) fn give_up_lost(&self, why: &str) {
+        let store = &self.inner.store;
+        let lost = store.to_repair();
+        if lost.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            "{} object(s) this node lost at open cannot be restored ({why}): {lost:?}",
+            lost.len()
+        );
+        if let Err(e) = store.give_up_repair(&lost) {
+            tracing::error!("{e}");
+        }
+    }
+
     /// The copies of this node's objects after `after` that the node at `ep` holds, of those
     /// in `want`.
     async fn copies_of_own(

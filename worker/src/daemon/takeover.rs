@@ -361,10 +361,12 @@ impl Daemon {
     pub(super) async fn catch_up(&self) {
         let view = self.view();
         let Some(g) = view.grid else {
+            self.give_up_lost("no grid: no other node holds copies");
             return self.resume_deliveries(&HashSet::new());
         };
         let me = self.inner.cfg.node;
         if !g.contains(me) {
+            self.give_up_lost("this node is outside the grid: no quorum holds its copies");
             return self.resume_deliveries(&HashSet::new());
         }
         // first what its own disk lost: until then it would answer those objects as gone
