@@ -190,6 +190,8 @@ struct Changes {
     /// Deleted subscriptions (pushing every object): id -> the first object number put
     /// after the delete returned.
     deleted: BTreeMap<u64, usize>,
+    /// Deleted subscriptions a check found listed again.
+    resurrected: std::collections::BTreeSet<u64>,
 }
 
 /// Runs the benchmark on a runtime of its own.
@@ -325,7 +327,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
             });
         }
         dups = now_dups;
-        let (r, s) = check_registry(&c, &changes, seed, &mut violations).await?;
+        let (r, s) = check_registry(&c, &mut changes, seed, &mut violations).await?;
         resurrected += r;
         stale += s;
         done += 1;
@@ -692,7 +694,7 @@ where
 /// The leader's registry against the changes: (resurrected, stale versions).
 async fn check_registry(
     c: &ElectedCluster,
-    changes: &Changes,
+    changes: &mut Changes,
     seed: u64,
     violations: &mut Vec<Violation>,
 ) -> anyhow::Result<(usize, usize)> {
@@ -723,7 +725,17 @@ async fn check_registry(
     .await
     .context("the leader's subscription list")?;
     let mut resurrected = 0;
-    for id in changes.deleted.keys().filter(|id| listed.contains_key(id)) {
+    let back: Vec<u64> = changes
+        .deleted
+        .keys()
+        .filter(|id| listed.contains_key(id))
+        .copied()
+        .collect();
+    // each resurrected subscription is one violation, at the first check that lists it
+    for id in back {
+        if !changes.resurrected.insert(id) {
+            continue;
+        }
         resurrected += 1;
         violations.push(Violation {
             seed,

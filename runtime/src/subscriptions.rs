@@ -29,6 +29,10 @@ pub trait SubscriptionIndex: Send + Sync + std::fmt::Debug {
     async fn in_force(&self) -> Result<(), ServiceError>;
 }
 
+/// The metadata key a NOT_FOUND answer to a Delete carries when the subscription was deleted
+/// before (not never created): the node the Delete came through spreads its tombstone again.
+pub const DELETED: &str = "x-dissem-deleted";
+
 /// The service over one store and index.
 #[derive(Debug, Clone)]
 pub struct Subscriptions {
@@ -338,6 +342,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         Ok(Response::new(self.save_subscription(s, dnf).await?))
     }
 
+    /// A Delete of a subscription deleted before answers NOT_FOUND with [`DELETED`] set.
     async fn delete(
         &self,
         request: Request<v1::DeleteSubscriptionRequest>,
@@ -345,7 +350,20 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         self.through_node(&request)?;
         let caller = auth::caller(&request);
         let id = request.into_inner().id;
-        let owner = self.owned_subscription(&caller, id)?.tenant;
+        let owner = match self.owned_subscription(&caller, id) {
+            Ok(s) => s.tenant,
+            Err(e) => {
+                let mut status: Status = e.into();
+                // a delete tried again after its answer was lost: the node it came through
+                // spreads the tombstone again (the first try may have died before it did)
+                if self.store.subscription_deleted(id).unwrap_or(false) {
+                    status
+                        .metadata_mut()
+                        .insert(DELETED, tonic::metadata::MetadataValue::from_static("1"));
+                }
+                return Err(status);
+            }
+        };
         {
             let _w = self.writes.lock().await;
             if !self

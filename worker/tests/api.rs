@@ -429,6 +429,20 @@ async fn subscription_crud_and_errors() {
         .await
         .expect_err("deleted twice");
     assert_eq!(e.code(), Code::NotFound);
+    // marked as deleted before (its tombstone is spread again), unlike an id never created
+    assert!(
+        e.metadata().get(runtime::subscriptions::DELETED).is_some(),
+        "{e:?}"
+    );
+    let e = subs
+        .delete(v1::DeleteSubscriptionRequest { id: u64::MAX / 2 })
+        .await
+        .expect_err("never created");
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(
+        e.metadata().get(runtime::subscriptions::DELETED).is_none(),
+        "{e:?}"
+    );
     // bad filters and targets name their field and position
     for (s, needle) in [
         (
