@@ -396,6 +396,13 @@ impl Daemon {
             );
         }
         self.resume_deliveries(&handed);
+        // the records of handed-over objects were closed: durably now, or a kill before the
+        // next flush opens them again for a start whose catch-up may not learn them handed
+        if !handed.is_empty()
+            && let Err(e) = self.inner.store.commit().await
+        {
+            tracing::warn!("storing the closed records of handed-over objects: {e}");
+        }
         self.hand_over(handed);
     }
 
