@@ -111,11 +111,13 @@ pub fn render(s: &v1::StatsResponse, workers: &[v1::WorkerInfo]) -> String {
         line(
             &mut o,
             "dissem_copies",
-            "Copies of other nodes' objects held for quorum replication, by state.",
+            "Copies of other nodes' objects held for quorum replication, by state (forwarding: \
+             delivered, kept while a federation link owes them).",
             "gauge",
             &[
                 ("state=\"unfinished\"".into(), s.copies_unfinished as f64),
                 ("state=\"finished\"".into(), s.copies_finished as f64),
+                ("state=\"forwarding\"".into(), s.copies_forwarding as f64),
             ],
         );
         line(
