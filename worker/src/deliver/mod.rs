@@ -296,11 +296,8 @@ impl Deliverer {
                 self.inner.store.set_delivery_unflushed(*sub, *obj, &done)?;
                 continue;
             }
-            // a fresh hand-off of the object after this start may have its push under way
-            if !self.claim_open(*sub, *obj) {
-                continue;
-            }
             n += 1;
+            self.opened(*sub, *obj);
             self.enqueue(*sub, *obj);
         }
         Ok(n)

@@ -76,12 +76,6 @@ impl Deliverer {
     /// QoS 1, or was not cached): written durably, then the object's share is given back and
     /// the record goes the usual way.
     pub(super) async fn to_record(&self, sub: u64, obj: ObjectId) {
-        // its record was resumed at this start and its push is under way: that push settles
-        // it (this hand-off gives its share of the object back)
-        if !self.claim_open(sub, obj) {
-            self.release(obj);
-            return;
-        }
         let state = DeliveryState::Pending {
             attempts: 0,
             next_attempt_unix_ms: self.now_ms(),

@@ -91,13 +91,6 @@ impl Deliverer {
         lock(&self.inner.open).entry(obj).or_default().insert(sub);
     }
 
-    /// Marks (sub, obj) open unless it is already: `false` when a push of it is under way
-    /// (the start's resume and a fresh hand-off's record must not both push one delivery: a
-    /// QoS 2 subscriber would be shown it twice; found by `bench chaos`, seed 9090).
-    pub(super) fn claim_open(&self, sub: u64, obj: ObjectId) -> bool {
-        lock(&self.inner.open).entry(obj).or_default().insert(sub)
-    }
-
     /// The record of (sub, obj) is final (acknowledged or dead-lettered).
     pub(super) fn closed(&self, sub: u64, obj: ObjectId) {
         let emptied = {
