@@ -229,9 +229,7 @@ impl Store {
         after: u64,
         limit: usize,
     ) -> Result<Vec<u64>, StorageError> {
-        self.scan_after(origin, after, limit, |id, state, _| {
-            Ok((state != UNFINISHED).then_some(id.seq))
-        })
+        self.seqs_where(origin, after, limit, |state| state != UNFINISHED)
     }
 
     /// Up to `limit` sequence numbers of `origin`'s forwarding copies above `after`, in order.
@@ -241,8 +239,20 @@ impl Store {
         after: u64,
         limit: usize,
     ) -> Result<Vec<u64>, StorageError> {
+        self.seqs_where(origin, after, limit, |state| state == FORWARDING)
+    }
+
+    /// Up to `limit` sequence numbers of `origin`'s copies above `after` whose state `keep`
+    /// takes, in order.
+    fn seqs_where(
+        &self,
+        origin: u32,
+        after: u64,
+        limit: usize,
+        keep: impl Fn(u8) -> bool,
+    ) -> Result<Vec<u64>, StorageError> {
         self.scan_after(origin, after, limit, |id, state, _| {
-            Ok((state == FORWARDING).then_some(id.seq))
+            Ok(keep(state).then_some(id.seq))
         })
     }
 
