@@ -3,8 +3,9 @@
 //!
 //! A subscription created through a node is stored on every live member of that node's
 //! column quorum before Create returns (quorum replication), and node 0 and node n-1 belong
-//! to every column quorum, so either holds all of them. The new leader asks both; if
-//! neither answers in full it takes every member's copies. Every other node that answers
+//! to every column quorum, so either holds all of them once it has caught up since it last
+//! registered (it says so: `whole`; one just back may lack what changed while it was down).
+//! The new leader asks both; if neither is whole it takes every member's copies. Every other node that answers
 //! gives what changed since a Create: its tombstones (a delete reaches every live node) and
 //! its copies of updated subscriptions (an update reaches every live holder, which may not
 //! include node 0 or n-1 when they are down). What the leader keeps
@@ -125,11 +126,12 @@ async fn pull(
     max_record: usize,
     changed_only: bool,
     into: &mut Newest,
-) -> Result<usize, ServiceError> {
+) -> Result<(usize, bool), ServiceError> {
     let mut client = DaemonClient::with_interceptor(runtime::channel(endpoint)?, secret.stamp())
         .max_decoding_message_size(64 << 20);
     let mut after = 0;
     let mut listed = 0;
+    let mut whole = true;
     loop {
         let page = client.subscription_copies(v1::SubscriptionCopiesRequest {
             after_id: after,
@@ -152,6 +154,7 @@ async fn pull(
         }
         let last = r.copies.last().map(|c| c.id);
         listed += r.copies.len();
+        whole &= r.whole;
         for c in r.copies {
             into.offer(SubCopy {
                 id: c.id,
@@ -162,7 +165,7 @@ async fn pull(
         }
         match last {
             Some(id) if r.more && id > after => after = id,
-            _ => return Ok(listed),
+            _ => return Ok((listed, whole)),
         }
     }
 }
@@ -194,6 +197,7 @@ pub async fn rebuild(
         .collect();
     let mut merged = Newest::default();
     let mut whole = Vec::new();
+    let mut answered = 0;
     for n in &full {
         let r = &nodes[n];
         match pull(
@@ -206,18 +210,27 @@ pub async fn rebuild(
         )
         .await
         {
-            Ok(c) => {
+            Ok((c, true)) => {
+                answered += 1;
                 tracing::info!(
                     "registry: {c} copies and tombstones from node {} (it holds them all)",
                     r.node
                 );
                 whole.push(r.node);
             }
+            // back from being down and not caught up yet: what it lacks, another has
+            Ok((c, false)) => {
+                answered += 1;
+                tracing::info!(
+                    "registry: {c} copies and tombstones from node {}, which is still \
+                     catching up its subscriptions (not trusted to hold them all)",
+                    r.node
+                );
+            }
             Err(e) => tracing::warn!("subscription copies from node {}: {e}", r.node),
         }
     }
-    let mut answered = whole.len();
-    for r in nodes.values().filter(|r| !whole.contains(&r.node)) {
+    for r in nodes.values().filter(|r| !full.contains(&r.node)) {
         // without a whole holder, every member's copies; else what changed since Creates
         let changed_only = !whole.is_empty();
         match pull(

@@ -1,18 +1,20 @@
 //! Randomized schedules over the subscription copies of a grid: creates, updates and
 //! deletes through random nodes while others are down, nodes killed, nodes back (with their
-//! disk or a fresh one) catching up, and new leaders rebuilding the registry, thousands of
-//! schedules a second. The placement, catch-up and rebuild follow the daemon's and the
+//! disk or a fresh one) and catching up later (a node is live, and takes new changes, a
+//! while before its catch-up is done), and new leaders rebuilding the registry, thousands
+//! of schedules a second. The placement, catch-up and rebuild follow the daemon's and the
 //! coordinator's rules (`worker::daemon::replicate`, `subcopies`, `coordinator::rebuild`);
 //! every store and the rebuild's merge take copies by the real rule (`storage::replaces`,
 //! `storage::Newest`).
 //!
-//! After every rebuild the oracle checks: no deleted subscription is alive again, and no
-//! updated one serves an older version, whenever a node that was told of the deletion or
-//! the update (and kept its disk) answers the new leader. A schedule is drawn from its seed
+//! After every rebuild the oracle checks: no deleted subscription is alive again, no
+//! updated one serves an older version, and no created one is missing, whenever a node
+//! that was told of the change (and kept its disk) answers the new leader. A schedule is drawn from its seed
 //! alone; a failure names the seed, and `DISSEM_SIM_SEED=S` replays from it.
 //!
 //! [`Rules`] can undo each fix (unversioned copies without tombstones, a rebuild that
-//! trusts one holder): the mutation checks show that a schedule then fails.
+//! trusts one holder, a whole holder trusted before it caught up): the mutation checks
+//! show that a schedule then fails.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,12 +29,16 @@ pub struct Rules {
     pub versions: bool,
     /// A rebuild merges both whole holders and every node's changes.
     pub merged_rebuild: bool,
+    /// Node 0 and node n-1 are trusted to hold everything only once caught up
+    /// (`SubscriptionCopiesResponse.whole`).
+    pub whole_when_caught_up: bool,
 }
 
 impl Rules {
     pub const FIXED: Rules = Rules {
         versions: true,
         merged_rebuild: true,
+        whole_when_caught_up: true,
     };
 }
 
@@ -40,6 +46,8 @@ impl Rules {
 #[derive(Debug, Default, Clone)]
 struct Node {
     up: bool,
+    /// Pulled what its position must hold since it came back.
+    caught_up: bool,
     /// id -> (revision, placed by).
     copies: BTreeMap<u64, (u64, u32)>,
     tombs: BTreeSet<u64>,
@@ -122,6 +130,7 @@ struct Truth {
 pub enum Violation {
     Resurrected { id: u64 },
     Stale { id: u64, served: u64, newest: u64 },
+    Lost { id: u64 },
 }
 
 /// What one schedule did.
@@ -196,8 +205,8 @@ impl Cluster {
         self.nodes[n as usize].up = false;
     }
 
-    /// A node back (with a fresh disk if `wiped`), catching up as `subcopies` does: from
-    /// the first live whole holder, else from every live node.
+    /// A node back (with a fresh disk if `wiped`): live, so it takes new changes, but not
+    /// caught up yet.
     fn rejoin(&mut self, n: u32, wiped: bool) {
         if wiped {
             self.nodes[n as usize] = Node::default();
@@ -206,15 +215,30 @@ impl Cluster {
             }
         }
         self.nodes[n as usize].up = true;
+        self.nodes[n as usize].caught_up = false;
+    }
+
+    /// Node 0 or n-1 taken as holding everything: live, and (under the fix) caught up.
+    fn whole(&self, f: u32) -> bool {
+        let node = &self.nodes[f as usize];
+        node.up && (node.caught_up || !self.rules.whole_when_caught_up)
+    }
+
+    /// A live node's catch-up, as `subcopies` does it: from the first whole holder, else
+    /// from every live node. Without a whole holder the node is caught up only when every
+    /// other position answered (a create made while node 0 and node n-1 were both down is
+    /// held by its column alone); else it tries again later.
+    fn catch_up(&mut self, n: u32) {
         let g = self.grid;
         let placers: BTreeSet<u32> = (0..g.len())
             .filter(|&q| g.subscription_quorum(q).contains(&n))
             .collect();
         let full: Vec<u32> = [0, g.len() - 1]
             .into_iter()
-            .filter(|&f| f != n && self.nodes[f as usize].up)
+            .filter(|&f| f != n && self.whole(f))
             .take(1)
             .collect();
+        let pulled = !full.is_empty() || self.up().len() == g.len() as usize;
         let sources: Vec<u32> = if full.is_empty() {
             self.up().into_iter().filter(|&s| s != n).collect()
         } else {
@@ -236,18 +260,15 @@ impl Cluster {
                 }
             }
         }
+        self.nodes[n as usize].caught_up = pulled;
     }
 
     /// A new leader's registry, as `rebuild` makes it from the live nodes.
     fn rebuild(&self) -> BTreeMap<u64, u64> {
         let g = self.grid;
         let up = self.up();
-        let whole: Vec<u32> = [0, g.len() - 1]
-            .into_iter()
-            .collect::<BTreeSet<u32>>()
-            .into_iter()
-            .filter(|f| up.contains(f))
-            .collect();
+        let ends: BTreeSet<u32> = [0, g.len() - 1].into_iter().collect();
+        let whole: Vec<u32> = ends.iter().copied().filter(|&f| self.whole(f)).collect();
         if !self.rules.merged_rebuild {
             // before: the first whole holder alone, else the union (later nodes win)
             let mut out = BTreeMap::new();
@@ -262,12 +283,12 @@ impl Cluster {
             return out;
         }
         let mut merged = Newest::default();
-        for &f in &whole {
+        for &f in ends.iter().filter(|f| up.contains(f)) {
             for c in self.nodes[f as usize].list(false) {
                 merged.offer(c);
             }
         }
-        for &n in up.iter().filter(|n| !whole.contains(n)) {
+        for &n in up.iter().filter(|n| !ends.contains(n)) {
             for c in self.nodes[n as usize].list(!whole.is_empty()) {
                 merged.offer(c);
             }
@@ -297,6 +318,11 @@ impl Cluster {
                 out.push(Violation::Stale { id, served, newest });
             }
         }
+        for &id in self.truth.live.keys() {
+            if !registry.contains_key(&id) && witnessed(id) {
+                out.push(Violation::Lost { id });
+            }
+        }
     }
 }
 
@@ -315,6 +341,7 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
         nodes: vec![
             Node {
                 up: true,
+                caught_up: true,
                 ..Node::default()
             };
             grid.len() as usize
@@ -352,10 +379,20 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
                     c.kill(n);
                 }
             }
-            70..=87 => {
+            70..=81 => {
                 if let Some(n) = rng.pick(&down) {
                     let wiped = rng.below(5) == 0;
                     c.rejoin(n, wiped);
+                }
+            }
+            82..=87 => {
+                let behind: Vec<u32> = up
+                    .iter()
+                    .copied()
+                    .filter(|&n| !c.nodes[n as usize].caught_up)
+                    .collect();
+                if let Some(n) = rng.pick(&behind) {
+                    c.catch_up(n);
                 }
             }
             _ => {
@@ -419,6 +456,7 @@ mod checks {
             let unversioned = Rules {
                 versions: false,
                 merged_rebuild: false,
+                ..Rules::FIXED
             };
             assert_eq!(
                 run(seed, unversioned).violations,
@@ -433,7 +471,7 @@ mod checks {
     fn without_versions_a_schedule_fails() {
         let rules = Rules {
             versions: false,
-            merged_rebuild: true,
+            ..Rules::FIXED
         };
         let found = first_failure(base_seed(), SCHEDULES, rules);
         let (seed, v) = found.expect("unversioned copies passed every schedule");
@@ -448,13 +486,27 @@ mod checks {
     #[test]
     fn a_rebuild_from_one_holder_fails_a_schedule() {
         let rules = Rules {
-            versions: true,
             merged_rebuild: false,
+            ..Rules::FIXED
         };
         let found = first_failure(base_seed(), SCHEDULES, rules);
         assert!(
             found.is_some(),
             "a one-holder rebuild passed every schedule"
         );
+    }
+
+    /// Mutation check: node 0 or n-1 trusted to hold everything while it is still catching
+    /// up (the code before the fix; found by `bench chaos`, seeds 9088 and 9113) loses a
+    /// subscription created while it was down, or serves an old version.
+    #[test]
+    fn a_holder_trusted_before_it_caught_up_fails_a_schedule() {
+        let rules = Rules {
+            whole_when_caught_up: false,
+            ..Rules::FIXED
+        };
+        let found = first_failure(base_seed(), SCHEDULES, rules);
+        let (seed, v) = found.expect("trusting a holder still catching up passed every schedule");
+        eprintln!("seed {seed}: {v:?}");
     }
 }

@@ -101,6 +101,7 @@ impl Daemon {
                         // once this node caught up with its quorums (no resend before)
                         lock(&self.inner.sent).clear();
                         self.inner.caught_up.store(false, Ordering::Release);
+                        self.inner.registrations.fetch_add(1, Ordering::AcqRel);
                         let me = self.clone();
                         tokio::spawn(async move {
                             // a quorum that answers too slowly does not hold the outbox up

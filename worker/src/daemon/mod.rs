@@ -85,6 +85,11 @@ struct Inner {
     nonce: AtomicU64,
     /// The catch-up after the last registration is done (the outbox resend waits for it).
     caught_up: std::sync::atomic::AtomicBool,
+    /// Registrations so far, and the one after which the subscription copies this
+    /// position must hold were last pulled in full: equal, the node's copies are whole
+    /// (`SubscriptionCopiesResponse.whole`).
+    registrations: AtomicU64,
+    subs_pulled_at: AtomicU64,
     /// When this node last registered (`None`: not yet).
     registered_at: Mutex<Option<Instant>>,
     /// Unfinished delivery records were resumed (after the first catch-up).
@@ -196,6 +201,8 @@ impl Daemon {
                 coord,
                 nonce: AtomicU64::new(0),
                 caught_up: std::sync::atomic::AtomicBool::new(false),
+                registrations: AtomicU64::new(0),
+                subs_pulled_at: AtomicU64::new(u64::MAX),
                 resumed: std::sync::atomic::AtomicBool::new(false),
                 registered_at: Mutex::new(None),
                 reregister: Notify::new(),

@@ -41,13 +41,25 @@ impl Daemon {
         Ok(v1::SubscriptionCopiesResponse {
             copies: v.into_iter().map(copy_proto).collect(),
             more,
+            whole: self.subscriptions_whole(),
         })
     }
 
+    /// This node pulled the copies its position must hold since it last registered (until
+    /// then it may lack changes made while it was down or cut off).
+    pub(crate) fn subscriptions_whole(&self) -> bool {
+        let at = self.inner.subs_pulled_at.load(Ordering::Acquire);
+        at == self.inner.registrations.load(Ordering::Acquire)
+    }
+
     /// Pulls the subscription copies this node's position must hold, and the tombstones;
-    /// the answer is how many copies it took or dropped.
+    /// the answer is how many copies it took or dropped. From node 0 or node n-1 alone
+    /// when one of them is whole; else from every live node, and then this node is whole
+    /// only if every other position answered. Whole, it stays so until it registers again
+    /// (`coordinator/src/sim/copies.rs` checks these rules over random schedules).
     pub(super) async fn catch_up_subscriptions(&self, view: &View) -> usize {
         let Some(g) = view.grid else { return 0 };
+        let registration = self.inner.registrations.load(Ordering::Acquire);
         let me = self.inner.cfg.node;
         let placers: Vec<u32> = (0..g.len())
             .filter(|&q| g.subscription_quorum(q).contains(&me))
@@ -55,29 +67,80 @@ impl Daemon {
         let full: Vec<u32> = [0, g.len() - 1]
             .into_iter()
             .filter(|&n| n != me && view.alive(n))
-            .take(1)
             .collect();
-        let sources = if full.is_empty() {
-            (0..g.len()).collect()
-        } else {
-            full
-        };
         let mut stored = 0;
-        for (node, ep) in view.live_endpoints(sources, &[me]) {
+        // a whole holder answers for everyone; one that is not whole yet (just back
+        // itself) may lack what changed while it was down
+        for (node, ep) in view.live_endpoints(full, &[me]) {
             match self.pull_subscriptions(&ep, &placers).await {
-                Ok(n) => stored += n,
+                Ok((n, whole)) => {
+                    stored += n;
+                    if whole {
+                        self.inner
+                            .subs_pulled_at
+                            .store(registration, Ordering::Release);
+                        return stored;
+                    }
+                    tracing::debug!("node {node} is catching up its subscriptions too");
+                }
                 Err(e) => tracing::debug!("subscription copies from node {node}: {e}"),
             }
+        }
+        // the union is whole only with every position in it: a create made while node 0
+        // and node n-1 were both down is held by the rest of its column alone
+        let mut answered = 0;
+        for (node, ep) in view.live_endpoints(0..g.len(), &[me]) {
+            match self.pull_subscriptions(&ep, &placers).await {
+                Ok((n, _)) => {
+                    stored += n;
+                    answered += 1;
+                }
+                Err(e) => tracing::debug!("subscription copies from node {node}: {e}"),
+            }
+        }
+        if answered + 1 == g.len() as usize {
+            self.inner
+                .subs_pulled_at
+                .store(registration, Ordering::Release);
         }
         stored
     }
 
+    /// Until this node's copies are whole, pulls them again every few heartbeats (a
+    /// position that was down at the catch-up may be back), for as long as the node keeps
+    /// the registration it caught up for.
+    pub(super) fn pull_subscriptions_until_whole(&self) {
+        let registration = self.inner.registrations.load(Ordering::Acquire);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let every = me.inner.cfg.heartbeat_every * 4;
+            while !me.subscriptions_whole()
+                && me.inner.registrations.load(Ordering::Acquire) == registration
+            {
+                tokio::time::sleep(every).await;
+                let view = me.view();
+                if me.inner.registrations.load(Ordering::Acquire) != registration {
+                    return;
+                }
+                let n = me.catch_up_subscriptions(&view).await;
+                if n > 0 {
+                    tracing::info!("caught up: {n} more subscription copies this position holds");
+                }
+            }
+        });
+    }
+
     /// The copies placed by `placers` that the node at `ep` holds and this one lacks,
-    /// stored here.
-    async fn pull_subscriptions(&self, ep: &str, placers: &[u32]) -> Result<usize, ServiceError> {
+    /// stored here; with whether that node's copies are whole.
+    async fn pull_subscriptions(
+        &self,
+        ep: &str,
+        placers: &[u32],
+    ) -> Result<(usize, bool), ServiceError> {
         let store = &self.inner.store;
         let mut after = 0;
         let mut stored = 0;
+        let mut whole = true;
         loop {
             let r = self
                 .peer(ep)?
@@ -89,6 +152,7 @@ impl Daemon {
                 })
                 .await?
                 .into_inner();
+            whole &= r.whole;
             let before = stored;
             for c in &r.copies {
                 if c.record.len() > self.inner.limits.max_object_bytes {
@@ -117,7 +181,7 @@ impl Daemon {
             }
             match r.copies.last() {
                 Some(last) if r.more => after = last.id,
-                _ => return Ok(stored),
+                _ => return Ok((stored, whole)),
             }
         }
     }

@@ -387,6 +387,7 @@ impl Daemon {
         if subs > 0 {
             tracing::info!("caught up: {subs} subscription copies this position holds");
         }
+        self.pull_subscriptions_until_whole();
         let handed = self.learn_finished(&view).await;
         if pulled + handed.len() > 0 {
             tracing::info!(
