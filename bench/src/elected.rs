@@ -38,26 +38,63 @@ pub struct EtcdProc {
     peer_port: u16,
     /// Its client URL.
     pub url: String,
+    /// TLS with client certificates (and user auth once turned on), when secured.
+    pub trust: Option<crate::etcdtrust::EtcdTrust>,
 }
 
 impl EtcdProc {
     /// Starts etcd with its data in `dir` on two free ports and waits until it answers.
     pub async fn start(dir: &Path) -> anyhow::Result<EtcdProc> {
+        Self::start_with(dir, None).await
+    }
+
+    /// The same, serving only TLS and demanding client certificates when `trust` is given.
+    pub async fn start_with(
+        dir: &Path,
+        trust: Option<crate::etcdtrust::EtcdTrust>,
+    ) -> anyhow::Result<EtcdProc> {
+        let scheme = if trust.is_some() { "https" } else { "http" };
         let mut e = EtcdProc {
             child: None,
             dir: dir.to_path_buf(),
             client_port: free_port()?,
             peer_port: free_port()?,
             url: String::new(),
+            trust,
         };
-        e.url = format!("http://127.0.0.1:{}", e.client_port);
+        e.url = format!("{scheme}://127.0.0.1:{}", e.client_port);
         e.spawn().await?;
         Ok(e)
+    }
+
+    /// A client of it under `prefix`, secured as it is.
+    pub fn client(&self, prefix: &str) -> anyhow::Result<Etcd> {
+        Ok(match &self.trust {
+            Some(t) => Etcd::connect_with(&self.url, prefix, &t.security()?)?,
+            None => Etcd::connect(&self.url, prefix)?,
+        })
+    }
+
+    /// Turns user auth on (a secured etcd only): see [`crate::etcdtrust`].
+    pub async fn enable_auth(&mut self, prefix: &str) -> anyhow::Result<()> {
+        let url = self.url.clone();
+        let t = self.trust.as_mut().context("auth needs a secured etcd")?;
+        t.enable_auth(&url, prefix).await
+    }
+
+    /// The flags a coordinator or node needs to reach it (none when not secured).
+    pub fn flags(&self) -> Vec<String> {
+        self.trust.as_ref().map(|t| t.flags()).unwrap_or_default()
     }
 
     async fn spawn(&mut self) -> anyhow::Result<()> {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.dir.with_extension("log"))?;
+        let tls = self
+            .trust
+            .as_ref()
+            .map(|t| t.etcd_flags())
+            .unwrap_or_default();
         let child = Command::new("etcd")
             .arg("--data-dir")
             .arg(&self.dir)
@@ -67,15 +104,25 @@ impl EtcdProc {
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("dissem-test={peer}")])
+            .args(&tls)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
             .context("starting etcd (Debian's etcd-server package)")?;
         self.child = Some(child);
-        let client = Etcd::connect(&self.url, "/probe/")?;
+        // under auth, the probe's key is outside what the `dissem` user may read: logging
+        // in is the probe then
+        let auth = self.trust.as_ref().is_some_and(|t| t.auth);
+        let client = self.client("/probe/")?;
         let up = try_wait_for(Duration::from_secs(15), || {
             let c = client.clone();
-            async move { c.get("x").await.ok().map(|_| ()) }
+            async move {
+                if auth {
+                    c.login().await.ok()
+                } else {
+                    c.get("x").await.ok().map(|_| ())
+                }
+            }
         })
         .await;
         if up.is_none() {
@@ -153,9 +200,33 @@ impl ElectedCluster {
         lease_ttl: u64,
         node_args: &[String],
     ) -> anyhow::Result<ElectedCluster> {
-        let nodes = rows * cols;
         let etcd = EtcdProc::start(&dir.join("etcd")).await?;
-        let client = Etcd::connect(&etcd.url, "/dissem/")?;
+        Self::start_on(
+            bin,
+            dir,
+            etcd,
+            coordinators,
+            (rows, cols),
+            lease_ttl,
+            node_args,
+        )
+        .await
+    }
+
+    /// [`ElectedCluster::start_grid`] on an etcd already started (a secured one: every
+    /// process gets its flags).
+    pub async fn start_on(
+        bin: &Path,
+        dir: &Path,
+        etcd: EtcdProc,
+        coordinators: usize,
+        (rows, cols): (u32, u32),
+        lease_ttl: u64,
+        node_args: &[String],
+    ) -> anyhow::Result<ElectedCluster> {
+        let nodes = rows * cols;
+        let client = etcd.client("/dissem/")?;
+        client.login().await?;
         let mut c = ElectedCluster {
             client,
             etcd,
@@ -190,6 +261,7 @@ impl ElectedCluster {
                 s("--cluster-secret-file"),
                 secret.clone(),
             ];
+            args.extend(c.etcd.flags());
             args.extend(node_args.iter().cloned());
             c.nodes.push(Proc::start(bin, &args));
         }
@@ -215,7 +287,7 @@ impl ElectedCluster {
 
     /// Starts coordinator `k` (a standby until it wins).
     pub fn start_coordinator(&self, k: usize) -> Proc {
-        let args = vec![
+        let mut args = vec![
             s("coordinator"),
             s("--listen"),
             s("127.0.0.1:0"),
@@ -236,6 +308,7 @@ impl ElectedCluster {
             s("--cluster-secret-file"),
             self.secret_file().display().to_string(),
         ];
+        args.extend(self.etcd.flags());
         Proc::start(&self.bin, &args)
     }
 

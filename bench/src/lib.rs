@@ -18,6 +18,7 @@ pub mod cut;
 pub mod demo;
 pub mod e2e;
 pub mod elected;
+pub mod etcdtrust;
 pub mod failoverbench;
 pub mod fedbench;
 pub mod given;

@@ -43,6 +43,8 @@ pub(super) struct ElectionFlags {
     /// The URL nodes reach this coordinator at (default: http:// + the listen address).
     #[arg(long)]
     pub(super) advertise: Option<String>,
+    #[command(flatten)]
+    pub(super) trust: crate::etcdtrust::EtcdTrustFlags,
 }
 
 fn default_name() -> String {
@@ -73,7 +75,7 @@ pub(super) async fn coordinate(
     if !(1..=60).contains(&e.lease_ttl) {
         bail!("--lease-ttl must be 1..=60 seconds, got {}", e.lease_ttl);
     }
-    let etcd = runtime::etcd::Etcd::connect(urls, &e.etcd_prefix)?;
+    let etcd = e.trust.connect(urls, &e.etcd_prefix).await?;
     let name = e.name.clone().unwrap_or_else(default_name);
     announce(format!(
         "dissem coordinator {name} campaigning through etcd {urls} (data in {}, cluster secret \

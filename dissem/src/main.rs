@@ -19,6 +19,7 @@ mod client;
 mod config;
 mod elected;
 mod embedded;
+mod etcdtrust;
 mod links;
 mod serve;
 
@@ -59,7 +60,7 @@ enum Command {
     Coordinator(CoordinatorArgs),
     /// Runs a storage node of a multi-process cluster: the public API plus a node daemon whose
     /// elastic workers run test and match tasks on the coordinator's orders.
-    Node(NodeArgs),
+    Node(Box<NodeArgs>),
     /// Stores one object on a node (metadata as name=value; quote strings that look numeric).
     Put(client::PutArgs),
     /// Registers a subscription (text filter, or EventBridge JSON starting with `{`).
@@ -289,7 +290,7 @@ fn main() -> ExitCode {
                 worker::client::dead_letters(ch, limit).await
             }
         }),
-        Command::Node(a) => node_cmd(a),
+        Command::Node(a) => node_cmd(*a),
         Command::Put(a) => client::put(a),
         Command::Subscribe(a) => client::subscribe(a),
         Command::Sub(a) => client::sub(a),

@@ -611,6 +611,8 @@ pub(super) struct NodeArgs {
     /// The prefix of every key the cluster keeps in etcd (the coordinators' --etcd-prefix).
     #[arg(long, default_value = crate::elected::DEFAULT_PREFIX)]
     pub(super) etcd_prefix: String,
+    #[command(flatten)]
+    pub(super) etcd_trust: crate::etcdtrust::EtcdTrustFlags,
     /// The URL other processes reach this node at (default: http:// + the listen address).
     #[arg(long)]
     pub(super) advertise: Option<String>,
@@ -665,7 +667,7 @@ pub(super) fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
         cfg.critical_priority = a.critical_priority;
         let coordinator = match &a.etcd {
             Some(urls) => {
-                cfg.etcd = Some(runtime::etcd::Etcd::connect(urls, &a.etcd_prefix)?);
+                cfg.etcd = Some(a.etcd_trust.connect(urls, &a.etcd_prefix).await?);
                 format!("elected through etcd {urls}")
             }
             None => a.coordinator.clone(),

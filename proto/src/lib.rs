@@ -16,7 +16,7 @@ pub mod v1 {
 }
 
 /// Clients of the part of etcd's v3 API that coordinator election uses (package
-/// `etcdserverpb`: `KV`, `Lease`, `Watch`).
+/// `etcdserverpb`: `KV`, `Lease`, `Watch`, `Auth`).
 #[allow(
     missing_debug_implementations,
     clippy::all,

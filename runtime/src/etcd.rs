@@ -6,15 +6,28 @@
 //!
 //! All keys live under one prefix (`--etcd-prefix`, default `/dissem/`), so several
 //! clusters can share an etcd.
+//!
+//! Trust ([`EtcdSecurity`]): `https://` members are reached over TLS, verified against
+//! `--etcd-ca` and presenting this process's certificate (`--etcd-cert`, `--etcd-key`) to an
+//! etcd that demands client certificates; with `--etcd-user` the client authenticates
+//! (etcd's user auth) and sends the token with every call. A call refused for its token
+//! (expired, or etcd restarted) gets a fresh one and fails as unavailable, which every
+//! caller already retries.
 
 use std::time::Duration;
 
+use std::sync::{Arc, RwLock};
+
 use proto::etcd;
+use proto::etcd::auth_client::AuthClient;
 use proto::etcd::kv_client::KvClient;
 use proto::etcd::lease_client::LeaseClient;
 use proto::etcd::watch_client::WatchClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::ServiceError;
@@ -27,12 +40,53 @@ const MAX_PREFIX: usize = 256;
 
 pub use proto::etcd::KeyValue;
 
+/// How this process proves itself to etcd and checks etcd's identity.
+#[derive(Clone, Default)]
+pub struct EtcdSecurity {
+    /// The CA that signed the etcd members' certificates (`https://` members; without it,
+    /// the bundled web roots).
+    pub ca: Option<tonic::transport::Certificate>,
+    /// This process's client certificate and key, for an etcd with `--client-cert-auth`.
+    pub identity: Option<tonic::transport::Identity>,
+    /// etcd user and password (etcd's `auth enable`).
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdSecurity")
+            .field("ca", &self.ca.is_some())
+            .field("identity", &self.identity.is_some())
+            .field("user", &self.user.as_ref().map(|u| &u.0))
+            .finish()
+    }
+}
+
+/// The etcd auth token, sent as the `token` metadata of every call once authenticated.
+#[derive(Clone, Default)]
+struct Token(Arc<RwLock<Option<AsciiMetadataValue>>>);
+
+impl Interceptor for Token {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let t = self.0.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(t) = t {
+            r.metadata_mut().insert("token", t);
+        }
+        Ok(r)
+    }
+}
+
+type Stamped = InterceptedService<Channel, Token>;
+
 /// A connection to an etcd cluster (cheap to clone).
 #[derive(Clone)]
 pub struct Etcd {
-    kv: KvClient<Channel>,
-    lease: LeaseClient<Channel>,
-    watch: WatchClient<Channel>,
+    kv: KvClient<Stamped>,
+    lease: LeaseClient<Stamped>,
+    watch: WatchClient<Stamped>,
+    auth: AuthClient<Channel>,
+    user: Option<Arc<(String, String)>>,
+    token: Token,
     prefix: String,
     urls: String,
 }
@@ -81,6 +135,17 @@ impl Etcd {
     /// `http://host:port`; calls are spread over them and skip members that are down),
     /// keeping its keys under `prefix`.
     pub fn connect(urls: &str, prefix: &str) -> Result<Etcd, ServiceError> {
+        Etcd::connect_with(urls, prefix, &EtcdSecurity::default())
+    }
+
+    /// The same, with `security`: TLS settings for `https://` members, and an etcd user
+    /// (authenticate with [`Etcd::login`] before the first call; calls log in again when
+    /// their token is refused).
+    pub fn connect_with(
+        urls: &str,
+        prefix: &str,
+        security: &EtcdSecurity,
+    ) -> Result<Etcd, ServiceError> {
         if prefix.len() > MAX_PREFIX || !prefix.starts_with('/') {
             return Err(ServiceError::invalid(
                 "etcd-prefix",
@@ -88,13 +153,33 @@ impl Etcd {
             ));
         }
         let mut endpoints = Vec::new();
+        let tls = (security.ca.is_some() || security.identity.is_some())
+            .then(|| crate::tls::client(security.ca.clone(), security.identity.clone()));
         for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-            let e = Endpoint::from_shared(url.to_string())
+            let mut e = Endpoint::from_shared(url.to_string())
                 .map_err(|e| ServiceError::invalid("etcd", format!("{url:?}: {e}")))?
                 .connect_timeout(Duration::from_secs(1))
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(1))
                 .keep_alive_timeout(Duration::from_secs(2));
+            match (&tls, url.starts_with("https://")) {
+                (Some(cfg), true) => {
+                    e = e
+                        .tls_config(cfg.clone())
+                        .map_err(|e| ServiceError::invalid("etcd", format!("{url:?}: {e}")))?;
+                }
+                (Some(_), false) => {
+                    return Err(ServiceError::invalid(
+                        "etcd",
+                        format!(
+                            "{url:?} is not https:// although --etcd-ca or --etcd-cert is \
+                             given (the cluster secret would cross in the clear)"
+                        ),
+                    ));
+                }
+                (None, true) => e = crate::tls::apply(e, url)?,
+                (None, false) => {}
+            }
             endpoints.push(e);
         }
         let channel = match endpoints.len() {
@@ -102,13 +187,71 @@ impl Etcd {
             1 => endpoints.remove(0).connect_lazy(),
             _ => Channel::balance_list(endpoints.into_iter()),
         };
+        let token = Token::default();
+        let stamped = |c: &Channel| InterceptedService::new(c.clone(), token.clone());
         Ok(Etcd {
-            kv: KvClient::new(channel.clone()),
-            lease: LeaseClient::new(channel.clone()),
-            watch: WatchClient::new(channel),
+            kv: KvClient::new(stamped(&channel)),
+            lease: LeaseClient::new(stamped(&channel)),
+            watch: WatchClient::new(stamped(&channel)),
+            auth: AuthClient::new(channel),
+            user: security.user.clone().map(Arc::new),
+            token,
             prefix: prefix.to_string(),
             urls: urls.to_string(),
         })
+    }
+
+    /// Authenticates as the etcd user (nothing without one). A wrong name or password is
+    /// `InvalidArgument` naming `--etcd-user`; etcd down is `Unavailable`.
+    pub async fn login(&self) -> Result<(), ServiceError> {
+        let Some(user) = &self.user else {
+            return Ok(());
+        };
+        let mut auth = self.auth.clone();
+        let call = auth.authenticate(etcd::AuthenticateRequest {
+            name: user.0.clone(),
+            password: user.1.clone(),
+        });
+        let r = match tokio::time::timeout(CALL_TIMEOUT, call).await {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(s)) if s.code() == tonic::Code::InvalidArgument => {
+                return Err(ServiceError::invalid(
+                    "etcd-user",
+                    format!("etcd refused user {:?}: {}", user.0, s.message()),
+                ));
+            }
+            Ok(Err(s)) => return Err(unavailable("authenticate", s.message())),
+            Err(_) => {
+                return Err(unavailable(
+                    "authenticate",
+                    format!("no answer within {CALL_TIMEOUT:?}"),
+                ));
+            }
+        };
+        let t = AsciiMetadataValue::try_from(r.token.as_str())
+            .map_err(|e| unavailable("authenticate", format!("an unusable token: {e}")))?;
+        *self.token.0.write().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        Ok(())
+    }
+
+    /// A call refused for its token: a fresh one is fetched in the background (the caller
+    /// retries as after any unavailable etcd).
+    fn refused(&self, s: &tonic::Status) -> bool {
+        let m = s.message();
+        let token = self.user.is_some()
+            && (s.code() == tonic::Code::Unauthenticated
+                || m.contains("invalid auth token")
+                || m.contains("user name is empty")
+                || m.contains("auth token"));
+        if token {
+            let me = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = me.login().await {
+                    tracing::warn!("logging in to etcd again: {e}");
+                }
+            });
+        }
+        token
     }
 
     /// The full key of `name` under this client's prefix.
@@ -117,12 +260,16 @@ impl Etcd {
     }
 
     async fn timed<T>(
+        &self,
         what: &str,
         f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, ServiceError> {
         match tokio::time::timeout(CALL_TIMEOUT, f).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
-            Ok(Err(s)) => Err(unavailable(what, s.message())),
+            Ok(Err(s)) => {
+                self.refused(&s);
+                Err(unavailable(what, s.message()))
+            }
             Err(_) => Err(unavailable(
                 what,
                 format!("no answer within {CALL_TIMEOUT:?}"),
@@ -132,43 +279,46 @@ impl Etcd {
 
     /// The key `name`, if it exists.
     pub async fn get(&self, name: &str) -> Result<Option<KeyValue>, ServiceError> {
-        let r = Self::timed(
-            "range",
-            self.kv.clone().range(etcd::RangeRequest {
-                key: self.key(name),
-                ..Default::default()
-            }),
-        )
-        .await?;
+        let r = self
+            .timed(
+                "range",
+                self.kv.clone().range(etcd::RangeRequest {
+                    key: self.key(name),
+                    ..Default::default()
+                }),
+            )
+            .await?;
         Ok(r.kvs.into_iter().next())
     }
 
     /// Every key that starts with `name`, in key order.
     pub async fn get_prefix(&self, name: &str) -> Result<Vec<KeyValue>, ServiceError> {
         let key = self.key(name);
-        let r = Self::timed(
-            "range",
-            self.kv.clone().range(etcd::RangeRequest {
-                range_end: prefix_end(&key),
-                key,
-                ..Default::default()
-            }),
-        )
-        .await?;
+        let r = self
+            .timed(
+                "range",
+                self.kv.clone().range(etcd::RangeRequest {
+                    range_end: prefix_end(&key),
+                    key,
+                    ..Default::default()
+                }),
+            )
+            .await?;
         Ok(r.kvs)
     }
 
     /// Writes `name` (attached to `lease` unless 0); the answer is the store's revision.
     pub async fn put(&self, name: &str, value: Vec<u8>, lease: i64) -> Result<i64, ServiceError> {
-        let r = Self::timed(
-            "put",
-            self.kv.clone().put(etcd::PutRequest {
-                key: self.key(name),
-                value,
-                lease,
-            }),
-        )
-        .await?;
+        let r = self
+            .timed(
+                "put",
+                self.kv.clone().put(etcd::PutRequest {
+                    key: self.key(name),
+                    value,
+                    lease,
+                }),
+            )
+            .await?;
         Ok(r.header.map_or(0, |h| h.revision))
     }
 
@@ -243,7 +393,7 @@ impl Etcd {
                 lease,
             })),
         };
-        Self::timed(
+        self.timed(
             "txn",
             self.kv.clone().txn(etcd::TxnRequest {
                 compare: vec![compare],
@@ -256,7 +406,7 @@ impl Etcd {
 
     /// Deletes `name`.
     pub async fn delete(&self, name: &str) -> Result<(), ServiceError> {
-        Self::timed(
+        self.timed(
             "delete",
             self.kv.clone().delete_range(etcd::DeleteRangeRequest {
                 key: self.key(name),
@@ -269,13 +419,14 @@ impl Etcd {
 
     /// A new lease of `ttl_s` seconds (etcd may raise it to its minimum).
     pub async fn grant(&self, ttl_s: i64) -> Result<(i64, i64), ServiceError> {
-        let r = Self::timed(
-            "lease grant",
-            self.lease
-                .clone()
-                .lease_grant(etcd::LeaseGrantRequest { ttl: ttl_s, id: 0 }),
-        )
-        .await?;
+        let r = self
+            .timed(
+                "lease grant",
+                self.lease
+                    .clone()
+                    .lease_grant(etcd::LeaseGrantRequest { ttl: ttl_s, id: 0 }),
+            )
+            .await?;
         if !r.error.is_empty() {
             return Err(unavailable("lease grant", r.error));
         }
@@ -284,7 +435,7 @@ impl Etcd {
 
     /// Ends a lease now: every key attached to it is deleted.
     pub async fn revoke(&self, id: i64) -> Result<(), ServiceError> {
-        Self::timed(
+        self.timed(
             "lease revoke",
             self.lease
                 .clone()
@@ -312,7 +463,10 @@ impl Etcd {
         match tokio::time::timeout(CALL_TIMEOUT, call).await {
             Ok(Ok(Some(r))) => Ok(r.ttl),
             Ok(Ok(None)) => Err(unavailable("keep-alive", "the stream ended")),
-            Ok(Err(s)) => Err(unavailable("keep-alive", s.message())),
+            Ok(Err(s)) => {
+                self.refused(&s);
+                Err(unavailable("keep-alive", s.message()))
+            }
             Err(_) => Err(unavailable(
                 "keep-alive",
                 format!("no answer within {CALL_TIMEOUT:?}"),
@@ -344,11 +498,13 @@ impl Etcd {
         })
         .await
         .map_err(|e| unavailable("watch", e))?;
-        let stream =
-            Self::timed("watch", self.watch.clone().watch(ReceiverStream::new(rx))).await?;
+        let stream = self
+            .timed("watch", self.watch.clone().watch(ReceiverStream::new(rx)))
+            .await?;
         Ok(Watcher {
             _requests: tx,
             stream,
+            etcd: self.clone(),
         })
     }
 }
@@ -359,6 +515,8 @@ pub struct Watcher {
     /// Keeps the request side open (etcd ends the watch when it closes).
     _requests: mpsc::Sender<etcd::WatchRequest>,
     stream: tonic::Streaming<etcd::WatchResponse>,
+    /// To log in again when etcd cancels the watch for its token.
+    etcd: Etcd,
 }
 
 /// One change a watch saw.
@@ -374,8 +532,21 @@ impl Watcher {
     /// over (etcd went away or cancelled it).
     pub async fn next(&mut self) -> Option<Vec<Change>> {
         loop {
-            let r = self.stream.message().await.ok().flatten()?;
+            let r = match self.stream.message().await {
+                Ok(Some(r)) => r,
+                Ok(None) => return None,
+                Err(s) => {
+                    self.etcd.refused(&s);
+                    return None;
+                }
+            };
             if r.canceled {
+                if !r.cancel_reason.is_empty() {
+                    let s = tonic::Status::unauthenticated(r.cancel_reason);
+                    if !self.etcd.refused(&s) {
+                        tracing::debug!("etcd cancelled a watch: {}", s.message());
+                    }
+                }
                 return None;
             }
             if r.created && r.events.is_empty() {

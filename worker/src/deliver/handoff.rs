@@ -181,8 +181,20 @@ impl Deliverer {
         // push, and QoS 2's delivery id absorbs it; the durable "received" phase is
         // flushed on its own)
         let recorded = async {
+            let claimed = self.claim_fresh(&pairs);
             let added = store.add_pending_deliveries_unflushed(&pairs).await?;
             acc.repeated += (pairs.len() - added.len()) as u64;
+            if added.len() < pairs.len() {
+                let new: std::collections::HashSet<_> = added.iter().copied().collect();
+                let existing: Vec<_> = pairs.iter().filter(|p| !new.contains(p)).copied().collect();
+                if self.settle_fresh(claimed, &existing) {
+                    // records from before the restart that the resume left to this match
+                    for (s, id) in existing {
+                        self.opened(s, id);
+                        self.enqueue(s, id);
+                    }
+                }
+            }
             let any = !added.is_empty();
             let me = store.node();
             for (s, id) in added {

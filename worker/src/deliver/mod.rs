@@ -50,6 +50,7 @@ mod cache;
 mod cloudevents;
 mod config;
 mod figures;
+mod fresh;
 mod grpc_push;
 mod handoff;
 mod http_answer;
@@ -131,6 +132,9 @@ struct Inner {
     tracer: std::sync::OnceLock<crate::trace::Tracer>,
     /// Per object: the subscriptions whose delivery records are open ([`settled`]).
     open: Mutex<HashMap<ObjectId, std::collections::HashSet<u64>>>,
+    /// Until the start's resume of durable records: the pairs whose records this process
+    /// is writing (fresh matches), which the resume leaves to their writer (`fresh`).
+    before_resume: Mutex<Option<std::collections::HashSet<(u64, ObjectId)>>>,
     /// Where finished objects are reported.
     finished: Mutex<Option<mpsc::UnboundedSender<ObjectId>>>,
     /// Who learns of QoS 2 "received" phases before releases.
@@ -234,6 +238,7 @@ impl Deliverer {
                 figures: Figures::default(),
                 tracer: std::sync::OnceLock::new(),
                 open: Mutex::new(HashMap::new()),
+                before_resume: Mutex::new(Some(Default::default())),
                 finished: Mutex::new(None),
                 phases: Mutex::new(None),
                 standby: Mutex::new(None),
@@ -284,11 +289,22 @@ impl Deliverer {
         handed_over: &std::collections::HashSet<ObjectId>,
     ) -> Result<usize, storage::StorageError> {
         if !self.inner.cfg.enabled {
+            lock(&self.inner.before_resume).take(); // nothing to leave to anyone
             return Ok(0);
         }
-        let recs = self.inner.store.unfinished_deliveries(usize::MAX)?;
+        // read with the fresh pairs taken, atomically: a record written after this read
+        // is its writer's to push, and one written before it either is in `fresh` or
+        // belongs to the resume
+        let (recs, fresh) = {
+            let mut g = lock(&self.inner.before_resume);
+            let fresh = g.take().unwrap_or_default();
+            (self.inner.store.unfinished_deliveries(usize::MAX)?, fresh)
+        };
         let mut n = 0;
         for (sub, obj, _) in &recs {
+            if fresh.contains(&(*sub, *obj)) {
+                continue; // a fresh match of this start recorded it and pushes it
+            }
             if handed_over.contains(obj) {
                 let done = DeliveryState::Acked {
                     at_unix_ms: self.now_ms(),

@@ -75,12 +75,12 @@ impl Deliverer {
     /// An in-memory delivery that must have a record after all (its subscription is not
     /// QoS 1, or was not cached): written durably, then the object's share is given back and
     /// the record goes the usual way. A record of the pair that exists already is left as
-    /// it is and not pushed from here: it was written before a restart (the object was
-    /// matched again before it left the outbox), and the start's resume pushes it if it is
-    /// open (two pushes of one QoS 2 delivery would show it twice; found by `bench chaos`,
-    /// seed 9090).
+    /// it is: it was written before a restart (the object was matched again before it left
+    /// the outbox), and the start's resume pushes it if it is open (`fresh`; two pushes of
+    /// one QoS 2 delivery would show it twice; found by `bench chaos`, seed 9090).
     pub(super) async fn to_record(&self, sub: u64, obj: ObjectId) {
         let store = &self.inner.store;
+        let claimed = self.claim_fresh(&[(sub, obj)]);
         let added = match store.add_pending_deliveries_unflushed(&[(sub, obj)]).await {
             Ok(added) => added,
             Err(e) => {
@@ -90,11 +90,19 @@ impl Deliverer {
             }
         };
         if added.is_empty() {
-            tracing::debug!(
-                "delivery {} has a record already: left to it",
-                delivery_id(sub, obj)
-            );
             self.release(obj);
+            if self.settle_fresh(claimed, &[(sub, obj)]) {
+                // the resume ran meanwhile and left it to this hand-off
+                self.opened(sub, obj);
+                self.schedule(sub, obj).await;
+            } else {
+                // the hand-off counted this delivery queued; the record's push counts itself
+                self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                tracing::debug!(
+                    "delivery {} has a record already: left to it",
+                    delivery_id(sub, obj)
+                );
+            }
             return;
         }
         if let Err(e) = store.commit().await {
