@@ -566,6 +566,16 @@ impl v1::admin_server::Admin for Handle {
         ))
     }
 
+    async fn drain(
+        &self,
+        _request: Request<v1::DrainRequest>,
+    ) -> Result<Response<v1::DrainResponse>, Status> {
+        Err(Status::failed_precondition(
+            "a coordinator is not drained: stop it (SIGTERM) and a standby leads; drain the \
+             nodes (dissem node drain --node URL)",
+        ))
+    }
+
     async fn stats(
         &self,
         _request: Request<v1::StatsRequest>,

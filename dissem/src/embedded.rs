@@ -60,6 +60,16 @@ impl v1::admin_server::Admin for EmbeddedAdmin {
     ) -> Result<Response<v1::RedriveResponse>, Status> {
         v1::admin_server::Admin::redrive(&self.node, request).await
     }
+
+    async fn drain(
+        &self,
+        _request: Request<v1::DrainRequest>,
+    ) -> Result<Response<v1::DrainResponse>, Status> {
+        Err(Status::failed_precondition(
+            "a single-node cluster (dissem up) has no other node to take its puts: stop it \
+             with SIGTERM (what it owes is on its disk)",
+        ))
+    }
 }
 
 /// Runs the embedded cluster on `listener` until `shutdown` resolves. Objects still in the

@@ -594,7 +594,11 @@ impl WorkerFlags {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub(super) struct NodeArgs {
+    /// Acts on a running node instead of running one.
+    #[command(subcommand)]
+    pub(super) action: Option<NodeAction>,
     #[command(flatten)]
     pub(super) up: UpArgs,
     /// The coordinator's URL (without --etcd).
@@ -633,7 +637,36 @@ pub(super) struct NodeArgs {
     pub(super) workers: WorkerFlags,
 }
 
+/// What `dissem node` does to a running node.
+#[derive(clap::Subcommand, Debug)]
+pub(super) enum NodeAction {
+    /// Drains a node before a restart or an upgrade: it refuses puts from now on (writers
+    /// go to other nodes), disseminates what it took, and exits 0 once it owes nothing;
+    /// prints the progress and returns when the node is gone (exit 1 if not drained in
+    /// --timeout).
+    Drain(DrainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct DrainArgs {
+    #[command(flatten)]
+    pub(super) node: crate::client::NodeArg,
+    /// How long to wait for the node to owe nothing, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub(super) timeout: u64,
+    /// Leave the drained node running (refusing puts) instead of making it exit.
+    #[arg(long)]
+    pub(super) no_exit: bool,
+}
+
 pub(super) fn node_cmd(a: NodeArgs) -> anyhow::Result<bool> {
+    if let Some(NodeAction::Drain(d)) = a.action {
+        let timeout = std::time::Duration::from_secs(d.timeout);
+        let exit = !d.no_exit;
+        return crate::client::client(&d.node, |ch| async move {
+            worker::client::drain(ch, timeout, exit).await
+        });
+    }
     a.workers.check()?;
     if a.write_copies == 0 {
         bail!("--write-copies must be at least 1 (the node that takes the put)");

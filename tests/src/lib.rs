@@ -288,3 +288,78 @@ pub fn bench_json(args: &[&str], json: &Path) -> (serde_json::Value, String, boo
     .expect("JSON");
     (r, text, out.status.success())
 }
+
+/// Runs `dissem <args>` to its end (killed after `limit`): exit code (`None` if killed),
+/// stdout and stderr.
+pub fn run_dissem(args: &[&str], limit: std::time::Duration) -> (Option<i32>, String, String) {
+    use std::io::Read;
+    let mut child = Command::new(dissem_bin())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("dissem");
+    // read while it runs: a full pipe would block it
+    let mut out_pipe = child.stdout.take().expect("stdout");
+    let mut err_pipe = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out_pipe.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err_pipe.read_to_string(&mut s);
+        s
+    });
+    let started = std::time::Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s.code();
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    (
+        code,
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    )
+}
+
+/// Stops `traffic`'s puts, then checks that every acknowledged object reached both of its
+/// subscribers within a minute and that the QoS 2 one saw none twice; the answer is how
+/// many objects were acknowledged.
+pub async fn all_delivered_once(traffic: &mut bench::failoverbench::Traffic) -> usize {
+    let objects = traffic.stop().await.expect("putter");
+    let lost = traffic
+        .undelivered(&objects, std::time::Duration::from_secs(60))
+        .await;
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged objects undelivered, e.g. {:?}",
+        lost.len(),
+        objects.len(),
+        &lost[..lost.len().min(5)]
+    );
+    assert_eq!(traffic.repeats().0, 0, "QoS 2 deliveries shown twice");
+    objects.len()
+}
+
+/// Whether an `etcd` binary is here; without one a test says so and passes, unless
+/// `DISSEM_REQUIRE_ETCD` is set (CI installs etcd and sets it), which fails it.
+pub fn have_etcd() -> bool {
+    if bench::elected::etcd_available() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("DISSEM_REQUIRE_ETCD").is_none(),
+        "DISSEM_REQUIRE_ETCD is set but there is no etcd binary (apt-get install etcd-server)"
+    );
+    eprintln!("skipped: no etcd binary on the PATH (apt-get install etcd-server)");
+    false
+}

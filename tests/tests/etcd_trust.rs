@@ -11,50 +11,17 @@
 //!
 //! Without an `etcd` binary the test says so and passes, unless `DISSEM_REQUIRE_ETCD` is set.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bench::elected::{ElectedCluster, EtcdProc, etcd_available};
+use bench::elected::{ElectedCluster, EtcdProc};
 use bench::etcdtrust::EtcdTrust;
 use bench::failoverbench::Traffic;
 use runtime::etcd::{Etcd, EtcdSecurity};
 use tests::{dissem_bin, runtime, small_node_flags, temp_dir, wait_for};
 
-/// Runs `dissem args` to its end (at most 20 s): exit code and stderr.
-fn run_to_end(args: &[String]) -> (Option<i32>, String) {
-    let mut child = std::process::Command::new(dissem_bin())
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("dissem");
-    let started = Instant::now();
-    let code = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s.code();
-        }
-        if started.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut err);
-    }
-    (code, err)
-}
-
 #[test]
 fn a_cluster_on_an_etcd_with_tls_client_certificates_and_user_auth_elects_and_delivers() {
-    if !etcd_available() {
-        assert!(
-            std::env::var_os("DISSEM_REQUIRE_ETCD").is_none(),
-            "DISSEM_REQUIRE_ETCD is set but there is no etcd binary"
-        );
-        eprintln!("skipped: no etcd binary on the PATH (apt-get install etcd-server)");
+    if !tests::have_etcd() {
         return;
     }
     let dir = temp_dir("etcd-trust");
@@ -104,7 +71,9 @@ fn a_cluster_on_an_etcd_with_tls_client_certificates_and_user_auth_elects_and_de
             .position(|f| f == "--etcd-password-file")
             .expect("password flag");
         flags[pw + 1] = bad.display().to_string();
-        let (code, err) = run_to_end(&[args.clone(), flags].concat());
+        let all: Vec<String> = [args.clone(), flags].concat();
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let (code, _, err) = tests::run_dissem(&all, Duration::from_secs(20));
         assert!(code.is_some_and(|c| c != 0), "exit {code:?}: {err}");
         assert!(err.contains("etcd-user"), "{err}");
 
@@ -112,7 +81,9 @@ fn a_cluster_on_an_etcd_with_tls_client_certificates_and_user_auth_elects_and_de
         let plain = etcd.url.replace("https://", "http://");
         let mut clear = args.clone();
         clear[6] = plain;
-        let (code, err) = run_to_end(&[clear, etcd.flags()].concat());
+        let all: Vec<String> = [clear, etcd.flags()].concat();
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let (code, _, err) = tests::run_dissem(&all, Duration::from_secs(20));
         assert!(code.is_some_and(|c| c != 0), "exit {code:?}: {err}");
         assert!(err.contains("in the clear"), "{err}");
 
@@ -160,16 +131,8 @@ fn a_cluster_on_an_etcd_with_tls_client_certificates_and_user_auth_elects_and_de
             acked(&traffic, n + 100)
         })
         .await;
-        let objects = traffic.stop().await.expect("putter");
-        let lost = traffic.undelivered(&objects, Duration::from_secs(60)).await;
-        assert!(
-            lost.is_empty(),
-            "{} of {} acknowledged objects undelivered, e.g. {:?}",
-            lost.len(),
-            objects.len(),
-            &lost[..lost.len().min(5)]
-        );
-        assert_eq!(traffic.repeats().0, 0, "QoS 2 deliveries shown twice");
+        let n = tests::all_delivered_once(&mut traffic).await;
+        eprintln!("{n} objects acknowledged on the secured etcd");
         drop(cluster);
     });
     let _ = std::fs::remove_dir_all(&dir);

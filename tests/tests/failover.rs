@@ -12,7 +12,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use bench::elected::{ElectedCluster, etcd_available};
+use bench::elected::ElectedCluster;
 use bench::failoverbench::Traffic;
 use proto::v1;
 use storage::ObjectId;
@@ -21,15 +21,7 @@ use tests::{dissem_bin, runtime, small_node_flags, temp_dir, wait_for};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn have_etcd() -> bool {
-    if etcd_available() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("DISSEM_REQUIRE_ETCD").is_none(),
-        "DISSEM_REQUIRE_ETCD is set but there is no etcd binary (apt-get install etcd-server)"
-    );
-    eprintln!("skipped: no etcd binary on the PATH (apt-get install etcd-server)");
-    false
+    tests::have_etcd()
 }
 
 /// A running cluster with the benchmark's traffic: both subscriptions and a putter.

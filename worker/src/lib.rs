@@ -11,6 +11,7 @@ pub mod client;
 pub mod daemon;
 pub mod deliver;
 pub mod disseminate;
+pub mod drain;
 pub mod federation;
 pub mod lanes;
 pub mod proxy;
@@ -156,6 +157,14 @@ pub async fn run_node(
         )
     });
     let max = max_message(&limits);
+    // a drained node asked to exit stops serving as on SIGTERM
+    let exit = node.drain().clone().exit_requested();
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = exit => {}
+        }
+    };
     serve(
         listener,
         &[PUBLIC_SERVICES, &[STREAM_SERVICE]].concat(),

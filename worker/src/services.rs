@@ -47,6 +47,8 @@ pub struct Node {
     rejected: Arc<AtomicU64>,
     rate: Arc<runtime::rate::RateLimiter>,
     pub(crate) sink: Sink,
+    /// Draining before a restart (`Admin.Drain`): puts are refused.
+    drain: Arc<crate::drain::Drain>,
 }
 
 impl Node {
@@ -62,7 +64,13 @@ impl Node {
             rate: Arc::new(runtime::rate::RateLimiter::new(
                 limits.max_requests_per_second_per_connection,
             )),
+            drain: Arc::default(),
         }
+    }
+
+    /// This node's drain state (its serving loop exits when a drained node is asked to).
+    pub fn drain(&self) -> &Arc<crate::drain::Drain> {
+        &self.drain
     }
 
     /// This node with its links to peer clusters (and the endpoint their objects arrive at).
@@ -78,6 +86,7 @@ impl Node {
         peer: Option<std::net::SocketAddr>,
         caller: &Caller,
     ) -> Result<(), ServiceError> {
+        self.drain.refuse()?;
         if !self.rate.allow(peer, std::time::Instant::now()) {
             return Err(ServiceError::RateLimited(
                 self.limits.max_requests_per_second_per_connection,
@@ -563,6 +572,14 @@ impl v1::admin_server::Admin for Node {
                 })
                 .collect(),
         }))
+    }
+
+    async fn drain(
+        &self,
+        request: Request<v1::DrainRequest>,
+    ) -> Result<Response<v1::DrainResponse>, Status> {
+        let exit = request.into_inner().exit;
+        Ok(Response::new(self.drain_step(exit)?))
     }
 
     async fn redrive(

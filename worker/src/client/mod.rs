@@ -383,6 +383,51 @@ pub async fn redrive_all(ch: Channel) -> Result<Printed, ServiceError> {
     ))
 }
 
+/// Drains a node (`dissem node drain`): asks it every half second, printing what it still
+/// owes on stderr, until it owes nothing (and, with `exit`, stops answering: it exited);
+/// `Unavailable` naming what is left when `timeout` passes first.
+pub async fn drain(
+    ch: Channel,
+    timeout: std::time::Duration,
+    exit: bool,
+) -> Result<Printed, ServiceError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut admin = v1::admin_client::AdminClient::new(ch);
+    let mut last = None;
+    loop {
+        match admin.drain(v1::DrainRequest { exit }).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                eprintln!(
+                    "draining: outbox {}, open deliveries {}, queued {}, owed to links {}",
+                    r.outbox_pending, r.deliveries_open, r.deliveries_queued, r.owed_to_links
+                );
+                if r.drained && !exit {
+                    return Ok(render::drained(&r, false));
+                }
+                last = Some(r);
+            }
+            // the drained node exited: the call finds nobody
+            Err(s) if exit && last.as_ref().is_some_and(|r| r.drained) => {
+                let r = last.unwrap_or_default();
+                tracing::debug!("the drained node stopped answering: {s}");
+                return Ok(render::drained(&r, true));
+            }
+            Err(s) => return Err(ServiceError::from(s)),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let r = last.unwrap_or_default();
+            return Err(ServiceError::Unavailable(format!(
+                "not drained within {timeout:?}: outbox {}, open deliveries {}, queued {} \
+                 (the node still refuses puts; run again to wait longer, or restart it: what \
+                 it owes is on its disk)",
+                r.outbox_pending, r.deliveries_open, r.deliveries_queued
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
 /// A node's federation links and its active-passive role (`dissem link list`).
 pub async fn links(ch: Channel) -> Result<Printed, ServiceError> {
     let r = v1::federation_client::FederationClient::new(ch)

@@ -432,6 +432,26 @@ pub fn links(r: &v1::LinksResponse) -> Printed {
     )
 }
 
+/// A drained node (`dissem node drain`).
+pub(super) fn drained(r: &v1::DrainResponse, exited: bool) -> Printed {
+    let what = if exited {
+        "drained and exited"
+    } else {
+        "drained (still running, refusing puts)"
+    };
+    Printed::new(
+        vec![format!(
+            "{what}; its links owe {} entries, sent after the restart",
+            r.owed_to_links
+        )],
+        serde_json::json!({
+            "drained": true,
+            "exited": exited,
+            "owed_to_links": r.owed_to_links,
+        }),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
