@@ -73,15 +73,10 @@ pub(super) fn not_in(
         .collect()
 }
 
-/// The leader's registry against the changes: (resurrected, stale versions).
-pub(super) async fn check_registry(
-    c: &ElectedCluster,
-    changes: &mut Changes,
-    seed: u64,
-    violations: &mut Vec<Violation>,
-) -> anyhow::Result<(usize, usize)> {
+/// The leader's subscription list (id -> revision), through a live node.
+pub(super) async fn leader_list(c: &ElectedCluster) -> anyhow::Result<HashMap<u64, u64>> {
     let via = live_node(c, None);
-    let listed: HashMap<u64, u64> = try_wait_for(Duration::from_secs(30), || {
+    try_wait_for(Duration::from_secs(30), || {
         let via = via.clone();
         async move {
             let mut subs = v1::subscriptions_client::SubscriptionsClient::new(procs::channel(&via));
@@ -105,7 +100,60 @@ pub(super) async fn check_registry(
         }
     })
     .await
-    .context("the leader's subscription list")?;
+    .context("the leader's subscription list")
+}
+
+/// After the last schedule: the leader is killed and the standby's list, rebuilt from the
+/// nodes, must equal the old leader's (the subscription list is the same on every
+/// coordinator that leads). A violation names the first subscriptions that differ.
+pub(super) async fn leaders_agree(
+    c: &mut ElectedCluster,
+    seed: u64,
+    violations: &mut Vec<Violation>,
+) -> anyhow::Result<()> {
+    let before = leader_list(c).await?;
+    let l = c.wait_leader(Duration::from_secs(20)).await?;
+    let k = ElectedCluster::index_of(&l.name)
+        .filter(|&k| k < c.coordinators.len())
+        .with_context(|| format!("the leader {:?} is none of ours", l.name))?;
+    c.coordinators[k].kill();
+    c.wait_new_leader(l.epoch, Duration::from_secs(20)).await?;
+    c.coordinators[k] = c.start_coordinator(k);
+    let after = leader_list(c).await?;
+    let mut differ: Vec<String> = before
+        .iter()
+        .filter(|(id, rev)| after.get(id) != Some(rev))
+        .map(|(id, rev)| format!("{id} at {rev} became {:?}", after.get(id)))
+        .chain(
+            after
+                .iter()
+                .filter(|(id, _)| !before.contains_key(id))
+                .map(|(id, rev)| format!("{id} at {rev} appeared")),
+        )
+        .collect();
+    if !differ.is_empty() {
+        differ.sort();
+        violations.push(Violation {
+            seed,
+            invariant: "leaders_disagree",
+            detail: format!(
+                "{} subscriptions differ between the last leader and the next, e.g. {}",
+                differ.len(),
+                differ[..differ.len().min(3)].join("; ")
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The leader's registry against the changes: (resurrected, stale versions).
+pub(super) async fn check_registry(
+    c: &ElectedCluster,
+    changes: &mut Changes,
+    seed: u64,
+    violations: &mut Vec<Violation>,
+) -> anyhow::Result<(usize, usize)> {
+    let listed = leader_list(c).await?;
     let mut resurrected = 0;
     let back: Vec<u64> = changes
         .deleted

@@ -20,7 +20,9 @@
 //! canary (a filter no object matches) nor to a deleted subscription for an object put
 //! after the delete returned; no deleted subscription listed again by the leader; no
 //! canary listed at an older revision than its last update returned; every acknowledged
-//! object shown to the peer cluster's subscriber.
+//! object shown to the peer cluster's subscriber. After the last schedule the leader is
+//! killed once more, and the next leader must list exactly the same subscriptions at the
+//! same revisions (`leaders_disagree` otherwise).
 //!
 //! About a quarter of the schedules end by damaging a node's object log while it is down
 //! (`chaosdisk`): the node must take the lost records back from their copies.
@@ -393,6 +395,8 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
             ),
         });
     }
+    // the next leader serves the same subscriptions
+    check::leaders_agree(&mut c, o.seed, &mut violations).await?;
     let misdelivered = misdeliveries(&traffic, &changes);
     if misdelivered > 0 {
         violations.push(Violation {
