@@ -348,6 +348,21 @@ impl ElectedCluster {
         }
     }
 
+    /// SIGKILLs the leading coordinator, waits (up to 20 s) for the next leader, and starts
+    /// the killed one again as a standby.
+    pub async fn kill_leader(&mut self) -> anyhow::Result<LeaderInfo> {
+        let l = self.wait_leader(Duration::from_secs(20)).await?;
+        let k = Self::index_of(&l.name)
+            .filter(|&k| k < self.coordinators.len())
+            .with_context(|| format!("the leader {:?} is none of ours", l.name))?;
+        self.coordinators[k].kill();
+        let new = self
+            .wait_new_leader(l.epoch, Duration::from_secs(20))
+            .await?;
+        self.coordinators[k] = self.start_coordinator(k);
+        Ok(new)
+    }
+
     /// The index of the coordinator named `name` (`c<k>`).
     pub fn index_of(name: &str) -> Option<usize> {
         name.strip_prefix('c')?.parse().ok()

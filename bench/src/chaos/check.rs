@@ -112,13 +112,7 @@ pub(super) async fn leaders_agree(
     violations: &mut Vec<Violation>,
 ) -> anyhow::Result<()> {
     let before = leader_list(c).await?;
-    let l = c.wait_leader(Duration::from_secs(20)).await?;
-    let k = ElectedCluster::index_of(&l.name)
-        .filter(|&k| k < c.coordinators.len())
-        .with_context(|| format!("the leader {:?} is none of ours", l.name))?;
-    c.coordinators[k].kill();
-    c.wait_new_leader(l.epoch, Duration::from_secs(20)).await?;
-    c.coordinators[k] = c.start_coordinator(k);
+    c.kill_leader().await?;
     let after = leader_list(c).await?;
     let mut differ: Vec<String> = before
         .iter()

@@ -512,13 +512,7 @@ async fn apply(
             n.signal("CONT");
         }
         Fault::LeaderKill => {
-            let l = c.wait_leader(Duration::from_secs(20)).await?;
-            let k = ElectedCluster::index_of(&l.name)
-                .filter(|&k| k < c.coordinators.len())
-                .with_context(|| format!("the leader {:?} is none of ours", l.name))?;
-            c.coordinators[k].kill();
-            c.wait_new_leader(l.epoch, Duration::from_secs(20)).await?;
-            c.coordinators[k] = c.start_coordinator(k);
+            c.kill_leader().await?;
         }
         Fault::SubscriberDown { down_ms } => {
             traffic.rec.set_refusing(true);
