@@ -7,8 +7,14 @@
 
 use tests::temp_dir;
 
+/// One chaos cluster at a time: each is etcd, two coordinators, nine nodes and a peer
+/// cluster, and four of them at once on two cores stretch every lease and deadline the
+/// schedules are drawn against.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn the_chaos_benchmark_runs_its_schedules_and_every_invariant_holds() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     if !bench::elected::etcd_available() {
         assert!(
             std::env::var_os("DISSEM_REQUIRE_ETCD").is_none(),
@@ -46,6 +52,7 @@ fn the_chaos_benchmark_runs_its_schedules_and_every_invariant_holds() {
 /// Replays the one schedule of `seed`, checks it is still the schedule whose `faults` (by
 /// kind) found the bug, and that it passes with every count at 0.
 fn replay(seed: u64, faults: serde_json::Value) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     if !bench::elected::etcd_available() {
         return; // the first test says so, or fails under DISSEM_REQUIRE_ETCD
     }
