@@ -7,40 +7,127 @@
 //!
 //! So until the resume, a fresh match registers the pairs it is about to record
 //! ([`Deliverer::claim_fresh`]); the resume takes the registered pairs and reads the store
-//! in one step and leaves those to their writer. A registered pair whose record existed
-//! already (written before the restart) belongs to the resume, unless the resume ran in
-//! between and left it out: then the match pushes it ([`Deliverer::settle_fresh`]).
+//! in one step and leaves those to their writer. A pair whose record existed already
+//! belongs to the match that claimed it first (another match of this start wrote it), or,
+//! when none did, to the resume: written before the restart. Unless the resume ran in
+//! between and left it out: then the match that claimed it pushes it
+//! ([`Deliverer::settle_fresh`]).
 
 use super::*;
 
+/// The pairs one fresh match claimed first (before the resume; `None` after it).
+pub(super) type Claimed = Option<std::collections::HashSet<(u64, ObjectId)>>;
+
 impl Deliverer {
-    /// Registers `pairs` as being recorded by a fresh match; `true` when the resume has not
-    /// run yet (the answer goes to [`Deliverer::settle_fresh`]).
-    pub(super) fn claim_fresh(&self, pairs: &[(u64, ObjectId)]) -> bool {
+    /// Registers `pairs` as being recorded by a fresh match. The answer, for
+    /// [`Deliverer::settle_fresh`]: `None` once the resume ran; else the pairs this match
+    /// claimed first (a pair another match of this start claimed already is that one's).
+    pub(super) fn claim_fresh(&self, pairs: &[(u64, ObjectId)]) -> Claimed {
+        lock(&self.inner.before_resume)
+            .as_mut()
+            .map(|set| pairs.iter().copied().filter(|p| set.insert(*p)).collect())
+    }
+
+    /// After the records were written: `existing` are the pairs whose records existed
+    /// already. The answer is those the caller must push itself: the ones it claimed first
+    /// when the resume ran since and left them out. Otherwise the ones it claimed first go
+    /// back to the resume (records from before the restart), and the rest are another
+    /// match's.
+    pub(super) fn settle_fresh(
+        &self,
+        claimed: &Claimed,
+        existing: &[(u64, ObjectId)],
+    ) -> Vec<(u64, ObjectId)> {
+        let Some(mine) = claimed else {
+            return Vec::new(); // the resume ran before: it pushed the old records
+        };
+        let mine: Vec<_> = existing
+            .iter()
+            .filter(|p| mine.contains(p))
+            .copied()
+            .collect();
         match lock(&self.inner.before_resume).as_mut() {
             Some(set) => {
-                set.extend(pairs.iter().copied());
-                true
+                for p in &mine {
+                    set.remove(p);
+                }
+                Vec::new()
             }
-            None => false,
+            None => mine,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoSubscriptions;
+
+    #[tonic::async_trait]
+    impl SubscriptionSource for NoSubscriptions {
+        async fn subscription(&self, _id: u64) -> Result<Option<v1::Subscription>, Status> {
+            Ok(None)
         }
     }
 
-    /// After the records were written: `existing` are the claimed pairs whose records
-    /// existed already. The answer says whether the caller must push those itself (the
-    /// resume ran since the claim and left them out); else they are the resume's.
-    pub(super) fn settle_fresh(&self, claimed: bool, existing: &[(u64, ObjectId)]) -> bool {
-        if !claimed {
-            return false; // the resume ran before: it pushed the old records
-        }
-        match lock(&self.inner.before_resume).as_mut() {
-            Some(set) => {
-                for p in existing {
-                    set.remove(p);
-                }
-                false
-            }
-            None => true,
-        }
+    fn deliverer(tag: &str) -> (Deliverer, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!(
+            "dissem-fresh-{tag}-{}-{}",
+            std::process::id(),
+            runtime::random_u64()
+        ));
+        let store = storage::Store::open(&dir, 1).expect("store");
+        let d = Deliverer::new(
+            DeliveryConfig::default(),
+            store,
+            Arc::new(NoSubscriptions),
+            crate::lanes::Lanes::new(false),
+        )
+        .expect("deliverer");
+        (d, dir)
+    }
+
+    fn pair(seq: u64) -> (u64, ObjectId) {
+        (7, ObjectId { node: 1, seq })
+    }
+
+    /// The resume taking the claimed pairs, as `resume_except` does.
+    fn resume(d: &Deliverer) -> std::collections::HashSet<(u64, ObjectId)> {
+        lock(&d.inner.before_resume).take().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_pair_belongs_to_the_match_that_claimed_it_first() {
+        let (d, dir) = deliverer("first");
+        let a = d.claim_fresh(&[pair(1), pair(2)]);
+        let b = d.claim_fresh(&[pair(2), pair(3)]);
+        assert_eq!(a.as_ref().map(|s| s.len()), Some(2));
+        assert_eq!(b, Some([pair(3)].into_iter().collect()));
+        // the resume runs: it leaves every claimed pair to its matches
+        assert_eq!(resume(&d).len(), 3);
+        // b found pair 2 recorded (by a): not b's to push, though the resume left it out
+        assert!(d.settle_fresh(&b, &[pair(2)]).is_empty());
+        // a found pair 1 recorded before the restart: the resume left it out, a pushes it
+        assert_eq!(d.settle_fresh(&a, &[pair(1)]), vec![pair(1)]);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_record_from_before_the_restart_goes_back_to_the_resume() {
+        let (d, dir) = deliverer("back");
+        let a = d.claim_fresh(&[pair(1), pair(2)]);
+        // pair 1 existed: settled before the resume, so the resume pushes it
+        assert!(d.settle_fresh(&a, &[pair(1)]).is_empty());
+        let left = resume(&d);
+        assert!(
+            !left.contains(&pair(1)) && left.contains(&pair(2)),
+            "{left:?}"
+        );
+        // after the resume nothing is claimed, and nothing is the match's to push
+        let late = d.claim_fresh(&[pair(3)]);
+        assert!(late.is_none());
+        assert!(d.settle_fresh(&late, &[pair(3)]).is_empty());
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -187,12 +187,10 @@ impl Deliverer {
             if added.len() < pairs.len() {
                 let new: std::collections::HashSet<_> = added.iter().copied().collect();
                 let existing: Vec<_> = pairs.iter().filter(|p| !new.contains(p)).copied().collect();
-                if self.settle_fresh(claimed, &existing) {
-                    // records from before the restart that the resume left to this match
-                    for (s, id) in existing {
-                        self.opened(s, id);
-                        self.enqueue(s, id);
-                    }
+                // records from before the restart that the resume left to this match
+                for (s, id) in self.settle_fresh(&claimed, &existing) {
+                    self.opened(s, id);
+                    self.enqueue(s, id);
                 }
             }
             let any = !added.is_empty();

@@ -91,7 +91,7 @@ impl Deliverer {
         };
         if added.is_empty() {
             self.release(obj);
-            if self.settle_fresh(claimed, &[(sub, obj)]) {
+            if !self.settle_fresh(&claimed, &[(sub, obj)]).is_empty() {
                 // the resume ran meanwhile and left it to this hand-off
                 self.opened(sub, obj);
                 self.schedule(sub, obj).await;
