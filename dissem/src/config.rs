@@ -230,6 +230,14 @@ pub fn apply(args: Vec<OsString>, root: &clap::Command) -> Result<Vec<OsString>,
     let Some(sub) = root.find_subcommand(&cmd) else {
         return Ok(rest); // clap explains
     };
+    // `dissem node drain`: a subcommand acts on a running process and takes none of the
+    // table's settings (clap would refuse them beside it)
+    if rest
+        .get(cmd_at + 1)
+        .is_some_and(|a| sub.find_subcommand(a.to_string_lossy().as_ref()).is_some())
+    {
+        return Ok(rest);
+    }
     let flags: Vec<(String, Option<String>)> = sub
         .get_arguments()
         .filter(|a| !a.is_global_set())
@@ -311,7 +319,30 @@ mod tests {
                             .action(clap::ArgAction::SetTrue),
                     ),
             )
-            .subcommand(clap::Command::new("node").arg(clap::Arg::new("node").long("node")))
+            .subcommand(
+                clap::Command::new("node")
+                    .arg(clap::Arg::new("node").long("node"))
+                    .subcommand(clap::Command::new("drain")),
+            )
+    }
+
+    #[test]
+    fn a_subcommand_of_a_server_command_takes_none_of_its_settings() {
+        let dir = std::env::temp_dir().join(format!("dissem-config-sub-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "[node]\nnode = 9\n").expect("write");
+        let config = f.to_string_lossy().to_string();
+        let out = apply(
+            args(&["dissem", "--config", &config, "node", "drain"]),
+            &root(),
+        )
+        .expect("apply");
+        assert_eq!(out, args(&["dissem", "node", "drain"]));
+        // the server command itself still takes them
+        let out = apply(args(&["dissem", "--config", &config, "node"]), &root()).expect("apply");
+        assert!(out.contains(&OsString::from("--node")), "{out:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
