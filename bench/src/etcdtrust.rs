@@ -159,10 +159,7 @@ impl EtcdTrust {
         a.role_add(etcd::AuthRoleAddRequest { name: USER.into() })
             .await?;
         let key = prefix.as_bytes().to_vec();
-        let mut end = key.clone();
-        if let Some(last) = end.last_mut() {
-            *last += 1;
-        }
+        let end = runtime::etcd::prefix_end(&key);
         a.role_grant_permission(etcd::AuthRoleGrantPermissionRequest {
             name: USER.into(),
             perm: Some(etcd::Permission {

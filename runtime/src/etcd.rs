@@ -105,7 +105,7 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> ServiceError {
 }
 
 /// The end of the range of every key that starts with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -234,15 +234,13 @@ impl Etcd {
         Ok(())
     }
 
-    /// A call refused for its token: a fresh one is fetched in the background (the caller
-    /// retries as after any unavailable etcd).
-    fn refused(&self, s: &tonic::Status) -> bool {
-        let m = s.message();
+    /// Whether etcd refused a call (`code`, `message`) for its token; if so a fresh one is
+    /// fetched in the background (the caller retries as after any unavailable etcd).
+    fn refused(&self, code: tonic::Code, message: &str) -> bool {
         let token = self.user.is_some()
-            && (s.code() == tonic::Code::Unauthenticated
-                || m.contains("invalid auth token")
-                || m.contains("user name is empty")
-                || m.contains("auth token"));
+            && (code == tonic::Code::Unauthenticated
+                || message.contains("auth token")
+                || message.contains("user name is empty"));
         if token {
             let me = self.clone();
             tokio::spawn(async move {
@@ -267,7 +265,7 @@ impl Etcd {
         match tokio::time::timeout(CALL_TIMEOUT, f).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(s)) => {
-                self.refused(&s);
+                self.refused(s.code(), s.message());
                 Err(unavailable(what, s.message()))
             }
             Err(_) => Err(unavailable(
@@ -464,7 +462,7 @@ impl Etcd {
             Ok(Ok(Some(r))) => Ok(r.ttl),
             Ok(Ok(None)) => Err(unavailable("keep-alive", "the stream ended")),
             Ok(Err(s)) => {
-                self.refused(&s);
+                self.refused(s.code(), s.message());
                 Err(unavailable("keep-alive", s.message()))
             }
             Err(_) => Err(unavailable(
@@ -536,16 +534,19 @@ impl Watcher {
                 Ok(Some(r)) => r,
                 Ok(None) => return None,
                 Err(s) => {
-                    self.etcd.refused(&s);
+                    self.etcd.refused(s.code(), s.message());
                     return None;
                 }
             };
             if r.canceled {
-                if !r.cancel_reason.is_empty() {
-                    let s = tonic::Status::unauthenticated(r.cancel_reason);
-                    if !self.etcd.refused(&s) {
-                        tracing::debug!("etcd cancelled a watch: {}", s.message());
-                    }
+                // a watch cancelled with a reason may have been refused its token (etcd says
+                // so in the reason's words, not a code): logging in again costs one call
+                if !r.cancel_reason.is_empty()
+                    && !self
+                        .etcd
+                        .refused(tonic::Code::Unauthenticated, &r.cancel_reason)
+                {
+                    tracing::debug!("etcd cancelled a watch: {}", r.cancel_reason);
                 }
                 return None;
             }

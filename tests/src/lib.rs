@@ -363,3 +363,16 @@ pub fn have_etcd() -> bool {
     eprintln!("skipped: no etcd binary on the PATH (apt-get install etcd-server)");
     false
 }
+
+/// Waits (up to 30 s) until `traffic` has `n` acknowledged puts.
+pub async fn wait_acked(traffic: &bench::failoverbench::Traffic, n: usize) {
+    wait_for(
+        &format!("{n} acknowledged puts"),
+        std::time::Duration::from_secs(30),
+        || {
+            let have = traffic.acked().len();
+            async move { (have >= n).then_some(()) }
+        },
+    )
+    .await;
+}

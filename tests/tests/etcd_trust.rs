@@ -17,7 +17,7 @@ use bench::elected::{ElectedCluster, EtcdProc};
 use bench::etcdtrust::EtcdTrust;
 use bench::failoverbench::Traffic;
 use runtime::etcd::{Etcd, EtcdSecurity};
-use tests::{dissem_bin, runtime, small_node_flags, temp_dir, wait_for};
+use tests::{dissem_bin, runtime, small_node_flags, temp_dir};
 
 #[test]
 fn a_cluster_on_an_etcd_with_tls_client_certificates_and_user_auth_elects_and_delivers() {
@@ -92,45 +92,19 @@ fn a_cluster_on_an_etcd_with_tls_client_certificates_and_user_auth_elects_and_de
                 .await
                 .expect("a cluster on the secured etcd");
         let mut traffic = Traffic::start(&cluster, 100).await.expect("traffic");
-        let acked = |t: &Traffic, n: usize| {
-            let have = t.acked().len();
-            async move { (have >= n).then_some(()) }
-        };
-        wait_for("100 acknowledged puts", Duration::from_secs(30), || {
-            acked(&traffic, 100)
-        })
-        .await;
+        tests::wait_acked(&traffic, 100).await;
 
         // etcd restarted: the tokens it gave are gone; everyone logs in again
-        let before = cluster
-            .wait_leader(Duration::from_secs(5))
-            .await
-            .expect("a leader");
         cluster.etcd.restart().await.expect("etcd back");
-        let n = traffic.acked().len();
-        wait_for(
-            "puts after the etcd restart",
-            Duration::from_secs(30),
-            || acked(&traffic, n + 100),
-        )
-        .await;
+        tests::wait_acked(&traffic, traffic.acked().len() + 100).await;
         // the leader killed: the standby campaigns through the secured etcd
         let leader = cluster
             .wait_leader(Duration::from_secs(10))
             .await
             .expect("a leader");
-        let k = ElectedCluster::index_of(&leader.name).expect("one of ours");
-        cluster.coordinators[k].kill();
-        let new = cluster
-            .wait_new_leader(leader.epoch.max(before.epoch), Duration::from_secs(20))
-            .await
-            .expect("a new leader");
+        let new = cluster.kill_leader().await.expect("a new leader");
         assert_ne!(new.name, leader.name);
-        let n = traffic.acked().len();
-        wait_for("puts after the new leader", Duration::from_secs(30), || {
-            acked(&traffic, n + 100)
-        })
-        .await;
+        tests::wait_acked(&traffic, traffic.acked().len() + 100).await;
         let n = tests::all_delivered_once(&mut traffic).await;
         eprintln!("{n} objects acknowledged on the secured etcd");
         drop(cluster);

@@ -79,15 +79,7 @@ impl Setup {
     }
 
     async fn wait_acked(&self, n: usize) {
-        wait_for(
-            &format!("{n} acknowledged puts"),
-            Duration::from_secs(30),
-            || {
-                let have = self.acked().len();
-                async move { (have >= n).then_some(()) }
-            },
-        )
-        .await;
+        tests::wait_acked(&self.traffic, n).await;
     }
 
     /// Stops the puts; then every acknowledged object must reach both subscribers, the QoS

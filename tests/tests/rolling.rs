@@ -25,14 +25,7 @@ fn every_node_and_coordinator_restarted_one_by_one_under_load_loses_nothing() {
                 .await
                 .expect("a 3x3 cluster");
         let mut traffic = Traffic::start(&c, 60).await.expect("traffic");
-        let more = |t: &Traffic, n: usize| {
-            let have = t.acked().len();
-            async move { (have >= n).then_some(()) }
-        };
-        wait_for("60 acknowledged puts", Duration::from_secs(30), || {
-            more(&traffic, 60)
-        })
-        .await;
+        tests::wait_acked(&traffic, 60).await;
 
         for i in 0..c.nodes.len() {
             let url = c.nodes[i].url();
@@ -57,13 +50,7 @@ fn every_node_and_coordinator_restarted_one_by_one_under_load_loses_nothing() {
             .await;
             assert!(status.success(), "node {i} exited with {status}");
             c.nodes[i].restart();
-            let n = traffic.acked().len();
-            wait_for(
-                &format!("puts after node {i} came back"),
-                Duration::from_secs(30),
-                || more(&traffic, n + 20),
-            )
-            .await;
+            tests::wait_acked(&traffic, traffic.acked().len() + 20).await;
         }
 
         // the standby, then the leader: SIGTERM, and the same coordinator started again
@@ -94,11 +81,7 @@ fn every_node_and_coordinator_restarted_one_by_one_under_load_loses_nothing() {
             .expect("the standby leads");
         assert_ne!(new.name, leader.name);
         c.coordinators[lk] = c.start_coordinator(lk);
-        let n = traffic.acked().len();
-        wait_for("puts under the new leader", Duration::from_secs(30), || {
-            more(&traffic, n + 60)
-        })
-        .await;
+        tests::wait_acked(&traffic, traffic.acked().len() + 60).await;
 
         let n = tests::all_delivered_once(&mut traffic).await;
         eprintln!("{n} objects acknowledged through the rolling restart");
