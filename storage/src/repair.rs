@@ -71,6 +71,12 @@ impl Store {
         self.lock_repair().keys().copied().collect()
     }
 
+    /// Whether this node's object of `seq` was lost at open and is not yet restored (nor
+    /// given up): it is still to be disseminated, although nothing here holds its bytes.
+    pub fn awaits_repair(&self, seq: u64) -> bool {
+        self.lock_repair().contains_key(&seq)
+    }
+
     /// Restores this node's objects lost at open from copies (each as it was: same sequence
     /// number, priority and time received): those that were still to be matched into the
     /// outbox, the others in place. Copies of anything else are left alone. Durable with the

@@ -143,6 +143,7 @@ async fn an_object_lost_at_open_is_remembered_until_restored_from_a_copy() {
     }
     let s = Store::open(&dir, 6).expect("reopen");
     assert_eq!(s.to_repair(), vec![lost.seq, gone.seq], "durable");
+    assert!(s.awaits_repair(lost.seq) && s.awaits_repair(gone.seq) && !s.awaits_repair(kept.seq));
     // a copy of another node's object, or of one not lost, restores nothing
     assert_eq!(s.restore_own(&[copy(4, lost.seq)]).expect("restore"), 0);
     assert_eq!(
@@ -155,7 +156,9 @@ async fn an_object_lost_at_open_is_remembered_until_restored_from_a_copy() {
             .expect("again"),
         0
     );
+    assert!(!s.awaits_repair(lost.seq), "restored");
     s.give_up_repair(&[gone.seq]).expect("give up");
+    assert!(!s.awaits_repair(gone.seq), "given up");
     s.commit().await.expect("commit");
     drop(s);
     let s = Store::open(&dir, 6).expect("reopen");

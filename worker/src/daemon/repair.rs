@@ -2,7 +2,10 @@
 //! `storage::repair`) takes them back from their copies: its row quorum got each object
 //! before the put was acknowledged. This runs first in every catch-up, before the node
 //! answers what it holds or resumes anything, so no holder takes the lost objects for
-//! finished and no delivery waits on bytes that are gone.
+//! finished and no delivery waits on bytes that are gone: until the repair is done (or given
+//! up), a holder asking this node for its own objects is answered unavailable, and a link's
+//! acknowledgement of a lost object does not end its copies. A repair a silent holder left
+//! unsettled is tried again every few heartbeats.
 
 use super::*;
 
@@ -61,6 +64,27 @@ impl Daemon {
                 "restored {restored} object(s) this node lost at open from their copies"
             );
         }
+    }
+
+    /// Asks again, every few heartbeats while this registration lasts, for the copies of
+    /// the objects lost at open that a catch-up could not settle (a holder did not answer):
+    /// until then they are not disseminated, and holders' catch-ups with this node wait.
+    pub(super) fn repair_until_done(&self) {
+        if self.inner.store.to_repair().is_empty() {
+            return;
+        }
+        let registration = self.inner.registrations.load(Ordering::Acquire);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let every = me.inner.cfg.heartbeat_every * 4;
+            while !me.inner.store.to_repair().is_empty() {
+                tokio::time::sleep(every).await;
+                if me.inner.registrations.load(Ordering::Acquire) != registration {
+                    return; // the next catch-up repairs first
+                }
+                me.repair_own(&me.view()).await;
+            }
+        });
     }
 
     /// Gives up the objects this node lost at open when nothing can hold copies of them

@@ -661,6 +661,15 @@ impl Daemon {
                 .collect();
             return Ok((v.into_iter().map(|(o, _)| o).collect(), more, forwarding));
         }
+        // until the objects this node lost at open are restored, its answer would leave them
+        // out, and a holder catching up would take them for finished and end the copies the
+        // repair needs: the holder asks again at its next catch-up
+        let lost = store.to_repair().len();
+        if lost > 0 {
+            return Err(ServiceError::Unavailable(format!(
+                "node {origin} is restoring {lost} object(s) it lost at open from their copies"
+            )));
+        }
         // what a link still owes is held for it: a holder that took it for finished would end
         // its copy, and a lost disk here would then lose what the peer cluster was owed
         let forwarding = self.forwarding_own_after(after, limit + 1);

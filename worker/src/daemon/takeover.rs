@@ -371,6 +371,7 @@ impl Daemon {
         }
         // first what its own disk lost: until then it would answer those objects as gone
         self.repair_own(&view).await;
+        self.repair_until_done();
         let mut pulled = 0usize;
         for (origin, ep) in view.live_endpoints(g.origins_held_by(me), &[]) {
             match self.pull_all(&ep, origin).await {
