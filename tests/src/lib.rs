@@ -376,3 +376,19 @@ pub async fn wait_acked(traffic: &bench::failoverbench::Traffic, n: usize) {
     )
     .await;
 }
+
+/// Whether `python3` can import grpc and grpc_tools (`pip install grpcio grpcio-tools`).
+pub fn have_python_grpc() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var_os("DISSEM_REQUIRE_PYTHON").is_none(),
+            "DISSEM_REQUIRE_PYTHON is set but python3 cannot import grpc and grpc_tools"
+        );
+        eprintln!("skipped: python3 with grpcio and grpcio-tools is not installed");
+    }
+    ok
+}

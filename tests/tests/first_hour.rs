@@ -510,28 +510,12 @@ fn a_stream_keeps_its_deliveries_until_a_subscriber_attaches() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Whether `python3` can import grpc and grpc_tools (`pip install grpcio grpcio-tools`).
-fn have_python_grpc() -> bool {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import grpc, grpc_tools"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var_os("DISSEM_REQUIRE_PYTHON").is_none(),
-            "DISSEM_REQUIRE_PYTHON is set but python3 cannot import grpc and grpc_tools"
-        );
-        eprintln!("skipped: python3 with grpcio and grpcio-tools is not installed");
-    }
-    ok
-}
-
-/// The README's Python recipe, run as written: its stub-generation command (in a copy of
-/// the .proto files) and its script, against `dissem up`; the script prints the delivery of
-/// the object it put.
+/// The README's Python recipe, run as written with the client package of `clients/python`
+/// on the path (CI also installs it with pip), against `dissem up`; the script prints the
+/// delivery of the object it put.
 #[test]
 fn the_readme_python_recipe_runs() {
-    if !have_python_grpc() {
+    if !tests::have_python_grpc() {
         return;
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -539,40 +523,23 @@ fn the_readme_python_recipe_runs() {
         .expect("repository root")
         .to_path_buf();
     let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
-    // the lines after `marker`'s line, up to the end of its code block
-    let after = |marker: &str| -> String {
-        let at = readme.find(marker).expect("marker in the README");
-        let rest = &readme[at + marker.len()..];
-        let start = rest.find('\n').map_or(0, |i| i + 1);
-        let end = rest[start..].find("\n```").expect("end of block");
-        rest[start..start + end].to_string()
-    };
-    let generate = after("```sh\npip install grpcio grpcio-tools");
-    let script = after("<!-- python-recipe -->\n```python");
-    let dir = temp_dir("python-recipe");
-    // the command reads proto/ relative to where it runs: a copy, so stubs land in `dir`
-    let copy = std::process::Command::new("cp")
-        .arg("-r")
-        .arg(root.join("proto"))
-        .arg(&dir)
-        .status()
-        .expect("cp");
-    assert!(copy.success());
-    let stubs = std::process::Command::new("sh")
-        .args(["-c", &generate])
-        .current_dir(&dir)
-        .output()
-        .expect("protoc");
+    let marker = "<!-- python-recipe -->\n```python";
+    let at = readme.find(marker).expect("the recipe in the README");
+    let rest = &readme[at + marker.len()..];
+    let start = rest.find('\n').map_or(0, |i| i + 1);
+    let end = rest[start..].find("\n```").expect("end of block");
+    let script = &rest[start..start + end];
     assert!(
-        stubs.status.success(),
-        "{generate}\n{}",
-        String::from_utf8_lossy(&stubs.stderr)
+        readme.contains("```sh\npip install ./clients/python\n```"),
+        "the README installs the client package"
     );
-    std::fs::write(dir.join("recipe.py"), &script).expect("script");
+    let dir = temp_dir("python-recipe");
+    std::fs::write(dir.join("recipe.py"), script).expect("script");
     let mut up = start_up(&dir, &[]);
     let mut child = std::process::Command::new("python3")
         .arg("recipe.py")
         .arg(&up.addr)
+        .env("PYTHONPATH", root.join("clients/python"))
         .current_dir(&dir)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
