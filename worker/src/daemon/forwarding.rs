@@ -108,6 +108,12 @@ impl Daemon {
     /// object) that it was delivered: forwarding, or finished.
     fn end_copies(&self, id: ObjectId, forwarding: bool) {
         let Some(g) = self.grid() else { return };
+        tracing::debug!(
+            "object {}:{} delivered: its copies end ({})",
+            id.node,
+            id.seq,
+            if forwarding { "forwarding" } else { "finished" }
+        );
         let me = self.inner.cfg.node;
         if id.node != me {
             let store = &self.inner.store;

@@ -29,7 +29,15 @@ impl Daemon {
             }
             objects.push((id, o.subscriptions));
         }
-        let (accepted, recorded) = self.inner.deliverer.accept(objects).await;
+        // on a task of its own: a caller that goes away (the matching node killed, its call
+        // timed out) drops the future that awaits this, and a hand-off dropped after its
+        // in-memory pushes started but before its records were written kept the object owed
+        // for ever: never recorded for the rest of its subscriptions, never matched again (a
+        // QoS 2 subscriber never saw it; found by `bench chaos`, seed 109)
+        let deliverer = self.inner.deliverer.clone();
+        let (accepted, recorded) = tokio::spawn(async move { deliverer.accept(objects).await })
+            .await
+            .map_err(|e| ServiceError::Unavailable(format!("handing matches to delivery: {e}")))?;
         let c = &self.inner.counters;
         c.matches_handed
             .fetch_add(accepted.handed, Ordering::Relaxed);

@@ -134,7 +134,11 @@ impl Deliverer {
         let (attempts, received) = match state {
             Ok(Some(DeliveryState::Pending { attempts, .. })) => (attempts, false),
             Ok(Some(DeliveryState::Received { attempts, .. })) => (attempts, true),
-            _ => {
+            other => {
+                tracing::debug!(
+                    "delivery {}: nothing to push ({other:?})",
+                    delivery_id(sub, obj)
+                );
                 self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
                 return None;
             }
@@ -192,6 +196,10 @@ impl Deliverer {
             }
             Hold::Handed => {
                 // the node that took the object over delivers it
+                tracing::debug!(
+                    "delivery {}: the object is another node's now (or finished): closed here",
+                    delivery_id(sub, obj)
+                );
                 self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
                 let done = DeliveryState::Acked {
                     at_unix_ms: self.now_ms(),

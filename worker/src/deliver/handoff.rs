@@ -162,9 +162,17 @@ impl Deliverer {
             let n = subs.len() as u64;
             acc.handed += n;
             if !store.in_outbox(id) || self.owes(id) {
+                tracing::debug!(
+                    "matches of {}:{} to {subs:?}: a repeat (in the outbox: {}, pushes in memory: {})",
+                    id.node,
+                    id.seq,
+                    store.in_outbox(id),
+                    self.owes(id)
+                );
                 acc.repeated += n;
                 continue;
             }
+            tracing::debug!("matches of {}:{} to {subs:?}", id.node, id.seq);
             let Some(h) = self.hand_off(id, subs) else {
                 acc.repeated += n; // a concurrent hand-off of the object has its pushes in memory
                 continue;
@@ -187,6 +195,9 @@ impl Deliverer {
             if added.len() < pairs.len() {
                 let new: std::collections::HashSet<_> = added.iter().copied().collect();
                 let existing: Vec<_> = pairs.iter().filter(|p| !new.contains(p)).copied().collect();
+                for (s, id) in &existing {
+                    tracing::debug!("delivery {} has a record already", delivery_id(*s, *id));
+                }
                 // records from before the restart that the resume left to this match
                 for (s, id) in self.settle_fresh(&claimed, &existing) {
                     self.opened(s, id);

@@ -178,7 +178,11 @@ impl Deliverer {
                 next_attempt_unix_ms,
                 ..
             })) => next_attempt_unix_ms,
-            _ => {
+            other => {
+                tracing::debug!(
+                    "delivery {}: not scheduled ({other:?})",
+                    delivery_id(sub, obj)
+                );
                 self.inner.counters.queued.fetch_sub(1, Ordering::Relaxed);
                 return; // finished meanwhile
             }
