@@ -37,7 +37,7 @@ pub(super) struct NodeArg {
 
 pub(super) fn client<F, Fut>(node: &NodeArg, f: F) -> anyhow::Result<bool>
 where
-    F: FnOnce(worker::client::Channel) -> Fut,
+    F: FnOnce(worker::client::Client) -> Fut,
     Fut: std::future::Future<Output = Result<worker::client::Printed, runtime::ServiceError>>,
 {
     let rt = tokio::runtime::Runtime::new()?;
@@ -52,7 +52,7 @@ where
     Ok(true)
 }
 
-async fn connect(node: &NodeArg) -> Result<worker::client::Channel, runtime::ServiceError> {
+async fn connect(node: &NodeArg) -> Result<worker::client::Client, runtime::ServiceError> {
     worker::client::connect(&node.url, node.token.as_deref(), node.tls_ca.as_deref()).await
 }
 

@@ -7,9 +7,8 @@
 //! answers (the subscription is in force for every later put) can miss the subscriber.
 
 use proto::v1;
-use tokio_stream::StreamExt;
 
-use crate::client::Channel;
+use crate::client::{Client, cli_error};
 use runtime::error::ServiceError;
 
 /// What `dissem sub` was asked for.
@@ -68,7 +67,7 @@ fn fresh_stream() -> String {
 /// Runs the loop: `line` gets each JSON line (false: the reader went away, the loop ends),
 /// `attached` is told once the subscription is in force. Ends on `stop` as well.
 pub async fn run(
-    ch: Channel,
+    c: Client,
     opts: &SubOptions,
     mut attached: impl FnMut(&str, u64),
     mut line: impl FnMut(&str) -> bool,
@@ -89,22 +88,12 @@ pub async fn run(
         }
         None => fresh_stream(),
     };
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tx.send(v1::StreamClientMessage {
-        kind: Some(v1::stream_client_message::Kind::Attach(stream.clone())),
-    })
-    .await
-    .map_err(|_| ServiceError::Unavailable("the stream closed".into()))?;
-    let mut down = v1::stream_client::StreamClient::new(ch.clone())
-        .open(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner();
-    let id = match durable_subscription(&ch, &stream, opts).await? {
+    let mut session = c.attach(&stream).await.map_err(cli_error)?;
+    let id = match durable_subscription(&c, &stream, opts).await? {
         Some(id) => id,
         None => {
             crate::client::create(
-                ch.clone(),
+                c.clone(),
                 v1::Subscription {
                     filter: Some(crate::client::filter_of(&opts.filter)),
                     target: Some(v1::Target {
@@ -128,7 +117,7 @@ pub async fn run(
             }
             let d = tokio::select! {
                 _ = &mut stop => break Ok(()),
-                d = down.next() => d,
+                d = session.next() => d,
             };
             match d {
                 Some(Ok(d)) => {
@@ -136,10 +125,9 @@ pub async fn run(
                         break Ok(()); // the reader went away: no ack, the node keeps it
                     }
                     printed += 1;
-                    let ack = v1::stream_client_message::Kind::Ack(d.delivery_id);
-                    let _ = tx.send(v1::StreamClientMessage { kind: Some(ack) }).await;
+                    let _ = session.ack(&d.delivery_id).await;
                 }
-                Some(Err(s)) => break Err(ServiceError::from(s)),
+                Some(Err(e)) => break Err(cli_error(e)),
                 None => {
                     break Err(ServiceError::Unavailable(
                         "the node closed the stream".into(),
@@ -151,13 +139,12 @@ pub async fn run(
     let deleted = opts.durable.is_none();
     if deleted {
         // the subscription goes with the run, also when the stream failed
-        let mut c = v1::subscriptions_client::SubscriptionsClient::new(ch.clone());
-        if let Err(s) = c.delete(v1::DeleteSubscriptionRequest { id }).await {
-            tracing::warn!("deleting subscription {id}: {}", s.message());
+        if let Err(e) = c.unsubscribe(id).await {
+            tracing::warn!("deleting subscription {id}: {e}");
         }
     }
     // acks sent, then the stream closes
-    drop(tx);
+    drop(session);
     result.map(|()| SubEnd {
         subscription: id,
         printed,
@@ -168,7 +155,7 @@ pub async fn run(
 /// The existing subscription of a durable stream name with the same filter, if any: `dissem
 /// sub --durable NAME` run again resumes it instead of creating a second one.
 async fn durable_subscription(
-    ch: &Channel,
+    c: &Client,
     stream: &str,
     opts: &SubOptions,
 ) -> Result<Option<u64>, ServiceError> {
@@ -176,7 +163,7 @@ async fn durable_subscription(
         return Ok(None);
     }
     let want = crate::client::filter_of(&opts.filter);
-    Ok(crate::client::list_subscriptions(ch.clone())
+    Ok(crate::client::list_subscriptions(c.clone())
         .await?
         .into_iter()
         .find(|s| {

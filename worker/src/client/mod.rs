@@ -8,49 +8,29 @@ mod render;
 pub use render::{Printed, subscription_json, subscription_lines};
 
 use proto::v1;
-use tonic::metadata::{Ascii, MetadataValue};
 
 use runtime::error::ServiceError;
 
-/// Adds the caller's bearer token (if any) to every call.
-#[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
+pub use dissem_client::{Bearer, Channel, Client};
 
-impl std::fmt::Debug for Bearer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Bearer(..)"
-        } else {
-            "Bearer(none)"
-        })
-    }
-}
-
-impl Bearer {
-    /// `token` as an `authorization: Bearer` header (`None`: no header).
-    pub fn new(token: Option<&str>) -> Result<Bearer, ServiceError> {
-        token
-            .map(|t| {
-                MetadataValue::try_from(format!("Bearer {}", t.trim()))
-                    .map_err(|_| ServiceError::invalid("--token", "not a valid header value"))
-            })
-            .transpose()
-            .map(Bearer)
-    }
-}
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
+/// A client error as the CLI reports it: the client's argument names become the CLI's flags.
+pub fn cli_error(e: dissem_client::ClientError) -> ServiceError {
+    match e {
+        dissem_client::ClientError::Invalid { field, reason } => {
+            let flag = match field.as_str() {
+                "url" => "--node-url",
+                "token" => "--token",
+                "tls_ca" => "--tls-ca",
+                other => other,
+            };
+            ServiceError::invalid(flag, reason)
         }
-        Ok(req)
+        dissem_client::ClientError::Unreachable { url, reason } => {
+            ServiceError::Unavailable(format!("cannot reach {url}: {reason}"))
+        }
+        dissem_client::ClientError::Refused(s) => ServiceError::from(s),
     }
 }
-
-/// A connection whose calls carry the caller's token.
-pub type Channel =
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>;
 
 /// Connects to a node (e.g. `http://127.0.0.1:7700`, or `https://` verified against `ca`,
 /// else the bundled web roots), presenting `token` if given.
@@ -58,23 +38,8 @@ pub async fn connect(
     url: &str,
     token: Option<&str>,
     ca: Option<&std::path::Path>,
-) -> Result<Channel, ServiceError> {
-    let bearer = Bearer::new(token)?;
-    let mut endpoint = tonic::transport::Channel::from_shared(url.to_string())
-        .map_err(|e| ServiceError::invalid("--node-url", e.to_string()))?;
-    if url.starts_with("https://") {
-        let ca = ca.map(runtime::tls::ca).transpose()?;
-        endpoint = endpoint
-            .tls_config(runtime::tls::client(ca, None))
-            .map_err(|e| ServiceError::invalid("--node-url", e.to_string()))?;
-    }
-    let ch = endpoint
-        .connect()
-        .await
-        .map_err(|e| ServiceError::Unavailable(format!("cannot reach {url}: {e}")))?;
-    Ok(tonic::service::interceptor::InterceptedService::new(
-        ch, bearer,
-    ))
+) -> Result<Client, ServiceError> {
+    Client::connect(url, token, ca).await.map_err(cli_error)
 }
 
 /// Parses `name=value` metadata: numbers (exact decimals) unless quoted or not numeric.
@@ -106,13 +71,13 @@ pub struct PutSpec {
 }
 
 /// Puts one object; prints its id `node:seq`.
-pub async fn put(ch: Channel, spec: PutSpec) -> Result<Printed, ServiceError> {
+pub async fn put(c: Client, spec: PutSpec) -> Result<Printed, ServiceError> {
     let metadata = spec
         .attrs
         .iter()
         .map(|a| parse_attribute(a))
         .collect::<Result<Vec<_>, _>>()?;
-    let r = v1::ingest_client::IngestClient::new(ch)
+    let r = c
         .put(v1::PutRequest {
             data: spec.data,
             metadata,
@@ -120,8 +85,7 @@ pub async fn put(ch: Channel, spec: PutSpec) -> Result<Printed, ServiceError> {
             message_id: spec.message_id.unwrap_or_default(),
         })
         .await
-        .map_err(ServiceError::from)?
-        .into_inner();
+        .map_err(cli_error)?;
     let id = r.id.unwrap_or_default();
     Ok(Printed::new(
         vec![format!("{}:{}", id.node, id.seq)],
@@ -239,39 +203,23 @@ impl SubscribeSpec {
 }
 
 /// Creates a subscription; returns it as stored (without its write-only parts).
-pub async fn create(ch: Channel, s: v1::Subscription) -> Result<v1::Subscription, ServiceError> {
-    Ok(v1::subscriptions_client::SubscriptionsClient::new(ch)
-        .create(v1::CreateSubscriptionRequest {
-            subscription: Some(s),
-        })
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner())
+pub async fn create(c: Client, s: v1::Subscription) -> Result<v1::Subscription, ServiceError> {
+    c.subscribe(s).await.map_err(cli_error)
 }
 
 /// Registers a subscription; returns it as stored.
-pub async fn subscribe(
-    ch: Channel,
-    spec: &SubscribeSpec,
-) -> Result<v1::Subscription, ServiceError> {
-    create(ch, spec.to_subscription()?).await
+pub async fn subscribe(c: Client, spec: &SubscribeSpec) -> Result<v1::Subscription, ServiceError> {
+    create(c, spec.to_subscription()?).await
 }
 
 /// One subscription.
-pub async fn get(ch: Channel, id: u64) -> Result<v1::Subscription, ServiceError> {
-    Ok(v1::subscriptions_client::SubscriptionsClient::new(ch)
-        .get(v1::GetSubscriptionRequest { id })
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner())
+pub async fn get(c: Client, id: u64) -> Result<v1::Subscription, ServiceError> {
+    c.subscription(id).await.map_err(cli_error)
 }
 
 /// Deletes a subscription.
-pub async fn unsubscribe(ch: Channel, id: u64) -> Result<Printed, ServiceError> {
-    v1::subscriptions_client::SubscriptionsClient::new(ch)
-        .delete(v1::DeleteSubscriptionRequest { id })
-        .await
-        .map_err(ServiceError::from)?;
+pub async fn unsubscribe(c: Client, id: u64) -> Result<Printed, ServiceError> {
+    c.unsubscribe(id).await.map_err(cli_error)?;
     Ok(Printed::new(
         vec![format!("deleted {id}")],
         serde_json::json!({ "deleted": id }),
@@ -279,50 +227,25 @@ pub async fn unsubscribe(ch: Channel, id: u64) -> Result<Printed, ServiceError> 
 }
 
 /// Every subscription the caller may see.
-pub async fn list_subscriptions(ch: Channel) -> Result<Vec<v1::Subscription>, ServiceError> {
-    let mut client = v1::subscriptions_client::SubscriptionsClient::new(ch);
-    let mut out = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = client
-            .list(v1::ListSubscriptionsRequest {
-                after_id: after,
-                limit: 1000,
-            })
-            .await
-            .map_err(ServiceError::from)?
-            .into_inner();
-        out.extend(page.subscriptions);
-        if page.next_after_id == 0 {
-            return Ok(out);
-        }
-        after = page.next_after_id;
-    }
+pub async fn list_subscriptions(c: Client) -> Result<Vec<v1::Subscription>, ServiceError> {
+    c.subscriptions().await.map_err(cli_error)
 }
 
 /// Every subscription, one line each: `id  filter  -> target`.
-pub async fn subscriptions(ch: Channel) -> Result<Printed, ServiceError> {
-    let subs = list_subscriptions(ch).await?;
+pub async fn subscriptions(c: Client) -> Result<Printed, ServiceError> {
+    let subs = list_subscriptions(c).await?;
     Ok(render::subscription_list(&subs))
 }
 
 /// The node's counters.
-pub async fn stats(ch: Channel) -> Result<Printed, ServiceError> {
-    let s = v1::admin_client::AdminClient::new(ch)
-        .stats(v1::StatsRequest {})
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner();
+pub async fn stats(c: Client) -> Result<Printed, ServiceError> {
+    let s = c.stats().await.map_err(cli_error)?;
     Ok(render::stats(&s))
 }
 
 /// The workers a node hosts, or (asked of the coordinator) every worker of the cluster.
-pub async fn workers(ch: Channel) -> Result<Printed, ServiceError> {
-    let w = v1::admin_client::AdminClient::new(ch)
-        .workers(v1::WorkersRequest {})
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner();
+pub async fn workers(c: Client) -> Result<Printed, ServiceError> {
+    let w = c.workers().await.map_err(cli_error)?;
     let lines = w
         .workers
         .iter()
@@ -339,15 +262,11 @@ pub async fn workers(ch: Channel) -> Result<Printed, ServiceError> {
 }
 
 /// A node's dead letters, one line each: subscription, object, when, why.
-pub async fn dead_letters(ch: Channel, limit: u32) -> Result<Printed, ServiceError> {
-    let r = v1::admin_client::AdminClient::new(ch)
-        .dead_letters(v1::DeadLettersRequest { limit })
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner();
+pub async fn dead_letters(c: Client, limit: u32) -> Result<Printed, ServiceError> {
+    let letters = c.dead_letters(limit).await.map_err(cli_error)?;
     let mut lines = Vec::new();
     let mut json = Vec::new();
-    for d in &r.dead_letters {
+    for d in &letters {
         let o = d.object_id.unwrap_or_default();
         let at = crate::deliver::rfc3339(d.at_unix_ms);
         lines.push(format!(
@@ -368,18 +287,11 @@ pub async fn dead_letters(ch: Channel, limit: u32) -> Result<Printed, ServiceErr
 }
 
 /// Redrives every dead letter of a node.
-pub async fn redrive_all(ch: Channel) -> Result<Printed, ServiceError> {
-    let r = v1::admin_client::AdminClient::new(ch)
-        .redrive(v1::RedriveRequest {
-            dead_letters: Vec::new(),
-            all: true,
-        })
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner();
+pub async fn redrive_all(c: Client) -> Result<Printed, ServiceError> {
+    let redriven = c.redrive_all().await.map_err(cli_error)?;
     Ok(Printed::new(
-        vec![format!("redriven {}", r.redriven)],
-        serde_json::json!({ "redriven": r.redriven }),
+        vec![format!("redriven {redriven}")],
+        serde_json::json!({ "redriven": redriven }),
     ))
 }
 
@@ -387,17 +299,15 @@ pub async fn redrive_all(ch: Channel) -> Result<Printed, ServiceError> {
 /// owes on stderr, until it owes nothing (and, with `exit`, stops answering: it exited);
 /// `Unavailable` naming what is left when `timeout` passes first.
 pub async fn drain(
-    ch: Channel,
+    c: Client,
     timeout: std::time::Duration,
     exit: bool,
 ) -> Result<Printed, ServiceError> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut admin = v1::admin_client::AdminClient::new(ch);
     let mut last = None;
     loop {
-        match admin.drain(v1::DrainRequest { exit }).await {
+        match c.drain(exit).await {
             Ok(r) => {
-                let r = r.into_inner();
                 eprintln!(
                     "draining: outbox {}, open deliveries {}, queued {}, owed to links {}",
                     r.outbox_pending, r.deliveries_open, r.deliveries_queued, r.owed_to_links
@@ -408,12 +318,12 @@ pub async fn drain(
                 last = Some(r);
             }
             // the drained node exited: the call finds nobody
-            Err(s) if exit && last.as_ref().is_some_and(|r| r.drained) => {
+            Err(e) if exit && last.as_ref().is_some_and(|r| r.drained) => {
                 let r = last.unwrap_or_default();
-                tracing::debug!("the drained node stopped answering: {s}");
+                tracing::debug!("the drained node stopped answering: {e}");
                 return Ok(render::drained(&r, true));
             }
-            Err(s) => return Err(ServiceError::from(s)),
+            Err(e) => return Err(cli_error(e)),
         }
         if tokio::time::Instant::now() >= deadline {
             let r = last.unwrap_or_default();
@@ -429,22 +339,14 @@ pub async fn drain(
 }
 
 /// A node's federation links and its active-passive role (`dissem link list`).
-pub async fn links(ch: Channel) -> Result<Printed, ServiceError> {
-    let r = v1::federation_client::FederationClient::new(ch)
-        .links(v1::LinksRequest {})
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner();
+pub async fn links(c: Client) -> Result<Printed, ServiceError> {
+    let r = c.links().await.map_err(cli_error)?;
     Ok(render::links(&r))
 }
 
 /// Adds a link to a peer cluster (`dissem link add`).
-pub async fn add_link(ch: Channel, r: v1::AddLinkRequest) -> Result<Printed, ServiceError> {
-    let l = v1::federation_client::FederationClient::new(ch)
-        .add_link(r)
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner();
+pub async fn add_link(c: Client, r: v1::AddLinkRequest) -> Result<Printed, ServiceError> {
+    let l = c.add_link(r).await.map_err(cli_error)?;
     Ok(Printed::new(
         vec![format!("link {} to {} added ({})", l.name, l.peer, l.mode)],
         serde_json::json!({ "name": l.name, "peer": l.peer, "mode": l.mode, "ttl_ms": l.ttl_ms }),
@@ -452,28 +354,19 @@ pub async fn add_link(ch: Channel, r: v1::AddLinkRequest) -> Result<Printed, Ser
 }
 
 /// Removes a link added with `dissem link add` (`dissem link remove`).
-pub async fn remove_link(ch: Channel, name: String) -> Result<Printed, ServiceError> {
-    let r = v1::federation_client::FederationClient::new(ch)
-        .remove_link(v1::RemoveLinkRequest { name: name.clone() })
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner();
+pub async fn remove_link(c: Client, name: String) -> Result<Printed, ServiceError> {
+    let dropped = c.remove_link(&name).await.map_err(cli_error)?;
     Ok(Printed::new(
         vec![format!(
-            "link {name} removed; {} entries it still owed were dropped",
-            r.dropped
+            "link {name} removed; {dropped} entries it still owed were dropped"
         )],
-        serde_json::json!({ "name": name, "dropped": r.dropped }),
+        serde_json::json!({ "name": name, "dropped": dropped }),
     ))
 }
 
 /// Promotes a standby node (`dissem link promote`).
-pub async fn promote(ch: Channel) -> Result<Printed, ServiceError> {
-    let r = v1::federation_client::FederationClient::new(ch)
-        .promote(v1::PromoteRequest {})
-        .await
-        .map_err(ServiceError::from)?
-        .into_inner();
+pub async fn promote(c: Client) -> Result<Printed, ServiceError> {
+    let r = c.promote().await.map_err(cli_error)?;
     Ok(Printed::new(
         vec![format!(
             "active at epoch {}: {} standby copies disseminated, {} expired",
