@@ -113,7 +113,8 @@ impl Daemon {
     }
 
     /// The objects this node adopted from other origins that a live member of their quorum
-    /// adopted too (its heir while this node's lease had lapsed); they leave this node.
+    /// adopted too (its heir while this node's lease had lapsed), or holds as delivered
+    /// (finished or forwarding); they leave this node.
     async fn adopted_by_others(&self, view: &View) -> HashSet<ObjectId> {
         let mut out = HashSet::new();
         let Some(g) = view.grid else { return out };
@@ -121,12 +122,26 @@ impl Daemon {
         let mine = self.inner.store.adopted_ids();
         let origins: std::collections::BTreeSet<u32> = mine.iter().map(|id| id.node).collect();
         for origin in origins {
+            let from = mine
+                .iter()
+                .filter(|id| id.node == origin)
+                .map(|id| id.seq)
+                .min()
+                .unwrap_or(0);
             for (_, ep) in view.live_endpoints(g.xs_quorum(origin), &[me, origin]) {
-                for seq in self.seqs_of(&ep, origin, v1::ReplicaSet::Adopted, 0).await {
-                    let id = ObjectId { node: origin, seq };
-                    if mine.contains(&id) {
-                        let _ = self.inner.store.retire(id);
-                        out.insert(id);
+                // adopted by another, or delivered by another already (finished, or
+                // forwarding while a link still owes it)
+                for set in [
+                    v1::ReplicaSet::Adopted,
+                    v1::ReplicaSet::Finished,
+                    v1::ReplicaSet::Forwarding,
+                ] {
+                    for seq in self.seqs_of(&ep, origin, set, from.saturating_sub(1)).await {
+                        let id = ObjectId { node: origin, seq };
+                        if mine.contains(&id) {
+                            let _ = self.inner.store.retire(id);
+                            out.insert(id);
+                        }
                     }
                 }
             }
