@@ -7,6 +7,7 @@
 //! through it is delivered too. And a node paused
 //! past its lease (SIGSTOP) while its deliveries wait finds, when it continues, that its heir
 //! took its objects over and delivered them: it pushes none of them again (the lease fence).
+//! And a node that has not heard from a coordinator since it started acknowledges no put.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -405,5 +406,84 @@ fn a_node_paused_past_its_lease_pushes_nothing_its_heir_took_over() {
         );
     });
     drop(c);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A node started while no coordinator answers cannot know its quorum: it refuses puts
+/// (UNAVAILABLE, saying why) instead of acknowledging objects that stand on its disk alone
+/// (found by `bench chaos`, seeds 13069 and 13078: a node restarted while etcd was down took
+/// puts without copies, then its log was damaged and they were gone). Once the coordinator
+/// answers, the same put (same message id) is acknowledged with its copies placed.
+#[test]
+fn a_node_that_has_not_heard_from_a_coordinator_acknowledges_no_put() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("quorum-no-view");
+    let grid = ["--grid", "1x3", "--allow-private-targets"];
+    let mut c = Cluster::start_ids(&dissem_bin(), &dir, 0..3, &grid, NODE_ARGS);
+    let coord = c.coordinator.url();
+    runtime().block_on(async {
+        wait_for("three nodes registered", Duration::from_secs(60), || {
+            let coord = coord.clone();
+            async move { (stats(&coord).await.ok()?.cluster?.nodes == 3).then_some(()) }
+        })
+        .await;
+    });
+    c.coordinator.kill();
+    c.nodes[0].restart();
+    let url = c.nodes[0].url();
+    runtime().block_on(async {
+        let put = || {
+            let mut req = temp_put(5);
+            req.message_id = "no-view-1".into();
+            let url = url.clone();
+            async move {
+                v1::ingest_client::IngestClient::new(channel(&url))
+                    .put(req)
+                    .await
+            }
+        };
+        let refused = put()
+            .await
+            .expect_err("no coordinator has answered this node yet");
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+        assert!(
+            refused
+                .message()
+                .contains("has not heard from a coordinator"),
+            "{refused:?}"
+        );
+    });
+    c.coordinator.restart();
+    runtime().block_on(async {
+        let url = c.nodes[0].url();
+        let id = wait_for("the put acknowledged", Duration::from_secs(60), || {
+            let url = url.clone();
+            async move {
+                let mut req = temp_put(5);
+                req.message_id = "no-view-1".into();
+                let r = v1::ingest_client::IngestClient::new(channel(&url))
+                    .put(req)
+                    .await
+                    .ok()?;
+                r.into_inner().id
+            }
+        })
+        .await;
+        assert_eq!(id.node, 0);
+        // its copies are on the other two nodes of the row
+        for n in &c.nodes[1..] {
+            let u = n.url();
+            wait_for("the copy", Duration::from_secs(30), || {
+                let u = u.clone();
+                async move {
+                    let s = stats(&u).await.ok()?;
+                    // unfinished, or already ended (nothing subscribes here)
+                    (s.copies_unfinished + s.copies_finished + s.copies_forwarding >= 1)
+                        .then_some(())
+                }
+            })
+            .await;
+        }
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }

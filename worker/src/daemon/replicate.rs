@@ -240,6 +240,13 @@ impl Daemon {
         lock(&self.inner.view).grid
     }
 
+    /// Whether a coordinator described the cluster to this process yet (a view names this
+    /// node at least). Before that a node cannot know whether its puts need copies, nor
+    /// where they go.
+    pub fn has_view(&self) -> bool {
+        !lock(&self.inner.view).members.is_empty()
+    }
+
     /// Takes a heartbeat's membership; reacts to nodes that died or came back.
     pub(super) fn set_view(&self, m: Option<&v1::Membership>) {
         let Some(m) = m else { return };
