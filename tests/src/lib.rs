@@ -292,13 +292,21 @@ pub fn bench_json(args: &[&str], json: &Path) -> (serde_json::Value, String, boo
 /// Runs `dissem <args>` to its end (killed after `limit`): exit code (`None` if killed),
 /// stdout and stderr.
 pub fn run_dissem(args: &[&str], limit: std::time::Duration) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(dissem_bin());
+    cmd.args(args);
+    run_to_end(cmd, limit)
+}
+
+/// Runs `cmd` to its end (killed after `limit`), reading its output while it runs: exit
+/// code (`None` if killed), stdout and stderr.
+pub fn run_to_end(mut cmd: Command, limit: std::time::Duration) -> (Option<i32>, String, String) {
     use std::io::Read;
-    let mut child = Command::new(dissem_bin())
-        .args(args)
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("dissem");
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
     // read while it runs: a full pipe would block it
     let mut out_pipe = child.stdout.take().expect("stdout");
     let mut err_pipe = child.stderr.take().expect("stderr");

@@ -536,30 +536,14 @@ fn the_readme_python_recipe_runs() {
     let dir = temp_dir("python-recipe");
     std::fs::write(dir.join("recipe.py"), script).expect("script");
     let mut up = start_up(&dir, &[]);
-    let mut child = std::process::Command::new("python3")
-        .arg("recipe.py")
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg("recipe.py")
         .arg(&up.addr)
         .env("PYTHONPATH", root.join("clients/python"))
-        .current_dir(&dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while child.try_wait().expect("wait").is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the recipe did not finish within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().expect("output");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .current_dir(&dir);
+    let (code, stdout, stderr) = tests::run_to_end(cmd, Duration::from_secs(60));
+    assert!(code.is_some(), "the recipe did not finish within 60 s");
+    assert!(code == Some(0), "{stdout}{stderr}");
     assert!(stdout.starts_with("subscription 1 got hot ("), "{stdout}");
     up.kill();
     let _ = std::fs::remove_dir_all(&dir);

@@ -6,9 +6,9 @@
 //! `DISSEM_REQUIRE_PYTHON` is set (CI installs them and sets it).
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tests::{start_up, temp_dir, token_create};
+use tests::{run_to_end, start_up, temp_dir, token_create};
 
 /// The grpcio-tools release the committed stubs were generated with.
 const STUBS_GRPC_TOOLS: &str = "1.85.1";
@@ -22,34 +22,17 @@ fn python_dir() -> PathBuf {
 
 /// Runs `python3 args` with the package's source on its path; fails the test past `limit`.
 fn python(args: &[&str], cwd: &Path, limit: Duration) -> (bool, String) {
-    let mut child = std::process::Command::new("python3")
-        .args(args)
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(args)
         .env("PYTHONPATH", python_dir())
-        .current_dir(cwd)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let deadline = Instant::now() + limit;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "python3 {args:?} did not finish within {limit:?}:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().expect("output");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        .current_dir(cwd);
+    let (code, out, err) = run_to_end(cmd, limit);
+    let text = format!("{out}{err}");
+    assert!(
+        code.is_some(),
+        "python3 {args:?} did not finish within {limit:?}:\n{text}"
     );
-    (out.status.success(), text)
+    (code == Some(0), text)
 }
 
 #[test]

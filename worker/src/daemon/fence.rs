@@ -152,12 +152,14 @@ impl Daemon {
     /// Objects another node disseminates now: their pushes still queued here are dropped.
     pub(super) fn hand_over(&self, ids: HashSet<ObjectId>) {
         if !ids.is_empty() {
-            let mut seqs: Vec<String> = ids
-                .iter()
-                .map(|i| format!("{}:{}", i.node, i.seq))
-                .collect();
-            seqs.sort();
-            tracing::debug!("finished or adopted elsewhere, closed here: {seqs:?}");
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let mut seqs: Vec<String> = ids
+                    .iter()
+                    .map(|i| format!("{}:{}", i.node, i.seq))
+                    .collect();
+                seqs.sort();
+                tracing::debug!("finished or adopted elsewhere, closed here: {seqs:?}");
+            }
             lock(&self.inner.handed).extend(ids);
         }
     }

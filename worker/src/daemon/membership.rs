@@ -15,6 +15,32 @@ fn late() -> tonic::Status {
 }
 
 impl Daemon {
+    /// Runs `step` every few heartbeats until `done` says so, for as long as the node keeps
+    /// its current registration (the next registration's catch-up starts over): what a
+    /// catch-up could not settle because a node did not answer is asked again.
+    pub(super) fn every_few_heartbeats_until<F>(
+        &self,
+        done: impl Fn(&Daemon) -> bool + Send + 'static,
+        step: impl Fn(Daemon) -> F + Send + 'static,
+    ) where
+        F: std::future::Future<Output = ()> + Send,
+    {
+        let registration = self.inner.registrations.load(Ordering::Acquire);
+        let me = self.clone();
+        let current =
+            move |d: &Daemon| d.inner.registrations.load(Ordering::Acquire) == registration;
+        tokio::spawn(async move {
+            let every = me.inner.cfg.heartbeat_every * 4;
+            while !done(&me) && current(&me) {
+                tokio::time::sleep(every).await;
+                if !current(&me) {
+                    return;
+                }
+                step(me.clone()).await;
+            }
+        });
+    }
+
     pub(super) fn worker_states(&self) -> Vec<v1::WorkerState> {
         lock(&self.inner.workers)
             .iter()

@@ -70,21 +70,10 @@ impl Daemon {
     /// the objects lost at open that a catch-up could not settle (a holder did not answer):
     /// until then they are not disseminated, and holders' catch-ups with this node wait.
     pub(super) fn repair_until_done(&self) {
-        if self.inner.store.to_repair().is_empty() {
-            return;
-        }
-        let registration = self.inner.registrations.load(Ordering::Acquire);
-        let me = self.clone();
-        tokio::spawn(async move {
-            let every = me.inner.cfg.heartbeat_every * 4;
-            while !me.inner.store.to_repair().is_empty() {
-                tokio::time::sleep(every).await;
-                if me.inner.registrations.load(Ordering::Acquire) != registration {
-                    return; // the next catch-up repairs first
-                }
-                me.repair_own(&me.view()).await;
-            }
-        });
+        self.every_few_heartbeats_until(
+            |me| me.inner.store.to_repair().is_empty(),
+            |me| async move { me.repair_own(&me.view()).await },
+        );
     }
 
     /// Gives up the objects this node lost at open when nothing can hold copies of them

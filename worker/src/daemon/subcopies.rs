@@ -110,22 +110,10 @@ impl Daemon {
     /// position that was down at the catch-up may be back), for as long as the node keeps
     /// the registration it caught up for.
     pub(super) fn pull_subscriptions_until_whole(&self) {
-        let registration = self.inner.registrations.load(Ordering::Acquire);
-        let me = self.clone();
-        tokio::spawn(async move {
-            let every = me.inner.cfg.heartbeat_every * 4;
-            while !me.subscriptions_whole()
-                && me.inner.registrations.load(Ordering::Acquire) == registration
-            {
-                tokio::time::sleep(every).await;
-                let view = me.view();
-                if me.inner.registrations.load(Ordering::Acquire) != registration {
-                    return;
-                }
-                let n = me.catch_up_subscriptions(&view).await;
-                if n > 0 {
-                    tracing::info!("caught up: {n} more subscription copies this position holds");
-                }
+        self.every_few_heartbeats_until(Daemon::subscriptions_whole, |me| async move {
+            let n = me.catch_up_subscriptions(&me.view()).await;
+            if n > 0 {
+                tracing::info!("caught up: {n} more subscription copies this position holds");
             }
         });
     }
