@@ -54,6 +54,8 @@ pub struct ElectedRole {
     pub fence: runtime::election::Fence,
     /// The leadership's epoch: image versions and subscription ids start at `epoch << 32`.
     pub epoch: u64,
+    /// This coordinator's name in the leader key.
+    pub name: String,
     /// Where node records go when nodes register.
     pub etcd: runtime::etcd::Etcd,
     /// The nodes etcd says are up: taken as registered (no workers yet) from the start.
@@ -97,6 +99,8 @@ enum Msg {
         task: TaskId,
     },
     Stats(oneshot::Sender<v1::ClusterStats>),
+    /// The grid, the nodes' liveness and this leader, for `Admin.Stats`.
+    View(oneshot::Sender<v1::ClusterView>),
     Workers(oneshot::Sender<Vec<v1::WorkerInfo>>),
     /// The node daemon sharing this process (embedded mode).
     Local(Arc<runtime::link::LocalDaemon>),
@@ -298,6 +302,16 @@ impl Driver {
             Msg::Local(d) => self.local = Some(d),
             Msg::Stats(reply) => {
                 let _ = reply.send(self.stats());
+            }
+            Msg::View(reply) => {
+                let now = self.now();
+                let mut v = runtime::console::view_of(&self.protocol.membership(now));
+                v.leader_nonce = self.protocol.nonce();
+                if let Some(e) = &self.cfg.elected {
+                    v.leader_epoch = e.epoch;
+                    v.leader_name = e.name.clone();
+                }
+                let _ = reply.send(v);
             }
             Msg::Workers(reply) => {
                 let list = self
@@ -581,11 +595,13 @@ impl v1::admin_server::Admin for Handle {
         _request: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::StatsResponse>, Status> {
         let cluster = self.ask(Msg::Stats).await?;
+        let view = self.ask(Msg::View).await?;
         Ok(Response::new(v1::StatsResponse {
             node: 0,
             role: "coordinator".into(),
             subscriptions: self.store.subscription_count() as u64,
             cluster: Some(cluster),
+            view: Some(view),
             ..v1::StatsResponse::default()
         }))
     }
@@ -763,7 +779,7 @@ pub async fn serve_started(
             l,
             MetricsSource {
                 admin: Arc::new(started.handle.clone()),
-                deliveries: None,
+                families: None,
                 match_latency: Some(started.match_latency()),
             },
         )

@@ -171,6 +171,7 @@ async fn lead(
         elected: Some(coordinator::server::ElectedRole {
             fence: leadership.fence.clone(),
             epoch: leadership.epoch,
+            name: name.to_string(),
             etcd: etcd.clone(),
             live,
         }),

@@ -112,7 +112,7 @@ pub async fn run(
             l,
             MetricsSource {
                 admin: Arc::new(admin.clone()),
-                deliveries: Some(Arc::new(worker::NodeFamilies {
+                families: Some(Arc::new(worker::NodeFamilies {
                     deliverer,
                     federation: fed,
                 })),

@@ -12,6 +12,7 @@
 pub mod auth;
 pub mod cluster_secret;
 pub mod config;
+pub mod console;
 pub mod election;
 pub mod error;
 pub mod etcd;

@@ -1,12 +1,15 @@
 //! The Prometheus metrics endpoint (`GET /metrics`, text exposition format 0.0.4): ingest,
 //! matching, deliveries by outcome, retries, dead letters, queue depths, workers by state and
 //! block, the coordinator's scheduler figures, times in seconds, build and process figures.
-//! A node adds its delivery families ([`DeliveryMetrics`]): put -> delivered and push-duration
+//! A node adds its delivery families ([`Families`]): put -> delivered and push-duration
 //! histograms, outcomes per tenant and target kind, and per-subscription series only for the
 //! top k subscriptions an operator opted into (`--metrics-top-subscriptions`, 0 by default),
 //! so a scrape stays the same size at a million subscriptions. The process-wide figures come
-//! from the process's own `Admin` service, so the endpoint and `dissem stats` never disagree. `/healthz` (the process answers) and `/readyz` (its own services answer)
-//! are served beside it, for orchestrators' probes.
+//! from the process's own `Admin` service, so the endpoint and `dissem stats` never disagree;
+//! the cluster as the process sees it (grid, members, leader) comes from there too
+//! ([`crate::console::write_view`]). `/healthz` (the process answers) and `/readyz` (its own
+//! services answer) are served beside it, for orchestrators' probes, and the operator console
+//! (`/console`, [`crate::console`]), which draws itself from `/metrics`.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -16,9 +19,17 @@ use tokio::net::TcpListener;
 use tonic::Request;
 
 /// A node's own families (delivery, federation links), written after the process-wide ones.
-pub trait DeliveryMetrics: Send + Sync {
+pub trait Families: Send + Sync {
     /// Appends the families to a scrape.
-    fn write_metrics(&self, out: &mut String);
+    fn write_metrics(&self, out: &mut String, scrape: &Scrape);
+}
+
+/// What one scrape asked for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scrape {
+    /// Per-subscription series for this many subscriptions instead of the process's
+    /// `--metrics-top-subscriptions` (`/metrics?subscriptions=K`, bounded).
+    pub subscriptions: Option<usize>,
 }
 
 /// Where the figures come from.
@@ -26,7 +37,7 @@ pub trait DeliveryMetrics: Send + Sync {
 pub struct MetricsSource {
     pub admin: Arc<dyn v1::admin_server::Admin>,
     /// Delivery figures (nodes only).
-    pub deliveries: Option<Arc<dyn DeliveryMetrics>>,
+    pub families: Option<Arc<dyn Families>>,
     /// Put -> matched latencies (coordinators only).
     pub match_latency: Option<Arc<crate::histogram::Histogram>>,
 }
@@ -256,6 +267,9 @@ pub fn render(s: &v1::StatsResponse, workers: &[v1::WorkerInfo]) -> String {
             &one(c.loads),
         );
     }
+    if let Some(v) = &s.view {
+        crate::console::write_view(&mut o, v);
+    }
     let mut by: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for w in workers {
         *by.entry((w.state.clone(), w.block.clone())).or_default() += 1;
@@ -279,10 +293,10 @@ pub fn render(s: &v1::StatsResponse, workers: &[v1::WorkerInfo]) -> String {
 
 /// The per-subscription push counters of the `k` subscriptions with the most failed and
 /// dead-lettered pushes (then the most acknowledged): `per_sub` is (subscription, [acked,
-/// failed, dead-lettered]). Nothing when `k` is 0.
-pub fn top_subscriptions(o: &mut String, per_sub: &[(u64, [u64; 3])], k: usize) {
+/// failed, dead-lettered]). Nothing when `k` is 0. Returns the subscriptions written.
+pub fn top_subscriptions(o: &mut String, per_sub: &[(u64, [u64; 3])], k: usize) -> Vec<u64> {
     if k == 0 || per_sub.is_empty() {
-        return;
+        return Vec::new();
     }
     let mut top: Vec<&(u64, [u64; 3])> = per_sub.iter().collect();
     top.sort_by_key(|(id, [acked, failed, dead])| {
@@ -294,7 +308,7 @@ pub fn top_subscriptions(o: &mut String, per_sub: &[(u64, [u64; 3])], k: usize) 
     });
     top.truncate(k);
     let mut samples = Vec::with_capacity(top.len() * 3);
-    for (sub, [acked, failed, dead]) in top {
+    for (sub, [acked, failed, dead]) in &top {
         samples.push((
             format!("subscription=\"{sub}\",outcome=\"acked\""),
             *acked as f64,
@@ -315,9 +329,10 @@ pub fn top_subscriptions(o: &mut String, per_sub: &[(u64, [u64; 3])], k: usize) 
         "counter",
         &samples,
     );
+    top.into_iter().map(|(sub, _)| *sub).collect()
 }
 
-async fn scrape(src: &MetricsSource) -> Result<String, tonic::Status> {
+async fn scrape(src: &MetricsSource, asked: &Scrape) -> Result<String, tonic::Status> {
     let s = src
         .admin
         .stats(Request::new(v1::StatsRequest {}))
@@ -339,8 +354,8 @@ async fn scrape(src: &MetricsSource) -> Result<String, tonic::Status> {
         );
         h.render(&mut out, name, "");
     }
-    if let Some(d) = &src.deliveries {
-        d.write_metrics(&mut out);
+    if let Some(d) = &src.families {
+        d.write_metrics(&mut out, asked);
     }
     process_metrics(&mut out);
     Ok(out)
@@ -403,7 +418,7 @@ async fn ready(src: &MetricsSource) -> Result<(), tonic::Status> {
         .map(drop)
 }
 
-/// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped,
+/// Serves `GET /metrics`, `/console`, `/healthz` and `/readyz` on `listener` until the task is dropped,
 /// behind the HTTP guard (a connection cap and deadlines, [`crate::http_serve`]).
 pub async fn serve(listener: TcpListener, src: MetricsSource) {
     let limits = crate::http_serve::HttpLimits {
@@ -413,8 +428,11 @@ pub async fn serve(listener: TcpListener, src: MetricsSource) {
     crate::http_serve::serve(listener, limits, move |_, req| {
         let src = src.clone();
         async move {
+            let asked = Scrape {
+                subscriptions: crate::console::subscriptions_asked(req.uri().query()),
+            };
             match req.uri().path() {
-                "/metrics" => match scrape(&src).await {
+                "/metrics" => match scrape(&src, &asked).await {
                     Ok(b) => (200, "text/plain; version=0.0.4", b),
                     Err(e) => (503, "text/plain", format!("{e}\n")),
                 },
@@ -425,10 +443,15 @@ pub async fn serve(listener: TcpListener, src: MetricsSource) {
                     Ok(()) => (200, "text/plain", "ready\n".to_string()),
                     Err(e) => (503, "text/plain", format!("not ready: {e}\n")),
                 },
+                "/console" | "/console/" => (
+                    200,
+                    "text/html; charset=utf-8",
+                    crate::console::PAGE.to_string(),
+                ),
                 _ => (
                     404,
                     "text/plain",
-                    "not found: try /metrics, /healthz or /readyz\n".to_string(),
+                    "not found: try /metrics, /console, /healthz or /readyz\n".to_string(),
                 ),
             }
         }

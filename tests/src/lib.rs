@@ -7,6 +7,8 @@ use std::process::Command;
 
 pub use bench::procs::*;
 
+pub mod browser;
+
 /// The `dissem` binary of this build (built on demand when a test runs alone).
 pub fn dissem_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");

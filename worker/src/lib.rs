@@ -86,9 +86,9 @@ pub struct NodeFamilies {
     pub federation: Option<federation::Federation>,
 }
 
-impl runtime::metrics::DeliveryMetrics for NodeFamilies {
-    fn write_metrics(&self, out: &mut String) {
-        self.deliverer.write_metrics(out);
+impl runtime::metrics::Families for NodeFamilies {
+    fn write_metrics(&self, out: &mut String, scrape: &runtime::metrics::Scrape) {
+        self.deliverer.write_metrics(out, scrape);
         if let Some(f) = &self.federation {
             f.write_metrics(out);
         }
@@ -148,7 +148,7 @@ pub async fn run_node(
             l,
             MetricsSource {
                 admin: Arc::new(node.clone()),
-                deliveries: Some(Arc::new(NodeFamilies {
+                families: Some(Arc::new(NodeFamilies {
                     deliverer: daemon.deliverer().clone(),
                     federation: fed,
                 })),

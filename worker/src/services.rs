@@ -527,6 +527,10 @@ impl v1::admin_server::Admin for Node {
             dead_lettered: delivery.map_or(0, |c| c.dead_lettered.load(Ordering::Relaxed)),
             deliveries_queued: delivery.map_or(0, |c| c.queued.load(Ordering::Relaxed)),
             cluster: None,
+            view: match &self.sink {
+                Sink::Cluster(d) => d.cluster_view(),
+                _ => None,
+            },
         }))
     }
 

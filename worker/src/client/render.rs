@@ -367,7 +367,60 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
             lines.push(line.trim_end().to_string());
         }
     }
+    if let Some(v) = &s.view {
+        let (l, vj) = view(v);
+        lines.extend(l);
+        j.insert("view".into(), vj);
+    }
     Printed::new(lines, Value::Object(j))
+}
+
+/// The cluster as the process sees it: the grid's members and the leader.
+fn view(v: &v1::ClusterView) -> (Vec<String>, Value) {
+    let shape = if v.rows > 0 {
+        format!("grid {}x{}", v.rows, v.cols)
+    } else {
+        "no grid".into()
+    };
+    let mut lines = vec!["cluster view".to_string(), format!("  {shape}")];
+    for m in &v.members {
+        let heir = m.heir.map(|h| format!(", heir {h}")).unwrap_or_default();
+        lines.push(format!(
+            "  node {} at {},{} {}{heir}",
+            m.node,
+            m.row,
+            m.col,
+            if m.alive { "up" } else { "down" }
+        ));
+    }
+    let who = [v.leader_name.as_str(), v.leader_url.as_str()]
+        .into_iter()
+        .filter(|x| !x.is_empty())
+        .collect::<Vec<_>>()
+        .join(" at ");
+    if !who.is_empty() {
+        lines.push(format!(
+            "  leader {who}, epoch {}, nonce {:016x}",
+            v.leader_epoch, v.leader_nonce
+        ));
+    }
+    let members: Vec<Value> = v
+        .members
+        .iter()
+        .map(|m| {
+            json!({"node": m.node, "row": m.row, "col": m.col, "alive": m.alive,
+                   "heir": m.heir, "endpoint": m.endpoint})
+        })
+        .collect();
+    let j = json!({
+        "rows": v.rows,
+        "cols": v.cols,
+        "lease_ms": v.lease_ms,
+        "members": members,
+        "leader": {"name": v.leader_name, "url": v.leader_url, "epoch": v.leader_epoch,
+                   "nonce": format!("{:016x}", v.leader_nonce)},
+    });
+    (lines, j)
 }
 
 /// `dissem link list`: the role, then a line per link (never a token: only whether one is

@@ -52,6 +52,7 @@ mod service;
 mod subcopies;
 mod takeover;
 mod tasks;
+mod unsent;
 mod workers;
 
 pub use config::{DaemonConfig, GpuUse};
@@ -117,6 +118,8 @@ struct Inner {
     view: Mutex<replicate::View>,
     /// Each peer's queue of copies and finished marks.
     peer_queues: Mutex<HashMap<u32, mpsc::UnboundedSender<replicate::PeerMsg>>>,
+    /// Ends of copies a peer did not take, sent again while it lives.
+    unsent: Mutex<unsent::Unsent>,
     /// Dead origins whose objects this node took over.
     owned: Mutex<std::collections::BTreeSet<u32>>,
     /// Live origins on a fresh disk whose predecessor's objects (below the sequence number
@@ -228,6 +231,7 @@ impl Daemon {
                 lanes,
                 view: Mutex::new(replicate::View::default()),
                 peer_queues: Mutex::new(HashMap::new()),
+                unsent: Mutex::new(unsent::Unsent::default()),
                 owned: Mutex::new(std::collections::BTreeSet::new()),
                 owned_below: Mutex::new(HashMap::new()),
                 finished_rx: Mutex::new(Some(finished_rx)),

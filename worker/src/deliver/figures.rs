@@ -96,8 +96,13 @@ impl Figures {
         ));
     }
 
-    /// Writes the families.
-    pub(super) fn write(&self, o: &mut String, per_sub: &[(u64, [u64; 3])], top_k: usize) {
+    /// Writes the families; returns the subscriptions given per-subscription series.
+    pub(super) fn write(
+        &self,
+        o: &mut String,
+        per_sub: &[(u64, [u64; 3])],
+        top_k: usize,
+    ) -> Vec<u64> {
         let name = "dissem_put_to_delivered_seconds";
         histogram::header(
             o,
@@ -138,20 +143,45 @@ impl Figures {
             "counter",
             &samples,
         );
-        top_subscriptions(o, per_sub, top_k);
+        top_subscriptions(o, per_sub, top_k)
     }
 }
 
-impl runtime::metrics::DeliveryMetrics for Deliverer {
-    fn write_metrics(&self, out: &mut String) {
-        let per_sub = if self.inner.cfg.metrics_top_subscriptions > 0 {
+impl runtime::metrics::Families for Deliverer {
+    fn write_metrics(&self, out: &mut String, scrape: &runtime::metrics::Scrape) {
+        let k = scrape
+            .subscriptions
+            .unwrap_or(self.inner.cfg.metrics_top_subscriptions);
+        let per_sub = if k > 0 {
             self.per_subscription()
         } else {
             Vec::new()
         };
-        self.inner
-            .figures
-            .write(out, &per_sub, self.inner.cfg.metrics_top_subscriptions);
+        let top = self.inner.figures.write(out, &per_sub, k);
+        if top.is_empty() {
+            return;
+        }
+        // their deliveries waiting in the endpoint queues (one pass over the queues)
+        let mut waiting: std::collections::BTreeMap<u64, u64> =
+            top.iter().map(|s| (*s, 0)).collect();
+        for q in lock(&self.inner.queues).values() {
+            for job in q.heap.iter() {
+                if let Some(n) = waiting.get_mut(&job.sub) {
+                    *n += 1;
+                }
+            }
+        }
+        let samples: Vec<_> = waiting
+            .into_iter()
+            .map(|(sub, n)| (format!("subscription=\"{sub}\""), n as f64))
+            .collect();
+        line(
+            out,
+            "dissem_subscription_backlog",
+            "Deliveries waiting in their endpoint's queue, of the subscriptions above.",
+            "gauge",
+            &samples,
+        );
     }
 }
 

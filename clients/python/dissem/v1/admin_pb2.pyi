@@ -72,7 +72,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node", "objects_stored", "puts_accepted", "puts_rejected", "outbox_pending", "subscriptions", "role", "matches_handed", "matches_repeated", "deliveries", "deliveries_acked", "delivery_failures", "dead_lettered", "deliveries_queued", "copies_unfinished", "copies_finished", "objects_taken_over", "cluster", "image_loaded", "copies_forwarding")
+    __slots__ = ("node", "objects_stored", "puts_accepted", "puts_rejected", "outbox_pending", "subscriptions", "role", "matches_handed", "matches_repeated", "deliveries", "deliveries_acked", "delivery_failures", "dead_lettered", "deliveries_queued", "copies_unfinished", "copies_finished", "objects_taken_over", "cluster", "image_loaded", "copies_forwarding", "view")
     NODE_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_STORED_FIELD_NUMBER: _ClassVar[int]
     PUTS_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class StatsResponse(_message.Message):
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     IMAGE_LOADED_FIELD_NUMBER: _ClassVar[int]
     COPIES_FORWARDING_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     node: int
     objects_stored: int
     puts_accepted: int
@@ -113,7 +114,44 @@ class StatsResponse(_message.Message):
     cluster: ClusterStats
     image_loaded: int
     copies_forwarding: int
-    def __init__(self, node: _Optional[int] = ..., objects_stored: _Optional[int] = ..., puts_accepted: _Optional[int] = ..., puts_rejected: _Optional[int] = ..., outbox_pending: _Optional[int] = ..., subscriptions: _Optional[int] = ..., role: _Optional[str] = ..., matches_handed: _Optional[int] = ..., matches_repeated: _Optional[int] = ..., deliveries: _Optional[int] = ..., deliveries_acked: _Optional[int] = ..., delivery_failures: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., deliveries_queued: _Optional[int] = ..., copies_unfinished: _Optional[int] = ..., copies_finished: _Optional[int] = ..., objects_taken_over: _Optional[int] = ..., cluster: _Optional[_Union[ClusterStats, _Mapping]] = ..., image_loaded: _Optional[int] = ..., copies_forwarding: _Optional[int] = ...) -> None: ...
+    view: ClusterView
+    def __init__(self, node: _Optional[int] = ..., objects_stored: _Optional[int] = ..., puts_accepted: _Optional[int] = ..., puts_rejected: _Optional[int] = ..., outbox_pending: _Optional[int] = ..., subscriptions: _Optional[int] = ..., role: _Optional[str] = ..., matches_handed: _Optional[int] = ..., matches_repeated: _Optional[int] = ..., deliveries: _Optional[int] = ..., deliveries_acked: _Optional[int] = ..., delivery_failures: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., deliveries_queued: _Optional[int] = ..., copies_unfinished: _Optional[int] = ..., copies_finished: _Optional[int] = ..., objects_taken_over: _Optional[int] = ..., cluster: _Optional[_Union[ClusterStats, _Mapping]] = ..., image_loaded: _Optional[int] = ..., copies_forwarding: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ...) -> None: ...
+
+class ClusterView(_message.Message):
+    __slots__ = ("rows", "cols", "members", "leader_name", "leader_url", "leader_epoch", "leader_nonce", "lease_ms")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_NAME_FIELD_NUMBER: _ClassVar[int]
+    LEADER_URL_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_NONCE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    cols: int
+    members: _containers.RepeatedCompositeFieldContainer[GridMember]
+    leader_name: str
+    leader_url: str
+    leader_epoch: int
+    leader_nonce: int
+    lease_ms: int
+    def __init__(self, rows: _Optional[int] = ..., cols: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GridMember, _Mapping]]] = ..., leader_name: _Optional[str] = ..., leader_url: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., leader_nonce: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class GridMember(_message.Message):
+    __slots__ = ("node", "row", "col", "alive", "heir", "endpoint")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    COL_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    HEIR_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    node: int
+    row: int
+    col: int
+    alive: bool
+    heir: int
+    endpoint: str
+    def __init__(self, node: _Optional[int] = ..., row: _Optional[int] = ..., col: _Optional[int] = ..., alive: _Optional[bool] = ..., heir: _Optional[int] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class ClusterStats(_message.Message):
     __slots__ = ("nonce", "image_version", "image_subscriptions", "nodes", "waiting_tasks", "open_batches", "mean_test_ms", "mean_match_ms", "reassignments", "dead_workers", "objects_arrived", "objects_matched", "objects_in_flight", "messages", "loads", "workers", "match_latency_p50_ms", "match_latency_p99_ms")

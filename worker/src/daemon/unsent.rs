@@ -1,0 +1,124 @@
+//! The ends of copies (an object finished, or kept only as forwarding) that a peer did not
+//! take: kept here and sent again every few heartbeats while the peer is alive, until it
+//! takes them. Before, a peer queue that gave a batch up dropped them, on the promise that
+//! the peer catches up when it comes back. That promise fails when the peer came back
+//! first: it caught up (before the object was delivered) while this node's view still
+//! showed it dead, so the end was dropped unsent and the peer held an unfinished copy for
+//! good. Once this node died, the peer, as its heir, adopted that copy and delivered the
+//! object again: a QoS 2 duplicate (found by `bench chaos`, seeds 14129 and 14199).
+//!
+//! The ends live in memory: a restart of this node before they went out leaves them to the
+//! peer's next catch-up, as before.
+
+use super::*;
+
+/// Ends kept per peer at most (past it, the oldest are left to the peer's catch-up).
+const MAX_UNSENT: usize = 100_000;
+
+/// Ends sent again in one call at most.
+const RESEND_BATCH: usize = 4096;
+
+/// The kept ends: peer -> object -> forwarding (`false`: finished).
+#[derive(Debug, Default)]
+pub(super) struct Unsent {
+    by_peer: BTreeMap<u32, BTreeMap<ObjectId, bool>>,
+    /// Peers with a task sending theirs again.
+    retrying: HashSet<u32>,
+}
+
+fn ids(list: &[v1::ObjectId]) -> impl Iterator<Item = ObjectId> + '_ {
+    list.iter().map(|id| ObjectId {
+        node: id.node,
+        seq: id.seq,
+    })
+}
+
+impl Daemon {
+    /// A call to `node` carrying `req` was given up: its ends are kept and sent again.
+    pub(super) fn keep_unsent_ends(&self, node: u32, req: &v1::ReplicateRequest) {
+        if req.finished.is_empty() && req.forwarding.is_empty() {
+            return;
+        }
+        let mut u = lock(&self.inner.unsent);
+        let peer = u.by_peer.entry(node).or_default();
+        // finished is the last word: it replaces a kept forwarding
+        for (id, forwarding) in ids(&req.forwarding)
+            .map(|id| (id, true))
+            .chain(ids(&req.finished).map(|id| (id, false)))
+        {
+            if forwarding {
+                peer.entry(id).or_insert(true);
+            } else {
+                peer.insert(id, false);
+            }
+        }
+        while peer.len() > MAX_UNSENT {
+            peer.pop_first();
+        }
+        tracing::debug!(
+            "node {node} did not take the ends of {} copies: kept, sent again while it lives ({} kept)",
+            req.finished.len() + req.forwarding.len(),
+            peer.len()
+        );
+        if u.retrying.insert(node) {
+            tokio::spawn(self.clone().resend_ends(node));
+        }
+    }
+
+    /// `node` took `req`: the kept ends it carried are settled.
+    pub(super) fn ends_taken(&self, node: u32, req: &v1::ReplicateRequest) {
+        let mut u = lock(&self.inner.unsent);
+        let Some(peer) = u.by_peer.get_mut(&node) else {
+            return;
+        };
+        for id in ids(&req.finished) {
+            peer.remove(&id);
+        }
+        for id in ids(&req.forwarding) {
+            if peer.get(&id) == Some(&true) {
+                peer.remove(&id);
+            }
+        }
+    }
+
+    /// Sends `node`'s kept ends every few heartbeats while it is alive, until none is left.
+    async fn resend_ends(self, node: u32) {
+        let every = self.inner.cfg.heartbeat_every * 4;
+        loop {
+            tokio::time::sleep(every).await;
+            let batch: Vec<(ObjectId, bool)> = {
+                let mut u = lock(&self.inner.unsent);
+                let batch: Vec<_> = u
+                    .by_peer
+                    .get(&node)
+                    .map(|p| p.iter().take(RESEND_BATCH).map(|(k, v)| (*k, *v)).collect())
+                    .unwrap_or_default();
+                if batch.is_empty() {
+                    u.by_peer.remove(&node);
+                    u.retrying.remove(&node);
+                    return;
+                }
+                batch
+            };
+            if !self.view().alive(node) {
+                continue; // it catches up when it is back; what it missed after goes then
+            }
+            let mut req = v1::ReplicateRequest::default();
+            for (id, forwarding) in &batch {
+                let p = v1::ObjectId {
+                    node: id.node,
+                    seq: id.seq,
+                };
+                if *forwarding {
+                    req.forwarding.push(p);
+                } else {
+                    req.finished.push(p);
+                }
+            }
+            if self.send_replicate(node, req.clone()).await {
+                tracing::debug!("node {node} took {} kept ends", batch.len());
+                self.ends_taken(node, &req);
+            }
+        }
+    }
+}
