@@ -6,6 +6,7 @@
 //! for the baseline the ingest figures are compared with); the CLI's `bench` subcommands are
 //! thin wrappers over it.
 
+pub mod ads;
 pub mod chaos;
 pub mod chaosdisk;
 pub mod chaosfed;

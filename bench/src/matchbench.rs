@@ -52,6 +52,7 @@ impl MatchBenchOptions {
     pub fn new(workload: &str) -> anyhow::Result<MatchBenchOptions> {
         let w = match workload {
             "iot" => Workload::Iot(IotSpec),
+            "ads" => Workload::Ads(crate::ads::AdsSpec::default().generator()),
             "uniform" => Workload::Uniform(UniformSpec {
                 attrs: 20,
                 preds: 10,
@@ -59,7 +60,7 @@ impl MatchBenchOptions {
                 width: 0.5,
                 cardinality: 100,
             }),
-            other => bail!("unknown workload {other:?}: expected `iot` or `uniform`"),
+            other => bail!("unknown workload {other:?}: expected `iot`, `uniform` or `ads`"),
         };
         Ok(MatchBenchOptions {
             workload: w,

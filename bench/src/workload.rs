@@ -14,6 +14,7 @@
 //!   set of types in a building 20%) plus 0 to 4 of: reading thresholds and ranges (`temp`,
 //!   `humidity`, `battery`, `rssi`, `ts`), firmware `!=`/prefix, key `contains`/suffix, a type
 //!   set, and `alarm not exists`.
+//! - `ads`, ad targeting with Zipf-skewed categorical attributes ([`crate::ads`]).
 
 use blocks::{Bound, Conjunction, Dnf, Event, Num, Predicate, Test, Value};
 
@@ -309,6 +310,7 @@ impl IotSpec {
 pub enum Workload {
     Uniform(UniformSpec),
     Iot(IotSpec),
+    Ads(crate::ads::Ads),
     /// A user's own filters and events (`--patterns FILE --events FILE`).
     Given(std::sync::Arc<crate::given::Given>),
 }
@@ -325,6 +327,7 @@ impl Workload {
         let mut next: Box<dyn FnMut(&mut Rng) -> Dnf + '_> = match self {
             Workload::Uniform(u) => Box::new(move |r: &mut Rng| u.subscription(r)),
             Workload::Iot(t) => Box::new(move |r: &mut Rng| t.subscription(r)),
+            Workload::Ads(a) => Box::new(move |r: &mut Rng| a.subscription(r)),
             Workload::Given(g) => {
                 return g
                     .subscriptions
@@ -351,6 +354,7 @@ impl Workload {
         match self {
             Workload::Uniform(u) => (0..n).map(|_| u.event(&mut rng)).collect(),
             Workload::Iot(t) => (0..n as u64).map(|i| t.event(&mut rng, i)).collect(),
+            Workload::Ads(a) => (0..n).map(|_| a.event(&mut rng)).collect(),
             Workload::Given(g) => g.events.iter().cycle().take(n).cloned().collect(),
         }
     }

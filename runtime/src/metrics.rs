@@ -11,6 +11,7 @@
 //! services answer) are served beside it, for orchestrators' probes, and the operator console
 //! (`/console`, [`crate::console`]), which draws itself from `/metrics`.
 
+use std::cmp::Reverse;
 use std::fmt::Write;
 use std::sync::Arc;
 
@@ -291,6 +292,15 @@ pub fn render(s: &v1::StatsResponse, workers: &[v1::WorkerInfo]) -> String {
     o
 }
 
+/// How subscriptions rank for per-subscription series (first: the most failed and
+/// dead-lettered pushes, then the most acknowledged, then the lowest id).
+pub fn subscription_rank(
+    id: u64,
+    [acked, failed, dead]: &[u64; 3],
+) -> (Reverse<u64>, Reverse<u64>, u64) {
+    (Reverse(failed + dead), Reverse(*acked), id)
+}
+
 /// The per-subscription push counters of the `k` subscriptions with the most failed and
 /// dead-lettered pushes (then the most acknowledged): `per_sub` is (subscription, [acked,
 /// failed, dead-lettered]). Nothing when `k` is 0. Returns the subscriptions written.
@@ -299,13 +309,7 @@ pub fn top_subscriptions(o: &mut String, per_sub: &[(u64, [u64; 3])], k: usize) 
         return Vec::new();
     }
     let mut top: Vec<&(u64, [u64; 3])> = per_sub.iter().collect();
-    top.sort_by_key(|(id, [acked, failed, dead])| {
-        (
-            std::cmp::Reverse(failed + dead),
-            std::cmp::Reverse(*acked),
-            *id,
-        )
-    });
+    top.sort_by_key(|(id, c)| subscription_rank(*id, c));
     top.truncate(k);
     let mut samples = Vec::with_capacity(top.len() * 3);
     for (sub, [acked, failed, dead]) in &top {

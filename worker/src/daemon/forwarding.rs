@@ -18,6 +18,9 @@ use storage::StoredObject;
 use super::replicate::PeerMsg;
 use super::*;
 
+/// Notes of adopted-away objects kept at most (see [`Daemon::adopted_away`]).
+const MAX_ADOPTED_AWAY: usize = 100_000;
+
 /// What the node's federation links owe (the federation implements it; a node without links
 /// has none).
 pub trait LinkLedger: Send + Sync + std::fmt::Debug {
@@ -96,11 +99,44 @@ impl Daemon {
             if !from_delivery && self.disseminating(id) {
                 continue;
             }
+            // an object of this node's that another node adopted is that node's to end: its
+            // records closed here (handed over) are no delivery, and ending its copies
+            // would end the adopter's too, which then never delivered it (a QoS 2 loss,
+            // found by `bench chaos`, seeds 15167 and 15174)
+            if self.is_adopted_away(id, from_delivery) {
+                tracing::debug!(
+                    "object {}:{} closed here: its adopter ends its copies",
+                    id.node,
+                    id.seq
+                );
+                continue;
+            }
             let forwarding = self.links_owe(id);
             if forwarding && !from_delivery {
                 continue; // another link still owes it: its acknowledgement ends it
             }
             self.end_copies(id, forwarding);
+        }
+    }
+
+    /// Notes that another node adopted this node's object `id` (learnt at a catch-up or after
+    /// a lapse): its closure here ends no copy.
+    pub(super) fn adopted_away(&self, id: ObjectId) {
+        let mut a = lock(&self.inner.adopted_away);
+        if a.len() >= MAX_ADOPTED_AWAY {
+            a.clear(); // bounded: the oldest notes are for objects long closed
+        }
+        a.insert(id);
+    }
+
+    /// Whether `id` is an object of this node's that another node adopted; the note goes
+    /// with its closure (`closed`).
+    fn is_adopted_away(&self, id: ObjectId, closed: bool) -> bool {
+        let mut a = lock(&self.inner.adopted_away);
+        if closed {
+            a.remove(&id)
+        } else {
+            a.contains(&id)
         }
     }
 

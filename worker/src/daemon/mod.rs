@@ -136,6 +136,8 @@ struct Inner {
     /// Objects another node took over from this one and disseminates now: their queued
     /// pushes here are dropped.
     handed: Mutex<HashSet<ObjectId>>,
+    /// This node's objects another node adopted: their closure here ends no copy.
+    adopted_away: Mutex<HashSet<ObjectId>>,
 }
 
 /// A node daemon (cheap to clone).
@@ -240,6 +242,7 @@ impl Daemon {
                 links_acked_rx: Mutex::new(Some(links_acked_rx)),
                 lease: Mutex::new(fence::Lease::default()),
                 handed: Mutex::new(HashSet::new()),
+                adopted_away: Mutex::new(HashSet::new()),
             }),
         };
         d.inner

@@ -489,6 +489,9 @@ impl Daemon {
                 for seq in self.seqs_of(&ep, me, set, from.saturating_sub(1)).await {
                     let id = ObjectId { node: me, seq };
                     let _ = self.inner.store.retire(id);
+                    if set == v1::ReplicaSet::Adopted {
+                        self.adopted_away(id);
+                    }
                     handed.insert(id);
                 }
             }

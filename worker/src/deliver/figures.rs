@@ -152,11 +152,7 @@ impl runtime::metrics::Families for Deliverer {
         let k = scrape
             .subscriptions
             .unwrap_or(self.inner.cfg.metrics_top_subscriptions);
-        let per_sub = if k > 0 {
-            self.per_subscription()
-        } else {
-            Vec::new()
-        };
+        let per_sub = self.top_subscriptions(k);
         let top = self.inner.figures.write(out, &per_sub, k);
         if top.is_empty() {
             return;

@@ -262,14 +262,21 @@ impl Deliverer {
         self.inner.clock.now_ms()
     }
 
-    /// Per subscription: (id, [acked, failed attempts, dead letters]), by id.
-    pub fn per_subscription(&self) -> Vec<(u64, [u64; 3])> {
-        let mut v: Vec<_> = lock(&self.inner.per_sub)
-            .iter()
-            .map(|(k, c)| (*k, *c))
-            .collect();
-        v.sort_unstable();
-        v
+    /// The `k` subscriptions that rank first for per-subscription series
+    /// ([`runtime::metrics::subscription_rank`]), in one pass with a heap of `k`: a scrape
+    /// costs no copy of a million subscriptions' counters.
+    pub fn top_subscriptions(&self, k: usize) -> Vec<(u64, [u64; 3])> {
+        if k == 0 {
+            return Vec::new();
+        }
+        let mut heap = BinaryHeap::with_capacity(k + 1);
+        for (id, c) in lock(&self.inner.per_sub).iter() {
+            heap.push((runtime::metrics::subscription_rank(*id, c), *id, *c));
+            if heap.len() > k {
+                heap.pop(); // the one ranking last
+            }
+        }
+        heap.into_iter().map(|(_, id, c)| (id, c)).collect()
     }
 
     fn count(&self, sub: u64, outcome: usize) {
