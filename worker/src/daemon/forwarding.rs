@@ -54,7 +54,7 @@ impl Daemon {
     /// Whether `id` is still being disseminated here (in the outbox, adopted, lost at open
     /// and awaiting its repair, or with an open delivery record: until the records are
     /// resumed, those on disk count too).
-    fn disseminating(&self, id: ObjectId) -> bool {
+    pub(super) fn disseminating(&self, id: ObjectId) -> bool {
         let store = &self.inner.store;
         if store.in_outbox(id) || self.inner.deliverer.is_open(id) {
             return true;

@@ -398,6 +398,7 @@ impl Daemon {
             );
         }
         self.resume_deliveries(&handed);
+        self.end_stale_copies(&view).await;
         // the records of handed-over objects were closed: durably now, or a kill before the
         // next flush opens them again for a start whose catch-up may not learn them handed
         if !handed.is_empty()

@@ -7,8 +7,12 @@
 //! good. Once this node died, the peer, as its heir, adopted that copy and delivered the
 //! object again: a QoS 2 duplicate (found by `bench chaos`, seeds 14129 and 14199).
 //!
-//! The ends live in memory: a restart of this node before they went out leaves them to the
-//! peer's next catch-up, as before.
+//! The ends live in memory, and a node killed with ends still queued (or kept) loses them:
+//! its peers held unfinished copies of objects it had delivered, until one of them adopted
+//! and delivered such a copy again once this node died (seed 16071). So at every catch-up a
+//! node asks the live members of its quorum for their unfinished copies of its objects, and
+//! ends those it no longer disseminates itself and that no member reports adopted
+//! ([`Daemon::end_stale_copies`]).
 
 use super::*;
 
@@ -17,6 +21,9 @@ const MAX_UNSENT: usize = 100_000;
 
 /// Ends sent again in one call at most.
 const RESEND_BATCH: usize = 4096;
+
+/// Copies asked for in one call at a catch-up.
+const COPIES_PAGE: u32 = 512;
 
 /// The kept ends: peer -> object -> forwarding (`false`: finished).
 #[derive(Debug, Default)]
@@ -118,6 +125,81 @@ impl Daemon {
             if self.send_replicate(node, req.clone()).await {
                 tracing::debug!("node {node} took {} kept ends", batch.len());
                 self.ends_taken(node, &req);
+            }
+        }
+    }
+
+    /// At a catch-up: the unfinished copies the live members of this node's quorum hold of
+    /// its objects that it no longer disseminates (delivered, their ends lost with an
+    /// earlier run) get their end: forwarding while a link still owes the object, else
+    /// finished. Left alone: objects in the outbox, with open records, awaiting repair, of an
+    /// earlier node at this position (below `owns_from`), and any a member reports adopted
+    /// (their adopter ends them).
+    pub(super) async fn end_stale_copies(&self, view: &super::replicate::View) {
+        let Some(g) = view.grid else { return };
+        let me = self.inner.cfg.node;
+        let owns_from = self.inner.store.owns_from();
+        let members = view.live_endpoints(g.xs_quorum(me), &[me]);
+        let mut adopted = HashSet::new();
+        for (_, ep) in &members {
+            adopted.extend(self.seqs_of(ep, me, v1::ReplicaSet::Adopted, 0).await);
+        }
+        for (node, ep) in members {
+            let Some(held) = self.copies_of_mine(&ep).await else {
+                continue;
+            };
+            let mut ended = 0usize;
+            for seq in held {
+                let id = ObjectId { node: me, seq };
+                if seq < owns_from || adopted.contains(&seq) || self.disseminating(id) {
+                    continue;
+                }
+                let msg = if self.links_owe(id) {
+                    replicate::PeerMsg::Forwarding(id)
+                } else {
+                    replicate::PeerMsg::Finished(id)
+                };
+                self.to_peer(node, msg);
+                ended += 1;
+            }
+            if ended > 0 {
+                tracing::info!(
+                    "node {node} held {ended} unfinished copies of objects this node delivered \
+                     (their ends lost with an earlier run): ended"
+                );
+            }
+        }
+    }
+
+    /// The sequence numbers of this node's objects the node at `ep` holds unfinished copies
+    /// of (`None`: it did not answer).
+    async fn copies_of_mine(&self, ep: &str) -> Option<Vec<u64>> {
+        let me = self.inner.cfg.node;
+        let mut out = Vec::new();
+        let mut after = 0;
+        loop {
+            let r = self
+                .peer(ep)
+                .ok()?
+                .replicas(v1::ReplicasRequest {
+                    origin: me,
+                    after_seq: after,
+                    limit: COPIES_PAGE,
+                    set: v1::ReplicaSet::Unfinished as i32,
+                })
+                .await
+                .ok()?
+                .into_inner();
+            out.extend(
+                r.objects
+                    .iter()
+                    .filter_map(|o| o.id.as_ref())
+                    .filter(|id| id.node == me)
+                    .map(|id| id.seq),
+            );
+            match out.last() {
+                Some(&l) if r.more && l > after => after = l,
+                _ => return Some(out),
             }
         }
     }
