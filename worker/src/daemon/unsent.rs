@@ -140,12 +140,20 @@ impl Daemon {
         let me = self.inner.cfg.node;
         let owns_from = self.inner.store.owns_from();
         let members = view.live_endpoints(g.xs_quorum(me), &[me]);
+        // every member must say what it adopted: ending a silent adopter's copies elsewhere
+        // would leave its heir nothing to take over, should it die
         let mut adopted = HashSet::new();
-        for (_, ep) in &members {
-            adopted.extend(self.seqs_of(ep, me, v1::ReplicaSet::Adopted, 0).await);
+        for (node, ep) in &members {
+            match self.mine_in(ep, v1::ReplicaSet::Adopted).await {
+                Some(seqs) => adopted.extend(seqs),
+                None => {
+                    tracing::debug!("node {node} did not say what it adopted: no copy ended");
+                    return;
+                }
+            }
         }
         for (node, ep) in members {
-            let Some(held) = self.copies_of_mine(&ep).await else {
+            let Some(held) = self.mine_in(&ep, v1::ReplicaSet::Unfinished).await else {
                 continue;
             };
             let mut ended = 0usize;
@@ -171,9 +179,9 @@ impl Daemon {
         }
     }
 
-    /// The sequence numbers of this node's objects the node at `ep` holds unfinished copies
-    /// of (`None`: it did not answer).
-    async fn copies_of_mine(&self, ep: &str) -> Option<Vec<u64>> {
+    /// The sequence numbers of this node's objects in the node at `ep`'s `set` (its
+    /// unfinished copies, or those it adopted); `None`: it did not answer in full.
+    async fn mine_in(&self, ep: &str, set: v1::ReplicaSet) -> Option<Vec<u64>> {
         let me = self.inner.cfg.node;
         let mut out = Vec::new();
         let mut after = 0;
@@ -185,18 +193,22 @@ impl Daemon {
                     origin: me,
                     after_seq: after,
                     limit: COPIES_PAGE,
-                    set: v1::ReplicaSet::Unfinished as i32,
+                    set: set as i32,
                 })
                 .await
                 .ok()?
                 .into_inner();
-            out.extend(
-                r.objects
-                    .iter()
-                    .filter_map(|o| o.id.as_ref())
-                    .filter(|id| id.node == me)
-                    .map(|id| id.seq),
-            );
+            if set == v1::ReplicaSet::Unfinished {
+                out.extend(
+                    r.objects
+                        .iter()
+                        .filter_map(|o| o.id.as_ref())
+                        .filter(|id| id.node == me)
+                        .map(|id| id.seq),
+                );
+            } else {
+                out.extend(&r.seqs);
+            }
             match out.last() {
                 Some(&l) if r.more && l > after => after = l,
                 _ => return Some(out),
