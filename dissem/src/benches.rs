@@ -8,6 +8,9 @@ use bench::{Strategy, StrategyChoice};
 
 use super::*;
 
+mod ads;
+use ads::AdsArgs;
+
 #[derive(Subcommand, Debug)]
 pub(super) enum Bench {
     /// Matching throughput of each engine on a synthetic workload.
@@ -679,30 +682,8 @@ pub(super) struct MatchArgs {
     /// uniform, eq: distinct values per attribute.
     #[arg(long, default_value_t = 100)]
     pub(super) cardinality: u64,
-    /// ads: attributes in all.
-    #[arg(long, default_value_t = 120)]
-    pub(super) ads_attrs: usize,
-    /// ads: how many of them are numeric (the rest categorical).
-    #[arg(long, default_value_t = 8)]
-    pub(super) ads_numeric: usize,
-    /// ads: values per categorical attribute.
-    #[arg(long, default_value_t = 200)]
-    pub(super) ads_values: usize,
-    /// ads: Zipf exponent of attribute and value popularity (0: uniform).
-    #[arg(long, default_value_t = 1.0)]
-    pub(super) ads_zipf: f64,
-    /// ads: mean predicates per subscription (a geometric count).
-    #[arg(long, default_value_t = 8.0)]
-    pub(super) ads_mean_preds: f64,
-    /// ads: most predicates per subscription.
-    #[arg(long, default_value_t = 56)]
-    pub(super) ads_max_preds: usize,
-    /// ads: attributes per event.
-    #[arg(long, default_value_t = 20)]
-    pub(super) ads_event_attrs: usize,
-    /// ads: the most popular attributes every event carries.
-    #[arg(long, default_value_t = 12)]
-    pub(super) ads_core: usize,
+    #[command(flatten)]
+    pub(super) ads: AdsArgs,
     /// Write the figures as JSON to this file.
     #[arg(long)]
     pub(super) json: Option<PathBuf>,
@@ -715,18 +696,7 @@ pub(super) fn bench_match(a: MatchArgs) -> anyhow::Result<bool> {
         WorkloadArg::Ads => "ads",
     })?;
     if a.workload == WorkloadArg::Ads {
-        let spec = bench::ads::AdsSpec {
-            attrs: a.ads_attrs,
-            numeric: a.ads_numeric,
-            values: a.ads_values,
-            zipf: a.ads_zipf,
-            mean_preds: a.ads_mean_preds,
-            max_preds: a.ads_max_preds,
-            event_attrs: a.ads_event_attrs,
-            core: a.ads_core,
-        };
-        spec.check().map_err(anyhow::Error::msg)?;
-        opts.workload = Workload::Ads(spec.generator());
+        opts.workload = Workload::Ads(a.ads.spec().map_err(anyhow::Error::msg)?.generator());
     }
     if a.workload == WorkloadArg::Uniform {
         if a.attrs == 0 || a.preds == 0 || a.preds > a.attrs {

@@ -12,18 +12,6 @@ use serde_json::Value;
 use tests::browser::{Browser, have_chromium};
 use tests::{Cluster, dissem_bin, free_port, runtime, stats, temp_dir, temp_put, wait_for};
 
-const NODE_ARGS: &[&str] = &[
-    "--gpu",
-    "off",
-    "--allow-private-targets",
-    "--workers",
-    "2",
-    "--min-workers",
-    "1",
-    "--max-workers",
-    "2",
-];
-
 /// What the page shows, read from its DOM.
 const READ_PAGE: &str = r#"
 const cells = [...document.querySelectorAll('#grid td[data-node]')]
@@ -58,12 +46,14 @@ fn the_console_draws_a_real_cluster_and_shows_a_node_going_down() {
         "--metrics-listen",
         &coord_metrics,
     ];
-    let mut c = Cluster::start_ids(&bin, &dir, 0..0, &grid, NODE_ARGS);
+    let flags = tests::small_node_flags();
+    let node_args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut c = Cluster::start_ids(&bin, &dir, 0..0, &grid, &node_args);
     let listen = node_metrics.to_string();
-    let with_metrics = [NODE_ARGS, &["--metrics-listen", &listen]].concat();
+    let with_metrics = [&node_args[..], &["--metrics-listen", &listen]].concat();
     let n0 = c.start_node(&bin, 0, &with_metrics);
     c.nodes.push(n0);
-    let n1 = c.start_node(&bin, 1, NODE_ARGS);
+    let n1 = c.start_node(&bin, 1, &node_args);
     c.nodes.push(n1);
     let coord = c.coordinator.url();
     let url = c.nodes[0].url();

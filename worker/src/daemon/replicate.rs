@@ -247,49 +247,6 @@ impl Daemon {
         !lock(&self.inner.view).members.is_empty()
     }
 
-    /// The cluster as the last heartbeat answer described it, and the coordinator this node
-    /// follows (for `Admin.Stats`, `/metrics` and the console); `None` before any answer.
-    pub fn cluster_view(&self) -> Option<v1::ClusterView> {
-        let v = self.view();
-        if v.members.is_empty() {
-            return None;
-        }
-        let members = v
-            .members
-            .iter()
-            .map(|(&node, (ep, alive))| {
-                let (row, col) = v.grid.map_or((0, 0), |g| g.position(node));
-                v1::GridMember {
-                    node,
-                    row,
-                    col,
-                    alive: *alive,
-                    heir: v.heirs.get(&node).copied(),
-                    endpoint: ep.clone(),
-                }
-            })
-            .collect();
-        let mut out = v1::ClusterView {
-            rows: v.grid.map_or(0, |g| g.rows),
-            cols: v.grid.map_or(0, |g| g.cols),
-            members,
-            lease_ms: v.lease.as_millis() as u64,
-            leader_nonce: self.inner.nonce.load(Ordering::Acquire),
-            ..v1::ClusterView::default()
-        };
-        match &self.inner.coord {
-            runtime::link::ToCoordinator::Elected(e) => {
-                if let Some(l) = e.leader().current() {
-                    out.leader_name = l.name;
-                    out.leader_url = l.url;
-                    out.leader_epoch = l.epoch;
-                }
-            }
-            _ => out.leader_url = self.inner.cfg.coordinator.clone(),
-        }
-        Some(out)
-    }
-
     /// Takes a heartbeat's membership; reacts to nodes that died or came back.
     pub(super) fn set_view(&self, m: Option<&v1::Membership>) {
         let Some(m) = m else { return };
