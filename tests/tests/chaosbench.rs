@@ -5,6 +5,8 @@
 //! Without an `etcd` binary the test says so and passes, unless `DISSEM_REQUIRE_ETCD` is
 //! set (CI installs etcd and sets it).
 
+use std::path::Path;
+use std::process::Command;
 use tests::temp_dir;
 
 /// One chaos cluster at a time: each is etcd, two coordinators, nine nodes and a peer
@@ -24,8 +26,8 @@ fn the_chaos_benchmark_runs_its_schedules_and_every_invariant_holds() {
         return;
     }
     let dir = temp_dir("chaosbench");
-    let json = dir.join("chaos.json");
-    let (r, text, ok) = tests::bench_json(&["bench", "chaos", "--quick", "--seed", "31"], &json);
+    let (r, text, ok) = chaos_json(&["--quick", "--seed", "31"], &dir);
+    let text = format!("{text}{}", evidence(&r, &dir));
     assert!(r["schedules"].as_u64() >= Some(2), "{r}");
     let faults: u64 = r["faults"]
         .as_object()
@@ -49,6 +51,98 @@ fn the_chaos_benchmark_runs_its_schedules_and_every_invariant_holds() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs `dissem bench chaos <args>` with its processes' logs in `dir/logs` (debug for the
+/// node's replication and delivery, unless `DISSEM_TEST_LOG` says otherwise): the JSON,
+/// stdout, and whether it exited 0.
+fn chaos_json(args: &[&str], dir: &Path) -> (serde_json::Value, String, bool) {
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).expect("a folder for the logs");
+    let json = dir.join("chaos.json");
+    let level = std::env::var("DISSEM_TEST_LOG")
+        .unwrap_or_else(|_| "info,worker::daemon=debug,worker::deliver=debug".into());
+    let out = Command::new(tests::dissem_bin())
+        .args(["bench", "chaos"])
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .env("DISSEM_TEST_LOG_DIR", &logs)
+        .env("DISSEM_TEST_LOG", level)
+        .output()
+        .expect("dissem runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let r = std::fs::read_to_string(&json).unwrap_or_else(|e| {
+        panic!(
+            "no JSON ({e}): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (
+        serde_json::from_str(&r).expect("JSON"),
+        text,
+        out.status.success(),
+    )
+}
+
+/// What the processes' logs (in `dir/logs`) say about the objects the violations name, in
+/// time order with the process that said it: a failure in CI, where the logs are gone with
+/// the machine, is read from this.
+fn evidence(r: &serde_json::Value, dir: &Path) -> String {
+    let mut needles = Vec::new();
+    for v in r["violations"].as_array().into_iter().flatten() {
+        let detail = v["detail"].as_str().unwrap_or_default();
+        for part in detail.split("ObjectId {").skip(1) {
+            let num = |key: &str| -> Option<u64> {
+                let rest = part.split(key).nth(1)?;
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().ok()
+            };
+            if let (Some(node), Some(seq)) = (num("node: "), num("seq: ")) {
+                needles.push(format!("{node}:{seq}"));
+                needles.push(format!("-{node}-{seq}"));
+            }
+        }
+    }
+    if needles.is_empty() {
+        return String::new();
+    }
+    needles.truncate(12);
+    let mut lines = Vec::new();
+    for f in std::fs::read_dir(dir.join("logs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = f.file_name().to_string_lossy().into_owned();
+        let who = name
+            .rsplit('-')
+            .next()
+            .unwrap_or(&name)
+            .trim_end_matches(".log")
+            .to_string();
+        let Ok(text) = std::fs::read_to_string(f.path()) else {
+            continue;
+        };
+        for l in text
+            .lines()
+            .filter(|l| needles.iter().any(|n| l.contains(n.as_str())))
+        {
+            let (at, rest) = l.split_at(l.len().min(27));
+            lines.push(format!(
+                "{at} {who:>12} {}",
+                rest.chars().take(260).collect::<String>()
+            ));
+        }
+    }
+    lines.sort();
+    let shown = lines.len().min(150);
+    format!(
+        "\nthe logs on {} ({} lines, {shown} shown):\n{}\n",
+        needles.join(" "),
+        lines.len(),
+        lines[..shown].join("\n")
+    )
+}
+
 /// Replays the one schedule of `seed`, checks it is still the schedule whose `faults` (by
 /// kind) found the bug, and that it passes with every count at 0.
 fn replay(seed: u64, faults: serde_json::Value) {
@@ -57,19 +151,10 @@ fn replay(seed: u64, faults: serde_json::Value) {
         return; // the first test says so, or fails under DISSEM_REQUIRE_ETCD
     }
     let dir = temp_dir(&format!("chaos-{seed}"));
-    let json = dir.join("chaos.json");
     let seed = seed.to_string();
-    let args = [
-        "bench",
-        "chaos",
-        "--seed",
-        &seed,
-        "--schedules",
-        "1",
-        "--faults",
-        "4",
-    ];
-    let (r, text, ok) = tests::bench_json(&args, &json);
+    let args = ["--seed", &seed, "--schedules", "1", "--faults", "4"];
+    let (r, text, ok) = chaos_json(&args, &dir);
+    let text = format!("{text}{}", evidence(&r, &dir));
     assert_eq!(
         r["faults"], faults,
         "the schedule of seed {seed} changed: {r}"

@@ -95,6 +95,18 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The kind and its target, as the progress lines print it (`node_wiped 3`).
+    pub fn label(&self) -> String {
+        match self {
+            Fault::NodeKill { node, .. }
+            | Fault::NodeWiped { node }
+            | Fault::NodePause { node }
+            | Fault::SubsWhileDown { node }
+            | Fault::LogDamaged { node } => format!("{} {node}", self.kind()),
+            _ => self.kind().to_string(),
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Fault::NodeKill { .. } => "node_kill",
@@ -265,7 +277,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
             apply(&mut on, &mut changes, &mut victim, *f, o.lease_ttl)
                 .await
                 .with_context(|| format!("schedule seed {seed}: {f:?}"))?;
-            took.push(format!("{} {:.1} s", f.kind(), t.elapsed().as_secs_f64()));
+            took.push(format!("{} {:.1} s", f.label(), t.elapsed().as_secs_f64()));
         }
         // the link, cut or with its peer down since the start, is whole again
         peer.heal();
