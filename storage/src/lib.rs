@@ -303,6 +303,13 @@ impl Store {
         self.owns_from
     }
 
+    /// The next sequence number this store hands out: every one it handed out is below it
+    /// (an object enters the outbox under the same lock, so one below it that is not in the
+    /// outbox has left it).
+    pub fn next_seq_out(&self) -> u64 {
+        self.lock_seq().0
+    }
+
     /// `e`, named [`StorageError::DiskFull`] with this store's directory when it says the
     /// disk is full.
     pub(crate) fn named(&self, e: StorageError) -> StorageError {

@@ -145,8 +145,16 @@ impl v1::daemon_server::Daemon for Daemon {
                 received: Vec::new(),
                 owns_from: 0,
                 forwarding: Vec::new(),
+                next_seq: 0,
             }));
         }
+        // read before the answer is gathered: what was handed out below it is in the
+        // answer, or finished
+        let next_seq = if r.origin == self.inner.cfg.node {
+            self.inner.store.next_seq_out()
+        } else {
+            0
+        };
         let (objects, more, forwarding) = self.held_after(r.origin, r.after_seq, limit)?;
         let mut received = Vec::new();
         for o in &objects {
@@ -177,6 +185,7 @@ impl v1::daemon_server::Daemon for Daemon {
             received,
             owns_from,
             forwarding,
+            next_seq,
         }))
     }
 }

@@ -98,15 +98,8 @@ impl Daemon {
     }
 
     /// Pulls `origin`'s unfinished objects from `from` after `after`, one page (their received
-    /// marks are stored here); the answer is the page, whether more follow, (when `from` is
-    /// the origin) the first sequence number its store handed out, and which of the page are
-    /// delivered but still owed to a federation link (forwarding).
-    async fn pull(
-        &self,
-        from: &str,
-        origin: u32,
-        after: u64,
-    ) -> Result<(Vec<storage::StoredObject>, bool, u64, Vec<u64>), ServiceError> {
+    /// marks are stored here).
+    async fn pull(&self, from: &str, origin: u32, after: u64) -> Result<Pulled, ServiceError> {
         let mut c = self.peer(from)?;
         let r = c
             .replicas(v1::ReplicasRequest {
@@ -134,19 +127,36 @@ impl Daemon {
             marks.len()
         );
         self.inner.store.mark_received_unflushed(&marks)?;
-        Ok((page, r.more, r.owns_from, r.forwarding))
+        Ok(Pulled {
+            page,
+            more: r.more,
+            owns_from: r.owns_from,
+            next_seq: r.next_seq,
+            forwarding: r.forwarding,
+        })
     }
 
     /// Every unfinished object of `origin` that `from` holds, stored as copies here; the
     /// answer is the sequence numbers `from` holds unfinished, and (when `from` is the
-    /// origin) the first sequence number its store handed out.
-    async fn pull_all(&self, from: &str, origin: u32) -> Result<(Vec<u64>, u64), ServiceError> {
+    /// origin) its store's range: the first sequence number it handed out and the next.
+    async fn pull_all(
+        &self,
+        from: &str,
+        origin: u32,
+    ) -> Result<(Vec<u64>, SeqRange), ServiceError> {
         let mut after = 0;
         let mut seen = Vec::new();
-        let mut owns_from = 0;
+        let mut range = SeqRange::default();
         loop {
-            let (page, more, owns, forwarding) = self.pull(from, origin, after).await?;
-            owns_from = owns_from.max(owns);
+            let Pulled {
+                page,
+                more,
+                owns_from,
+                next_seq,
+                forwarding,
+            } = self.pull(from, origin, after).await?;
+            range.owns_from = range.owns_from.max(owns_from);
+            range.next_seq = range.next_seq.max(next_seq);
             if let Some(last) = page.last() {
                 after = last.id.seq;
             }
@@ -162,7 +172,7 @@ impl Daemon {
                 store.commit().await?;
             }
             if !more || page.is_empty() {
-                return Ok((seen, owns_from));
+                return Ok((seen, range));
             }
         }
     }
@@ -375,9 +385,9 @@ impl Daemon {
         let mut pulled = 0usize;
         for (origin, ep) in view.live_endpoints(g.origins_held_by(me), &[]) {
             match self.pull_all(&ep, origin).await {
-                Ok((held, owns_from)) => {
+                Ok((held, range)) => {
                     pulled += held.len();
-                    if let Err(e) = self.drop_finished(origin, &held, owns_from) {
+                    if let Err(e) = self.drop_finished(origin, &held, range) {
                         tracing::warn!("dropping node {origin}'s finished copies: {e}");
                     }
                 }
@@ -422,15 +432,27 @@ impl Daemon {
         }
     }
 
-    /// Marks finished the copies of `origin` up to the highest sequence its origin still
-    /// holds that it no longer holds (finished while this node was down). Left alone: copies
-    /// below `owns_from`, the origin's first sequence number (an earlier node's at that
-    /// position, its disk lost, which the origin never held: its heir takes them over), and
-    /// copies this node adopted and still disseminates (the origin handed them over).
-    fn drop_finished(&self, origin: u32, held: &[u64], owns_from: u64) -> Result<(), ServiceError> {
-        let Some(&top) = held.iter().max() else {
+    /// Marks finished the copies of `origin` below the next sequence number its store hands
+    /// out (or, from an origin that does not say it, up to the highest it still holds) that
+    /// it no longer holds (finished while this node was down). Left alone: copies below
+    /// `owns_from`, the origin's first sequence number (an earlier node's at that position,
+    /// its disk lost, which the origin never held: its heir takes them over), and copies
+    /// this node adopted and still disseminates (the origin handed them over). An origin
+    /// that holds none of its objects any more ends every copy of them here: a holder killed
+    /// before its ends reached its disk kept copies of delivered objects, and once the origin
+    /// lost its disk, its heir delivered them again (QoS 2 duplicates, `bench chaos` seed
+    /// 17095).
+    fn drop_finished(
+        &self,
+        origin: u32,
+        held: &[u64],
+        range: SeqRange,
+    ) -> Result<(), ServiceError> {
+        let owns_from = range.owns_from;
+        let top = held.iter().max().copied().unwrap_or(0).max(range.next_seq);
+        if top == 0 {
             return Ok(());
-        };
+        }
         let held: HashSet<u64> = held.iter().copied().collect();
         let store = &self.inner.store;
         let mut mine: Vec<ObjectId> = store
@@ -499,4 +521,25 @@ impl Daemon {
         }
         handed
     }
+}
+
+/// One page of [`Daemon::pull`].
+struct Pulled {
+    page: Vec<storage::StoredObject>,
+    /// More follow after the page.
+    more: bool,
+    /// (When the answer is the origin's) the first sequence number its store handed out.
+    owns_from: u64,
+    /// (When the answer is the origin's) the next one it hands out, read before the page.
+    next_seq: u64,
+    /// Which of the page are delivered but still owed to a federation link (forwarding).
+    forwarding: Vec<u64>,
+}
+
+/// What an origin said of its store's sequence numbers: the first it handed out, and the
+/// next (0 where it did not say).
+#[derive(Debug, Clone, Copy, Default)]
+struct SeqRange {
+    owns_from: u64,
+    next_seq: u64,
 }
