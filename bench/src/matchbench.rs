@@ -144,6 +144,45 @@ pub struct MatchBenchReport {
     pub skipped: Vec<String>,
 }
 
+/// An engine's matches: those of the first `keep` events kept (the engines are compared on
+/// them), the rest counted, their vectors left to the engine to fill again (keeping millions
+/// of result vectors would time the allocator, not the engine).
+#[derive(Debug, Default)]
+struct Matched {
+    keep: usize,
+    kept: Vec<Vec<u64>>,
+    events: usize,
+    total: u64,
+}
+
+impl Matched {
+    fn new(keep: usize) -> Matched {
+        Matched {
+            keep,
+            ..Matched::default()
+        }
+    }
+
+    /// Counts one batch's matches (event order), keeping them while fewer than `keep` are.
+    fn take(&mut self, out: &mut [Vec<u64>]) {
+        for o in out {
+            self.events += 1;
+            self.total += o.len() as u64;
+            if self.kept.len() < self.keep {
+                self.kept.push(std::mem::take(o));
+            }
+        }
+    }
+
+    /// Appends a later batch's counts and kept matches.
+    fn absorb(&mut self, later: Matched) {
+        self.events += later.events;
+        self.total += later.total;
+        let room = self.keep.saturating_sub(self.kept.len());
+        self.kept.extend(later.kept.into_iter().take(room));
+    }
+}
+
 /// The CPU engine over `threads` threads: batch `i` goes to thread `i % threads`; the
 /// matches come back in event order. The answer is (Bloom-rejected, verified) candidates.
 fn match_on_threads(
@@ -151,11 +190,12 @@ fn match_on_threads(
     events: &[blocks::Event],
     opts: &MatchBenchOptions,
     bar: &indicatif::ProgressBar,
-    all: &mut Vec<Vec<u64>>,
+    all: &mut Matched,
 ) -> (u64, u64) {
     let chunks: Vec<&[blocks::Event]> = events.chunks(opts.batch).collect();
     let threads = opts.threads.min(chunks.len()).max(1);
-    type Done = Vec<(usize, Vec<Vec<u64>>, u64, u64)>;
+    type Done = Vec<(usize, Matched, u64, u64)>;
+    let keep_all = all.keep;
     let parts: Vec<Done> = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -163,11 +203,15 @@ fn match_on_threads(
                 sc.spawn(move || {
                     let mut ctx = index.base().new_ctx();
                     let mut done = Vec::new();
+                    let mut out = Vec::new();
                     for (i, chunk) in chunks.iter().enumerate().skip(t).step_by(threads) {
-                        let mut out = Vec::new();
                         let c = index.match_batch(chunk, &mut ctx, &mut out);
                         bar.inc(chunk.len() as u64);
-                        done.push((i, out, c.bloom_rejected, c.verified));
+                        // this chunk's share of the events kept for the comparison
+                        let keep = keep_all.saturating_sub(i * opts.batch);
+                        let mut m = Matched::new(keep);
+                        m.take(&mut out);
+                        done.push((i, m, c.bloom_rejected, c.verified));
                     }
                     done
                 })
@@ -181,8 +225,8 @@ fn match_on_threads(
     let mut done: Vec<_> = parts.into_iter().flatten().collect();
     done.sort_unstable_by_key(|d| d.0);
     let (mut rejected, mut verified) = (0, 0);
-    for (_, mut out, r, v) in done {
-        all.append(&mut out);
+    for (_, m, r, v) in done {
+        all.absorb(m);
         rejected += r;
         verified += v;
     }
@@ -293,7 +337,7 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             None
         };
         let bar = progress.bar(events.len() as u64, &format!("{name}: matching"));
-        let mut all: Vec<Vec<u64>> = Vec::with_capacity(events.len());
+        let mut all = Matched::new(checked);
         let mut out = Vec::new();
         let mut rejected = 0;
         let mut verified = 0;
@@ -332,7 +376,7 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             };
             rejected += c.bloom_rejected;
             verified += c.verified;
-            all.append(&mut out);
+            all.take(&mut out);
             bar.inc(chunk.len() as u64);
         }
         let secs = t.elapsed().as_secs_f64();
@@ -391,7 +435,7 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         if let Some(last) = engines.last_mut() {
             last.gpu = gpu_report;
         }
-        results.push((name.to_string(), all));
+        results.push((name.to_string(), all.kept));
         drop(index);
     }
     if want(EngineChoice::Naive) {
@@ -405,13 +449,15 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         let rss1 = mem::rss_bytes();
         let bar = progress.bar(checked as u64, "naive: matching");
         let t = Instant::now();
-        let all: Vec<Vec<u64>> = events[..checked]
+        let mut all = Matched::new(checked);
+        let mut found: Vec<Vec<u64>> = events[..checked]
             .iter()
             .map(|e: &Event| {
                 bar.inc(1);
                 r.match_event(e)
             })
             .collect();
+        all.take(&mut found);
         let secs = t.elapsed().as_secs_f64();
         bar.finish();
         engines.push(report(
@@ -422,11 +468,11 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             build,
             secs,
             0,
-            (subs.len() * all.len()) as u64,
+            (subs.len() * all.events) as u64,
             None,
             rss0.zip(rss1).map(|(a, b)| b.saturating_sub(a)),
         ));
-        results.push(("naive".to_string(), all));
+        results.push(("naive".to_string(), all.kept));
     }
     let common = results.iter().map(|r| r.1.len()).min().unwrap_or(0);
     let identical = results
@@ -465,7 +511,7 @@ fn report(
     name: &str,
     strategy: Option<String>,
     subscriptions: usize,
-    all: &[Vec<u64>],
+    all: &Matched,
     build: f64,
     secs: f64,
     rejected: u64,
@@ -473,19 +519,19 @@ fn report(
     index_bytes: Option<u64>,
     rss_growth: Option<u64>,
 ) -> EngineReport {
-    let total: u64 = all.iter().map(|m| m.len() as u64).sum();
+    let (events, total) = (all.events, all.total);
     EngineReport {
         engine: name.to_string(),
         strategy,
         subscriptions,
-        events: all.len(),
+        events,
         build_seconds: build,
         match_seconds: secs,
-        events_per_second: all.len() as f64 / secs.max(1e-9),
+        events_per_second: events as f64 / secs.max(1e-9),
         matches_total: total,
-        matches_per_event: total as f64 / all.len().max(1) as f64,
+        matches_per_event: total as f64 / events.max(1) as f64,
         bloom_candidates_rejected: rejected,
-        verified_per_event: verified as f64 / all.len().max(1) as f64,
+        verified_per_event: verified as f64 / events.max(1) as f64,
         index_bytes,
         index_bytes_per_subscription: index_bytes.map(|b| b as f64 / subscriptions.max(1) as f64),
         rss_growth_bytes: rss_growth,

@@ -140,6 +140,39 @@ fn arb_event() -> impl Strategy<Value = Event> {
     })
 }
 
+/// One of 300 values, `v0` the most drawn (roughly Zipf: a uniform draw's square).
+fn arb_popular_value() -> impl Strategy<Value = String> {
+    (0u32..300).prop_map(|i| format!("v{}", i * i / 300))
+}
+
+fn arb_values_pred() -> impl Strategy<Value = Predicate> {
+    (
+        0..ATTRS.len(),
+        prop::collection::vec(arb_popular_value(), 1..6),
+        prop::bool::weighted(0.15),
+    )
+        .prop_map(|(a, set, n)| Predicate::new(ATTRS[a], Test::StrIn(set), n))
+}
+
+fn arb_values_dnf() -> impl Strategy<Value = Dnf> {
+    prop::collection::vec(prop::collection::vec(arb_values_pred(), 1..4), 1..3)
+        .prop_map(|cs| Dnf(cs.into_iter().map(Conjunction::new).collect()))
+}
+
+fn arb_values_event() -> impl Strategy<Value = Event> {
+    prop::collection::vec(
+        prop::option::weighted(0.9, arb_popular_value()),
+        ATTRS.len(),
+    )
+    .prop_map(|vals| Event {
+        attrs: ATTRS
+            .iter()
+            .zip(vals)
+            .filter_map(|(a, v)| v.map(|v| (a.to_string(), Value::Str(v))))
+            .collect(),
+    })
+}
+
 fn reference(subs: &[(u64, Dnf)]) -> ReferenceMatcher {
     let mut r = ReferenceMatcher::new();
     for (id, d) in subs {
@@ -229,6 +262,18 @@ proptest! {
         check_engines(&subs, &events, BloomConfig::default())?;
         // a tiny filter saturates: verification must still make it exact
         check_engines(&subs, &events, BloomConfig { bits: 64, k: 1 })?;
+    }
+
+    /// `in {strings}` over hundreds of values per attribute, popular ones drawn most:
+    /// sets on one page of 64 value indexes compile to value-index codes, sets across pages
+    /// and negated ones to test flags, and any may be a conjunction's access predicate.
+    #[test]
+    fn many_string_values_equal_reference(
+        dnfs in prop::collection::vec(arb_values_dnf(), 1..80),
+        events in prop::collection::vec(arb_values_event(), 1..24),
+    ) {
+        let subs: Vec<(u64, Dnf)> = dnfs.into_iter().enumerate().map(|(i, d)| (i as u64 + 1, d)).collect();
+        check_engines(&subs, &events, BloomConfig::default())?;
     }
 
     #[test]

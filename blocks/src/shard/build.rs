@@ -28,6 +28,8 @@ pub(super) struct Interned {
 pub(super) struct Compiled {
     pub(super) attrs: Vec<AttrBlock>,
     pub(super) flag_pred: Vec<u32>,
+    /// Every attribute's string tests (flag per test), for [`code_strings`].
+    pub(super) str_tests: Vec<Vec<(StrTest, u32)>>,
     pub(super) n_flags: u32,
     pub(super) pred_codes: Vec<Code>,
     pub(super) pred_sel: Vec<f32>,
@@ -53,6 +55,7 @@ impl Base {
         drop(std::mem::take(&mut it.preds));
         let n_preds = c.pred_codes.len();
         let mut order = layout::order(&it, &c);
+        code_strings(&mut c, &order.flag_access);
         let k = bloom.k as usize;
         let mut recs = layout::records(
             &it,
@@ -74,6 +77,8 @@ impl Base {
         } else {
             let subs = recs.recs.iter().map(|r| r.sub).collect();
             order.num_index = Vec::new();
+            order.value_post = Vec::new();
+            order.value_recs = Vec::new();
             (Vec::new(), subs)
         };
         let (runs, flag_runs, probe_rows) = if access_ready {
@@ -112,6 +117,8 @@ impl Base {
             flag_runs,
             probe_rows,
             flag_access: order.flag_access,
+            value_post: order.value_post,
+            value_recs: order.value_recs,
             flag_post: order.flag_post,
             exists_post: order.exists_post,
             always: order.always,
@@ -299,6 +306,7 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
             *c = d.len() as u32;
         }
     }
+    value_indexes(preds, &mut attrs);
     let mut id_items: Vec<Vec<(u32, u32, u32)>> = vec![Vec::new(); n_attrs];
     for (pid, (attr, test, negated)) in preds.iter().enumerate() {
         let pid = pid as u32;
@@ -373,7 +381,11 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
                     (Code::new(a, OP_NOT_FLAG, flag, 0), 1.0 - base_sel)
                 } else {
                     flag_pred[flag as usize] = pid;
-                    (Code::new(a, OP_FLAG, flag, 0), base_sel)
+                    let code = match other {
+                        Test::StrIn(set) => values_code(a, &blk.values, set),
+                        _ => None,
+                    };
+                    (code.unwrap_or(Code::new(a, OP_FLAG, flag, 0)), base_sel)
                 }
             }
         };
@@ -388,6 +400,10 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
     for (a, blk) in attrs.iter_mut().enumerate() {
         if !str_tests[a].is_empty() {
             blk.strings = Some(StringBlock::build(&str_tests[a]));
+        }
+        if blk.values.is_empty() {
+            // a duplicate of the string tests' own table, worth it only when codes use it
+            blk.values = FastMap::default();
         }
         let mut hits = std::mem::take(&mut num_hits[a]);
         hits.sort_unstable();
@@ -405,10 +421,74 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
     Compiled {
         attrs,
         flag_pred,
+        str_tests,
         n_flags,
         pred_codes,
         pred_sel,
         not_exists_attrs,
+    }
+}
+
+/// Value indexes per attribute for the strings of positive `in {strings}` predicates, the
+/// most used first: sets of popular values (the most predicates, on skewed workloads) then
+/// fall on the first page of 64 and compile to one [`OP_VALUES`] code each.
+fn value_indexes(preds: &[(u32, Test, bool)], attrs: &mut [AttrBlock]) {
+    let mut uses: Vec<FastMap<&str, u32>> = vec![FastMap::default(); attrs.len()];
+    for (attr, test, negated) in preds {
+        if let (Test::StrIn(set), false) = (test, negated) {
+            for s in set {
+                *uses[*attr as usize].entry(s.as_str()).or_default() += 1;
+            }
+        }
+    }
+    for (blk, u) in attrs.iter_mut().zip(uses) {
+        let mut by_use: Vec<(&str, u32)> = u.into_iter().collect();
+        by_use.sort_unstable_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(y.0)));
+        let limit = (VALUE_PAGES * 64) as usize;
+        blk.values = by_use
+            .into_iter()
+            .take(limit)
+            .enumerate()
+            .map(|(i, (s, _))| (s.to_string(), i as u32))
+            .collect();
+    }
+}
+
+/// The [`OP_VALUES`] code of `attr in set`, when every member has a value index and they
+/// share one page.
+fn values_code(attr: u32, values: &FastMap<String, u32>, set: &[String]) -> Option<Code> {
+    let mut page = None;
+    let mut mask = 0u64;
+    for s in set {
+        let v = *values.get(s.as_str())?;
+        if *page.get_or_insert(v / 64) != v / 64 {
+            return None;
+        }
+        mask |= 1 << (v % 64);
+    }
+    Some(Code::values(attr, page?, mask))
+}
+
+/// Phase 4b: for matching, the string tests of each attribute without those only
+/// [`OP_VALUES`] predicates that are no access predicate had (their codes read the value
+/// index): an object on a skewed workload satisfies thousands of distinct `in` sets of a
+/// popular attribute, and setting their flags was most of its matching time.
+pub(super) fn code_strings(c: &mut Compiled, flag_access: &[u64]) {
+    let mut needed = flag_access.to_vec();
+    needed.resize((c.n_flags as usize).div_ceil(64), 0);
+    for code in &c.pred_codes {
+        if matches!(code.op(), OP_FLAG | OP_NOT_FLAG) {
+            needed[(code.a / 64) as usize] |= 1 << (code.a % 64);
+        }
+    }
+    let is_needed = |f: u32| needed[(f / 64) as usize] >> (f % 64) & 1 == 1;
+    for (blk, tests) in c.attrs.iter_mut().zip(std::mem::take(&mut c.str_tests)) {
+        if tests.iter().all(|(_, f)| is_needed(*f)) {
+            continue;
+        }
+        let kept: Vec<(StrTest, u32)> = tests.into_iter().filter(|(_, f)| is_needed(*f)).collect();
+        blk.codes_only = true;
+        blk.code_strings = (!kept.is_empty()).then(|| StringBlock::build(&kept));
     }
 }
 

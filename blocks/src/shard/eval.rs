@@ -8,6 +8,7 @@ use super::*;
 pub(super) struct Loaded {
     pub(super) rows: Vec<(u32, u32)>,
     pub(super) flags: Vec<(u32, u64)>,
+    pub(super) values: Vec<(u32, u32)>,
 }
 
 /// Per-thread scratch holding one object's test results: its row per attribute (or absent /
@@ -15,6 +16,9 @@ pub(super) struct Loaded {
 #[derive(Debug, Clone, Default)]
 pub struct EvalCtx {
     pub(super) rows: Vec<u32>,
+    /// The value index per attribute ([`AttrBlock::values`]; [`NO_VALUE`] when absent, not
+    /// a string, or named by no code).
+    pub(super) values: Vec<u32>,
     pub(super) touched: Vec<u32>,
     pub(super) flags: Vec<u64>,
     pub(super) flag_words: Vec<u32>,
@@ -28,6 +32,7 @@ impl EvalCtx {
     pub(super) fn fit(&mut self, attrs: usize, flags: usize) {
         if self.rows.len() < attrs {
             self.rows.resize(attrs, NO_ROW);
+            self.values.resize(attrs, NO_VALUE);
         }
         let words = flags.div_ceil(64);
         if self.flags.len() < words {
@@ -52,6 +57,7 @@ impl EvalCtx {
     pub(super) fn reset(&mut self) {
         for &a in &self.touched {
             self.rows[a as usize] = NO_ROW;
+            self.values[a as usize] = NO_VALUE;
         }
         self.touched.clear();
         for &w in &self.flag_words {
@@ -73,6 +79,12 @@ impl EvalCtx {
                 .iter()
                 .map(|&w| (w, self.flags[w as usize]))
                 .collect(),
+            values: self
+                .touched
+                .iter()
+                .filter(|&&a| self.values[a as usize] != NO_VALUE)
+                .map(|&a| (a, self.values[a as usize]))
+                .collect(),
         }
     }
 
@@ -86,6 +98,9 @@ impl EvalCtx {
             self.flags[w as usize] = v;
             self.flag_words.push(w);
         }
+        for &(a, v) in &l.values {
+            self.values[a as usize] = v;
+        }
     }
 
     #[inline]
@@ -98,7 +113,12 @@ impl EvalCtx {
             OP_NOT_FLAG => r != NO_ROW && !self.flag(c.a),
             OP_EXISTS => r != NO_ROW,
             OP_NOT_EXISTS => r == NO_ROW,
-            _ => true,
+            OP_TRUE => true,
+            op => {
+                let v = self.values[c.attr() as usize];
+                let mask = u64::from(c.b) << 32 | u64::from(c.a);
+                v >> 6 == op.wrapping_sub(OP_VALUES) && mask >> (v & 63) & 1 == 1
+            }
         }
     }
 

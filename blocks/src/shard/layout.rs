@@ -11,6 +11,9 @@ pub(super) enum Group {
     Num(u32),
     Flag(u32),
     Exists(u32),
+    /// An [`OP_VALUES`] access predicate on the attribute: posted under each value index
+    /// of its set ([`Order::value_post`]).
+    Values(u32),
     Always,
 }
 
@@ -27,6 +30,11 @@ pub(super) struct Order {
     pub(super) flag_post: Vec<u32>,
     pub(super) exists_post: Vec<u32>,
     pub(super) flag_access: Vec<u64>,
+    /// Per attribute, per value index `v`, its records are
+    /// `value_recs[value_post[a][v]..value_post[a][v + 1]]` (empty for attributes without
+    /// value indexes): the conjunctions whose access predicate is `in` a set holding it.
+    pub(super) value_post: Vec<Vec<u32>>,
+    pub(super) value_recs: Vec<u32>,
     pub(super) always: (u32, u32),
 }
 
@@ -81,7 +89,7 @@ pub(super) fn order(it: &Interned, c: &Compiled) -> Order {
         let mut best: Option<(f32, u32)> = None;
         for &p in ps {
             let code = pred_codes[p as usize];
-            if matches!(code.op(), OP_ROWS | OP_FLAG | OP_EXISTS)
+            if (matches!(code.op(), OP_ROWS | OP_FLAG | OP_EXISTS) || code.op() >= OP_VALUES)
                 && best.is_none_or(|b| pred_sel[p as usize] < b.0)
             {
                 best = Some((pred_sel[p as usize], p));
@@ -93,7 +101,8 @@ pub(super) fn order(it: &Interned, c: &Compiled) -> Order {
                 let g = match code.op() {
                     OP_ROWS => Group::Num(code.attr()),
                     OP_FLAG => Group::Flag(code.a),
-                    _ => Group::Exists(code.attr()),
+                    OP_EXISTS => Group::Exists(code.attr()),
+                    _ => Group::Values(code.attr()),
                 };
                 (sel as f64, g, p)
             }
@@ -176,7 +185,7 @@ pub(super) fn order(it: &Interned, c: &Compiled) -> Order {
                 flag_counts[f as usize] += 1;
                 order.push(c);
             }
-            Group::Exists(_) | Group::Always | Group::Num(_) => {}
+            Group::Exists(_) | Group::Values(_) | Group::Always | Group::Num(_) => {}
         }
     }
     let mut acc = flag_base;
@@ -202,6 +211,38 @@ pub(super) fn order(it: &Interned, c: &Compiled) -> Order {
         acc += exists_counts[a];
     }
     exists_post[n_attrs] = acc;
+    // (attribute, value index, record) for each value of each `in` access set
+    let mut by_value: Vec<(u32, u32, u32)> = Vec::new();
+    for &(g, c) in &rest {
+        if let Group::Values(a) = g {
+            let code = pred_codes[access[c as usize].1 as usize];
+            let page = code.op() - OP_VALUES;
+            let mut mask = u64::from(code.b) << 32 | u64::from(code.a);
+            while mask != 0 {
+                by_value.push((a, page * 64 + mask.trailing_zeros(), order.len() as u32));
+                mask &= mask - 1;
+            }
+            order.push(c);
+        }
+    }
+    by_value.sort_unstable();
+    let mut value_post: Vec<Vec<u32>> = vec![Vec::new(); n_attrs];
+    let mut value_recs: Vec<u32> = Vec::with_capacity(by_value.len());
+    let mut i = 0;
+    for (a, post) in value_post.iter_mut().enumerate() {
+        let a = a as u32;
+        if by_value.get(i).is_none_or(|x| x.0 != a) {
+            continue;
+        }
+        let values = attrs[a as usize].values.len() as u32;
+        for v in 0..=values {
+            post.push(value_recs.len() as u32);
+            while let Some(&(_, _, rec)) = by_value.get(i).filter(|x| x.0 == a && x.1 == v) {
+                value_recs.push(rec);
+                i += 1;
+            }
+        }
+    }
     for &(g, c) in &rest {
         if g == Group::Always {
             always_list.push(c);
@@ -244,6 +285,8 @@ pub(super) fn order(it: &Interned, c: &Compiled) -> Order {
         flag_post,
         exists_post,
         flag_access,
+        value_post,
+        value_recs,
         always,
     }
 }
@@ -484,14 +527,14 @@ fn build_runs(recs: &[Rec], start: u32, end: u32, runs: &mut Vec<Run>) {
     while i < end {
         let head = recs[i as usize].probe[0].head;
         let mut j = i;
-        let mut point = head & 15 == OP_ROWS;
+        let mut point = Code::op_of(head) == OP_ROWS;
         while j < end && recs[j as usize].probe[0].head == head {
             let p = recs[j as usize].probe[0];
             point &= p.a == p.b;
             j += 1;
         }
         runs.push(Run {
-            attr: head >> 4,
+            attr: Code::attr_of(head),
             start: i,
             end: j,
             point,

@@ -8,19 +8,22 @@ use super::*;
 const DENSE_ROWS_MAX: usize = 1 << 22;
 
 impl Base {
-    /// Runs the test blocks of every attribute of the object into the context.
-    pub(super) fn load(&self, ev: &Event, ctx: &mut EvalCtx) {
+    /// Runs the test blocks of every attribute of the object into the context: with `every`,
+    /// every test (for Bloom filters); without, those the codes and the access index read
+    /// (for matching and verification).
+    pub(super) fn load(&self, ev: &Event, ctx: &mut EvalCtx, every: bool) {
         ctx.fit(self.attr_names.len(), self.n_flags as usize);
         for (name, v) in &ev.attrs {
             let Some(&a) = self.attr_ids.get(name) else {
                 continue;
             };
-            self.load_attr(a, v, ctx);
+            self.load_attr(a, v, ctx, every);
         }
     }
 
-    /// Runs the test block of attribute `a` on `v` into a fitted context.
-    pub(super) fn load_attr(&self, a: u32, v: &Value, ctx: &mut EvalCtx) {
+    /// Runs the test block of attribute `a` on `v` into a fitted context (`every`: as in
+    /// [`Base::load`]).
+    pub(super) fn load_attr(&self, a: u32, v: &Value, ctx: &mut EvalCtx, every: bool) {
         if ctx.rows[a as usize] != NO_ROW {
             return; // duplicate attribute in the event: the first value wins
         }
@@ -40,7 +43,15 @@ impl Base {
             }
             Value::Str(s) => {
                 ctx.rows[a as usize] = STR_ROW;
-                if let Some(sb) = &blk.strings {
+                if let Some(&v) = blk.values.get(s.as_str()) {
+                    ctx.values[a as usize] = v;
+                }
+                let strings = if every || !blk.codes_only {
+                    &blk.strings
+                } else {
+                    &blk.code_strings
+                };
+                if let Some(sb) = strings {
                     let mut buf = std::mem::take(&mut ctx.scratch);
                     sb.test(s, |f| buf.push(f));
                     for &f in &buf {
@@ -86,6 +97,12 @@ impl Base {
             }
             for rec in self.exists_post[a as usize]..self.exists_post[a as usize + 1] {
                 verify_rest(rec, out);
+            }
+            let v = ctx.values[a as usize];
+            if let Some(w) = self.value_post[a as usize].get(v as usize..v as usize + 2) {
+                for &rec in &self.value_recs[w[0] as usize..w[1] as usize] {
+                    verify_rest(rec, out);
+                }
             }
         }
         for &w in &ctx.flag_words {
@@ -213,7 +230,7 @@ impl Base {
         ctx.fit(self.attr_names.len(), self.n_flags as usize);
         ctx.reset();
         if let Some(v) = value {
-            self.load_attr(a, v, ctx);
+            self.load_attr(a, v, ctx, true);
         }
         // gathered in a vector and sorted: building the bitmap from sorted ids is several
         // times cheaper than inserting them one by one in the index's order
@@ -395,7 +412,7 @@ impl Base {
         if strategy != Strategy::Bloom || !self.bloom_ready {
             let mut stats = VerifyStats::default();
             for (ev, o) in events.iter().zip(out.iter_mut()) {
-                self.load(ev, ctx);
+                self.load(ev, ctx, false);
                 stats.verified += self.match_access(ctx, o);
                 ctx.reset();
             }
@@ -404,7 +421,7 @@ impl Base {
         let w = self.words;
         let mut objs = vec![0u64; w * events.len()];
         for (i, ev) in events.iter().enumerate() {
-            self.load(ev, ctx);
+            self.load(ev, ctx, true);
             self.object_filter(ctx, &mut objs[i * w..i * w + w]);
             ctx.reset();
         }
@@ -441,7 +458,7 @@ impl Base {
         let mut per_event: Vec<Vec<u16>> = Vec::with_capacity(events.len());
         let mut loaded: Vec<Loaded> = Vec::with_capacity(events.len());
         for (i, ev) in events.iter().enumerate() {
-            self.load(ev, ctx);
+            self.load(ev, ctx, false);
             let mut c = Vec::with_capacity(cells.attributes());
             cells.cells_of(|a| ctx.rows[a as usize], &mut c);
             per_event.push(c);
@@ -510,7 +527,7 @@ impl Base {
                 continue;
             }
             stats.verified += cs.len() as u64;
-            self.load(ev, ctx);
+            self.load(ev, ctx, false);
             ctx.verify_scattered(self, cs, |rec, ok| {
                 if ok {
                     o.push(rec);
@@ -527,7 +544,7 @@ impl Base {
     pub fn event_filter(&self, ev: &Event, ctx: &mut EvalCtx) -> Vec<u64> {
         let mut out = vec![0u64; self.words];
         if self.bloom_ready {
-            self.load(ev, ctx);
+            self.load(ev, ctx, true);
             self.object_filter(ctx, &mut out);
             ctx.reset();
         }

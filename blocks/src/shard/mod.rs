@@ -136,7 +136,19 @@ const OP_NOT_EXISTS: u32 = 5;
 
 const OP_TRUE: u32 = 6;
 
-const MAX_ATTRS: u32 = 1 << 28;
+/// `in {strings}` by the object's value index on its attribute: ops `OP_VALUES + page` test
+/// whether the index is on that page of 64 and its bit is set in the 64-bit mask `b:a`
+/// ([`AttrBlock::values`]). No test flag is set for such a predicate unless it is a
+/// conjunction's access predicate.
+const OP_VALUES: u32 = 16;
+
+/// Pages of value indexes a code can name (the op is 8 bits).
+const VALUE_PAGES: u32 = 256 - OP_VALUES;
+
+/// An object's value index on an attribute whose value no `in {strings}` code names.
+const NO_VALUE: u32 = u32::MAX;
+
+const MAX_ATTRS: u32 = 1 << 24;
 
 /// A compiled predicate: attribute, operation and two operands, checked against an
 /// [`EvalCtx`] in a few instructions. Rows refer to the attribute's numeric table; flags to
@@ -151,19 +163,32 @@ pub struct Code {
 impl Code {
     fn new(attr: u32, op: u32, a: u32, b: u32) -> Code {
         Code {
-            head: attr << 4 | op,
+            head: attr << 8 | op,
             a,
             b,
         }
     }
 
+    /// `value index in mask` on `page` (see [`OP_VALUES`]).
+    fn values(attr: u32, page: u32, mask: u64) -> Code {
+        Code::new(attr, OP_VALUES + page, mask as u32, (mask >> 32) as u32)
+    }
+
     /// The attribute id.
     pub fn attr(self) -> u32 {
-        self.head >> 4
+        Code::attr_of(self.head)
     }
 
     fn op(self) -> u32 {
-        self.head & 15
+        Code::op_of(self.head)
+    }
+
+    fn attr_of(head: u32) -> u32 {
+        head >> 8
+    }
+
+    fn op_of(head: u32) -> u32 {
+        head & 255
     }
 }
 
@@ -175,6 +200,14 @@ struct AttrBlock {
     hit_rows: Vec<u32>,
     hit_flags: Vec<u32>,
     strings: Option<StringBlock>,
+    /// The value index of each string named by a positive `in {strings}` predicate, the most
+    /// used first (so most sets fall on one page of 64 and compile to [`OP_VALUES`] codes).
+    values: FastMap<String, u32>,
+    /// With `codes_only`, the string tests the codes and the access index need (those of
+    /// [`OP_VALUES`] predicates that are no access predicate left out): what matching runs,
+    /// while Bloom filters and test ids run `strings`, every test.
+    codes_only: bool,
+    code_strings: Option<StringBlock>,
     /// Positive numeric predicates by row interval (payload: predicate id), for exact ids.
     id_index: IntervalIndex,
     /// Negated numeric predicates: (a, b, predicate id).
@@ -280,6 +313,9 @@ pub struct Base {
     probe_rows: Vec<u32>,
     /// Flags that are some conjunction's access predicate (one bit each).
     flag_access: Vec<u64>,
+    /// Records by value index of `in {strings}` access predicates (see `layout::Order`).
+    value_post: Vec<Vec<u32>>,
+    value_recs: Vec<u32>,
     flag_post: Vec<u32>,
     exists_post: Vec<u32>,
     always: (u32, u32),
@@ -379,6 +415,8 @@ impl Base {
                 b.consts.as_ref().map_or(0, |t| t.heap_bytes())
                     + 8 * b.hit_rows.len()
                     + b.strings.as_ref().map_or(0, |s| s.heap_bytes())
+                    + b.code_strings.as_ref().map_or(0, |s| s.heap_bytes())
+                    + b.values.keys().map(|k| k.len() + 32).sum::<usize>()
                     + b.id_index.heap_bytes()
                     + 12 * b.neg_rows.len()
                     + 8 * b.neg_flags.len()
@@ -408,6 +446,12 @@ impl Base {
                 })
                 .sum::<usize>()
             + 8 * self.flag_access.len()
+            + 4 * self.value_recs.len()
+            + self
+                .value_post
+                .iter()
+                .map(|p| 4 * p.len() + 24)
+                .sum::<usize>()
             + std::mem::size_of::<Run>() * self.runs.len()
             + 4 * (self.flag_runs.len() + self.probe_rows.len())
             + 4 * (self.flag_post.len() + self.exists_post.len())
