@@ -28,6 +28,8 @@ pub(super) struct Interned {
 pub(super) struct Compiled {
     pub(super) attrs: Vec<AttrBlock>,
     pub(super) flag_pred: Vec<u32>,
+    /// The sorted value indexes of the [`OP_VALUE_LIST`] codes.
+    pub(super) value_lists: Vec<u32>,
     /// Every attribute's string tests (flag per test), for [`code_strings`].
     pub(super) str_tests: Vec<Vec<(StrTest, u32)>>,
     pub(super) n_flags: u32,
@@ -117,6 +119,7 @@ impl Base {
             flag_runs,
             probe_rows,
             flag_access: order.flag_access,
+            value_lists: std::mem::take(&mut c.value_lists),
             value_post: order.value_post,
             value_recs: order.value_recs,
             flag_post: order.flag_post,
@@ -307,6 +310,7 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
         }
     }
     value_indexes(preds, &mut attrs);
+    let mut value_lists: Vec<u32> = Vec::new();
     let mut id_items: Vec<Vec<(u32, u32, u32)>> = vec![Vec::new(); n_attrs];
     for (pid, (attr, test, negated)) in preds.iter().enumerate() {
         let pid = pid as u32;
@@ -382,7 +386,7 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
                 } else {
                     flag_pred[flag as usize] = pid;
                     let code = match other {
-                        Test::StrIn(set) => values_code(a, &blk.values, set),
+                        Test::StrIn(set) => values_code(a, &blk.values, set, &mut value_lists),
                         _ => None,
                     };
                     (code.unwrap_or(Code::new(a, OP_FLAG, flag, 0)), base_sel)
@@ -421,6 +425,7 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
     Compiled {
         attrs,
         flag_pred,
+        value_lists,
         str_tests,
         n_flags,
         pred_codes,
@@ -454,19 +459,30 @@ fn value_indexes(preds: &[(u32, Test, bool)], attrs: &mut [AttrBlock]) {
     }
 }
 
-/// The [`OP_VALUES`] code of `attr in set`, when every member has a value index and they
-/// share one page.
-fn values_code(attr: u32, values: &FastMap<String, u32>, set: &[String]) -> Option<Code> {
-    let mut page = None;
-    let mut mask = 0u64;
-    for s in set {
-        let v = *values.get(s.as_str())?;
-        if *page.get_or_insert(v / 64) != v / 64 {
-            return None;
-        }
-        mask |= 1 << (v % 64);
+/// The code of `attr in set` by value index, when every member has one: [`OP_VALUES`] when
+/// they share a page, else [`OP_VALUE_LIST`] over their sorted indexes (appended to
+/// `lists`).
+fn values_code(
+    attr: u32,
+    values: &FastMap<String, u32>,
+    set: &[String],
+    lists: &mut Vec<u32>,
+) -> Option<Code> {
+    let mut idx: Vec<u32> = set
+        .iter()
+        .map(|s| values.get(s.as_str()).copied())
+        .collect::<Option<_>>()?;
+    idx.sort_unstable();
+    idx.dedup();
+    let page = idx.first()? / 64;
+    if idx.iter().all(|v| v / 64 == page) {
+        let mask = idx.iter().fold(0u64, |m, v| m | 1 << (v % 64));
+        return Some(Code::values(attr, page, mask));
     }
-    Some(Code::values(attr, page?, mask))
+    let start = u32::try_from(lists.len()).ok()?;
+    let len = idx.len() as u32;
+    lists.extend(idx);
+    Some(Code::new(attr, OP_VALUE_LIST, start, len))
 }
 
 /// Phase 4b: for matching, the string tests of each attribute without those only

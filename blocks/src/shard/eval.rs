@@ -103,8 +103,9 @@ impl EvalCtx {
         }
     }
 
+    /// Whether the object satisfies `c` (`lists`: the shard's value lists).
     #[inline]
-    pub(super) fn check(&self, c: Code) -> bool {
+    pub(super) fn check(&self, c: Code, lists: &[u32]) -> bool {
         let r = self.rows[c.attr() as usize];
         match c.op() {
             OP_ROWS => r >= c.a && r <= c.b,
@@ -114,6 +115,17 @@ impl EvalCtx {
             OP_EXISTS => r != NO_ROW,
             OP_NOT_EXISTS => r == NO_ROW,
             OP_TRUE => true,
+            OP_VALUE_LIST => {
+                let v = self.values[c.attr() as usize];
+                let set = lists
+                    .get(c.a as usize..(c.a as usize).saturating_add(c.b as usize))
+                    .unwrap_or_default();
+                if set.len() <= 8 {
+                    set.contains(&v)
+                } else {
+                    set.binary_search(&v).is_ok()
+                }
+            }
             op => {
                 let v = self.values[c.attr() as usize];
                 let mask = u64::from(c.b) << 32 | u64::from(c.a);
@@ -123,8 +135,8 @@ impl EvalCtx {
     }
 
     #[inline]
-    pub(super) fn check_all(&self, codes: &[Code]) -> bool {
-        codes.iter().all(|&c| self.check(c))
+    pub(super) fn check_all(&self, codes: &[Code], lists: &[u32]) -> bool {
+        codes.iter().all(|&c| self.check(c, lists))
     }
 
     /// Checks many scattered conjunctions: all their code ranges are fetched first and every
@@ -155,7 +167,7 @@ impl EvalCtx {
             for (o, &(s, e)) in ok.iter_mut().zip(&span[..chunk.len()]) {
                 *o = base.codes[s as usize..e as usize]
                     .iter()
-                    .fold(true, |acc, &c| acc & self.check(c));
+                    .fold(true, |acc, &c| acc & self.check(c, &base.value_lists));
             }
             for (&r, &o) in chunk.iter().zip(&ok) {
                 pass(r, o);

@@ -80,6 +80,7 @@ fn sort_codes(
 pub(super) fn order(it: &Interned, c: &Compiled) -> Order {
     let (conj_start, conj_preds) = (&it.conj_start, &it.conj_preds);
     let (pred_codes, pred_sel, attrs, n_flags) = (&c.pred_codes, &c.pred_sel, &c.attrs, c.n_flags);
+    let c_lists = &c.value_lists;
     let n_attrs = it.attr_names.len();
     let n_conj = it.conj_sub.len();
     let mut access: Vec<(Group, u32)> = Vec::with_capacity(n_conj); // (group, access pred)
@@ -89,7 +90,8 @@ pub(super) fn order(it: &Interned, c: &Compiled) -> Order {
         let mut best: Option<(f32, u32)> = None;
         for &p in ps {
             let code = pred_codes[p as usize];
-            if (matches!(code.op(), OP_ROWS | OP_FLAG | OP_EXISTS) || code.op() >= OP_VALUES)
+            if (matches!(code.op(), OP_ROWS | OP_FLAG | OP_EXISTS | OP_VALUE_LIST)
+                || code.op() >= OP_VALUES)
                 && best.is_none_or(|b| pred_sel[p as usize] < b.0)
             {
                 best = Some((pred_sel[p as usize], p));
@@ -216,11 +218,17 @@ pub(super) fn order(it: &Interned, c: &Compiled) -> Order {
     for &(g, c) in &rest {
         if let Group::Values(a) = g {
             let code = pred_codes[access[c as usize].1 as usize];
-            let page = code.op() - OP_VALUES;
-            let mut mask = u64::from(code.b) << 32 | u64::from(code.a);
-            while mask != 0 {
-                by_value.push((a, page * 64 + mask.trailing_zeros(), order.len() as u32));
-                mask &= mask - 1;
+            let rec = order.len() as u32;
+            if code.op() == OP_VALUE_LIST {
+                let set = &c_lists[code.a as usize..(code.a + code.b) as usize];
+                by_value.extend(set.iter().map(|&v| (a, v, rec)));
+            } else {
+                let page = code.op() - OP_VALUES;
+                let mut mask = u64::from(code.b) << 32 | u64::from(code.a);
+                while mask != 0 {
+                    by_value.push((a, page * 64 + mask.trailing_zeros(), rec));
+                    mask &= mask - 1;
+                }
             }
             order.push(c);
         }

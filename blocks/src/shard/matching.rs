@@ -76,11 +76,12 @@ impl Base {
         let mut verify_rest = |rec: u32, out: &mut Vec<u32>| {
             visited += 1;
             let slot = &self.recs[rec as usize];
-            if !ctx.check(slot.probe[0]) || !ctx.check(slot.probe[1]) {
+            let lists = &self.value_lists;
+            if !ctx.check(slot.probe[0], lists) || !ctx.check(slot.probe[1], lists) {
                 return;
             }
             let codes = self.rec_codes(rec);
-            if codes.len() <= 3 || ctx.check_all(&codes[3..]) {
+            if codes.len() <= 3 || ctx.check_all(&codes[3..], lists) {
                 out.push(rec);
             }
         };
@@ -117,7 +118,7 @@ impl Base {
             }
         }
         for rec in self.always.0..self.always.1 {
-            if ctx.check_all(self.rec_codes(rec)) {
+            if ctx.check_all(self.rec_codes(rec), &self.value_lists) {
                 out.push(rec);
             }
         }

@@ -136,6 +136,10 @@ const OP_NOT_EXISTS: u32 = 5;
 
 const OP_TRUE: u32 = 6;
 
+/// `in {strings}` whose value indexes span pages: the object's value index is one of
+/// `value_lists[a..a + b]` (sorted).
+const OP_VALUE_LIST: u32 = 7;
+
 /// `in {strings}` by the object's value index on its attribute: ops `OP_VALUES + page` test
 /// whether the index is on that page of 64 and its bit is set in the 64-bit mask `b:a`
 /// ([`AttrBlock::values`]). No test flag is set for such a predicate unless it is a
@@ -313,6 +317,8 @@ pub struct Base {
     probe_rows: Vec<u32>,
     /// Flags that are some conjunction's access predicate (one bit each).
     flag_access: Vec<u64>,
+    /// The sorted value indexes of [`OP_VALUE_LIST`] codes.
+    value_lists: Vec<u32>,
     /// Records by value index of `in {strings}` access predicates (see `layout::Order`).
     value_post: Vec<Vec<u32>>,
     value_recs: Vec<u32>,
@@ -446,7 +452,7 @@ impl Base {
                 })
                 .sum::<usize>()
             + 8 * self.flag_access.len()
-            + 4 * self.value_recs.len()
+            + 4 * (self.value_recs.len() + self.value_lists.len())
             + self
                 .value_post
                 .iter()
