@@ -173,6 +173,52 @@ fn arb_values_event() -> impl Strategy<Value = Event> {
     })
 }
 
+fn arb_small_int() -> impl Strategy<Value = Num> {
+    prop_oneof![
+        (-20i64..20).prop_map(Num::from),
+        Just(Num::from(i64::from(i32::MIN))),
+        Just(Num::from(i64::from(i32::MAX))),
+    ]
+}
+
+fn arb_int_bound() -> impl Strategy<Value = Bound> {
+    prop_oneof![
+        Just(Bound::Unbounded),
+        arb_small_int().prop_map(Bound::Incl),
+        arb_small_int().prop_map(Bound::Excl),
+    ]
+}
+
+fn arb_int_pred() -> impl Strategy<Value = Predicate> {
+    (
+        0..ATTRS.len(),
+        arb_int_bound(),
+        arb_int_bound(),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(a, lo, hi, n)| Predicate::new(ATTRS[a], Test::Interval { lo, hi }, n))
+}
+
+fn arb_int_dnf() -> impl Strategy<Value = Dnf> {
+    prop::collection::vec(prop::collection::vec(arb_int_pred(), 1..4), 1..3)
+        .prop_map(|cs| Dnf(cs.into_iter().map(Conjunction::new).collect()))
+}
+
+fn arb_int_event() -> impl Strategy<Value = Event> {
+    let value = prop_oneof![
+        8 => arb_small_int().prop_map(Value::Num),
+        1 => (-40i64..40).prop_map(|v| Value::Num(Num::from(v))),
+        1 => Just(Value::Str("x".to_string())),
+    ];
+    prop::collection::vec(prop::option::weighted(0.85, value), ATTRS.len()).prop_map(|vals| Event {
+        attrs: ATTRS
+            .iter()
+            .zip(vals)
+            .filter_map(|(a, v)| v.map(|v| (a.to_string(), v)))
+            .collect(),
+    })
+}
+
 fn reference(subs: &[(u64, Dnf)]) -> ReferenceMatcher {
     let mut r = ReferenceMatcher::new();
     for (id, d) in subs {
@@ -271,6 +317,17 @@ proptest! {
     fn many_string_values_equal_reference(
         dnfs in prop::collection::vec(arb_values_dnf(), 1..80),
         events in prop::collection::vec(arb_values_event(), 1..24),
+    ) {
+        let subs: Vec<(u64, Dnf)> = dnfs.into_iter().enumerate().map(|(i, d)| (i as u64 + 1, d)).collect();
+        check_engines(&subs, &events, BloomConfig::default())?;
+    }
+
+    /// Ranges over integers that fit in 32 bits only (bounds ranked by sorting at build):
+    /// every bound kind, equal and inverted bounds, the extremes, values between and on them.
+    #[test]
+    fn small_integer_ranges_equal_reference(
+        dnfs in prop::collection::vec(arb_int_dnf(), 1..60),
+        events in prop::collection::vec(arb_int_event(), 1..24),
     ) {
         let subs: Vec<(u64, Dnf)> = dnfs.into_iter().enumerate().map(|(i, d)| (i as u64 + 1, d)).collect();
         check_engines(&subs, &events, BloomConfig::default())?;
