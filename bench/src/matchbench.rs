@@ -42,7 +42,7 @@ pub struct MatchBenchOptions {
     pub strategy: StrategyChoice,
     /// Cells per numeric attribute for the cell strategy.
     pub cells: usize,
-    /// Threads the CPU engines match on (batches dealt out in turn; the GPU engine and the
+    /// Threads the CPU engines match on (each batch split between them; the GPU engine and the
     /// naive reference use one).
     pub threads: usize,
 }
@@ -173,18 +173,11 @@ impl Matched {
             }
         }
     }
-
-    /// Appends a later batch's counts and kept matches.
-    fn absorb(&mut self, later: Matched) {
-        self.events += later.events;
-        self.total += later.total;
-        let room = self.keep.saturating_sub(self.kept.len());
-        self.kept.extend(later.kept.into_iter().take(room));
-    }
 }
 
-/// The CPU engine over `threads` threads: batch `i` goes to thread `i % threads`; the
-/// matches come back in event order. The answer is (Bloom-rejected, verified) candidates.
+/// The CPU engine over `threads` threads: each batch is split between them (a cell shard
+/// by conjunction blocks, the others by events). The answer is (Bloom-rejected, verified)
+/// candidates.
 fn match_on_threads(
     index: &MatchIndex,
     events: &[blocks::Event],
@@ -192,43 +185,14 @@ fn match_on_threads(
     bar: &indicatif::ProgressBar,
     all: &mut Matched,
 ) -> (u64, u64) {
-    let chunks: Vec<&[blocks::Event]> = events.chunks(opts.batch).collect();
-    let threads = opts.threads.min(chunks.len()).max(1);
-    type Done = Vec<(usize, Matched, u64, u64)>;
-    let keep_all = all.keep;
-    let parts: Vec<Done> = std::thread::scope(|sc| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let chunks = &chunks;
-                sc.spawn(move || {
-                    let mut ctx = index.base().new_ctx();
-                    let mut done = Vec::new();
-                    let mut out = Vec::new();
-                    for (i, chunk) in chunks.iter().enumerate().skip(t).step_by(threads) {
-                        let c = index.match_batch(chunk, &mut ctx, &mut out);
-                        bar.inc(chunk.len() as u64);
-                        // this chunk's share of the events kept for the comparison
-                        let keep = keep_all.saturating_sub(i * opts.batch);
-                        let mut m = Matched::new(keep);
-                        m.take(&mut out);
-                        done.push((i, m, c.bloom_rejected, c.verified));
-                    }
-                    done
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_default())
-            .collect()
-    });
-    let mut done: Vec<_> = parts.into_iter().flatten().collect();
-    done.sort_unstable_by_key(|d| d.0);
     let (mut rejected, mut verified) = (0, 0);
-    for (_, m, r, v) in done {
-        all.absorb(m);
-        rejected += r;
-        verified += v;
+    let mut out = Vec::new();
+    for chunk in events.chunks(opts.batch) {
+        let c = index.match_batch_split(chunk, opts.threads, &mut out);
+        all.take(&mut out);
+        bar.inc(chunk.len() as u64);
+        rejected += c.bloom_rejected;
+        verified += c.verified;
     }
     (rejected, verified)
 }

@@ -161,7 +161,23 @@ impl CellIndex {
     /// rules out. All objects pass over one block before the next, so `f` finds the block's
     /// conjunctions warm in cache, and gets all of the block's survivors together so it can
     /// fetch their data in parallel rather than one cache miss after another.
-    pub fn scan(&self, cells: &[Vec<u16>], mut f: impl FnMut(&[Survivor])) {
+    pub fn scan(&self, cells: &[Vec<u16>], f: impl FnMut(&[Survivor])) {
+        self.scan_blocks(cells, 0..self.blocks(), f);
+    }
+
+    /// Blocks of conjunctions (of [`BLOCK`] each; the last may be shorter).
+    pub fn blocks(&self) -> usize {
+        self.n.div_ceil(BLOCK)
+    }
+
+    /// [`CellIndex::scan`] over the blocks `range` only: threads that split one batch by
+    /// blocks each read their share of the bitsets once.
+    pub fn scan_blocks(
+        &self,
+        cells: &[Vec<u16>],
+        range: std::ops::Range<usize>,
+        mut f: impl FnMut(&[Survivor]),
+    ) {
         let per_attr = self.cells + 1;
         let impure_off = self.attrs.len() * per_attr * WORDS;
         // each object's slice offsets within a block
@@ -177,7 +193,10 @@ impl CellIndex {
         let or = pick_or();
         let mut fail = [0u64; WORDS];
         let mut found: Vec<Survivor> = Vec::new();
-        for (bi, block) in self.data.chunks(self.block_words).enumerate() {
+        let (start, end) = (range.start.min(self.blocks()), range.end.min(self.blocks()));
+        let data = &self.data[start * self.block_words..end * self.block_words];
+        for (bi, block) in data.chunks(self.block_words).enumerate() {
+            let bi = start + bi;
             let impure = &block[impure_off..impure_off + WORDS];
             let first = bi * BLOCK;
             let len = (self.n - first).min(BLOCK);

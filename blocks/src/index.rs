@@ -222,6 +222,20 @@ impl MatchIndex {
         self.match_batch_with(self.base.strategy(), events, ctx, out)
     }
 
+    /// As [`MatchIndex::match_batch`] on up to `threads` threads
+    /// ([`crate::shard::Base::match_records_split`]).
+    pub fn match_batch_split(
+        &self,
+        events: &[Event],
+        threads: usize,
+        out: &mut Vec<Vec<u64>>,
+    ) -> VerifyStats {
+        let mut recs: Vec<Vec<u32>> = vec![Vec::new(); events.len()];
+        let stats = self.base.match_records_split(events, threads, &mut recs);
+        self.finish(events, &recs, out);
+        stats
+    }
+
     /// As [`MatchIndex::match_batch`] with an explicit strategy.
     pub fn match_batch_with(
         &self,

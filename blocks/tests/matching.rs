@@ -246,6 +246,10 @@ fn check_engines(
         index.match_batch_with(strategy, events, &mut ctx, &mut got);
         prop_assert_eq!(&got, &want, "strategy {:?}", strategy);
     }
+    // split between threads, as the shard's strategy does it
+    let mut got = Vec::new();
+    index.match_batch_split(events, 2, &mut got);
+    prop_assert_eq!(&got, &want, "on 2 threads");
     // one event at a time gives the same
     for (e, w) in events.iter().zip(&want) {
         prop_assert_eq!(&index.match_event(e, &mut ctx), w);
@@ -506,6 +510,11 @@ fn long_posting_lists_equal_reference() {
         for asked in [MatchStrategy::Access, MatchStrategy::Bloom] {
             index.match_batch_with(asked, &events, &mut ctx, &mut got);
             assert_eq!(got, want, "{strategy:?} asked for {asked:?}");
+        }
+        // one batch split between threads (3,000 conjunctions: two cell blocks)
+        for threads in [2, 3] {
+            index.match_batch_split(&events, threads, &mut got);
+            assert_eq!(got, want, "{strategy:?} on {threads} threads");
         }
     }
 }

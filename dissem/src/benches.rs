@@ -652,7 +652,8 @@ pub(super) struct MatchArgs {
     /// Events per match batch.
     #[arg(long, default_value_t = 256)]
     pub(super) batch: usize,
-    /// Threads the cpu and bloom engines match on (batches dealt out in turn).
+    /// Threads the cpu and bloom engines match on (each batch split between them: a cell
+    /// shard's conjunction blocks, or the events).
     #[arg(long, default_value_t = 1)]
     pub(super) threads: usize,
     /// Bloom filter bits (m): a multiple of 64, 64..=1024.

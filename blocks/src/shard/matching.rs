@@ -7,6 +7,14 @@ use super::*;
 /// Largest objects x attributes the cell path keeps rows for densely (16 MiB).
 const DENSE_ROWS_MAX: usize = 1 << 22;
 
+/// One batch loaded for the cell scan ([`Base::load_for_cells`]).
+pub(super) struct CellBatch {
+    per_event: Vec<Vec<u16>>,
+    rows: Vec<u32>,
+    dense: bool,
+    loaded: Vec<Loaded>,
+}
+
 impl Base {
     /// Runs the test blocks of every attribute of the object into the context: with `every`,
     /// every test (for Bloom filters); without, those the codes and the access index read
@@ -447,6 +455,18 @@ impl Base {
         ctx: &mut EvalCtx,
         out: &mut [Vec<u32>],
     ) -> VerifyStats {
+        let loaded = self.load_for_cells(cells, events, ctx);
+        self.scan_cells(cells, &loaded, 0..cells.blocks(), ctx, out)
+    }
+
+    /// The batch's test results for the cell scan: each object's cells, its rows (dense,
+    /// object x attribute, when not too many) and its snapshot for the general verifier.
+    pub(super) fn load_for_cells(
+        &self,
+        cells: &CellIndex,
+        events: &[Event],
+        ctx: &mut EvalCtx,
+    ) -> CellBatch {
         let n_attrs = self.attr_names.len();
         // each object's row per attribute, dense, so survivors made only of row intervals are
         // verified inside the scan while their block's codes are in cache
@@ -471,9 +491,28 @@ impl Base {
             loaded.push(ctx.snapshot());
             ctx.reset();
         }
-        let mut undecided: Vec<Vec<u32>> = vec![Vec::new(); events.len()];
+        CellBatch {
+            per_event,
+            rows,
+            dense,
+            loaded,
+        }
+    }
+
+    /// Scans the cell blocks `blocks` for a loaded batch and verifies their survivors:
+    /// `out[i]` gets event `i`'s matching records among those blocks.
+    pub(super) fn scan_cells(
+        &self,
+        cells: &CellIndex,
+        b: &CellBatch,
+        blocks: std::ops::Range<usize>,
+        ctx: &mut EvalCtx,
+        out: &mut [Vec<u32>],
+    ) -> VerifyStats {
+        let n_attrs = self.attr_names.len();
+        let mut undecided: Vec<Vec<u32>> = vec![Vec::new(); b.loaded.len()];
         let mut stats = VerifyStats::default();
-        cells.scan(&per_event, |found| {
+        cells.scan_blocks(&b.per_event, blocks, |found| {
             // ask for every survivor's codes first, so their cache misses overlap
             for s in found.iter().filter(|s| !s.impure) {
                 let (a, e) = self.code_range(s.conj);
@@ -481,12 +520,12 @@ impl Base {
             }
             for s in found {
                 let o = s.object as usize;
-                if s.impure || !dense {
+                if s.impure || !b.dense {
                     undecided[o].push(s.conj);
                     continue;
                 }
                 stats.verified += 1;
-                let r = &rows[o * n_attrs..(o + 1) * n_attrs];
+                let r = &b.rows[o * n_attrs..(o + 1) * n_attrs];
                 let (a, e) = self.code_range(s.conj);
                 let holds = self.codes[a..e].iter().fold(true, |acc, c| {
                     let v = r.get(c.attr() as usize).copied().unwrap_or(NO_ROW);
@@ -497,7 +536,7 @@ impl Base {
                 }
             }
         });
-        for ((l, cs), o) in loaded.iter().zip(&undecided).zip(out.iter_mut()) {
+        for ((l, cs), o) in b.loaded.iter().zip(&undecided).zip(out.iter_mut()) {
             if cs.is_empty() {
                 continue;
             }

@@ -23,6 +23,7 @@ mod build;
 mod eval;
 mod layout;
 mod matching;
+mod split;
 
 use roaring::RoaringBitmap;
 
