@@ -7,6 +7,8 @@ use std::hash::{BuildHasher, BuildHasherDefault};
 use hashbrown::HashTable;
 
 use super::layout;
+use super::ranks::{RankedBounds, ranked_rows};
+use super::values::{code_strings, value_indexes, values_code};
 use super::*;
 use crate::hash::XxHasher;
 
@@ -454,80 +456,6 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
     }
 }
 
-/// Value indexes per attribute for the strings of positive `in {strings}` predicates, the
-/// most used first: sets of popular values (the most predicates, on skewed workloads) then
-/// fall on the first page of 64 and compile to one [`OP_VALUES`] code each.
-fn value_indexes(preds: &[(u32, Test, bool)], attrs: &mut [AttrBlock]) {
-    let mut uses: Vec<FastMap<&str, u32>> = vec![FastMap::default(); attrs.len()];
-    for (attr, test, negated) in preds {
-        if let (Test::StrIn(set), false) = (test, negated) {
-            for s in set {
-                *uses[*attr as usize].entry(s.as_str()).or_default() += 1;
-            }
-        }
-    }
-    for (blk, u) in attrs.iter_mut().zip(uses) {
-        let mut by_use: Vec<(&str, u32)> = u.into_iter().collect();
-        by_use.sort_unstable_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(y.0)));
-        let limit = (VALUE_PAGES * 64) as usize;
-        blk.values = by_use
-            .into_iter()
-            .take(limit)
-            .enumerate()
-            .map(|(i, (s, _))| (s.to_string(), i as u32))
-            .collect();
-    }
-}
-
-/// The code of `attr in set` by value index, when every member has one: [`OP_VALUES`] when
-/// they share a page, else [`OP_VALUE_LIST`] over their sorted indexes (appended to
-/// `lists`).
-fn values_code(
-    attr: u32,
-    values: &FastMap<String, u32>,
-    set: &[String],
-    lists: &mut Vec<u32>,
-) -> Option<Code> {
-    let mut idx: Vec<u32> = set
-        .iter()
-        .map(|s| values.get(s.as_str()).copied())
-        .collect::<Option<_>>()?;
-    idx.sort_unstable();
-    idx.dedup();
-    let page = idx.first()? / 64;
-    if idx.iter().all(|v| v / 64 == page) {
-        let mask = idx.iter().fold(0u64, |m, v| m | 1 << (v % 64));
-        return Some(Code::values(attr, page, mask));
-    }
-    let start = u32::try_from(lists.len()).ok()?;
-    let len = idx.len() as u32;
-    lists.extend(idx);
-    Some(Code::new(attr, OP_VALUE_LIST, start, len))
-}
-
-/// Phase 4b: for matching, the string tests of each attribute without those only
-/// [`OP_VALUES`] predicates that are no access predicate had (their codes read the value
-/// index): an object on a skewed workload satisfies thousands of distinct `in` sets of a
-/// popular attribute, and setting their flags was most of its matching time.
-pub(super) fn code_strings(c: &mut Compiled, flag_access: &[u64]) {
-    let mut needed = flag_access.to_vec();
-    needed.resize((c.n_flags as usize).div_ceil(64), 0);
-    for code in &c.pred_codes {
-        if matches!(code.op(), OP_FLAG | OP_NOT_FLAG) {
-            needed[(code.a / 64) as usize] |= 1 << (code.a % 64);
-        }
-    }
-    let is_needed = |f: u32| needed[(f / 64) as usize] >> (f % 64) & 1 == 1;
-    for (blk, tests) in c.attrs.iter_mut().zip(std::mem::take(&mut c.str_tests)) {
-        if tests.iter().all(|(_, f)| is_needed(*f)) {
-            continue;
-        }
-        let kept: Vec<(StrTest, u32)> = tests.into_iter().filter(|(_, f)| is_needed(*f)).collect();
-        blk.codes_only = true;
-        blk.code_strings = (!kept.is_empty()).then(|| StringBlock::build(&kept));
-    }
-}
-
 /// Phase 3: Bloom positions per predicate (none for likely-satisfied ones) and the row
 /// filters of the numeric test blocks, when the shard keeps Bloom tables and they fit.
 fn bloom_positions(
@@ -574,120 +502,6 @@ fn bloom_positions(
         }
     }
     (bloom_ready, pred_pos)
-}
-
-/// The bounds of the interval predicates of attributes whose constants are all integers
-/// that fit in 32 bits (and have no `in {numbers}` test), ranked by sorting rather than one
-/// hash lookup each: a million predicates' bounds on an attribute are two radix passes over
-/// 8-byte keys, where the lookups were a cache miss apiece (12% of the 1M-subscription W1
-/// build).
-struct RankedBounds {
-    /// Per attribute, its sorted distinct constants (`None`: not ranked here).
-    table: Vec<Option<Vec<i32>>>,
-    /// Per predicate, the ranks of its lower and upper bound in its attribute's table
-    /// ([`NONE`]: unbounded, or not ranked here); empty when nothing was ranked.
-    index: Vec<u32>,
-}
-
-impl RankedBounds {
-    fn new(preds: &[(u32, Test, bool)], n_attrs: usize) -> RankedBounds {
-        let small = |b: &Bound| match b {
-            Bound::Incl(c) | Bound::Excl(c) => c.as_i64().and_then(|v| i32::try_from(v).ok()),
-            Bound::Unbounded => Some(0),
-        };
-        let mut ok = vec![true; n_attrs];
-        let mut used = vec![0usize; n_attrs];
-        for (a, t, _) in preds {
-            let a = *a as usize;
-            match t {
-                Test::Interval { lo, hi } if small(lo).is_some() && small(hi).is_some() => {
-                    used[a] += 2;
-                }
-                Test::Interval { .. } | Test::NumIn(_) => ok[a] = false,
-                _ => {}
-            }
-        }
-        let mut table: Vec<Option<Vec<i32>>> = vec![None; n_attrs];
-        if preds.len() >= (u32::MAX / 2) as usize || !(0..n_attrs).any(|a| ok[a] && used[a] > 0) {
-            return RankedBounds {
-                table,
-                index: Vec::new(),
-            };
-        }
-        // per attribute: (value biased to unsigned) << 32 | slot, slot = 2 * pred + bound
-        let mut keys: Vec<Vec<u64>> = (0..n_attrs)
-            .map(|a| Vec::with_capacity(if ok[a] { used[a] } else { 0 }))
-            .collect();
-        for (pid, (a, t, _)) in preds.iter().enumerate() {
-            let a = *a as usize;
-            if let (true, Test::Interval { lo, hi }) = (ok[a], t) {
-                for (slot, b) in [(2 * pid, lo), (2 * pid + 1, hi)] {
-                    if let (Some(v), false) = (small(b), matches!(b, Bound::Unbounded)) {
-                        let biased = (i64::from(v) - i64::from(i32::MIN)) as u64;
-                        keys[a].push(biased << 32 | slot as u64);
-                    }
-                }
-            }
-        }
-        let mut index = vec![NONE; 2 * preds.len()];
-        let mut scratch = Vec::new();
-        for (a, mut k) in keys.into_iter().enumerate() {
-            if !ok[a] || k.is_empty() {
-                continue;
-            }
-            radix_sort_high(&mut k, &mut scratch);
-            let mut distinct: Vec<i32> = Vec::new();
-            for key in k {
-                let v = ((key >> 32) as i64 + i64::from(i32::MIN)) as i32;
-                if distinct.last() != Some(&v) {
-                    distinct.push(v);
-                }
-                index[(key & 0xffff_ffff) as usize] = (distinct.len() - 1) as u32;
-            }
-            table[a] = Some(distinct);
-        }
-        RankedBounds { table, index }
-    }
-}
-
-/// Sorts by the high 32 bits (two passes of 16 bits; the low half, a slot, in any order).
-fn radix_sort_high(keys: &mut Vec<u64>, scratch: &mut Vec<u64>) {
-    scratch.clear();
-    scratch.resize(keys.len(), 0);
-    for shift in [32u32, 48] {
-        let mut count = vec![0usize; 1 << 16];
-        for &k in keys.iter() {
-            count[(k >> shift & 0xffff) as usize] += 1;
-        }
-        let mut at = 0;
-        for c in count.iter_mut() {
-            let n = *c;
-            *c = at;
-            at += n;
-        }
-        for &k in keys.iter() {
-            let d = (k >> shift & 0xffff) as usize;
-            scratch[count[d]] = k;
-            count[d] += 1;
-        }
-        std::mem::swap(keys, scratch);
-    }
-}
-
-/// The row interval of an interval whose finite bounds are ranked (`lo.1`, `hi.1`: their
-/// indexes in `table`, whose row is `2i + 1`); `a > b` when empty.
-fn ranked_rows(table: &Constants, lo: (Bound, u32), hi: (Bound, u32)) -> (u32, u32) {
-    let a = match lo.0 {
-        Bound::Unbounded => 0,
-        Bound::Incl(_) => 2 * lo.1 + 1,
-        Bound::Excl(_) => 2 * lo.1 + 2,
-    };
-    let b = match hi.0 {
-        Bound::Unbounded => table.max_row(),
-        Bound::Incl(_) => 2 * hi.1 + 1,
-        Bound::Excl(_) => 2 * hi.1,
-    };
-    (a, b)
 }
 
 /// The row interval of `lo..hi` whose finite bounds are constants of `table`.

@@ -23,7 +23,9 @@ mod build;
 mod eval;
 mod layout;
 mod matching;
+mod ranks;
 mod split;
+mod values;
 
 use roaring::RoaringBitmap;
 
