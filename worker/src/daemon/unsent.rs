@@ -144,8 +144,9 @@ impl Daemon {
         // the candidates first, the adopted sets after: an object this node stops
         // disseminating meanwhile because its heir adopted it (a relearn after a lapse runs
         // alongside) is in an adopted set by then. Asked the other way round, the heir's
-        // adoption could land between the two questions and its copies be ended under it
-        // (1 acknowledged object lost in CI: node 3 paused past its lease, `--quick --seed 31`)
+        // adoption could land between the two questions and its copies be ended under it (the
+        // likely cause of 1 acknowledged object lost in CI: node 3 paused past its lease,
+        // `--quick --seed 31`, not seen in 60 local runs)
         let mut stale = Vec::new();
         for (node, ep) in &members {
             if let Some(held) = self.mine_in(ep, v1::ReplicaSet::Unfinished).await {
