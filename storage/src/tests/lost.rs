@@ -203,6 +203,32 @@ async fn a_matched_object_damaged_on_disk_is_restored_in_place_not_matched_again
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A damaged tail behind an empty segment (a start killed before it wrote anything) is still
+/// found at open: the object is to be restored, not read as absent for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_tail_behind_an_empty_segment_is_found_at_open() {
+    let dir = temp_dir("repair-behind-empty");
+    let damaged;
+    {
+        let s = Store::open(&dir, 6).expect("open");
+        damaged = s.put(obj(1, "")).await.expect("put").id;
+        s.retire(damaged).expect("retire");
+        s.commit().await.expect("commit");
+    }
+    let seg = newest_segment(&dir);
+    // a start that writes nothing: its fresh segment stays empty
+    drop(Store::open(&dir, 6).expect("an empty start"));
+    let mut bytes = std::fs::read(&seg).expect("segment");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&seg, &bytes).expect("damage");
+    let s = Store::open(&dir, 6).expect("reopen");
+    assert_eq!(s.get(damaged).expect("get"), None, "reads as absent");
+    assert_eq!(s.to_repair(), vec![damaged.seq], "to be restored");
+    assert!(s.awaits_repair(damaged.seq));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The newest object-log segment with records in the store at `dir`.
 fn newest_segment(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::read_dir(dir.join("objects"))
