@@ -224,3 +224,19 @@ fn an_heir_owes_the_links_the_forwarding_copies_it_missed() {
             "subs_while_down": 1, "subscriber_down": 1}),
     );
 }
+
+/// The schedule that found a damaged log tail hidden behind an empty segment: node 4 killed
+/// and started again (while a subscription changed), then killed during that start, before
+/// it wrote anything, and its object log's last records damaged. The start had left a fresh,
+/// empty newest segment, and the check at open read only that one: the three objects behind
+/// it read as absent for good, were never restored from their copies, and their deliveries
+/// (the subscriber had refused them until then) were dead-lettered as expired. The check now
+/// reads the newest segment that holds records. It replays every time.
+#[test]
+fn a_damaged_tail_behind_an_empty_segment_loses_no_acknowledged_object() {
+    replay(
+        19037,
+        serde_json::json!({"log_damaged": 1, "node_kill": 1, "node_pause": 1,
+            "subs_while_down": 1, "subscriber_down": 1}),
+    );
+}
