@@ -1,8 +1,8 @@
 //! One batch matched on several threads. A cell shard splits its conjunction blocks between
 //! the threads, so each reads its share of the bitsets once per batch: dealing whole batches
 //! out instead has every thread stream all of them, and two threads then share the memory
-//! bandwidth one thread already used up (W1: 1.1x on two threads). The other strategies split
-//! the batch's events.
+//! bandwidth one thread already uses up (W1 at 1M: 5,780 events/s on one thread, 9,386 on
+//! two split by blocks). The other strategies split the batch's events.
 
 use super::*;
 
