@@ -116,8 +116,9 @@ impl ObjectLog {
     /// segment after it.
     pub fn open(dir: &Path) -> std::io::Result<ObjectLog> {
         std::fs::create_dir_all(dir)?;
-        let segments = Self::segments_in(dir)?;
-        let newest = segments.iter().copied().max();
+        let mut segments = Self::segments_in(dir)?;
+        segments.sort_unstable_by(|a, b| b.cmp(a));
+        let newest = segments.first().copied();
         // the newest that holds records: a process killed before it wrote anything leaves
         // an empty newest segment, and checking only that one hid the damaged tail before it
         // (its objects read as absent, were never restored, and their deliveries were
@@ -125,8 +126,7 @@ impl ObjectLog {
         let written = segments
             .iter()
             .copied()
-            .filter(|&s| std::fs::metadata(segment_path(dir, s)).is_ok_and(|m| m.len() > 0))
-            .max();
+            .find(|&s| std::fs::metadata(segment_path(dir, s)).is_ok_and(|m| m.len() > 0));
         let report = crate::scrub::check_tail(dir, written);
         let damaged = report.damaged.iter().map(|d| d.seq).collect();
         let segment = newest.map_or(1, |s| s + 1);

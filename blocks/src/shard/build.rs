@@ -427,10 +427,6 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
         if !str_tests[a].is_empty() {
             blk.strings = Some(StringBlock::build(&str_tests[a]));
         }
-        if blk.values.is_empty() {
-            // a duplicate of the string tests' own table, worth it only when codes use it
-            blk.values = FastMap::default();
-        }
         let mut hits = std::mem::take(&mut num_hits[a]);
         hits.sort_unstable();
         blk.hit_rows = hits.iter().map(|h| h.0).collect();

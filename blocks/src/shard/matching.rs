@@ -51,7 +51,9 @@ impl Base {
             }
             Value::Str(s) => {
                 ctx.rows[a as usize] = STR_ROW;
-                if let Some(&v) = blk.values.get(s.as_str()) {
+                if !blk.values.is_empty()
+                    && let Some(&v) = blk.values.get(s.as_str())
+                {
                     ctx.values[a as usize] = v;
                 }
                 let strings = if every || !blk.codes_only {

@@ -278,6 +278,13 @@ pub struct VerifyStats {
     pub bloom_rejected: u64,
 }
 
+impl std::ops::AddAssign for VerifyStats {
+    fn add_assign(&mut self, o: VerifyStats) {
+        self.verified += o.verified;
+        self.bloom_rejected += o.bloom_rejected;
+    }
+}
+
 /// A compiled shard (immutable; see `index` for versions and incremental changes).
 #[derive(Debug, Clone)]
 pub struct Base {

@@ -39,13 +39,11 @@ impl Base {
                     })
                 })
                 .collect();
-            parts.into_iter().fold(VerifyStats::default(), |acc, h| {
-                let v = h.join().unwrap_or_default();
-                VerifyStats {
-                    verified: acc.verified + v.verified,
-                    bloom_rejected: acc.bloom_rejected + v.bloom_rejected,
-                }
-            })
+            let mut stats = VerifyStats::default();
+            for h in parts {
+                stats += h.join().unwrap_or_default();
+            }
+            stats
         })
     }
 
@@ -88,8 +86,7 @@ impl Base {
             for (o, f) in out.iter_mut().zip(found) {
                 o.extend(f);
             }
-            stats.verified += v.verified;
-            stats.bloom_rejected += v.bloom_rejected;
+            stats += v;
         }
         stats
     }

@@ -6,26 +6,24 @@ use tonic::{Request, Response, Status};
 
 use super::{Handle, Msg};
 
+/// Why the coordinator refuses the calls about deliveries.
+const NO_DELIVERIES: &str = "the coordinator holds no deliveries: ask the nodes (dead letters \
+                             live on the node that took the write)";
+
 #[tonic::async_trait]
 impl v1::admin_server::Admin for Handle {
     async fn dead_letters(
         &self,
         _request: Request<v1::DeadLettersRequest>,
     ) -> Result<Response<v1::DeadLettersResponse>, Status> {
-        Err(Status::failed_precondition(
-            "the coordinator holds no deliveries: ask the nodes (dead letters live on the node \
-             that took the write)",
-        ))
+        Err(Status::failed_precondition(NO_DELIVERIES))
     }
 
     async fn redrive(
         &self,
         _request: Request<v1::RedriveRequest>,
     ) -> Result<Response<v1::RedriveResponse>, Status> {
-        Err(Status::failed_precondition(
-            "the coordinator holds no deliveries: ask the nodes (dead letters live on the node \
-             that took the write)",
-        ))
+        Err(Status::failed_precondition(NO_DELIVERIES))
     }
 
     async fn drain(

@@ -183,10 +183,7 @@ async fn a_matched_object_damaged_on_disk_is_restored_in_place_not_matched_again
         s.commit().await.expect("commit");
     }
     let seg = newest_segment(&dir);
-    let mut bytes = std::fs::read(&seg).expect("segment");
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0xff;
-    std::fs::write(&seg, &bytes).expect("damage");
+    flip_last_byte(&seg);
     let s = Store::open(&dir, 6).expect("reopen");
     assert_eq!(s.get(damaged).expect("get"), None, "reads as absent");
     assert_eq!(s.to_repair(), vec![damaged.seq]);
@@ -218,15 +215,21 @@ async fn a_damaged_tail_behind_an_empty_segment_is_found_at_open() {
     let seg = newest_segment(&dir);
     // a start that writes nothing: its fresh segment stays empty
     drop(Store::open(&dir, 6).expect("an empty start"));
-    let mut bytes = std::fs::read(&seg).expect("segment");
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0xff;
-    std::fs::write(&seg, &bytes).expect("damage");
+    flip_last_byte(&seg);
     let s = Store::open(&dir, 6).expect("reopen");
     assert_eq!(s.get(damaged).expect("get"), None, "reads as absent");
     assert_eq!(s.to_repair(), vec![damaged.seq], "to be restored");
     assert!(s.awaits_repair(damaged.seq));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Damages the last record of segment `seg` (its payload's last byte flipped), as a failing
+/// disk would.
+fn flip_last_byte(seg: &std::path::Path) {
+    let mut bytes = std::fs::read(seg).expect("segment");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(seg, &bytes).expect("damage");
 }
 
 /// The newest object-log segment with records in the store at `dir`.
