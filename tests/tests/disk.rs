@@ -237,8 +237,19 @@ fn a_damaged_log_tail_is_named_at_start_and_everything_else_is_served() {
         let mut node = up(&data);
         let url = node.url();
         const BYTES: usize = 1000;
-        let mut acked = Vec::new();
-        for n in 0..30 {
+        // the first put waits until the node has heard from its coordinator (a retryable
+        // UNAVAILABLE before that: it failed this test once)
+        let first = bench::procs::put_retrying(&url, put_of(0, BYTES), Duration::from_secs(30))
+            .await
+            .expect("put");
+        let mut acked = vec![(
+            0,
+            v1::ObjectId {
+                node: first.node,
+                seq: first.seq,
+            },
+        )];
+        for n in 1..30 {
             acked.push((n, put(&url, put_of(n, BYTES)).await.expect("put")));
         }
         node.kill();
