@@ -170,6 +170,8 @@ pub struct ElectedCluster {
     lease_ttl: u64,
     /// The grid: rows, columns.
     grid: (u32, u32),
+    /// What every node is started with besides its own flags.
+    node_args: Vec<String>,
 }
 
 fn s(x: &str) -> String {
@@ -236,6 +238,7 @@ impl ElectedCluster {
             bin: bin.to_path_buf(),
             lease_ttl,
             grid: (rows, cols),
+            node_args: node_args.to_vec(),
         };
         std::fs::create_dir_all(dir)?;
         runtime::cluster_secret::ClusterSecret::load_or_create(&c.secret_file())?;
@@ -246,24 +249,9 @@ impl ElectedCluster {
                 c.wait_leader(Duration::from_secs(15)).await?;
             }
         }
-        let secret = c.secret_file().display().to_string();
         for id in 0..nodes {
-            let mut args = vec![
-                s("node"),
-                s("--listen"),
-                s("127.0.0.1:0"),
-                s("--data"),
-                dir.join(format!("node{id}")).display().to_string(),
-                s("--node"),
-                id.to_string(),
-                s("--etcd"),
-                c.etcd.url.clone(),
-                s("--cluster-secret-file"),
-                secret.clone(),
-            ];
-            args.extend(c.etcd.flags());
-            args.extend(node_args.iter().cloned());
-            c.nodes.push(Proc::start(bin, &args));
+            let p = c.start_node(id);
+            c.nodes.push(p);
         }
         let leader = c.wait_leader(Duration::from_secs(15)).await?;
         let want = nodes;
@@ -279,6 +267,27 @@ impl ElectedCluster {
             bail!("the {want} nodes did not all register with the leader within 20 s");
         }
         Ok(c)
+    }
+
+    /// Starts a node at position `id` (on `node<id>` in the cluster's directory), following
+    /// the leader through etcd.
+    pub fn start_node(&self, id: u32) -> Proc {
+        let mut args = vec![
+            s("node"),
+            s("--listen"),
+            s("127.0.0.1:0"),
+            s("--data"),
+            self.dir.join(format!("node{id}")).display().to_string(),
+            s("--node"),
+            id.to_string(),
+            s("--etcd"),
+            self.etcd.url.clone(),
+            s("--cluster-secret-file"),
+            self.secret_file().display().to_string(),
+        ];
+        args.extend(self.etcd.flags());
+        args.extend(self.node_args.iter().cloned());
+        Proc::start(&self.bin, &args)
     }
 
     fn secret_file(&self) -> PathBuf {

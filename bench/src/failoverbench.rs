@@ -94,7 +94,7 @@ pub struct Numbers {
 /// Puts at `rate` per second through `urls` in turn until `stop` (objects with a counter `n`,
 /// message ids `failover-<n>`), recording each acknowledged id with when it was acknowledged.
 async fn put_steadily(
-    urls: Vec<String>,
+    urls: Targets,
     rate: u32,
     acked: Acked,
     numbers: Numbers,
@@ -105,7 +105,12 @@ async fn put_steadily(
     let mut i = 0usize;
     while !stop.load(Ordering::SeqCst) {
         tick.tick().await;
-        let url = urls[i % urls.len()].clone();
+        let Some(url) = ({
+            let urls = runtime::lock(&urls);
+            (!urls.is_empty()).then(|| urls[i % urls.len()].clone())
+        }) else {
+            continue;
+        };
         let acked = acked.clone();
         let numbers = numbers.clone();
         let n = i;
@@ -139,6 +144,18 @@ async fn put_steadily(
     while set.join_next().await.is_some() {}
 }
 
+/// What [`Traffic::finish`] found.
+#[derive(Debug)]
+pub struct Finished {
+    pub objects: Vec<ObjectId>,
+    pub lost: usize,
+    pub qos2_duplicates: u64,
+    pub qos1_repeats: u64,
+}
+
+/// The nodes the puts go to, in turn (a benchmark changes them as nodes come and go).
+pub type Targets = Arc<std::sync::Mutex<Vec<String>>>;
+
 /// Steady puts through every node of `c` and the two subscribers that check them: a QoS 1
 /// and a QoS 2 subscription (`n >= 0`, every object), created through node 0, pushing to a
 /// recording gRPC endpoint. The benchmark and the failover tests run the same traffic.
@@ -151,6 +168,8 @@ pub struct Traffic {
     pub q2: u64,
     pub acked: Acked,
     pub numbers: Numbers,
+    /// Where the puts go.
+    pub targets: Targets,
     stop: Arc<AtomicBool>,
     putter: Option<tokio::task::JoinHandle<()>>,
 }
@@ -172,8 +191,11 @@ impl Traffic {
         let acked: Acked = Arc::default();
         let numbers = Numbers::default();
         let stop = Arc::new(AtomicBool::new(false));
-        let putter = tokio::spawn(put_steadily(
+        let targets: Targets = Arc::new(std::sync::Mutex::new(
             c.nodes.iter().map(|n| n.url()).collect(),
+        ));
+        let putter = tokio::spawn(put_steadily(
+            targets.clone(),
             rate,
             acked.clone(),
             numbers.clone(),
@@ -186,6 +208,7 @@ impl Traffic {
             q2,
             acked,
             numbers,
+            targets,
             stop,
             putter: Some(putter),
         })
@@ -227,6 +250,24 @@ impl Traffic {
         })
         .await;
         missing()
+    }
+
+    /// Stops the puts and waits up to `limit` for the last deliveries, saying so: every
+    /// acknowledged object, how many of them a subscriber was not shown, and the repeats.
+    pub async fn finish(&mut self, limit: Duration) -> anyhow::Result<Finished> {
+        let objects = self.stop().await?;
+        eprintln!(
+            "waiting for the last deliveries of {} objects",
+            objects.len()
+        );
+        let lost = self.undelivered(&objects, limit).await.len();
+        let (qos2_duplicates, qos1_repeats) = self.repeats();
+        Ok(Finished {
+            objects,
+            lost,
+            qos2_duplicates,
+            qos1_repeats,
+        })
     }
 
     /// QoS 2 deliveries shown more than once, and QoS 1 ones shown again.
@@ -315,17 +356,13 @@ async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
         c.coordinators[idx] = c.start_coordinator(idx);
     }
     tokio::time::sleep(o.between).await;
-    let objects = traffic.stop().await?;
-    eprintln!(
-        "waiting for the last deliveries of {} objects",
-        objects.len()
-    );
-    let lost = traffic
-        .undelivered(&objects, Duration::from_secs(60))
-        .await
-        .len();
+    let Finished {
+        objects,
+        lost,
+        qos2_duplicates: duplicates,
+        qos1_repeats,
+    } = traffic.finish(Duration::from_secs(60)).await?;
     let delivered = objects.len() - lost;
-    let (duplicates, qos1_repeats) = traffic.repeats();
     let mut f: Vec<f64> = kills.iter().map(|k| k.failover_ms).collect();
     f.sort_by(f64::total_cmp);
     let failover_p99_ms = crate::percentile(&f, 0.99);
@@ -353,7 +390,7 @@ async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
 
 /// Registers `n` subscriptions that match nothing (`n = -k`), spread over the nodes, with a
 /// progress bar.
-async fn register_extra(c: &ElectedCluster, n: usize) -> anyhow::Result<()> {
+pub(crate) async fn register_extra(c: &ElectedCluster, n: usize) -> anyhow::Result<()> {
     if n == 0 {
         return Ok(());
     }

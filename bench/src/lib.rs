@@ -31,6 +31,7 @@ pub mod progress;
 pub mod quorumbench;
 pub mod recorder;
 pub mod replbench;
+pub mod resizebench;
 pub mod workload;
 
 pub use blocks::bloom::BloomConfig;

@@ -32,6 +32,7 @@ mod kept;
 pub mod protocol;
 pub mod rebuild;
 pub mod registry;
+pub mod resize;
 mod scheduler;
 pub mod server;
 #[cfg(test)]

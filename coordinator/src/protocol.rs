@@ -66,12 +66,16 @@ pub fn parse_block(s: &str) -> Block {
 
 /// A registered node.
 #[derive(Debug, Clone)]
-struct NodeEntry {
-    endpoint: String,
+pub(crate) struct NodeEntry {
+    pub(crate) endpoint: String,
     /// The first sequence number its store handed out.
-    owns_from: u64,
+    pub(crate) owns_from: u64,
     /// When it last registered or sent a heartbeat (ms).
-    seen: u64,
+    pub(crate) seen: u64,
+    /// During a resize: the step it caught up for since it registered (0: none).
+    pub(crate) caught_up: u64,
+    /// During a resize: outside the grid moved to, it refuses puts and owes nothing.
+    pub(crate) drained: bool,
 }
 
 #[derive(Debug)]
@@ -104,13 +108,17 @@ pub struct Protocol {
     sched: Coordinator,
     max_attempts: u32,
     /// Registered nodes and their endpoints.
-    nodes: BTreeMap<u32, NodeEntry>,
+    pub(crate) nodes: BTreeMap<u32, NodeEntry>,
     /// The grid of quorum replication, when the cluster has one.
-    grid: Option<runtime::grid::Grid>,
+    pub(crate) grid: Option<runtime::grid::Grid>,
+    /// The grid an online resize moves to, until it is committed (`crate::resize`).
+    pub(crate) next: Option<runtime::grid::Grid>,
+    /// The resize's step (`v1::Membership::resize_step`).
+    pub(crate) resize_step: u64,
     /// A node that sent nothing for this long is not alive in the membership.
-    node_lease_ms: u64,
+    pub(crate) node_lease_ms: u64,
     /// Per position, the node that disseminates its orphaned objects (kept until it dies).
-    heirs: BTreeMap<u32, u32>,
+    pub(crate) heirs: BTreeMap<u32, u32>,
     objects: HashMap<ObjectKey, Obj>,
     by_id: HashMap<(u32, u64), ObjectKey>,
     next_key: ObjectKey,
@@ -127,6 +135,8 @@ impl Protocol {
             max_attempts,
             nodes: BTreeMap::new(),
             grid: None,
+            next: None,
+            resize_step: 0,
             heirs: BTreeMap::new(),
             objects: HashMap::new(),
             by_id: HashMap::new(),
@@ -170,6 +180,11 @@ impl Protocol {
         self.grid
     }
 
+    /// The grid with the one a resize moves to, when the cluster has one.
+    pub fn layout(&self) -> Option<runtime::grid::Layout> {
+        self.grid.map(|g| runtime::grid::Layout::new(g, self.next))
+    }
+
     /// Every registered node, alive when it was heard from within the node lease, with its
     /// heir (with a grid); the nodes learn it with every heartbeat. An heir is kept until it
     /// dies, then the position's first live successor in the grid's order is the next.
@@ -182,7 +197,7 @@ impl Protocol {
             .filter(|(_, n)| alive(n))
             .map(|(k, _)| *k)
             .collect();
-        if let Some(g) = self.grid {
+        if let Some(g) = self.layout() {
             for &p in self.nodes.keys() {
                 let keep = self
                     .heirs
@@ -203,6 +218,9 @@ impl Protocol {
         v1::Membership {
             rows: self.grid.map_or(0, |g| g.rows),
             cols: self.grid.map_or(0, |g| g.cols),
+            next_rows: self.next.map_or(0, |g| g.rows),
+            next_cols: self.next.map_or(0, |g| g.cols),
+            resize_step: self.resize_step,
             lease_ms: lease,
             members: self
                 .nodes
@@ -244,6 +262,8 @@ impl Protocol {
                 endpoint: r.endpoint.clone(),
                 owns_from: r.owns_from,
                 seen: now,
+                caught_up: 0,
+                drained: false,
             },
         );
         let mut out = Vec::new();
@@ -264,7 +284,11 @@ impl Protocol {
             return (self.nonce(), out);
         }
         match self.nodes.get_mut(&h.node) {
-            Some(n) => n.seen = now,
+            Some(n) => {
+                n.seen = now;
+                n.caught_up = h.caught_up_step;
+                n.drained = h.drained;
+            }
             None => return (self.nonce(), out),
         }
         for w in &h.started {

@@ -29,7 +29,7 @@ use proto::v1::daemon_client::DaemonClient;
 use runtime::ServiceError;
 use runtime::cluster_secret::ClusterSecret;
 use runtime::etcd::Etcd;
-use runtime::grid::Grid;
+use runtime::grid::{Grid, Layout};
 use storage::{Newest, Store, SubCopy};
 
 /// The etcd key prefix of node records.
@@ -99,21 +99,76 @@ async fn records(
 /// The etcd key of the cluster's grid.
 pub const GRID: &str = "grid";
 
+/// The etcd key of the grid an online resize moves to, until it is committed.
+pub const GRID_NEXT: &str = "grid_next";
+
+/// The etcd key that says the grid was resized (`"2x3 -> 3x3"`, the last move): from then
+/// on a coordinator started with the old `--grid` takes etcd's.
+pub const GRID_RESIZED: &str = "grid_resized";
+
 /// Records `grid` as the cluster's grid, or checks it is the one recorded: every coordinator
-/// of a cluster must lay the nodes out alike (positions, quorums, heirs).
-pub async fn agree_on_grid(etcd: &Etcd, grid: Grid) -> Result<(), ServiceError> {
+/// of a cluster must lay the nodes out alike (positions, quorums, heirs). Once the cluster
+/// was resized online, etcd's grid is the cluster's whatever `--grid` says. The answer is
+/// the layout to lead with: the grid in force, and the one a resize under way moves to.
+pub async fn agree_on_grid(etcd: &Etcd, grid: Grid) -> Result<Layout, ServiceError> {
     let mine = grid.to_string();
     match etcd.create(GRID, mine.clone().into_bytes(), 0).await? {
-        Ok(_) => Ok(()),
-        Err(kv) if kv.value == mine.as_bytes() => Ok(()),
-        Err(kv) => Err(ServiceError::invalid(
-            "grid",
-            format!(
-                "this coordinator has {mine}, but the cluster in etcd has {}",
-                String::from_utf8_lossy(&kv.value)
-            ),
-        )),
+        Ok(_) => Ok(Layout::fixed(grid)),
+        Err(kv) if kv.value == mine.as_bytes() => layout(etcd, grid).await,
+        Err(kv) => {
+            let theirs = String::from_utf8_lossy(&kv.value).to_string();
+            if etcd.get(GRID_RESIZED).await?.is_some() {
+                let g = theirs.parse::<Grid>().map_err(|e| {
+                    ServiceError::invalid("grid", format!("etcd's grid {theirs:?}: {e}"))
+                })?;
+                tracing::warn!(
+                    "the cluster was resized to {g}: --grid {mine} is out of date, leading {g}"
+                );
+                return layout(etcd, g).await;
+            }
+            Err(ServiceError::invalid(
+                "grid",
+                format!("this coordinator has {mine}, but the cluster in etcd has {theirs}"),
+            ))
+        }
     }
+}
+
+/// The layout etcd records (`grid` when it records none): the grid in force and the one a
+/// resize under way moves to.
+pub async fn layout(etcd: &Etcd, grid: Grid) -> Result<Layout, ServiceError> {
+    let read = |v: Option<runtime::etcd::KeyValue>| -> Result<Option<Grid>, ServiceError> {
+        v.map(|kv| {
+            let s = String::from_utf8_lossy(&kv.value).to_string();
+            s.parse::<Grid>().map_err(|e| {
+                ServiceError::Startup(format!("etcd holds a grid that does not parse: {e}"))
+            })
+        })
+        .transpose()
+    };
+    let now = read(etcd.get(GRID).await?)?.unwrap_or(grid);
+    let next = read(etcd.get(GRID_NEXT).await?)?;
+    Ok(Layout::new(now, next))
+}
+
+/// Records the start of a move to `to` (a leader that resumes it reads it back).
+pub async fn record_resize(etcd: &Etcd, to: Grid) -> Result<(), ServiceError> {
+    etcd.put(GRID_NEXT, to.to_string().into_bytes(), 0).await?;
+    Ok(())
+}
+
+/// Records the commit of the move from `from` to `to`: the new grid first (a leader that
+/// wins between the writes finds the move done), then the move's end; the records of nodes
+/// outside `to` go (a rebuild would read their old copies).
+pub async fn record_commit(etcd: &Etcd, from: Grid, to: Grid) -> Result<(), ServiceError> {
+    etcd.put(GRID, to.to_string().into_bytes(), 0).await?;
+    etcd.put(GRID_RESIZED, format!("{from} -> {to}").into_bytes(), 0)
+        .await?;
+    etcd.delete(GRID_NEXT).await?;
+    for p in to.len()..from.len() {
+        etcd.delete(&format!("{NODES}{p}")).await?;
+    }
+    Ok(())
 }
 
 /// Every copy the node at `endpoint` holds (with `changed_only`, only its tombstones and
@@ -178,7 +233,7 @@ async fn pull(
 pub async fn rebuild(
     store: &Store,
     etcd: &Etcd,
-    grid: Grid,
+    grid: Layout,
     secret: &ClusterSecret,
     max_record: usize,
 ) -> Result<usize, ServiceError> {
@@ -189,7 +244,8 @@ pub async fn rebuild(
         return Ok(n);
     }
     let positions = grid.len();
-    let full: Vec<u32> = [0, positions.saturating_sub(1)]
+    let full: Vec<u32> = grid
+        .whole_holders()
         .into_iter()
         .filter(|n| nodes.contains_key(n))
         .collect::<std::collections::BTreeSet<u32>>()
@@ -259,7 +315,7 @@ pub async fn rebuild(
              hold them all and did not answer)",
             merged.len(),
             nodes.len(),
-            positions - 1
+            grid.whole_holders()[1]
         );
     }
     // this disk's own tombstones (an earlier leadership's deletions) are kept by the store

@@ -28,6 +28,7 @@ use tonic::{Request, Response, Status};
 use crate::protocol::{Call, Output, Protocol};
 
 mod admin;
+mod resize;
 use crate::{Config, TaskId, WorkerId};
 
 /// Settings of the coordinator process.
@@ -44,6 +45,8 @@ pub struct ServerConfig {
     /// The grid of quorum replication (`--grid TxW`): node ids are its positions. `None`:
     /// objects live on the node that took them.
     pub grid: Option<runtime::grid::Grid>,
+    /// The grid an online resize under way moves to (etcd's record, for a new leader).
+    pub resizing: Option<runtime::grid::Grid>,
     /// An elected leader (`--etcd`): it acts only while its fence holds.
     pub elected: Option<ElectedRole>,
 }
@@ -79,6 +82,7 @@ impl Default for ServerConfig {
             max_attempts: 5,
             cluster_secret: runtime::cluster_secret::ClusterSecret::default(),
             grid: None,
+            resizing: None,
             elected: None,
         }
     }
@@ -87,11 +91,11 @@ impl Default for ServerConfig {
 pub use crate::protocol::{block_name, parse_block};
 
 enum Msg {
-    /// Answered with the nonce and membership, or the endpoint of the live node that holds
-    /// the position already (the registration is refused).
+    /// Answered with the nonce and membership, or why the registration is refused (a live
+    /// node holds the position already, or it is outside the grid).
     Register(
         v1::RegisterRequest,
-        oneshot::Sender<Result<(u64, v1::Membership), String>>,
+        oneshot::Sender<Result<(u64, v1::Membership), Status>>,
     ),
     Heartbeat(v1::HeartbeatRequest, oneshot::Sender<(u64, v1::Membership)>),
     Arrived(v1::ArrivedRequest, oneshot::Sender<u32>),
@@ -106,6 +110,8 @@ enum Msg {
     Workers(oneshot::Sender<Vec<v1::WorkerInfo>>),
     /// The node daemon sharing this process (embedded mode).
     Local(Arc<runtime::link::LocalDaemon>),
+    /// An online resize: checked, started, asked where it stands (`server::resize`).
+    Resize(resize::Ask),
 }
 
 /// How the driver reaches one registered node.
@@ -135,6 +141,8 @@ struct Driver {
     /// Time spent suspended before, left out of the protocol's clock.
     paused: Duration,
     held_back: Vec<Output>,
+    /// A resize's commit is being recorded in etcd.
+    committing: bool,
 }
 
 /// Outputs held back while unsure of the lease, at most (beyond: dropped; the protocol's
@@ -240,8 +248,23 @@ impl Driver {
         let now = self.now();
         match m {
             Msg::Register(r, reply) => {
+                if let Some(g) = self.protocol.layout()
+                    && !g.contains(r.node)
+                {
+                    let why = format!(
+                        "{} is outside the {g} grid (positions 0..{})",
+                        r.node,
+                        g.len()
+                    );
+                    let _ = reply.send(Err(ServiceError::invalid("node", why).into()));
+                    return;
+                }
                 if let Some(holder) = self.protocol.position_held(now, r.node, &r.endpoint) {
-                    let _ = reply.send(Err(holder.to_string()));
+                    let _ = reply.send(Err(Status::already_exists(format!(
+                        "node: grid position {} is held by a live node at {holder}; start \
+                         this one at a free position, or wait until that one's lease runs out",
+                        r.node
+                    ))));
                     return;
                 }
                 let Some(client) = self.link(&r) else {
@@ -282,9 +305,11 @@ impl Driver {
             }
             Msg::Heartbeat(h, reply) => {
                 let (nonce, out) = self.protocol.heartbeat(now, &h);
+                self.advance_resize(now);
                 let _ = reply.send((nonce, self.protocol.membership(now)));
                 self.send(out);
             }
+            Msg::Resize(ask) => self.resize(now, ask),
             Msg::Arrived(a, reply) => {
                 let published = self.registry.published();
                 let (accepted, out) = self.protocol.arrived(now, a, &published);
@@ -423,10 +448,11 @@ impl Driver {
 #[derive(Debug, Clone)]
 struct Handle {
     tx: mpsc::Sender<Msg>,
-    grid: Option<runtime::grid::Grid>,
     registry: Registry,
     store: Store,
     fence: Option<runtime::election::Fence>,
+    /// Where an elected leader records a resize.
+    etcd: Option<runtime::etcd::Etcd>,
 }
 
 impl Handle {
@@ -463,29 +489,7 @@ impl v1::cluster_server::Cluster for Handle {
         if r.endpoint.is_empty() {
             return Err(ServiceError::invalid("endpoint", "required").into());
         }
-        if let Some(g) = self.grid
-            && !g.contains(r.node)
-        {
-            return Err(ServiceError::invalid(
-                "node",
-                format!(
-                    "{} is outside the {g} grid (positions 0..{})",
-                    r.node,
-                    g.len()
-                ),
-            )
-            .into());
-        }
-        let node = r.node;
-        let (nonce, membership) = self
-            .ask(|tx| Msg::Register(r, tx))
-            .await?
-            .map_err(|holder| {
-                Status::already_exists(format!(
-                    "node: grid position {node} is held by a live node at {holder}; start \
-                     this one at a free position, or wait until that one's lease runs out"
-                ))
-            })?;
+        let (nonce, membership) = self.ask(|tx| Msg::Register(r, tx)).await??;
         Ok(Response::new(v1::RegisterResponse {
             nonce,
             membership: Some(membership),
@@ -645,7 +649,9 @@ pub async fn start(
     let sched = cfg.sched;
     let cluster_secret = cfg.cluster_secret.clone();
     let grid = cfg.grid;
+    let resizing = cfg.resizing;
     let fence = cfg.elected.as_ref().map(|e| e.fence.clone());
+    let cfg_etcd = cfg.elected.as_ref().map(|e| e.etcd.clone());
     let live = cfg
         .elected
         .as_ref()
@@ -653,6 +659,7 @@ pub async fn start(
         .unwrap_or_default();
     let mut protocol = Protocol::new(sched, nonce, cfg.max_attempts, 0);
     protocol.set_grid(grid);
+    protocol.resume_resize(resizing);
     let match_latency = Arc::new(runtime::histogram::Histogram::default());
     let driver = Driver {
         match_latency: match_latency.clone(),
@@ -668,6 +675,7 @@ pub async fn start(
         suspended: None,
         paused: Duration::ZERO,
         held_back: Vec::new(),
+        committing: false,
     };
     let driver = tokio::spawn(driver.run(rx));
     for n in live {
@@ -683,7 +691,7 @@ pub async fn start(
     Ok(Started {
         handle: Handle {
             tx,
-            grid,
+            etcd: cfg_etcd,
             registry: registry.clone(),
             store: store.clone(),
             fence,

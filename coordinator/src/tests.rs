@@ -578,3 +578,94 @@ fn a_grid_position_held_by_a_live_node_is_not_given_to_another() {
     // once the holder's lease ran out the position is free
     assert_eq!(p.position_held(lease + 1, 4, "http://b"), None);
 }
+
+#[test]
+fn a_resize_learns_pulls_then_commits_and_a_shrink_waits_for_the_leavers_to_drain() {
+    use crate::protocol::Protocol;
+    use proto::v1;
+    use runtime::grid::Grid;
+    let g23 = Grid::new(2, 3).expect("grid");
+    let g33 = Grid::new(3, 3).expect("grid");
+    let mut p = Protocol::new(cfg(), 7, 5, 0);
+    assert!(p.start_resize(g33).is_err(), "no grid: nothing to resize");
+    p.set_grid(Some(g23));
+    let register = |p: &mut Protocol, node: u32| {
+        p.register(
+            0,
+            &v1::RegisterRequest {
+                node,
+                endpoint: format!("http://n{node}"),
+                workers: Vec::new(),
+                owns_from: 1,
+            },
+        );
+    };
+    let beat = |p: &mut Protocol, now: u64, nodes: std::ops::Range<u32>, step: u64, drained| {
+        for node in nodes {
+            p.heartbeat(
+                now,
+                &v1::HeartbeatRequest {
+                    node,
+                    nonce: 7,
+                    caught_up_step: step,
+                    drained,
+                    ..v1::HeartbeatRequest::default()
+                },
+            );
+        }
+    };
+    for n in 0..6 {
+        register(&mut p, n);
+    }
+    p.start_resize(g33).expect("a move");
+    assert!(p.start_resize(Grid::new(4, 3).expect("grid")).is_err());
+    let m = p.membership(1);
+    assert_eq!((m.next_rows, m.next_cols, m.resize_step), (3, 3, 1));
+    let s = p.resize_status(1);
+    assert_eq!(s.waiting.len(), 9, "{:?}", s.waiting);
+    assert!(s.waiting[6].contains("not registered"), "{:?}", s.waiting);
+    // every old node learned both grids, but the new ones are not there: no step 2
+    beat(&mut p, 10, 0..6, 1, false);
+    assert_eq!(p.advance_resize(10), None);
+    assert_eq!(p.resize_status(10).step, 1);
+    for n in 6..9 {
+        register(&mut p, n);
+    }
+    beat(&mut p, 20, 6..9, 1, false);
+    assert_eq!(p.advance_resize(20), None);
+    assert_eq!(p.resize_status(20).step, 2, "everyone knows: pull");
+    // a node that reports step 1 only holds the commit up
+    beat(&mut p, 30, 0..8, 2, false);
+    assert_eq!(p.advance_resize(30), None);
+    assert_eq!(p.resize_status(30).waiting.len(), 1);
+    beat(&mut p, 40, 8..9, 2, false);
+    assert_eq!(p.advance_resize(40), Some(g33));
+    p.commit_resize(g33);
+    let m = p.membership(41);
+    assert_eq!((m.rows, m.cols, m.next_rows, m.resize_step), (3, 3, 0, 0));
+
+    // and back: the leavers (6, 7, 8) must be drained before the commit
+    p.start_resize(g23).expect("a move back");
+    beat(&mut p, 50, 0..9, 1, false);
+    assert_eq!(p.advance_resize(50), None);
+    beat(&mut p, 60, 0..6, 2, false);
+    beat(&mut p, 60, 6..9, 2, false);
+    assert_eq!(p.advance_resize(60), None);
+    let s = p.resize_status(60);
+    assert_eq!(s.waiting.len(), 3, "{:?}", s.waiting);
+    assert!(s.waiting.iter().all(|w| w.contains("draining")));
+    beat(&mut p, 70, 6..9, 2, true);
+    assert_eq!(p.advance_resize(70), Some(g23));
+    p.commit_resize(g23);
+    assert_eq!(p.nodes(), 6, "the leavers left the membership");
+    assert_eq!(p.grid(), Some(g23));
+    // a leader that resumes a move recorded in etcd starts it at step 1
+    p.resume_resize(Some(g33));
+    assert_eq!(p.resize_status(71).step, 1);
+    p.resume_resize(Some(g23));
+    assert_eq!(
+        p.resize_status(72).moving_to,
+        None,
+        "no move to the grid in force"
+    );
+}

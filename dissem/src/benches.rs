@@ -1,4 +1,4 @@
-//! The benchmark commands (`bench match|ingest|cluster|e2e|cost|quorum|churn|failover|federation|chaos`)
+//! The benchmark commands (`bench match|ingest|cluster|e2e|cost|quorum|churn|failover|federation|chaos|resize`)
 //! and `demo`: flags in, a call into
 //! the `bench` crate, figures out.
 
@@ -9,7 +9,9 @@ use bench::{Strategy, StrategyChoice};
 use super::*;
 
 mod ads;
+mod resize;
 use ads::AdsArgs;
+pub(super) use resize::bench_resize;
 
 #[derive(Subcommand, Debug)]
 pub(super) enum Bench {
@@ -41,6 +43,9 @@ pub(super) enum Bench {
     /// with an oracle after each: nothing lost, no QoS 2 duplicate, nothing misdelivered,
     /// no deleted subscription back, no old version serving (needs `etcd` on the PATH).
     Chaos(ChaosArgs),
+    /// An online grid resize under load: 2x3 grows to 3x3 (--grid, --to) and back, a node
+    /// SIGKILLed during each move; nothing lost, no QoS 2 duplicate (needs `etcd`).
+    Resize(resize::ResizeArgs),
 }
 
 #[derive(clap::Args, Debug)]

@@ -85,9 +85,9 @@ pub(super) async fn coordinate(
     ))?;
     let mut stop = std::pin::pin!(shutdown());
     // the grid must be the cluster's; etcd may not be up yet (then: wait for it)
-    loop {
+    let grid = loop {
         match coordinator::rebuild::agree_on_grid(&etcd, grid).await {
-            Ok(()) => break,
+            Ok(layout) => break layout.grid,
             Err(e @ runtime::ServiceError::InvalidArgument { .. }) => bail!("--{e}"),
             Err(e) => tracing::warn!("checking the cluster's grid in etcd: {e}; trying again"),
         }
@@ -95,7 +95,7 @@ pub(super) async fn coordinate(
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = &mut stop => return Ok(true),
         }
-    }
+    };
     loop {
         let leadership = tokio::select! {
             l = runtime::election::campaign(&etcd, &name, e.lease_ttl as i64) => l,
@@ -135,17 +135,28 @@ async fn lead(
 ) -> anyhow::Result<()> {
     let started_at = std::time::Instant::now();
     let mut pause = Duration::from_millis(50);
-    let subscriptions = loop {
+    let (layout, subscriptions) = loop {
+        // the grid as etcd has it now: an online resize may have moved it, or be under way
+        let layout = match coordinator::rebuild::layout(etcd, grid).await {
+            Ok(l) => l,
+            Err(e) if started_at.elapsed() < REBUILD_LIMIT => {
+                tracing::warn!("reading the grid from etcd: {e}; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+                continue;
+            }
+            Err(e) => bail!("reading the grid from etcd: {e}"),
+        };
         match coordinator::rebuild::rebuild(
             store,
             etcd,
-            grid,
+            layout,
             &base.cluster_secret,
             limits.max_object_bytes,
         )
         .await
         {
-            Ok(n) => break n,
+            Ok(n) => break (layout, n),
             Err(e) if started_at.elapsed() < REBUILD_LIMIT => {
                 tracing::warn!("rebuilding the registry: {e}; trying again");
                 tokio::time::sleep(pause).await;
@@ -175,6 +186,8 @@ async fn lead(
             etcd: etcd.clone(),
             live,
         }),
+        grid: Some(layout.grid),
+        resizing: layout.next,
         ..base.clone()
     };
     let started = coordinator::server::start(store.clone(), *limits, cfg).await?;

@@ -70,6 +70,16 @@ impl v1::admin_server::Admin for EmbeddedAdmin {
              with SIGTERM (what it owes is on its disk)",
         ))
     }
+
+    async fn resize_grid(
+        &self,
+        _request: Request<v1::ResizeGridRequest>,
+    ) -> Result<Response<v1::ResizeGridResponse>, Status> {
+        Err(Status::failed_precondition(
+            "a single-node cluster (dissem up) has no grid to resize: run coordinators with \
+             --grid and nodes (dissem coordinator, dissem node)",
+        ))
+    }
 }
 
 /// Runs the embedded cluster on `listener` until `shutdown` resolves. Objects still in the

@@ -25,7 +25,7 @@ mod serve;
 
 use benches::{
     Bench, bench_chaos, bench_churn, bench_cluster, bench_cost, bench_e2e, bench_failover,
-    bench_federation, bench_ingest, bench_match, bench_quorum, demo,
+    bench_federation, bench_ingest, bench_match, bench_quorum, bench_resize, demo,
 };
 use client::{LinkCmd, NodeArg, TokenCmd, client};
 use serve::{CoordinatorArgs, NodeArgs, UpArgs, WorkerFlags, coordinator_cmd, node_cmd, up};
@@ -142,6 +142,11 @@ enum Command {
         #[command(subcommand)]
         which: LinkCmd,
     },
+    /// The cluster's quorum grid: resize it while it runs.
+    Grid {
+        #[command(subcommand)]
+        which: GridCmd,
+    },
     /// Manages the tokens of an auth file.
     Token {
         #[command(subcommand)]
@@ -151,6 +156,24 @@ enum Command {
     Bench {
         #[command(subcommand)]
         which: Bench,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum GridCmd {
+    /// Resizes the grid of a running cluster to ROWSxCOLS (admin; --node-url is the leading
+    /// coordinator): nodes at new positions must be started (each with --node at its
+    /// position), copies move to the new quorums, nodes outside the new grid drain and exit;
+    /// prints what the move waits for until the new grid is in force. Writers and
+    /// subscribers go on throughout; a kill of the leader or of a node resumes the move.
+    Resize {
+        #[command(flatten)]
+        node: NodeArg,
+        /// The grid to move to, e.g. 3x3.
+        grid: runtime::grid::Grid,
+        /// How long to follow the move, in seconds (it goes on after).
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
     },
 }
 
@@ -230,6 +253,16 @@ fn main() -> ExitCode {
         Command::Up { up: a, workers } => up(a, workers),
         Command::Coordinator(a) => coordinator_cmd(a),
         Command::Workers { node } => client(&node, worker::client::workers),
+        Command::Grid {
+            which:
+                GridCmd::Resize {
+                    node,
+                    grid,
+                    timeout,
+                },
+        } => client(&node, |ch| {
+            worker::client::resize_grid(ch, grid, std::time::Duration::from_secs(timeout))
+        }),
         Command::Link {
             which: LinkCmd::List { node },
         } => client(&node, worker::client::links),
@@ -345,6 +378,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Bench::Chaos(a),
         } => bench_chaos(a),
+        Command::Bench {
+            which: Bench::Resize(a),
+        } => bench_resize(a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

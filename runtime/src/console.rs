@@ -22,10 +22,15 @@ pub const MAX_SUBSCRIPTIONS: usize = 100;
 
 /// The view of a coordinator's membership answer (the leader fields are the caller's).
 pub fn view_of(m: &v1::Membership) -> v1::ClusterView {
-    let grid = crate::grid::Grid::new(m.rows, m.cols).ok();
+    let next = crate::grid::Grid::new(m.next_rows, m.next_cols).ok();
+    let grid = crate::grid::Grid::new(m.rows, m.cols)
+        .ok()
+        .map(|g| crate::grid::Layout::new(g, next));
     v1::ClusterView {
         rows: m.rows,
         cols: m.cols,
+        next_rows: m.next_rows,
+        next_cols: m.next_cols,
         members: m
             .members
             .iter()
@@ -62,6 +67,20 @@ pub fn write_view(o: &mut String, v: &v1::ClusterView) {
         "Columns of the quorum grid (0: no grid).",
         "gauge",
         &[(String::new(), v.cols as f64)],
+    );
+    line(
+        o,
+        "dissem_grid_next_rows",
+        "Rows of the grid an online resize moves to (0: no resize under way).",
+        "gauge",
+        &[(String::new(), v.next_rows as f64)],
+    );
+    line(
+        o,
+        "dissem_grid_next_cols",
+        "Columns of the grid an online resize moves to (0: no resize under way).",
+        "gauge",
+        &[(String::new(), v.next_cols as f64)],
     );
     let at =
         |m: &v1::GridMember| format!("node=\"{}\",row=\"{}\",col=\"{}\"", m.node, m.row, m.col);
@@ -151,6 +170,7 @@ mod tests {
                     heir: Some(3),
                 },
             ],
+            ..v1::Membership::default()
         };
         let mut v = view_of(&m);
         v.leader_name = "c\"1".into();
@@ -158,6 +178,7 @@ mod tests {
         let mut o = String::new();
         write_view(&mut o, &v);
         assert!(o.contains("dissem_grid_rows 2\n"), "{o}");
+        assert!(o.contains("dissem_grid_next_rows 0\n"), "{o}");
         assert!(
             o.contains("dissem_member_up{node=\"4\",row=\"1\",col=\"1\"} 0\n"),
             "{o}"

@@ -134,6 +134,121 @@ impl Grid {
     }
 }
 
+/// The grid a cluster runs on and, while an online resize moves it (`dissem grid resize`),
+/// the grid it moves to. Until the move is committed every quorum is the union of the
+/// quorums of the two grids (joint quorums, as in Raft's joint consensus): a copy goes to
+/// both, a catch-up or a takeover asks both, so the new quorums are whole when the old
+/// ones are dropped. Node ids stay what they are; a resize by columns moves positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Layout {
+    /// The grid in force.
+    pub grid: Grid,
+    /// The grid a resize moves to, until it is committed.
+    pub next: Option<Grid>,
+}
+
+impl Layout {
+    /// `grid`, moving to `next` (a `next` equal to `grid` is no move).
+    pub fn new(grid: Grid, next: Option<Grid>) -> Layout {
+        Layout {
+            grid,
+            next: next.filter(|n| *n != grid),
+        }
+    }
+
+    /// One grid, no move.
+    pub fn fixed(grid: Grid) -> Layout {
+        Layout { grid, next: None }
+    }
+
+    fn grids(&self) -> impl Iterator<Item = Grid> + '_ {
+        std::iter::once(self.grid).chain(self.next)
+    }
+
+    /// Node ids of either grid are `0..len`.
+    pub fn len(&self) -> u32 {
+        self.grids().map(|g| g.len()).max().unwrap_or(0)
+    }
+
+    /// Whether the layout has no position (never).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `node` is a position of either grid.
+    pub fn contains(&self, node: u32) -> bool {
+        self.grids().any(|g| g.contains(node))
+    }
+
+    /// Whether `node` is a position of the grid the cluster moves to (of the grid in force
+    /// when none): a node outside it leaves at the commit.
+    pub fn stays(&self, node: u32) -> bool {
+        self.next.unwrap_or(self.grid).contains(node)
+    }
+
+    /// (row, column) of `node` in the grid it moves to, else in the grid in force.
+    pub fn position(&self, node: u32) -> (u32, u32) {
+        match self.next.filter(|n| n.contains(node)) {
+            Some(n) => n.position(node),
+            None => self.grid.position(node),
+        }
+    }
+
+    fn union(&self, node: u32, f: impl Fn(&Grid) -> Vec<u32>) -> Vec<u32> {
+        dedup(
+            self.grids()
+                .filter(|g| g.contains(node))
+                .flat_map(|g| f(&g))
+                .collect(),
+        )
+    }
+
+    /// [`Grid::xs_quorum`] in both grids: the grid in force's order first.
+    pub fn xs_quorum(&self, node: u32) -> Vec<u32> {
+        self.union(node, |g| g.xs_quorum(node))
+    }
+
+    /// [`Grid::object_quorum`] in both grids.
+    pub fn object_quorum(&self, node: u32, critical: bool) -> Vec<u32> {
+        self.union(node, |g| g.object_quorum(node, critical))
+    }
+
+    /// [`Grid::subscription_quorum`] in both grids.
+    pub fn subscription_quorum(&self, node: u32) -> Vec<u32> {
+        self.union(node, |g| g.subscription_quorum(node))
+    }
+
+    /// The origins whose quorum, in either grid, holds `node`.
+    pub fn origins_held_by(&self, node: u32) -> Vec<u32> {
+        (0..self.len())
+            .filter(|&o| o != node && self.xs_quorum(o).contains(&node))
+            .collect()
+    }
+
+    /// [`Grid::successor`] over both grids' quorums of `dead`.
+    pub fn successor(&self, dead: u32, alive: impl Fn(u32) -> bool) -> Option<u32> {
+        self.xs_quorum(dead)
+            .into_iter()
+            .find(|&n| n != dead && alive(n))
+    }
+
+    /// The nodes that belong to every column quorum of the grid in force, so hold every
+    /// subscription once caught up: node 0 and its last node (during a move the new last
+    /// node is caught up before the commit makes it one of these).
+    pub fn whole_holders(&self) -> [u32; 2] {
+        [0, self.grid.len() - 1]
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.next {
+            Some(n) => write!(f, "{} moving to {n}", self.grid),
+            None => write!(f, "{}", self.grid),
+        }
+    }
+}
+
 fn dedup(q: Vec<u32>) -> Vec<u32> {
     let mut seen = BTreeSet::new();
     q.into_iter().filter(|n| seen.insert(*n)).collect()
@@ -242,6 +357,32 @@ mod tests {
                 "C({j}) = {c:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_layout_moving_joins_both_grids_quorums() {
+        let old = Grid::new(2, 3).expect("grid");
+        let new = Grid::new(3, 3).expect("grid");
+        let l = Layout::new(old, Some(new));
+        assert_eq!(l.len(), 9);
+        assert!(l.contains(8) && !Layout::fixed(old).contains(8));
+        for n in 0..9 {
+            let q = set(l.xs_quorum(n));
+            if old.contains(n) {
+                assert!(q.is_superset(&set(old.xs_quorum(n))), "{n}");
+            }
+            assert!(q.is_superset(&set(new.xs_quorum(n))), "{n}");
+            assert!(set(l.subscription_quorum(n)).is_superset(&set(new.subscription_quorum(n))));
+        }
+        // a row quorum in force first: the takeover order stays the old one's
+        assert_eq!(l.successor(3, |_| true), old.successor(3, |_| true));
+        // a shrink: the leaving node 7 keeps its old quorum, and does not stay
+        let shrink = Layout::new(new, Some(old));
+        assert_eq!(shrink.xs_quorum(7), new.xs_quorum(7));
+        assert!(!shrink.stays(7) && shrink.stays(5));
+        assert_eq!(shrink.whole_holders(), [0, 8]);
+        assert_eq!(Layout::new(old, Some(old)).next, None);
+        assert_eq!(l.to_string(), "2x3 moving to 3x3");
     }
 
     #[test]

@@ -28,6 +28,18 @@ impl Drain {
         self.draining.load(Ordering::Acquire)
     }
 
+    /// Starts draining (puts are refused from now on); `true` the first time.
+    pub fn start(&self) -> bool {
+        !self.draining.swap(true, Ordering::AcqRel)
+    }
+
+    /// Asks the serving loop to stop now (a node that left the grid).
+    pub fn exit_now(&self) {
+        if !self.exiting.swap(true, Ordering::AcqRel) {
+            self.exit.notify_waiters();
+        }
+    }
+
     /// Resolves once a drained node was asked to exit (the serving loop's shutdown).
     pub async fn exit_requested(self: Arc<Drain>) {
         loop {
@@ -43,8 +55,8 @@ impl Drain {
     pub fn refuse(&self) -> Result<(), ServiceError> {
         if self.draining() {
             return Err(ServiceError::Unavailable(
-                "this node is draining (dissem node drain) before a restart: put through \
-                 another node"
+                "this node is draining (dissem node drain before a restart, or it leaves the \
+                 grid): put through another node"
                     .into(),
             ));
         }
@@ -57,7 +69,7 @@ impl Node {
     /// a drained node stops serving just after the answer.
     pub(crate) fn drain_step(&self, exit: bool) -> Result<v1::DrainResponse, ServiceError> {
         let d = self.drain();
-        if !d.draining.swap(true, Ordering::AcqRel) {
+        if d.start() {
             tracing::info!("draining: puts are refused from now on; disseminating the rest");
         }
         let open = self.store.unfinished_deliveries(usize::MAX)?.len() as u64;

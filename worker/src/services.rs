@@ -55,7 +55,6 @@ impl Node {
     /// Services over a store.
     pub fn new(store: Store, limits: Limits, sink: Sink) -> Node {
         Node {
-            sink,
             store,
             limits,
             federation: None,
@@ -64,7 +63,11 @@ impl Node {
             rate: Arc::new(runtime::rate::RateLimiter::new(
                 limits.max_requests_per_second_per_connection,
             )),
-            drain: Arc::default(),
+            drain: match &sink {
+                Sink::Cluster(d) => d.drain().clone(),
+                _ => Arc::default(),
+            },
+            sink,
         }
     }
 
@@ -508,6 +511,10 @@ impl v1::admin_server::Admin for Node {
                 Sink::Cluster(d) => d.counters().taken_over.load(Ordering::Relaxed),
                 _ => 0,
             },
+            copies_pulled: match &self.sink {
+                Sink::Cluster(d) => d.counters().copies_pulled.load(Ordering::Relaxed),
+                _ => 0,
+            },
             image_loaded: match &self.sink {
                 Sink::Cluster(d) => d.image_loaded(),
                 _ => 0,
@@ -598,6 +605,16 @@ impl v1::admin_server::Admin for Node {
     ) -> Result<Response<v1::DrainResponse>, Status> {
         let exit = request.into_inner().exit;
         Ok(Response::new(self.drain_step(exit)?))
+    }
+
+    async fn resize_grid(
+        &self,
+        _request: Request<v1::ResizeGridRequest>,
+    ) -> Result<Response<v1::ResizeGridResponse>, Status> {
+        Err(Status::failed_precondition(
+            "a node does not resize the grid: ask the leading coordinator (dissem grid resize \
+             --coordinator URL)",
+        ))
     }
 
     async fn redrive(

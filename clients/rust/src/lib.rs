@@ -287,6 +287,20 @@ impl Client {
             .into_inner())
     }
 
+    /// Asks the leading coordinator to resize the quorum grid to `rows x cols` (the first
+    /// call starts the move): answers where it stands. Ask again until `done`.
+    pub async fn resize_grid(
+        &self,
+        rows: u32,
+        cols: u32,
+    ) -> Result<v1::ResizeGridResponse, ClientError> {
+        Ok(self
+            .admin()
+            .resize_grid(v1::ResizeGridRequest { rows, cols })
+            .await?
+            .into_inner())
+    }
+
     /// The node's federation links and its active-passive role.
     pub async fn links(&self) -> Result<v1::LinksResponse, ClientError> {
         Ok(self

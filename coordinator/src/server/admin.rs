@@ -1,5 +1,6 @@
 //! The coordinator's `Admin` service: the cluster's figures and its grid as the driver
-//! sees them; what lives on nodes (dead letters, drains) is refused with where to ask.
+//! sees them, and online resizes of the grid; what lives on nodes (dead letters, drains) is
+//! refused with where to ask.
 
 use proto::v1;
 use tonic::{Request, Response, Status};
@@ -34,6 +35,13 @@ impl v1::admin_server::Admin for Handle {
             "a coordinator is not drained: stop it (SIGTERM) and a standby leads; drain the \
              nodes (dissem node drain --node URL)",
         ))
+    }
+
+    async fn resize_grid(
+        &self,
+        request: Request<v1::ResizeGridRequest>,
+    ) -> Result<Response<v1::ResizeGridResponse>, Status> {
+        Ok(Response::new(self.resize_grid(request.into_inner()).await?))
     }
 
     async fn stats(

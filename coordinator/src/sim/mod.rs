@@ -510,6 +510,7 @@ impl Sim {
                 workers: n.states(),
                 started: std::mem::take(&mut n.started),
                 terminated: Vec::new(),
+                ..v1::HeartbeatRequest::default()
             };
             self.net.send(id, COORD, Msg::Heartbeat(h));
         }

@@ -338,6 +338,45 @@ pub async fn drain(
     }
 }
 
+/// Resizes the grid (`dissem grid resize`): asks the leading coordinator every half second,
+/// printing what the move waits for on stderr when it changes, until `to` is in force;
+/// `Unavailable` naming what is left when `timeout` passes first (the move goes on: run
+/// again to follow it).
+pub async fn resize_grid(
+    c: Client,
+    to: runtime::grid::Grid,
+    timeout: std::time::Duration,
+) -> Result<Printed, ServiceError> {
+    let started = std::time::Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut said = Vec::new();
+    loop {
+        let r = c.resize_grid(to.rows, to.cols).await.map_err(cli_error)?;
+        if r.done {
+            let secs = started.elapsed().as_secs_f64();
+            return Ok(Printed::new(
+                vec![format!("the grid is {} ({secs:.1} s)", r.grid)],
+                serde_json::json!({ "grid": r.grid, "seconds": secs }),
+            ));
+        }
+        let now = std::iter::once(format!("moving {} -> {}", r.grid, r.moving_to))
+            .chain(r.waiting.iter().map(|w| format!("  waiting for {w}")))
+            .collect::<Vec<_>>();
+        if now != said {
+            eprintln!("{}", now.join("\n"));
+            said = now;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ServiceError::Unavailable(format!(
+                "{to} not in force within {timeout:?} (the move goes on; run again to follow \
+                 it): {}",
+                r.waiting.join("; ")
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
 /// A node's federation links and its active-passive role (`dissem link list`).
 pub async fn links(c: Client) -> Result<Printed, ServiceError> {
     let r = c.links().await.map_err(cli_error)?;

@@ -230,6 +230,12 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
                     json!(s.objects_taken_over),
                     "objects",
                 ),
+                (
+                    "copies_pulled",
+                    "copies pulled at catch-ups",
+                    json!(s.copies_pulled),
+                    "copies",
+                ),
             ],
         ));
     }

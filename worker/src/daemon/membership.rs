@@ -5,7 +5,7 @@
 use super::*;
 
 /// The longest a catch-up after registration may hold the outbox resend up.
-const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
+pub(super) const CATCH_UP_LIMIT: Duration = Duration::from_secs(60);
 
 /// The longest a registration or heartbeat waits for its answer.
 const CALL_LIMIT: Duration = Duration::from_secs(5);
@@ -64,8 +64,10 @@ impl Daemon {
             })
             .collect();
         let mut out = v1::ClusterView {
-            rows: v.grid.map_or(0, |g| g.rows),
-            cols: v.grid.map_or(0, |g| g.cols),
+            rows: v.grid.map_or(0, |g| g.grid.rows),
+            cols: v.grid.map_or(0, |g| g.grid.cols),
+            next_rows: v.grid.and_then(|g| g.next).map_or(0, |g| g.rows),
+            next_cols: v.grid.and_then(|g| g.next).map_or(0, |g| g.cols),
             members,
             lease_ms: v.lease.as_millis() as u64,
             leader_nonce: self.inner.nonce.load(Ordering::Acquire),
@@ -163,21 +165,19 @@ impl Daemon {
                         tracing::info!("registered with coordinator {nonce:016x}");
                         self.inner.nonce.store(nonce, Ordering::Release);
                         *lock(&self.inner.registered_at) = Some(Instant::now());
-                        self.set_view(r.membership.as_ref());
+                        self.set_view(r.membership.as_ref(), true);
                         self.lease_renewed(sent);
                         self.prefetch_image(r.image_version);
                         // whatever was in flight with an earlier coordinator is sent again,
                         // once this node caught up with its quorums (no resend before)
                         lock(&self.inner.sent).clear();
                         self.inner.caught_up.store(false, Ordering::Release);
-                        self.inner.registrations.fetch_add(1, Ordering::AcqRel);
+                        let registration =
+                            self.inner.registrations.fetch_add(1, Ordering::AcqRel) + 1;
                         let me = self.clone();
                         tokio::spawn(async move {
                             // a quorum that answers too slowly does not hold the outbox up
-                            if tokio::time::timeout(CATCH_UP_LIMIT, me.catch_up())
-                                .await
-                                .is_err()
-                            {
+                            if !me.catch_up_and_report(registration).await {
                                 tracing::warn!(
                                     "catching up took over {CATCH_UP_LIMIT:?}: going on without"
                                 );
@@ -195,12 +195,15 @@ impl Daemon {
                 continue;
             }
             let changes = std::mem::take(&mut *lock(&self.inner.changes));
+            let (caught_up_step, drained) = self.resize_report();
             let req = v1::HeartbeatRequest {
                 node: self.inner.cfg.node,
                 nonce: known,
                 workers: self.worker_states(),
                 started: changes.started.clone(),
                 terminated: changes.terminated.clone(),
+                caught_up_step,
+                drained,
             };
             let sent = Instant::now();
             let call = self.inner.coord.heartbeat(req);
@@ -213,7 +216,7 @@ impl Daemon {
             };
             match answer {
                 Ok(r) if r.nonce == known => {
-                    self.set_view(r.membership.as_ref());
+                    self.set_view(r.membership.as_ref(), false);
                     self.lease_renewed(sent);
                     self.prefetch_image(r.image_version);
                 }

@@ -48,6 +48,7 @@ mod presence;
 mod relay;
 mod repair;
 mod replicate;
+mod resize;
 mod service;
 mod subcopies;
 mod takeover;
@@ -74,6 +75,8 @@ pub struct DaemonCounters {
     pub workers_terminated: AtomicU64,
     /// Objects of dead nodes adopted by takeovers.
     pub taken_over: AtomicU64,
+    /// Object and subscription copies pulled from other nodes at catch-ups.
+    pub copies_pulled: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -138,6 +141,10 @@ struct Inner {
     handed: Mutex<HashSet<ObjectId>>,
     /// This node's objects another node adopted: their closure here ends no copy.
     adopted_away: Mutex<HashSet<ObjectId>>,
+    /// Draining (puts refused): asked by `dissem node drain`, or leaving the grid.
+    drain: Arc<crate::drain::Drain>,
+    /// This node's part in an online grid resize.
+    resize: Mutex<resize::NodeResize>,
 }
 
 /// A node daemon (cheap to clone).
@@ -243,6 +250,8 @@ impl Daemon {
                 lease: Mutex::new(fence::Lease::default()),
                 handed: Mutex::new(HashSet::new()),
                 adopted_away: Mutex::new(HashSet::new()),
+                drain: Arc::default(),
+                resize: Mutex::default(),
             }),
         };
         d.inner
@@ -291,5 +300,10 @@ impl Daemon {
     /// Counters for the admin API.
     pub fn counters(&self) -> &DaemonCounters {
         &self.inner.counters
+    }
+
+    /// The node's drain state (its services refuse puts while it drains).
+    pub fn drain(&self) -> &Arc<crate::drain::Drain> {
+        &self.inner.drain
     }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use runtime::grid::Grid;
+use runtime::grid::{Grid, Layout};
 use storage::StoredObject;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -34,7 +34,11 @@ const PEER_TRIES: u32 = 3;
 /// The cluster as the last heartbeat answer described it.
 #[derive(Debug, Clone, Default)]
 pub(super) struct View {
-    pub(super) grid: Option<Grid>,
+    /// The grid, and during an online resize the one the cluster moves to (every quorum is
+    /// then both grids' quorums).
+    pub(super) grid: Option<Layout>,
+    /// The resize's step: a node catches up again whenever it changes (`coordinator::resize`).
+    pub(super) resize_step: u64,
     /// node -> (endpoint, alive).
     pub(super) members: BTreeMap<u32, (String, bool)>,
     /// node -> the first sequence number its store handed out (copies below it belong to an
@@ -50,7 +54,10 @@ pub(super) struct View {
 impl View {
     pub(super) fn from_proto(m: &v1::Membership) -> View {
         View {
-            grid: Grid::new(m.rows, m.cols).ok(),
+            grid: Grid::new(m.rows, m.cols)
+                .ok()
+                .map(|g| Layout::new(g, Grid::new(m.next_rows, m.next_cols).ok())),
+            resize_step: m.resize_step,
             members: m
                 .members
                 .iter()
@@ -236,7 +243,7 @@ impl Daemon {
     }
 
     /// The grid, when replication is on.
-    pub fn grid(&self) -> Option<Grid> {
+    pub fn grid(&self) -> Option<Layout> {
         lock(&self.inner.view).grid
     }
 
@@ -248,11 +255,12 @@ impl Daemon {
     }
 
     /// Takes a heartbeat's membership; reacts to nodes that died or came back.
-    pub(super) fn set_view(&self, m: Option<&v1::Membership>) {
+    pub(super) fn set_view(&self, m: Option<&v1::Membership>, registering: bool) {
         let Some(m) = m else { return };
         let new = View::from_proto(m);
         let old = std::mem::replace(&mut *lock(&self.inner.view), new.clone());
         self.membership_changed(&old, &new);
+        self.layout_changed(&old, &new, registering);
     }
 
     /// When a wait for peers' answers gives up.

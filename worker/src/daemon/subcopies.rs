@@ -112,6 +112,10 @@ impl Daemon {
     pub(super) fn pull_subscriptions_until_whole(&self) {
         self.every_few_heartbeats_until(Daemon::subscriptions_whole, |me| async move {
             let n = me.catch_up_subscriptions(&me.view()).await;
+            me.inner
+                .counters
+                .copies_pulled
+                .fetch_add(n as u64, Ordering::Relaxed);
             if n > 0 {
                 tracing::info!("caught up: {n} more subscription copies this position holds");
             }

@@ -400,6 +400,10 @@ impl Daemon {
             }
         }
         let subs = self.catch_up_subscriptions(&view).await;
+        self.inner
+            .counters
+            .copies_pulled
+            .fetch_add((pulled + subs) as u64, Ordering::Relaxed);
         if subs > 0 {
             tracing::info!("caught up: {subs} subscription copies this position holds");
         }

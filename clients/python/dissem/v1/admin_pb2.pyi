@@ -7,6 +7,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ResizeGridRequest(_message.Message):
+    __slots__ = ("rows", "cols")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    cols: int
+    def __init__(self, rows: _Optional[int] = ..., cols: _Optional[int] = ...) -> None: ...
+
+class ResizeGridResponse(_message.Message):
+    __slots__ = ("grid", "moving_to", "waiting", "done")
+    GRID_FIELD_NUMBER: _ClassVar[int]
+    MOVING_TO_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    grid: str
+    moving_to: str
+    waiting: _containers.RepeatedScalarFieldContainer[str]
+    done: bool
+    def __init__(self, grid: _Optional[str] = ..., moving_to: _Optional[str] = ..., waiting: _Optional[_Iterable[str]] = ..., done: _Optional[bool] = ...) -> None: ...
+
 class DrainRequest(_message.Message):
     __slots__ = ("exit",)
     EXIT_FIELD_NUMBER: _ClassVar[int]
@@ -72,7 +92,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node", "objects_stored", "puts_accepted", "puts_rejected", "outbox_pending", "subscriptions", "role", "matches_handed", "matches_repeated", "deliveries", "deliveries_acked", "delivery_failures", "dead_lettered", "deliveries_queued", "copies_unfinished", "copies_finished", "objects_taken_over", "cluster", "image_loaded", "copies_forwarding", "view")
+    __slots__ = ("node", "objects_stored", "puts_accepted", "puts_rejected", "outbox_pending", "subscriptions", "role", "matches_handed", "matches_repeated", "deliveries", "deliveries_acked", "delivery_failures", "dead_lettered", "deliveries_queued", "copies_unfinished", "copies_finished", "objects_taken_over", "cluster", "image_loaded", "copies_forwarding", "view", "copies_pulled")
     NODE_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_STORED_FIELD_NUMBER: _ClassVar[int]
     PUTS_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +114,7 @@ class StatsResponse(_message.Message):
     IMAGE_LOADED_FIELD_NUMBER: _ClassVar[int]
     COPIES_FORWARDING_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
+    COPIES_PULLED_FIELD_NUMBER: _ClassVar[int]
     node: int
     objects_stored: int
     puts_accepted: int
@@ -115,10 +136,11 @@ class StatsResponse(_message.Message):
     image_loaded: int
     copies_forwarding: int
     view: ClusterView
-    def __init__(self, node: _Optional[int] = ..., objects_stored: _Optional[int] = ..., puts_accepted: _Optional[int] = ..., puts_rejected: _Optional[int] = ..., outbox_pending: _Optional[int] = ..., subscriptions: _Optional[int] = ..., role: _Optional[str] = ..., matches_handed: _Optional[int] = ..., matches_repeated: _Optional[int] = ..., deliveries: _Optional[int] = ..., deliveries_acked: _Optional[int] = ..., delivery_failures: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., deliveries_queued: _Optional[int] = ..., copies_unfinished: _Optional[int] = ..., copies_finished: _Optional[int] = ..., objects_taken_over: _Optional[int] = ..., cluster: _Optional[_Union[ClusterStats, _Mapping]] = ..., image_loaded: _Optional[int] = ..., copies_forwarding: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ...) -> None: ...
+    copies_pulled: int
+    def __init__(self, node: _Optional[int] = ..., objects_stored: _Optional[int] = ..., puts_accepted: _Optional[int] = ..., puts_rejected: _Optional[int] = ..., outbox_pending: _Optional[int] = ..., subscriptions: _Optional[int] = ..., role: _Optional[str] = ..., matches_handed: _Optional[int] = ..., matches_repeated: _Optional[int] = ..., deliveries: _Optional[int] = ..., deliveries_acked: _Optional[int] = ..., delivery_failures: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., deliveries_queued: _Optional[int] = ..., copies_unfinished: _Optional[int] = ..., copies_finished: _Optional[int] = ..., objects_taken_over: _Optional[int] = ..., cluster: _Optional[_Union[ClusterStats, _Mapping]] = ..., image_loaded: _Optional[int] = ..., copies_forwarding: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., copies_pulled: _Optional[int] = ...) -> None: ...
 
 class ClusterView(_message.Message):
-    __slots__ = ("rows", "cols", "members", "leader_name", "leader_url", "leader_epoch", "leader_nonce", "lease_ms")
+    __slots__ = ("rows", "cols", "members", "leader_name", "leader_url", "leader_epoch", "leader_nonce", "lease_ms", "next_rows", "next_cols")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     COLS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +149,8 @@ class ClusterView(_message.Message):
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEADER_NONCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ROWS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_COLS_FIELD_NUMBER: _ClassVar[int]
     rows: int
     cols: int
     members: _containers.RepeatedCompositeFieldContainer[GridMember]
@@ -135,7 +159,9 @@ class ClusterView(_message.Message):
     leader_epoch: int
     leader_nonce: int
     lease_ms: int
-    def __init__(self, rows: _Optional[int] = ..., cols: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GridMember, _Mapping]]] = ..., leader_name: _Optional[str] = ..., leader_url: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., leader_nonce: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    next_rows: int
+    next_cols: int
+    def __init__(self, rows: _Optional[int] = ..., cols: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GridMember, _Mapping]]] = ..., leader_name: _Optional[str] = ..., leader_url: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., leader_nonce: _Optional[int] = ..., lease_ms: _Optional[int] = ..., next_rows: _Optional[int] = ..., next_cols: _Optional[int] = ...) -> None: ...
 
 class GridMember(_message.Message):
     __slots__ = ("node", "row", "col", "alive", "heir", "endpoint")

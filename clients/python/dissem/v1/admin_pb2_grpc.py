@@ -59,6 +59,11 @@ class AdminStub:
                 request_serializer=dissem_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
                 response_deserializer=dissem_dot_v1_dot_admin__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.ResizeGrid = channel.unary_unary(
+                '/dissem.v1.Admin/ResizeGrid',
+                request_serializer=dissem_dot_v1_dot_admin__pb2.ResizeGridRequest.SerializeToString,
+                response_deserializer=dissem_dot_v1_dot_admin__pb2.ResizeGridResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -100,6 +105,17 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResizeGrid(self, request, context):
+        """Resizes the quorum grid of a running cluster (`dissem grid resize`; the leading
+        coordinator answers, a node answers FAILED_PRECONDITION). The first call starts the move
+        and records it in etcd; every call answers where it stands. Nodes at new positions join,
+        copies move to the new quorums, nodes outside the new grid drain; then the new grid is
+        committed. A resize interrupted by a kill resumes; a second resize waits for the first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +143,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=dissem_dot_v1_dot_admin__pb2.DrainRequest.FromString,
                     response_serializer=dissem_dot_v1_dot_admin__pb2.DrainResponse.SerializeToString,
+            ),
+            'ResizeGrid': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResizeGrid,
+                    request_deserializer=dissem_dot_v1_dot_admin__pb2.ResizeGridRequest.FromString,
+                    response_serializer=dissem_dot_v1_dot_admin__pb2.ResizeGridResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +285,33 @@ class Admin:
             '/dissem.v1.Admin/Drain',
             dissem_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
             dissem_dot_v1_dot_admin__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResizeGrid(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dissem.v1.Admin/ResizeGrid',
+            dissem_dot_v1_dot_admin__pb2.ResizeGridRequest.SerializeToString,
+            dissem_dot_v1_dot_admin__pb2.ResizeGridResponse.FromString,
             options,
             channel_credentials,
             insecure,
