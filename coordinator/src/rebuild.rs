@@ -177,7 +177,6 @@ pub async fn record_commit(etcd: &Etcd, from: Grid, to: Grid) -> Result<(), Serv
 async fn pull(
     endpoint: &str,
     secret: &ClusterSecret,
-    positions: u32,
     max_record: usize,
     changed_only: bool,
     into: &mut Newest,
@@ -191,7 +190,8 @@ async fn pull(
         let page = client.subscription_copies(v1::SubscriptionCopiesRequest {
             after_id: after,
             limit: PAGE,
-            placed_by: (0..positions).collect(),
+            // every position: a node that left the grid placed copies that stay
+            placed_by: (0..runtime::grid::MAX_POSITIONS).collect(),
             changed_only,
         });
         let r = tokio::time::timeout(PAGE_TIMEOUT, page)
@@ -243,7 +243,6 @@ pub async fn rebuild(
         tracing::info!("no node recorded in etcd: keeping the {n} subscriptions on this disk");
         return Ok(n);
     }
-    let positions = grid.len();
     let full: Vec<u32> = grid
         .whole_holders()
         .into_iter()
@@ -256,16 +255,7 @@ pub async fn rebuild(
     let mut answered = 0;
     for n in &full {
         let r = &nodes[n];
-        match pull(
-            &r.endpoint,
-            secret,
-            positions,
-            max_record,
-            false,
-            &mut merged,
-        )
-        .await
-        {
+        match pull(&r.endpoint, secret, max_record, false, &mut merged).await {
             Ok((c, true)) => {
                 answered += 1;
                 tracing::info!(
@@ -289,16 +279,7 @@ pub async fn rebuild(
     for r in nodes.values().filter(|r| !full.contains(&r.node)) {
         // without a whole holder, every member's copies; else what changed since Creates
         let changed_only = !whole.is_empty();
-        match pull(
-            &r.endpoint,
-            secret,
-            positions,
-            max_record,
-            changed_only,
-            &mut merged,
-        )
-        .await
-        {
+        match pull(&r.endpoint, secret, max_record, changed_only, &mut merged).await {
             Ok(_) => answered += 1,
             Err(e) => tracing::debug!("subscription copies from node {}: {e}", r.node),
         }

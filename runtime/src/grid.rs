@@ -213,9 +213,37 @@ impl Layout {
         self.union(node, |g| g.object_quorum(node, critical))
     }
 
-    /// [`Grid::subscription_quorum`] in both grids.
+    /// [`Grid::subscription_quorum`] in both grids, and during a move node 0 and the last
+    /// node of each grid besides: a node of the new grid alone has no column in the old one,
+    /// yet a rebuild before the commit trusts the old grid's two to hold every subscription,
+    /// and one after it the new grid's (found by the simulated schedules,
+    /// `coordinator/src/sim/copies.rs`).
     pub fn subscription_quorum(&self, node: u32) -> Vec<u32> {
-        self.union(node, |g| g.subscription_quorum(node))
+        let mut q = self.union(node, |g| g.subscription_quorum(node));
+        if self.next.is_some() {
+            q.extend(self.every_whole_holder());
+        }
+        dedup(q)
+    }
+
+    /// The placers whose subscriptions `node` holds copies of: every position whose
+    /// [`Layout::subscription_quorum`] holds it, and for node 0 and the last node (of either
+    /// grid) every position past the layout too: a node that left the grid in a resize
+    /// placed subscriptions no column holds any more, and those two keep them (found by the
+    /// simulated schedules, `coordinator/src/sim/copies.rs`).
+    pub fn placers_held_by(&self, node: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..self.len())
+            .filter(|&q| self.subscription_quorum(q).contains(&node))
+            .collect();
+        if self.every_whole_holder().contains(&node) {
+            v.extend(self.len()..MAX_POSITIONS);
+        }
+        v
+    }
+
+    /// Node 0 and the last node of each grid.
+    fn every_whole_holder(&self) -> Vec<u32> {
+        dedup(self.grids().flat_map(|g| [0, g.len() - 1]).collect())
     }
 
     /// The origins whose quorum, in either grid, holds `node`.
@@ -381,6 +409,14 @@ mod tests {
         assert_eq!(shrink.xs_quorum(7), new.xs_quorum(7));
         assert!(!shrink.stays(7) && shrink.stays(5));
         assert_eq!(shrink.whole_holders(), [0, 8]);
+        // node 8 has no column in 2x3: what is created through it reaches 0 and 5 too
+        assert!(set(l.subscription_quorum(8)).is_superset(&set(vec![0, 5])));
+        // shrinking, what node 7 places reaches the new last node, 5, which keeps the
+        // copies of the positions that leave once the move is done
+        assert!(shrink.subscription_quorum(7).contains(&5));
+        let after = Layout::fixed(old);
+        assert!(after.placers_held_by(5).contains(&7));
+        assert!(!after.placers_held_by(4).contains(&7));
         assert_eq!(Layout::new(old, Some(old)).next, None);
         assert_eq!(l.to_string(), "2x3 moving to 3x3");
     }

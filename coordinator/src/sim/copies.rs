@@ -12,13 +12,19 @@
 //! that was told of the change (and kept its disk) answers the new leader. A schedule is drawn from its seed
 //! alone; a failure names the seed, and `DISSEM_SIM_SEED=S` replays from it.
 //!
+//! Schedules also resize the grid online (`sim/resize.rs`, the rules of
+//! `coordinator::resize`): nodes learn the move at their heartbeats, place what is created
+//! through them by the layout they know, and catch up under it.
+//!
 //! [`Rules`] can undo each fix (unversioned copies without tombstones, a rebuild that
-//! trusts one holder, a whole holder trusted before it caught up): the mutation checks
-//! show that a schedule then fails.
+//! trusts one holder, a whole holder trusted before it caught up; for resizes, a commit
+//! without the pull step, a move without joint holders, a shrink that drops what departed
+//! placers placed): the mutation checks (`copies/checks.rs`) show that a schedule then
+//! fails. `DISSEM_SIM_TRACE=1` prints every step of the schedules run.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use runtime::grid::Grid;
+use runtime::grid::{Grid, Layout};
 use runtime::rng::Rng;
 use storage::{Held, Newest, SubCopy, replaces};
 
@@ -32,6 +38,14 @@ pub struct Rules {
     /// Node 0 and node n-1 are trusted to hold everything only once caught up
     /// (`SubscriptionCopiesResponse.whole`).
     pub whole_when_caught_up: bool,
+    /// Schedules resize the grid.
+    pub resizes: bool,
+    /// A resize has its pull step (every node catches up again once all know the move).
+    pub pull_step: bool,
+    /// During a move a subscription also goes to node 0 and the last node of both grids.
+    pub joint_holders: bool,
+    /// Node 0 and the last node keep the copies placed by positions that left the grid.
+    pub departed_placers: bool,
 }
 
 impl Rules {
@@ -39,15 +53,23 @@ impl Rules {
         versions: true,
         merged_rebuild: true,
         whole_when_caught_up: true,
+        resizes: true,
+        pull_step: true,
+        joint_holders: true,
+        departed_placers: true,
     };
 }
 
 /// One node's subscription copies.
 #[derive(Debug, Default, Clone)]
-struct Node {
-    up: bool,
-    /// Pulled what its position must hold since it came back.
-    caught_up: bool,
+pub(super) struct Node {
+    pub(super) up: bool,
+    /// Pulled what its position must hold since it came back (or learned a new layout).
+    pub(super) caught_up: bool,
+    /// The layout and resize step it last learned (from a heartbeat or its registration).
+    pub(super) known: Option<(Layout, u64)>,
+    /// The resize step its last catch-up was for (what its heartbeats report).
+    pub(super) reported: u64,
     /// id -> (revision, placed by).
     copies: BTreeMap<u64, (u64, u32)>,
     tombs: BTreeSet<u64>,
@@ -117,11 +139,11 @@ impl Node {
 
 /// The registry's truth and who was told each change.
 #[derive(Debug, Default)]
-struct Truth {
+pub(super) struct Truth {
     live: BTreeMap<u64, u64>,
     deleted: BTreeSet<u64>,
     /// id -> nodes told the newest version or the deletion (their disk kept since).
-    witnesses: BTreeMap<u64, BTreeSet<u32>>,
+    pub(super) witnesses: BTreeMap<u64, BTreeSet<u32>>,
     counter: u64,
 }
 
@@ -139,19 +161,32 @@ pub struct Outcome {
     pub steps: usize,
     pub rebuilds: usize,
     pub violations: Vec<Violation>,
+    /// Resizes committed.
+    pub resizes: usize,
 }
 
 /// The simulated cluster of one schedule.
-struct Cluster {
-    grid: Grid,
-    rules: Rules,
-    nodes: Vec<Node>,
-    truth: Truth,
+pub(super) struct Cluster {
+    /// The grid in force, and the one a resize moves to (with its step).
+    pub(super) grid: Grid,
+    pub(super) next: Option<Grid>,
+    pub(super) step: u64,
+    pub(super) rules: Rules,
+    /// Every position of any grid a schedule draws.
+    pub(super) nodes: Vec<Node>,
+    pub(super) truth: Truth,
 }
 
+/// The grids a schedule starts on or resizes to.
+pub(super) const SHAPES: [(u32, u32); 5] = [(1, 3), (2, 2), (2, 3), (3, 3), (3, 2)];
+
 impl Cluster {
-    fn up(&self) -> Vec<u32> {
-        (0..self.grid.len())
+    pub(super) fn layout(&self) -> Layout {
+        Layout::new(self.grid, self.next)
+    }
+
+    pub(super) fn up(&self) -> Vec<u32> {
+        (0..self.layout().len())
             .filter(|&n| self.nodes[n as usize].up)
             .collect()
     }
@@ -161,12 +196,16 @@ impl Cluster {
         self.truth.counter
     }
 
-    /// `Create` through node `via`: its column quorum's live members take the copy.
+    /// `Create` through node `via`: its column quorum's live members take the copy, in the
+    /// layout `via` knows (it may not have heard of a resize yet).
     fn create(&mut self, via: u32) {
         let id = self.next_rev();
         self.truth.live.insert(id, id);
         let mut told = BTreeSet::new();
-        for n in self.grid.subscription_quorum(via) {
+        let layout = self.nodes[via as usize]
+            .known
+            .map_or(self.layout(), |(l, _)| l);
+        for n in self.quorum(layout, via) {
             if self.nodes[n as usize].up {
                 self.nodes[n as usize].apply(self.rules, id, id, Some(via), false);
                 told.insert(n);
@@ -214,8 +253,65 @@ impl Cluster {
                 w.remove(&n);
             }
         }
-        self.nodes[n as usize].up = true;
-        self.nodes[n as usize].caught_up = false;
+        let known = Some((self.layout(), self.step));
+        let node = &mut self.nodes[n as usize];
+        node.up = true;
+        node.caught_up = false;
+        // its registration answers the layout; what it reported before is forgotten
+        node.known = known;
+        node.reported = 0;
+    }
+
+    /// Where a subscription created through `via` goes in `layout`
+    /// (`Layout::subscription_quorum`, or without the joint holders the plain union).
+    fn quorum(&self, layout: Layout, via: u32) -> Vec<u32> {
+        if self.rules.joint_holders {
+            return layout.subscription_quorum(via);
+        }
+        let grids = std::iter::once(layout.grid).chain(layout.next);
+        let mut q: Vec<u32> = grids
+            .filter(|g| g.contains(via))
+            .flat_map(|g| g.subscription_quorum(via))
+            .collect();
+        q.sort_unstable();
+        q.dedup();
+        q
+    }
+
+    /// The placers whose copies `n` pulls (`Layout::placers_held_by`, or without the
+    /// departed placers only the positions whose quorum holds it).
+    fn placers(&self, layout: Layout, n: u32) -> BTreeSet<u32> {
+        let mut v: BTreeSet<u32> = (0..layout.len())
+            .filter(|&q| self.quorum(layout, q).contains(&n))
+            .collect();
+        if self.rules.departed_placers {
+            let all: BTreeSet<u32> = layout.placers_held_by(n).into_iter().collect();
+            v.extend(all.into_iter().filter(|&q| q >= layout.len()));
+        }
+        v
+    }
+
+    /// The state, one line (for `DISSEM_SIM_TRACE`): the layout, and per position whether
+    /// it is up (U) and caught up (C), the step it reported and its copies (id.rev.placer).
+    fn describe(&self) -> String {
+        let nodes: Vec<String> = (0..self.layout().len())
+            .map(|p| {
+                let n = &self.nodes[p as usize];
+                let copies: Vec<String> = n
+                    .copies
+                    .iter()
+                    .map(|(id, (rev, by))| format!("{id}.{rev}.{by}"))
+                    .collect();
+                format!(
+                    "n{p}:{}{}r{}[{}]",
+                    if n.up { "U" } else { "d" },
+                    if n.caught_up { "C" } else { "-" },
+                    n.reported,
+                    copies.join(",")
+                )
+            })
+            .collect();
+        format!("{} step {} | {}", self.layout(), self.step, nodes.join(" "))
     }
 
     /// Node 0 or n-1 taken as holding everything: live, and (under the fix) caught up.
@@ -229,11 +325,11 @@ impl Cluster {
     /// other position answered (a create made while node 0 and node n-1 were both down is
     /// held by its column alone); else it tries again later.
     fn catch_up(&mut self, n: u32) {
-        let g = self.grid;
-        let placers: BTreeSet<u32> = (0..g.len())
-            .filter(|&q| g.subscription_quorum(q).contains(&n))
-            .collect();
-        let full: Vec<u32> = [0, g.len() - 1]
+        let g = self.layout();
+        self.nodes[n as usize].known = Some((g, self.step));
+        let placers = self.placers(g, n);
+        let full: Vec<u32> = g
+            .whole_holders()
             .into_iter()
             .filter(|&f| f != n && self.whole(f))
             .take(1)
@@ -261,13 +357,15 @@ impl Cluster {
             }
         }
         self.nodes[n as usize].caught_up = pulled;
+        if pulled {
+            self.nodes[n as usize].reported = self.step;
+        }
     }
 
     /// A new leader's registry, as `rebuild` makes it from the live nodes.
     fn rebuild(&self) -> BTreeMap<u64, u64> {
-        let g = self.grid;
         let up = self.up();
-        let ends: BTreeSet<u32> = [0, g.len() - 1].into_iter().collect();
+        let ends: BTreeSet<u32> = self.layout().whole_holders().into_iter().collect();
         let whole: Vec<u32> = ends.iter().copied().filter(|&f| self.whole(f)).collect();
         if !self.rules.merged_rebuild {
             // before: the first whole holder alone, else the union (later nodes win)
@@ -329,33 +427,44 @@ impl Cluster {
 /// Runs the schedule of `seed` under `rules`.
 pub fn run(seed: u64, rules: Rules) -> Outcome {
     let mut rng = Rng::new(seed);
-    let shapes = [(1, 3), (2, 2), (2, 3), (3, 3)];
-    let (rows, cols) = shapes[rng.below(shapes.len() as u64) as usize];
-    let grid = match Grid::new(rows, cols) {
-        Ok(g) => g,
-        Err(e) => panic!("grid {rows}x{cols}: {e}"),
-    };
+    let grid = super::resize::shape(&mut rng);
+    let positions = SHAPES.iter().map(|(r, c)| r * c).max().unwrap_or(0);
+    let mut nodes = vec![Node::default(); positions as usize];
+    for n in nodes.iter_mut().take(grid.len() as usize) {
+        n.up = true;
+        n.caught_up = true;
+        n.known = Some((Layout::fixed(grid), 0));
+    }
     let mut c = Cluster {
         grid,
+        next: None,
+        step: 0,
         rules,
-        nodes: vec![
-            Node {
-                up: true,
-                caught_up: true,
-                ..Node::default()
-            };
-            grid.len() as usize
-        ],
+        nodes,
         truth: Truth::default(),
     };
     let mut out = Outcome::default();
-    let steps = 20 + rng.below(40) as usize;
+    // DISSEM_SIM_TRACE=1 with DISSEM_SIM_SEED=S: every step of the replayed schedules
+    let trace = std::env::var_os("DISSEM_SIM_TRACE").is_some();
+    let steps = if rules.resizes {
+        40 + rng.below(80) as usize
+    } else {
+        20 + rng.below(40) as usize
+    };
     for _ in 0..steps {
         out.steps += 1;
         let up = c.up();
-        let down: Vec<u32> = (0..grid.len()).filter(|n| !up.contains(n)).collect();
+        let down: Vec<u32> = (0..c.layout().len()).filter(|n| !up.contains(n)).collect();
         let live: Vec<u64> = c.truth.live.keys().copied().collect();
-        match rng.below(100) {
+        let draw = if rules.resizes {
+            rng.below(140)
+        } else {
+            rng.below(100)
+        };
+        if trace {
+            eprintln!("{seed} step {}: draw {draw}; {}", out.steps, c.describe());
+        }
+        match draw {
             0..=24 => {
                 if let Some(via) = rng.pick(&up) {
                     c.create(via);
@@ -395,10 +504,36 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
                     c.catch_up(n);
                 }
             }
-            _ => {
+            88..=99 => {
                 out.rebuilds += 1;
                 let registry = c.rebuild();
                 c.check(&registry, &mut out.violations);
+            }
+            100..=105 => c.start_resize(&mut rng),
+            106..=111 => {
+                // one node's heartbeat ahead of the others'
+                if let Some(n) = rng.pick(&up) {
+                    c.learn(n);
+                }
+            }
+            112..=125 => {
+                // a round of heartbeats, then the leader steps the move on
+                for n in up {
+                    c.learn(n);
+                }
+                out.resizes += usize::from(c.advance());
+            }
+            _ => {
+                // the catch-ups that are due, in a random order
+                let mut behind: Vec<u32> = up
+                    .into_iter()
+                    .filter(|&n| !c.nodes[n as usize].caught_up)
+                    .collect();
+                while let Some(n) = rng.pick(&behind) {
+                    behind.retain(|&b| b != n);
+                    c.catch_up(n);
+                }
+                out.resizes += usize::from(c.advance());
             }
         }
     }
@@ -417,96 +552,4 @@ pub fn first_failure(base: u64, count: u64, rules: Rules) -> Option<(u64, Vec<Vi
 }
 
 #[cfg(test)]
-mod checks {
-    use super::*;
-
-    /// Schedules in CI (each a few dozen steps).
-    const SCHEDULES: u64 = 10_000;
-
-    fn base_seed() -> u64 {
-        std::env::var("DISSEM_SIM_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0x5eed_0000)
-    }
-
-    #[test]
-    fn ten_thousand_schedules_keep_deleted_subscriptions_deleted_and_versions_newest() {
-        let base = base_seed();
-        let (mut steps, mut rebuilds) = (0, 0);
-        for seed in base..base + SCHEDULES {
-            let o = run(seed, Rules::FIXED);
-            assert!(
-                o.violations.is_empty(),
-                "schedule {seed} failed (replay: DISSEM_SIM_SEED={seed}): {:?}",
-                o.violations
-            );
-            steps += o.steps;
-            rebuilds += o.rebuilds;
-        }
-        assert!(rebuilds >= SCHEDULES as usize, "{rebuilds} rebuilds");
-        eprintln!("{SCHEDULES} schedules from seed {base}: {steps} steps, {rebuilds} rebuilds");
-    }
-
-    #[test]
-    fn a_schedule_is_drawn_from_its_seed_alone() {
-        for seed in [1, 2, 99] {
-            let (a, b) = (run(seed, Rules::FIXED), run(seed, Rules::FIXED));
-            assert_eq!((a.steps, a.rebuilds), (b.steps, b.rebuilds));
-            let unversioned = Rules {
-                versions: false,
-                merged_rebuild: false,
-                ..Rules::FIXED
-            };
-            assert_eq!(
-                run(seed, unversioned).violations,
-                run(seed, unversioned).violations
-            );
-        }
-    }
-
-    /// Mutation check: copies without revisions or tombstones (the code before the fix)
-    /// bring deleted subscriptions back, or serve old versions.
-    #[test]
-    fn without_versions_a_schedule_fails() {
-        let rules = Rules {
-            versions: false,
-            ..Rules::FIXED
-        };
-        let found = first_failure(base_seed(), SCHEDULES, rules);
-        let (seed, v) = found.expect("unversioned copies passed every schedule");
-        assert!(
-            v.iter().any(|v| matches!(v, Violation::Resurrected { .. })),
-            "seed {seed}: {v:?}"
-        );
-    }
-
-    /// Mutation check: a rebuild that trusts the first whole holder (the code before the
-    /// fix) serves an old version that a returning holder still had.
-    #[test]
-    fn a_rebuild_from_one_holder_fails_a_schedule() {
-        let rules = Rules {
-            merged_rebuild: false,
-            ..Rules::FIXED
-        };
-        let found = first_failure(base_seed(), SCHEDULES, rules);
-        assert!(
-            found.is_some(),
-            "a one-holder rebuild passed every schedule"
-        );
-    }
-
-    /// Mutation check: node 0 or n-1 trusted to hold everything while it is still catching
-    /// up (the code before the fix; found by `bench chaos`, seeds 9088 and 9113) loses a
-    /// subscription created while it was down, or serves an old version.
-    #[test]
-    fn a_holder_trusted_before_it_caught_up_fails_a_schedule() {
-        let rules = Rules {
-            whole_when_caught_up: false,
-            ..Rules::FIXED
-        };
-        let found = first_failure(base_seed(), SCHEDULES, rules);
-        let (seed, v) = found.expect("trusting a holder still catching up passed every schedule");
-        eprintln!("seed {seed}: {v:?}");
-    }
-}
+mod checks;

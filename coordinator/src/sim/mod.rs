@@ -534,5 +534,6 @@ impl Sim {
 }
 
 pub mod copies;
+mod resize;
 #[cfg(test)]
 mod tests;

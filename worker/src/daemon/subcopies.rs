@@ -61,9 +61,7 @@ impl Daemon {
         let Some(g) = view.grid else { return 0 };
         let registration = self.inner.registrations.load(Ordering::Acquire);
         let me = self.inner.cfg.node;
-        let placers: Vec<u32> = (0..g.len())
-            .filter(|&q| g.subscription_quorum(q).contains(&me))
-            .collect();
+        let placers = g.placers_held_by(me);
         let full: Vec<u32> = [0, g.len() - 1]
             .into_iter()
             .filter(|&n| n != me && view.alive(n))
