@@ -12,13 +12,18 @@ use super::values::{code_strings, value_indexes, values_code};
 use super::*;
 use crate::hash::XxHasher;
 
+/// One distinct predicate: (attribute, test, negated), the test borrowed from the
+/// subscriptions being compiled (a copy of each of 10 million tests, 80 bytes apiece, was
+/// most of the W1 build's page faults).
+pub(super) type Pred<'a> = (u32, &'a Test, bool);
+
 /// Phase 1: every attribute and every distinct predicate interned (ids shared by all the
 /// conjunctions that use them), and the conjunctions as lists of predicate ids.
-pub(super) struct Interned {
+pub(super) struct Interned<'a> {
     pub(super) attr_ids: FastMap<String, u32>,
     pub(super) attr_names: Vec<String>,
     /// (attribute, test, negated) per predicate id.
-    pub(super) preds: Vec<(u32, Test, bool)>,
+    pub(super) preds: Vec<Pred<'a>>,
     pub(super) conj_sub: Vec<u64>,
     /// Conjunction `c`'s predicates are `conj_preds[conj_start[c]..conj_start[c + 1]]`.
     pub(super) conj_start: Vec<u32>,
@@ -48,18 +53,23 @@ impl Base {
     {
         let bloom = cfg.bloom.validate()?;
         let words = bloom.words();
+        let mut phases = Phases::new();
         let mut it = intern(subs)?;
+        phases.done("intern");
         // the id intervals serve test ids, and the Bloom row filters are swept from them
         let mut c = compile(
             &it.preds,
             it.attr_names.len(),
             cfg.test_ids || cfg.bloom_tables,
         );
+        phases.done("compile");
         let (bloom_ready, pred_pos) = bloom_positions(&cfg, bloom, &it, &mut c);
         drop(std::mem::take(&mut it.preds));
+        phases.done("bloom positions");
         let n_preds = c.pred_codes.len();
         let mut order = layout::order(&it, &c);
         code_strings(&mut c, &order.flag_access);
+        phases.done("order");
         let k = bloom.k as usize;
         let mut recs = layout::records(
             &it,
@@ -67,6 +77,7 @@ impl Base {
             &order,
             bloom_ready.then_some((&pred_pos[..], k, words)),
         );
+        phases.done("records");
         let (id_post, id_recs) = if cfg.test_ids {
             layout::id_postings(n_preds, &order)
         } else {
@@ -74,6 +85,7 @@ impl Base {
         };
         let (runs, flag_runs, probe_rows) = layout::probe_runs(&recs.recs, &mut order);
         let chosen = layout::strategy(&cfg, &c, &order, &recs, words, bloom_ready)?;
+        phases.done("postings and strategy");
         // a cell shard never visits the access index: keep only each conjunction's subscription
         let access_ready = chosen.strategy != Strategy::Cells;
         let (recs_kept, conj_subs) = if access_ready {
@@ -138,8 +150,34 @@ impl Base {
     }
 }
 
+/// The time of each phase of a build, printed on stderr when `DISSEM_BUILD_PHASES` is set
+/// (what a profile of a slow build starts from).
+struct Phases {
+    on: bool,
+    at: std::time::Instant,
+}
+
+impl Phases {
+    fn new() -> Phases {
+        Phases {
+            on: std::env::var_os("DISSEM_BUILD_PHASES").is_some(),
+            at: std::time::Instant::now(),
+        }
+    }
+
+    fn done(&mut self, phase: &str) {
+        if self.on {
+            eprintln!(
+                "build phase {phase}: {:.3} s",
+                self.at.elapsed().as_secs_f64()
+            );
+            self.at = std::time::Instant::now();
+        }
+    }
+}
+
 /// Phase 1: interns attributes and predicates and collects the conjunctions.
-fn intern<'a, I>(subs: I) -> Result<Interned, BuildError>
+fn intern<'a, I>(subs: I) -> Result<Interned<'a>, BuildError>
 where
     I: IntoIterator<Item = (u64, &'a Dnf)>,
 {
@@ -155,7 +193,7 @@ where
     // than a map holding a copy of every predicate (millions of 100-byte keys)
     let mut pred_ids: HashTable<u32> = HashTable::with_capacity(uses);
     let mut pred_hash: Vec<u64> = Vec::with_capacity(uses);
-    let mut preds: Vec<(u32, Test, bool)> = Vec::with_capacity(uses);
+    let mut preds: Vec<Pred<'a>> = Vec::with_capacity(uses);
     let mut conj_sub: Vec<u64> = Vec::with_capacity(subs.len());
     let mut conj_start: Vec<u32> = Vec::with_capacity(subs.len() + 1);
     conj_start.push(0);
@@ -183,13 +221,13 @@ where
                 let h = hasher.hash_one((attr, &p.test, p.negated));
                 let found = pred_ids.find(h, |&id| {
                     let (a, t, n) = &preds[id as usize];
-                    *a == attr && *n == p.negated && *t == p.test
+                    *a == attr && *n == p.negated && **t == p.test
                 });
                 let id = match found {
                     Some(&id) => id,
                     None => {
                         let id = preds.len() as u32;
-                        preds.push((attr, p.test.clone(), p.negated));
+                        preds.push((attr, &p.test, p.negated));
                         pred_hash.push(h);
                         pred_ids.insert_unique(h, id, |&i| pred_hash[i as usize]);
                         id
@@ -256,7 +294,7 @@ impl<'a> ConstIndex<'a> {
 
 /// Phase 2: numeric constants per attribute, flags for string and set tests, and each
 /// predicate's code and selectivity estimate.
-fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> Compiled {
+fn compile(preds: &[Pred<'_>], n_attrs: usize, id_intervals: bool) -> Compiled {
     let n_preds = preds.len();
     let mut consts: Vec<Vec<Num>> = vec![Vec::new(); n_attrs];
     let mut numeric_attr = vec![false; n_attrs];
@@ -307,7 +345,7 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
         .zip(&ranked_attr)
         .map(|(t, &r)| ConstIndex::new(if r { None } else { t.as_ref() }))
         .collect();
-    let mut flag_ids: FastMap<(u32, Test), u32> = FastMap::default();
+    let mut flag_ids: FastMap<(u32, &Test), u32> = FastMap::default();
     let mut flag_pred: Vec<u32> = Vec::new();
     let mut str_tests: Vec<Vec<(StrTest, u32)>> = vec![Vec::new(); n_attrs];
     let mut num_hits: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_attrs];
@@ -371,7 +409,7 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
             }
             other => {
                 let next = flag_pred.len() as u32;
-                let flag = *flag_ids.entry((a, other.clone())).or_insert_with(|| {
+                let flag = *flag_ids.entry((a, *other)).or_insert_with(|| {
                     flag_pred.push(NONE);
                     match other {
                         Test::NumIn(set) => {
@@ -399,8 +437,8 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
                         (v.len() as f32 / rows as f32 * 2.0).min(0.5)
                     }
                     Test::EqIgnoreCase(_) => (1.0 / eq_counts[a as usize].max(1) as f32).min(0.05),
-                    t => crate::predicate::Predicate::new("", t.clone(), false).shape_selectivity()
-                        as f32,
+                    t => crate::predicate::Predicate::new("", (*t).clone(), false)
+                        .shape_selectivity() as f32,
                 };
                 if *negated {
                     blk.neg_flags.push((flag, pid));
@@ -457,7 +495,7 @@ fn compile(preds: &[(u32, Test, bool)], n_attrs: usize, id_intervals: bool) -> C
 fn bloom_positions(
     cfg: &ShardConfig,
     bloom: BloomConfig,
-    it: &Interned,
+    it: &Interned<'_>,
     c: &mut Compiled,
 ) -> (bool, Vec<u16>) {
     let (preds, attr_names, n_preds, words) =
@@ -486,7 +524,7 @@ fn bloom_positions(
             }
             let canonical = crate::predicate::Predicate {
                 attr: attr_names[*attr as usize].clone(),
-                test: test.clone(),
+                test: (*test).clone(),
                 negated: *negated,
             }
             .canonical();

@@ -60,7 +60,7 @@ pub(super) struct Chosen {
 /// Conjunction `c`'s predicates in code order: its access predicate first, the rest by
 /// increasing selectivity.
 fn sort_codes(
-    it: &Interned,
+    it: &Interned<'_>,
     pred_sel: &[f32],
     access: &[(Group, u32)],
     c: usize,
@@ -77,7 +77,7 @@ fn sort_codes(
 }
 
 /// Phase 4: access predicates and the record order.
-pub(super) fn order(it: &Interned, c: &Compiled) -> Order {
+pub(super) fn order(it: &Interned<'_>, c: &Compiled) -> Order {
     let (conj_start, conj_preds) = (&it.conj_start, &it.conj_preds);
     let (pred_codes, pred_sel, attrs, n_flags) = (&c.pred_codes, &c.pred_sel, &c.attrs, c.n_flags);
     let c_lists = &c.value_lists;
@@ -302,7 +302,7 @@ pub(super) fn order(it: &Interned, c: &Compiled) -> Order {
 /// Phase 5: lays out the records; `bloom` is (positions per predicate, k, words) when the
 /// shard keeps Bloom filters.
 pub(super) fn records(
-    it: &Interned,
+    it: &Interned<'_>,
     c: &Compiled,
     o: &Order,
     bloom: Option<(&[u16], usize, usize)>,

@@ -18,7 +18,7 @@ pub(super) struct RankedBounds {
 }
 
 impl RankedBounds {
-    pub(super) fn new(preds: &[(u32, Test, bool)], n_attrs: usize) -> RankedBounds {
+    pub(super) fn new(preds: &[super::build::Pred<'_>], n_attrs: usize) -> RankedBounds {
         let small = |b: &Bound| match b {
             Bound::Incl(c) | Bound::Excl(c) => c.as_i64().and_then(|v| i32::try_from(v).ok()),
             Bound::Unbounded => Some(0),

@@ -8,7 +8,7 @@ use super::*;
 /// Value indexes per attribute for the strings of positive `in {strings}` predicates, the
 /// most used first: sets of popular values (the most predicates, on skewed workloads) then
 /// fall on the first page of 64 and compile to one [`OP_VALUES`] code each.
-pub(super) fn value_indexes(preds: &[(u32, Test, bool)], attrs: &mut [AttrBlock]) {
+pub(super) fn value_indexes(preds: &[super::build::Pred<'_>], attrs: &mut [AttrBlock]) {
     let mut uses: Vec<FastMap<&str, u32>> = vec![FastMap::default(); attrs.len()];
     for (attr, test, negated) in preds {
         if let (Test::StrIn(set), false) = (test, negated) {

@@ -32,6 +32,9 @@ pub trait LinkLedger: Send + Sync + std::fmt::Debug {
     /// Owes another node's object (a copy this node took over) to every all-active link whose
     /// filter it passes; durable with the store's next commit.
     fn owe_copy(&self, o: &StoredObject) -> Result<(), ServiceError>;
+    /// Entries the links owe in all (a node that leaves the grid waits for none: its disk
+    /// goes with it).
+    fn owed_total(&self) -> u64;
 }
 
 impl Daemon {

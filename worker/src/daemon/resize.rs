@@ -82,7 +82,9 @@ impl Daemon {
         (step, r.leaving && self.owes_nothing())
     }
 
-    /// Nothing in the outbox, no delivery record open, none queued.
+    /// Nothing in the outbox, no delivery record open, none queued, and nothing owed to a
+    /// federation link (unlike a drain before a restart, a node that leaves takes its disk
+    /// with it).
     fn owes_nothing(&self) -> bool {
         let queued = self
             .inner
@@ -95,6 +97,7 @@ impl Daemon {
             .store
             .unfinished_deliveries(1)
             .map_or(1, |v| v.len());
-        self.inner.store.outbox_len() == 0 && open == 0 && queued == 0
+        let owed = self.links().map_or(0, |l| l.owed_total());
+        self.inner.store.outbox_len() == 0 && open == 0 && queued == 0 && owed == 0
     }
 }

@@ -89,6 +89,10 @@ impl LinkLedger for Federation {
         seqs.into_iter().take(limit).collect()
     }
 
+    fn owed_total(&self) -> u64 {
+        self.links().links.iter().map(|l| l.owed).sum()
+    }
+
     fn owe_copy(&self, o: &StoredObject) -> Result<(), ServiceError> {
         let event = Event {
             attrs: o.metadata.clone(),
