@@ -556,7 +556,11 @@ fn bloom_without_test_ids_finds_selective_numeric_matches() {
 /// refused whether both are in one half or one in each.
 #[test]
 fn a_subscription_given_twice_is_refused_in_one_half_or_across_them() {
-    let d = Dnf(vec![Conjunction(vec![Predicate::new("a", Test::Exists, false)])]);
+    let d = Dnf(vec![Conjunction(vec![Predicate::new(
+        "a",
+        Test::Exists,
+        false,
+    )])]);
     for ids in [[7u64, 7, 2, 3], [7, 2, 3, 7]] {
         let subs: Vec<(u64, &Dnf)> = ids.iter().map(|&i| (i, &d)).collect();
         match blocks::shard::Base::build(ShardConfig::default(), subs) {
