@@ -613,7 +613,7 @@ impl v1::admin_server::Admin for Node {
     ) -> Result<Response<v1::ResizeGridResponse>, Status> {
         Err(Status::failed_precondition(
             "a node does not resize the grid: ask the leading coordinator (dissem grid resize \
-             --coordinator URL)",
+             TxW --node-url <its URL>)",
         ))
     }
 

@@ -51,11 +51,19 @@ impl Daemon {
     }
 
     /// Catches up again under the current view, as a registration does (the resend is not
-    /// held up meanwhile); the step it caught up for is reported once it is done.
+    /// held up meanwhile); the step it caught up for is reported once it is done. A catch-up
+    /// that runs out of time is tried again, until a later one (a registration, another
+    /// change) takes over: the move waits for this node's report.
     fn catch_up_for_layout(&self) {
         let registration = self.inner.registrations.fetch_add(1, Ordering::AcqRel) + 1;
         let me = self.clone();
-        tokio::spawn(async move { me.catch_up_and_report(registration).await });
+        tokio::spawn(async move {
+            while !me.catch_up_and_report(registration).await
+                && me.inner.registrations.load(Ordering::Acquire) == registration
+            {
+                tracing::warn!("catching up with the new quorums timed out: trying again");
+            }
+        });
     }
 
     /// Runs the catch-up of registration `registration` and notes the resize step it was
