@@ -9,10 +9,10 @@ const DENSE_ROWS_MAX: usize = 1 << 22;
 
 /// One batch loaded for the cell scan ([`Base::load_for_cells`]).
 pub(super) struct CellBatch {
-    per_event: Vec<Vec<u16>>,
-    rows: Vec<u32>,
-    dense: bool,
-    loaded: Vec<Loaded>,
+    pub(super) per_event: Vec<Vec<u16>>,
+    pub(super) rows: Vec<u32>,
+    pub(super) dense: bool,
+    pub(super) loaded: Vec<Loaded>,
 }
 
 impl Base {
@@ -469,10 +469,27 @@ impl Base {
         events: &[Event],
         ctx: &mut EvalCtx,
     ) -> CellBatch {
-        let n_attrs = self.attr_names.len();
         // each object's row per attribute, dense, so survivors made only of row intervals are
         // verified inside the scan while their block's codes are in cache
-        let dense = n_attrs.saturating_mul(events.len()) <= DENSE_ROWS_MAX;
+        let dense = self.dense_rows(events.len());
+        self.load_cells_with(cells, events, ctx, dense)
+    }
+
+    /// Whether a batch of `events` keeps each object's rows dense.
+    pub(super) fn dense_rows(&self, events: usize) -> bool {
+        self.attr_names.len().saturating_mul(events) <= DENSE_ROWS_MAX
+    }
+
+    /// [`Base::load_for_cells`] with the rows dense or not as `dense` says (a batch loaded
+    /// in parts keeps its whole's choice).
+    pub(super) fn load_cells_with(
+        &self,
+        cells: &CellIndex,
+        events: &[Event],
+        ctx: &mut EvalCtx,
+        dense: bool,
+    ) -> CellBatch {
+        let n_attrs = self.attr_names.len();
         let mut rows: Vec<u32> = if dense {
             vec![NO_ROW; n_attrs * events.len()]
         } else {
