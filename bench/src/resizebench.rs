@@ -80,8 +80,11 @@ async fn run_async(o: &ResizeOptions) -> anyhow::Result<ResizeReport> {
         bail!("the resize benchmark needs etcd (apt-get install etcd-server)");
     }
     let (from, to) = (o.from, o.to);
-    if to.len() <= from.len() {
-        bail!("the grid grown to ({to}) must have more positions than {from}");
+    if to.len() <= from.len() || from.len() < 3 {
+        bail!(
+            "the grid grown to ({to}) must have more positions than {from}, which needs at \
+             least 3 (a node is killed in each move)"
+        );
     }
     let (old_n, new_n) = (from.len() as usize, to.len() as usize);
     let dir = procs::temp_dir("resize");
