@@ -35,10 +35,10 @@ pub struct ResizeStatus {
 }
 
 impl Protocol {
-    /// Starts moving to `to` (`Ok(true)`; nothing to do when it is the grid in force, or the
+    /// Whether a move to `to` would start now (`Ok(false)`: it is the grid in force, or the
     /// move under way already). Refused without a grid, and while a move to another grid is
     /// under way.
-    pub fn start_resize(&mut self, to: Grid) -> Result<bool, String> {
+    pub fn check_resize(&self, to: Grid) -> Result<bool, String> {
         let Some(g) = self.grid else {
             return Err(
                 "this cluster has no grid: its coordinators were started without \
@@ -52,12 +52,22 @@ impl Protocol {
                 "a resize from {g} to {n} is under way: wait until it is committed, then \
                  resize again"
             )),
-            None if to == g => Ok(false),
-            None => {
-                self.resume_resize(Some(to));
-                Ok(true)
-            }
+            None => Ok(to != g),
         }
+    }
+
+    /// Starts moving to `to` when [`Protocol::check_resize`] says so (`Ok(true)`).
+    pub fn start_resize(&mut self, to: Grid) -> Result<bool, String> {
+        let start = self.check_resize(to)?;
+        if start {
+            self.resume_resize(Some(to));
+        }
+        Ok(start)
+    }
+
+    /// The move's step (0: none under way).
+    pub fn resize_step(&self) -> u64 {
+        self.resize_step
     }
 
     /// Takes up the move to `next` that etcd records (a leader that just won): from step 1.

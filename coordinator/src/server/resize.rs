@@ -26,21 +26,7 @@ impl Driver {
     pub(super) fn resize(&mut self, now: u64, ask: Ask) {
         match ask {
             Ask::Check(to, reply) => {
-                let r = match (
-                    self.protocol.grid(),
-                    self.protocol.resize_status(now).moving_to,
-                ) {
-                    (None, _) => Err("this cluster has no grid: its coordinators were \
-                                      started without --grid"
-                        .to_string()),
-                    (Some(_), Some(n)) if n != to => Err(format!(
-                        "a resize to {n} is under way: wait until it is committed, then \
-                         resize again"
-                    )),
-                    (Some(g), None) => Ok(g != to),
-                    (Some(_), Some(_)) => Ok(false),
-                };
-                let _ = reply.send(r);
+                let _ = reply.send(self.protocol.check_resize(to));
             }
             Ask::Start(to, reply) => {
                 let r = self.protocol.start_resize(to).map(|started| {
@@ -72,9 +58,12 @@ impl Driver {
         if self.committing {
             return;
         }
-        let step = self.protocol.resize_status(now).step;
+        if self.protocol.resize_step() == 0 {
+            return;
+        }
+        let step = self.protocol.resize_step();
         let Some(to) = self.protocol.advance_resize(now) else {
-            if step == 1 && self.protocol.resize_status(now).step == 2 {
+            if step == 1 && self.protocol.resize_step() == 2 {
                 tracing::info!("resize: every node knows both grids; pulling the copies");
             }
             return;
