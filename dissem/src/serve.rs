@@ -30,6 +30,11 @@ pub(super) struct UpArgs {
     /// Keep at most this many objects: the oldest finished ones go first (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub(super) max_objects: usize,
+    /// Free space, in MiB, that puts leave on the data directory's disk: below it puts are
+    /// refused with RESOURCE_EXHAUSTED. Default: 1% of the file system, at least 16 MiB, at
+    /// most 1 GiB.
+    #[arg(long, env = "DISSEM_DISK_RESERVE_MIB", value_name = "MIB")]
+    pub(super) disk_reserve_mib: Option<u64>,
     /// Serve Prometheus metrics (`GET /metrics`) on this address.
     #[arg(long)]
     pub(super) metrics_listen: Option<std::net::SocketAddr>,
@@ -279,6 +284,9 @@ impl UpArgs {
         })?;
         let store = storage::Store::open(&self.data, self.node)
             .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", self.data.display()))?;
+        if let Some(mib) = self.disk_reserve_mib {
+            store.set_disk_reserve(Some(mib.saturating_mul(1 << 20)));
+        }
         self.listen_flags.check_address(self.listen)?;
         let (listener, addr) = runtime::bind(self.listen).await?;
         let limits = runtime::Limits {

@@ -291,6 +291,12 @@ impl Store {
         Ok(store)
     }
 
+    /// Sets the free space puts leave on the disk, in bytes (`None`: 1% of the file system,
+    /// at least 16 MiB, at most 1 GiB; `DISSEM_DISK_RESERVE_MIB` sets the default).
+    pub fn set_disk_reserve(&self, bytes: Option<u64>) {
+        self.space.set_reserve(bytes);
+    }
+
     /// This node's id.
     pub fn node(&self) -> u32 {
         self.node

@@ -5,6 +5,10 @@
 //! clear error (`RESOURCE_EXHAUSTED`, naming the directory), keeps serving and delivering
 //! what it holds, and takes puts again as soon as space is freed. Free space is read at
 //! most every 100 ms (a statvfs), and at every put while it is low.
+//!
+//! The operator may set the reserve instead (`--disk-reserve-mib`, or the environment variable
+//! `DISSEM_DISK_RESERVE_MIB`, which also reaches stores opened in-process, as tests do): a
+//! shared disk with little free room (a CI host) still takes puts under a small reserve.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,6 +19,10 @@ use crate::StorageError;
 const EVERY_MS: u64 = 100;
 const MIN_RESERVE: u64 = 16 << 20;
 const MAX_RESERVE: u64 = 1 << 30;
+/// The environment variable that sets the reserve in MiB.
+pub const RESERVE_ENV: &str = "DISSEM_DISK_RESERVE_MIB";
+/// No reserve set: the share of the file system ([`reserve_for`]) is used.
+const AUTO: u64 = u64::MAX;
 
 /// The reserve for a file system of `total` bytes.
 pub fn reserve_for(total: u64) -> u64 {
@@ -29,6 +37,24 @@ pub(crate) struct Space {
     /// What the last reading found: (free, reserve), for the error.
     free: AtomicU64,
     reserve: AtomicU64,
+    /// The reserve the operator set, in bytes, or [`AUTO`].
+    fixed: AtomicU64,
+}
+
+/// The reserve that `DISSEM_DISK_RESERVE_MIB` sets, if it is set and a number.
+fn reserve_from_env() -> u64 {
+    match std::env::var(RESERVE_ENV) {
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(mib) => mib.saturating_mul(1 << 20),
+            Err(_) => {
+                tracing::warn!(
+                    "{RESERVE_ENV}={v:?} is not a whole number of MiB: the default reserve applies"
+                );
+                AUTO
+            }
+        },
+        Err(_) => AUTO,
+    }
 }
 
 impl Space {
@@ -39,7 +65,16 @@ impl Space {
             low: AtomicBool::new(false),
             free: AtomicU64::new(0),
             reserve: AtomicU64::new(0),
+            fixed: AtomicU64::new(reserve_from_env()),
         }
+    }
+
+    /// Sets the reserve to `bytes` (`None`: back to the share of the file system).
+    pub(crate) fn set_reserve(&self, bytes: Option<u64>) {
+        self.fixed
+            .store(bytes.map_or(AUTO, |b| b.min(AUTO - 1)), Ordering::Relaxed);
+        // read again at the next put
+        self.checked_ms.store(0, Ordering::Relaxed);
     }
 
     /// Ok while the disk has room for objects; [`StorageError::DiskFull`] below the reserve.
@@ -51,7 +86,10 @@ impl Space {
             if let (Ok(free), Ok(total)) =
                 (fs2::available_space(&self.dir), fs2::total_space(&self.dir))
             {
-                let reserve = reserve_for(total);
+                let reserve = match self.fixed.load(Ordering::Relaxed) {
+                    AUTO => reserve_for(total),
+                    set => set,
+                };
                 self.free.store(free, Ordering::Relaxed);
                 self.reserve.store(reserve, Ordering::Relaxed);
                 self.low.store(free < reserve, Ordering::Relaxed);
@@ -83,6 +121,20 @@ mod tests {
         assert_eq!(reserve_for(100 << 20), MIN_RESERVE);
         assert_eq!(reserve_for(10 << 30), (10 << 30) / 100);
         assert_eq!(reserve_for(1 << 42), MAX_RESERVE);
+    }
+
+    #[test]
+    fn a_reserve_set_by_the_operator_replaces_the_share() {
+        let s = Space::new(std::env::temp_dir());
+        // more than any disk has free: every put is refused
+        s.set_reserve(Some(u64::MAX / 2));
+        let e = s
+            .check(1_000)
+            .expect_err("a reserve above the free space refuses");
+        assert!(e.to_string().contains("kept in reserve"), "{e}");
+        // none: nothing is refused while the disk has any room at all
+        s.set_reserve(Some(0));
+        assert!(s.check(1_000).is_ok());
     }
 
     #[test]
