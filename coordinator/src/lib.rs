@@ -37,6 +37,7 @@ mod scheduler;
 pub mod server;
 #[cfg(test)]
 mod sim;
+pub mod tail;
 
 use std::collections::BTreeMap;
 

@@ -171,28 +171,54 @@ pub async fn record_commit(etcd: &Etcd, from: Grid, to: Grid) -> Result<(), Serv
     Ok(())
 }
 
+/// What one pull from a node found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pulled {
+    /// Copies and tombstones listed.
+    pub(crate) listed: usize,
+    /// The node holds every copy its position must hold (`whole` in its answers).
+    pub(crate) whole: bool,
+    /// The node's store, and the change to tail it from next.
+    pub(crate) cursor: Cursor,
+    /// Asked from a cursor, the node answered from another store (a new disk): nothing
+    /// was taken, and its copies must be pulled whole.
+    pub(crate) other_store: bool,
+}
+
+/// Where a tail of one node's change feed stands: its store, and the last change taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    pub(crate) store_id: u64,
+    pub(crate) change: u64,
+}
+
 /// Every copy the node at `endpoint` holds (with `changed_only`, only its tombstones and
-/// its copies of updated subscriptions), each offered to `into`; the answer is how many it
-/// listed.
-async fn pull(
+/// its copies of updated subscriptions), or (`after`: a cursor) what changed since, each
+/// offered to `into`.
+pub(crate) async fn pull(
     endpoint: &str,
     secret: &ClusterSecret,
     max_record: usize,
     changed_only: bool,
+    after: Option<Cursor>,
     into: &mut Newest,
-) -> Result<(usize, bool), ServiceError> {
+) -> Result<Pulled, ServiceError> {
     let mut client = DaemonClient::with_interceptor(runtime::channel(endpoint)?, secret.stamp())
         .max_decoding_message_size(64 << 20);
-    let mut after = 0;
+    let mut after_id = 0;
+    let mut after_change = after.map_or(0, |c| c.change);
     let mut listed = 0;
     let mut whole = true;
+    let mut cursor: Option<Cursor> = None;
     loop {
         let page = client.subscription_copies(v1::SubscriptionCopiesRequest {
-            after_id: after,
+            after_id,
             limit: PAGE,
             // every position: a node that left the grid placed copies that stay
             placed_by: (0..runtime::grid::MAX_POSITIONS).collect(),
             changed_only,
+            by_change: after.is_some(),
+            after_change,
         });
         let r = tokio::time::timeout(PAGE_TIMEOUT, page)
             .await
@@ -207,6 +233,26 @@ async fn pull(
                 ));
             }
         }
+        if let Some(a) = after
+            && a.store_id != r.store_id
+        {
+            return Ok(Pulled {
+                listed: 0,
+                whole: r.whole,
+                cursor: a,
+                other_store: true,
+            });
+        }
+        // by id, the first page's last change (read before it); by change, the last page's
+        match (after.is_some(), cursor) {
+            (true, _) | (false, None) => {
+                cursor = Some(Cursor {
+                    store_id: r.store_id,
+                    change: r.last_change,
+                })
+            }
+            (false, Some(_)) => {}
+        }
         let last = r.copies.last().map(|c| c.id);
         listed += r.copies.len();
         whole &= r.whole;
@@ -218,9 +264,25 @@ async fn pull(
                 record: (!c.deleted).then_some(c.record),
             });
         }
+        let done = Pulled {
+            listed,
+            whole,
+            cursor: cursor.unwrap_or(Cursor {
+                store_id: r.store_id,
+                change: r.last_change,
+            }),
+            other_store: false,
+        };
+        if after.is_some() {
+            if !r.more || r.last_change <= after_change {
+                return Ok(done);
+            }
+            after_change = r.last_change;
+            continue;
+        }
         match last {
-            Some(id) if r.more && id > after => after = id,
-            _ => return Ok((listed, whole)),
+            Some(id) if r.more && id > after_id => after_id = id,
+            _ => return Ok(done),
         }
     }
 }
@@ -229,14 +291,17 @@ async fn pull(
 /// etcd hold: the answer is how many subscriptions it holds now. With no node recorded yet
 /// (a new cluster) the store is left as it is. Fails when nodes are recorded but none
 /// answers (the caller tries again: leading with an empty registry would match objects
-/// against nothing).
+/// against nothing). `tail` learns where each node's change feed stood, so the next
+/// rounds ([`crate::tail::Tail::follow`]) take only what changed.
 pub async fn rebuild(
     store: &Store,
     etcd: &Etcd,
     grid: Layout,
     secret: &ClusterSecret,
     max_record: usize,
+    tail: &mut crate::tail::Tail,
 ) -> Result<usize, ServiceError> {
+    tail.reset();
     let nodes = nodes(etcd, secret).await?;
     if nodes.is_empty() {
         let n = store.subscription_count();
@@ -253,23 +318,28 @@ pub async fn rebuild(
     let mut merged = Newest::default();
     let mut whole = Vec::new();
     let mut answered = 0;
+    let mut cursors = BTreeMap::new();
     for n in &full {
         let r = &nodes[n];
-        match pull(&r.endpoint, secret, max_record, false, &mut merged).await {
-            Ok((c, true)) => {
+        match pull(&r.endpoint, secret, max_record, false, None, &mut merged).await {
+            Ok(p) if p.whole => {
                 answered += 1;
+                cursors.insert(r.node, p.cursor);
                 tracing::info!(
-                    "registry: {c} copies and tombstones from node {} (it holds them all)",
+                    "registry: {} copies and tombstones from node {} (it holds them all)",
+                    p.listed,
                     r.node
                 );
                 whole.push(r.node);
             }
             // back from being down and not caught up yet: what it lacks, another has
-            Ok((c, false)) => {
+            Ok(p) => {
                 answered += 1;
+                cursors.insert(r.node, p.cursor);
                 tracing::info!(
-                    "registry: {c} copies and tombstones from node {}, which is still \
+                    "registry: {} copies and tombstones from node {}, which is still \
                      catching up its subscriptions (not trusted to hold them all)",
+                    p.listed,
                     r.node
                 );
             }
@@ -279,8 +349,20 @@ pub async fn rebuild(
     for r in nodes.values().filter(|r| !full.contains(&r.node)) {
         // without a whole holder, every member's copies; else what changed since Creates
         let changed_only = !whole.is_empty();
-        match pull(&r.endpoint, secret, max_record, changed_only, &mut merged).await {
-            Ok(_) => answered += 1,
+        match pull(
+            &r.endpoint,
+            secret,
+            max_record,
+            changed_only,
+            None,
+            &mut merged,
+        )
+        .await
+        {
+            Ok(p) => {
+                answered += 1;
+                cursors.insert(r.node, p.cursor);
+            }
             Err(e) => tracing::debug!("subscription copies from node {}: {e}", r.node),
         }
     }
@@ -302,5 +384,9 @@ pub async fn rebuild(
     // this disk's own tombstones (an earlier leadership's deletions) are kept by the store
     let (records, deleted) = merged.into_parts();
     store.replace_subscriptions(&records, &deleted).await?;
+    // tails go on from here only after a rebuild that a whole holder vouched for
+    if !whole.is_empty() {
+        tail.synced(cursors);
+    }
     Ok(store.subscription_count())
 }

@@ -73,10 +73,28 @@ impl Registry {
     /// Loads every stored subscription and publishes a new version of the image, numbered
     /// above `floor` and above every version stored before.
     pub async fn load(store: Store, limits: &Limits, floor: u64) -> Result<Registry, ServiceError> {
-        let mut subs = KeptSubscriptions::default();
-        for (id, d) in validate::stored_subscriptions(&store, limits)? {
-            subs.upsert(id, d);
-        }
+        Registry::load_preloaded(store, limits, floor, None).await
+    }
+
+    /// [`Registry::load`], from the parsed registry a standby kept in step with `store`
+    /// (`crate::tail`) when there is one: a new leader at a million subscriptions does not
+    /// parse them all again.
+    pub async fn load_preloaded(
+        store: Store,
+        limits: &Limits,
+        floor: u64,
+        preloaded: Option<crate::tail::Preloaded>,
+    ) -> Result<Registry, ServiceError> {
+        let subs = match preloaded {
+            Some(p) => p.0,
+            None => {
+                let mut subs = KeptSubscriptions::default();
+                for (id, d) in validate::stored_subscriptions(&store, limits)? {
+                    subs.upsert(id, d);
+                }
+                subs
+            }
+        };
         let reg = Registry {
             store,
             subs: Arc::new(Mutex::new(subs)),

@@ -639,9 +639,19 @@ pub async fn start(
     limits: Limits,
     cfg: ServerConfig,
 ) -> Result<Started, ServiceError> {
+    start_preloaded(store, limits, cfg, None).await
+}
+
+/// [`start`], with the registry a standby kept parsed (`crate::tail`).
+pub async fn start_preloaded(
+    store: Store,
+    limits: Limits,
+    cfg: ServerConfig,
+    preloaded: Option<crate::tail::Preloaded>,
+) -> Result<Started, ServiceError> {
     let floor = cfg.elected.as_ref().map_or(0, ElectedRole::floor);
     store.raise_subscription_ids(floor);
-    let registry = Registry::load(store.clone(), &limits, floor).await?;
+    let registry = Registry::load_preloaded(store.clone(), &limits, floor, preloaded).await?;
     let publisher = tokio::spawn(registry.clone().publisher());
     let nonce = runtime::random_u64() | 1;
     tracing::info!("coordinator nonce {nonce:016x}");

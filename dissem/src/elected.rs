@@ -1,6 +1,7 @@
 //! `dissem coordinator --etcd`: a coordinator that leads only when etcd elects it. It stands
-//! by until it wins (`runtime::election`), rebuilds the registry from the nodes' copies
-//! (`coordinator::rebuild`), serves with its epoch and a fence, announces its address and
+//! by until it wins (`runtime::election`), keeping its registry in step with the nodes'
+//! copies meanwhile (`coordinator::tail`), takes the last changes (or rebuilds the registry
+//! from the nodes' copies, `coordinator::rebuild`), serves with its epoch and a fence, announces its address and
 //! nonce in the leader key. While it is unsure of its lease (etcd down, a pause) it sends
 //! nothing; once etcd says the lease is gone it goes back to standing by (its services are
 //! dropped, so nothing of the old leadership acts on).
@@ -22,6 +23,9 @@ const FENCE_CHECK: Duration = Duration::from_millis(20);
 
 /// How long a new leader tries to rebuild its registry before it gives leadership up.
 const REBUILD_LIMIT: Duration = Duration::from_secs(20);
+
+/// How often a standby takes the changes of the nodes' subscription copies.
+const TAIL_EVERY: Duration = Duration::from_millis(500);
 
 #[derive(clap::Args, Debug)]
 pub(super) struct ElectionFlags {
@@ -96,14 +100,18 @@ pub(super) async fn coordinate(
             _ = &mut stop => return Ok(true),
         }
     };
+    let mut tail = coordinator::tail::Tail::default();
     loop {
         let leadership = tokio::select! {
             l = runtime::election::campaign(&etcd, &name, e.lease_ttl as i64) => l,
+            never = stand_by(&mut tail, &store, &etcd, grid, &base.cluster_secret, &limits) => {
+                match never {}
+            }
             _ = &mut stop => return Ok(true),
         };
         let fence = leadership.fence.clone();
         let led = tokio::select! {
-            r = lead(a, &name, &store, &limits, &base, &etcd, &leadership, grid) => r,
+            r = lead(a, &name, &store, &limits, &base, &etcd, &leadership, grid, &mut tail) => r,
             _ = fence.lost(FENCE_CHECK) => Ok(()),
             _ = &mut stop => {
                 leadership.resign().await;
@@ -118,6 +126,43 @@ pub(super) async fn coordinate(
             leadership.epoch
         );
         leadership.resign().await;
+        // this leadership wrote the store: the standby's tail starts over with a rebuild
+        tail.reset();
+    }
+}
+
+/// Keeps the registry on this disk in step with the nodes' copies while standing by: a
+/// rebuild first, then every [`TAIL_EVERY`] what changed (`coordinator::tail`).
+async fn stand_by(
+    tail: &mut coordinator::tail::Tail,
+    store: &storage::Store,
+    etcd: &runtime::etcd::Etcd,
+    grid: runtime::grid::Grid,
+    secret: &runtime::cluster_secret::ClusterSecret,
+    limits: &runtime::Limits,
+) -> std::convert::Infallible {
+    let mut following = false;
+    loop {
+        let round = match coordinator::rebuild::layout(etcd, grid).await {
+            Ok(layout) => tail.follow(store, etcd, layout, secret, limits).await,
+            Err(e) => Err(e),
+        };
+        match round {
+            Ok(Some(r)) if !following => {
+                following = true;
+                tracing::info!(
+                    "standby registry: {} subscriptions, following the nodes' changes",
+                    r.subscriptions
+                );
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => following = false,
+            Err(e) => {
+                following = false;
+                tracing::debug!("standby registry: {e}; trying again");
+            }
+        }
+        tokio::time::sleep(TAIL_EVERY).await;
     }
 }
 
@@ -132,10 +177,38 @@ async fn lead(
     etcd: &runtime::etcd::Etcd,
     leadership: &runtime::election::Leadership,
     grid: runtime::grid::Grid,
+    tail: &mut coordinator::tail::Tail,
 ) -> anyhow::Result<()> {
     let started_at = std::time::Instant::now();
     let mut pause = Duration::from_millis(50);
+    // a standby that followed the nodes takes their last changes; else a full rebuild
+    let followed = match coordinator::rebuild::layout(etcd, grid).await {
+        Ok(layout) if tail.is_synced() => {
+            match tail
+                .follow(store, etcd, layout, &base.cluster_secret, limits)
+                .await
+            {
+                Ok(Some(r)) => Some((layout, r.subscriptions)),
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!("the standby registry's last changes: {e}; rebuilding");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    if let Some((_, n)) = followed {
+        tracing::info!(
+            "registry: {n} subscriptions kept while standing by, with the nodes' last changes \
+             ({} ms)",
+            started_at.elapsed().as_millis()
+        );
+    }
     let (layout, subscriptions) = loop {
+        if let Some(f) = followed {
+            break f;
+        }
         // the grid as etcd has it now: an online resize may have moved it, or be under way
         let layout = match coordinator::rebuild::layout(etcd, grid).await {
             Ok(l) => l,
@@ -153,6 +226,7 @@ async fn lead(
             layout,
             &base.cluster_secret,
             limits.max_object_bytes,
+            tail,
         )
         .await
         {
@@ -190,7 +264,9 @@ async fn lead(
         resizing: layout.next,
         ..base.clone()
     };
-    let started = coordinator::server::start(store.clone(), *limits, cfg).await?;
+    let started =
+        coordinator::server::start_preloaded(store.clone(), *limits, cfg, tail.take_preloaded())
+            .await?;
     let nonce = started.nonce();
     let metrics = metrics_listener(a.metrics_listen).await?;
     let listener = a.listen_flags.listener(listener, limits)?;

@@ -439,12 +439,20 @@ pub fn value_to_proto(v: &Value) -> v1::Value {
     }
 }
 
+/// The filter of subscription `id`'s stored record.
+pub fn stored_filter(id: u64, record: &[u8], limits: &Limits) -> Result<blocks::Dnf, ServiceError> {
+    use prost::Message;
+    let s = v1::Subscription::decode(record).map_err(|e| {
+        ServiceError::Startup(format!("stored subscription {id} does not decode: {e}"))
+    })?;
+    filter(&s, limits)
+}
+
 /// Every stored subscription's filter, in id order (at start: the registry, the index).
 pub fn stored_subscriptions(
     store: &storage::Store,
     limits: &Limits,
 ) -> Result<Vec<(u64, blocks::Dnf)>, ServiceError> {
-    use prost::Message;
     let mut subs = Vec::new();
     let mut after = 0;
     loop {
@@ -453,10 +461,7 @@ pub fn stored_subscriptions(
             break;
         };
         for (id, bytes) in page {
-            let s = v1::Subscription::decode(bytes.as_slice()).map_err(|e| {
-                ServiceError::Startup(format!("stored subscription {id} does not decode: {e}"))
-            })?;
-            subs.push((id, filter(&s, limits)?));
+            subs.push((id, stored_filter(id, &bytes, limits)?));
         }
         after = last;
     }

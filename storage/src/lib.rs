@@ -22,6 +22,7 @@
 //! objects, for quorum replication); this file holds the store itself, its
 //! opening and the shared flush.
 
+mod changes;
 mod codec;
 mod deliveries;
 mod fresh;
@@ -51,6 +52,7 @@ use blocks::Value;
 
 use tokio::sync::{Mutex, Notify};
 
+pub use changes::ChangedCopies;
 pub use codec::CodecError;
 pub use deliveries::DeliveryState;
 pub use links::LinkEntry;
@@ -142,6 +144,8 @@ pub struct Store {
     /// Tombstones of deleted subscriptions: id -> when it was deleted (unix ms, big endian).
     /// A deletion is final: no copy of that id is taken again.
     deleted: sled::Tree,
+    /// The change feed of the subscription copies (what a standby coordinator tails).
+    changes: changes::Changes,
     /// Writes to the subscription trees, one at a time (a read-compare-write each).
     subs_write: Arc<std::sync::Mutex<()>>,
     meta: sled::Tree,
@@ -263,6 +267,7 @@ impl Store {
             revisions: db.open_tree("subscription_revisions")?,
             deleted: db.open_tree("subscription_deleted")?,
             subs_write: Arc::default(),
+            changes: changes::Changes::open(&db, &meta)?,
             images: db.open_tree("images")?,
             deliveries: db.open_tree("deliveries")?,
             replicas: db.open_tree("replicas")?,

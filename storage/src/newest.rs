@@ -18,12 +18,14 @@ pub enum Held {
 }
 
 /// Whether a copy at revision `incoming` replaces what is held. The same revision again
-/// is the same version: writing it is harmless, and records older than revisions (0) stay
-/// replaceable by each other.
+/// is the same version (a revision names one change): it is not written again, so a pull
+/// that finds what is held writes nothing and the change feed stays quiet (two nodes
+/// catching up from each other's feeds would otherwise rewrite every copy back and forth).
+/// Records older than revisions (0) stay replaceable by each other.
 pub fn replaces(held: Held, incoming: u64) -> bool {
     match held {
         Held::Absent => true,
-        Held::Revision(r) => incoming >= r,
+        Held::Revision(r) => incoming > r || (incoming == 0 && r == 0),
         Held::Deleted => false,
     }
 }
@@ -151,7 +153,11 @@ mod tests {
     #[test]
     fn replaces_follows_the_rule() {
         assert!(replaces(Held::Absent, 0));
-        assert!(replaces(Held::Revision(4), 4));
+        assert!(
+            !replaces(Held::Revision(4), 4),
+            "the same version is not written again"
+        );
+        assert!(replaces(Held::Revision(0), 0));
         assert!(replaces(Held::Revision(4), 5));
         assert!(!replaces(Held::Revision(4), 3));
         assert!(!replaces(Held::Deleted, u64::MAX));

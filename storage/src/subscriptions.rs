@@ -84,6 +84,7 @@ impl Store {
             self.subs.clear()?;
             self.placed.clear()?;
             self.revisions.clear()?;
+            self.changes.restart()?;
             let now = now_ms().to_be_bytes();
             for id in deleted {
                 if !self.deleted.contains_key(id.to_be_bytes())? {
@@ -119,6 +120,7 @@ impl Store {
             self.subs.insert(id.to_be_bytes(), record)?;
             self.revisions
                 .insert(id.to_be_bytes(), &revision.to_be_bytes()[..])?;
+            self.changes.note(id)?;
         }
         self.commit().await?;
         Ok(true)
@@ -164,6 +166,7 @@ impl Store {
             self.placed
                 .insert(id.to_be_bytes(), &by.to_be_bytes()[..])?;
         }
+        self.changes.note(id)?;
         Ok(true)
     }
 
@@ -225,6 +228,25 @@ impl Store {
         Ok(out)
     }
 
+    /// Subscription `id` as [`Store::subscription_copies`] would list it now: its tombstone,
+    /// its copy, or nothing (not held, or filtered out).
+    pub(crate) fn current_copy(
+        &self,
+        id: u64,
+        placed_by: &std::collections::HashSet<u32>,
+        changed_only: bool,
+    ) -> Result<Option<SubCopy>, StorageError> {
+        if self.deleted.contains_key(id.to_be_bytes())? {
+            return Ok(Some(SubCopy {
+                id,
+                revision: 0,
+                placed_by: None,
+                record: None,
+            }));
+        }
+        self.listed_copy(&id.to_be_bytes(), None, placed_by, changed_only)
+    }
+
     /// The copy under key `k` if `placed_by` placed it (and, `changed_only`, if it was
     /// updated since its Create); `placer`: its entry in the placed tree, when the caller
     /// read it already.
@@ -267,13 +289,19 @@ impl Store {
     /// was there.
     pub fn remove_subscription_unflushed(&self, id: u64) -> Result<bool, StorageError> {
         let _w = self.write_lock();
-        if !self.deleted.contains_key(id.to_be_bytes())? {
+        let new_tombstone = !self.deleted.contains_key(id.to_be_bytes())?;
+        if new_tombstone {
             self.deleted
                 .insert(id.to_be_bytes(), &now_ms().to_be_bytes()[..])?;
         }
         self.placed.remove(id.to_be_bytes())?;
         self.revisions.remove(id.to_be_bytes())?;
-        Ok(self.subs.remove(id.to_be_bytes())?.is_some())
+        let existed = self.subs.remove(id.to_be_bytes())?.is_some();
+        // a deletion known already is no change (the feed stays quiet)
+        if new_tombstone || existed {
+            self.changes.note(id)?;
+        }
+        Ok(existed)
     }
 
     /// Whether subscription `id` was deleted (and its tombstone is still kept).

@@ -16,10 +16,15 @@
 //! `coordinator::resize`): nodes learn the move at their heartbeats, place what is created
 //! through them by the layout they know, and catch up under it.
 //!
+//! A standby coordinator tails the nodes' change feeds between steps and wins half the
+//! elections (`sim/tail.rs`, the rules of `coordinator::tail`); nodes catch up from their
+//! peers' feeds once they pulled from them whole (`worker::daemon::subcopies`).
+//!
 //! [`Rules`] can undo each fix (unversioned copies without tombstones, a rebuild that
 //! trusts one holder, a whole holder trusted before it caught up; for resizes, a commit
 //! without the pull step, a move without joint holders, a shrink that drops what departed
-//! placers placed): the mutation checks (`copies/checks.rs`) show that a schedule then
+//! placers placed; for the standby, a tail that ignores a node's new disk, and one served
+//! without a whole holder): the mutation checks (`copies/checks.rs`) show that a schedule then
 //! fails. `DISSEM_SIM_TRACE=1` prints every step of the schedules run.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -46,6 +51,17 @@ pub struct Rules {
     pub joint_holders: bool,
     /// Node 0 and the last node keep the copies placed by positions that left the grid.
     pub departed_placers: bool,
+    /// A standby coordinator tails the nodes' change feeds (`coordinator::tail`) and leads
+    /// from its registry when it wins an election.
+    pub standby_tail: bool,
+    /// The tail pulls a node whole again when it answers from another store (a new disk).
+    pub tail_checks_store: bool,
+    /// The tail's registry is served only when a whole holder answered whole.
+    pub tail_needs_whole: bool,
+    /// A node's catch-up takes from each peer only what changed since its last pull from
+    /// it (`subcopies::pull_subscriptions`), when the peer's store and the placers are
+    /// the same.
+    pub catch_up_by_feed: bool,
 }
 
 impl Rules {
@@ -57,6 +73,10 @@ impl Rules {
         pull_step: true,
         joint_holders: true,
         departed_placers: true,
+        standby_tail: true,
+        tail_checks_store: true,
+        tail_needs_whole: true,
+        catch_up_by_feed: true,
     };
 }
 
@@ -73,6 +93,13 @@ pub(super) struct Node {
     /// id -> (revision, placed by).
     copies: BTreeMap<u64, (u64, u32)>,
     tombs: BTreeSet<u64>,
+    /// The store's identity (another after a wipe) and its change feed: number -> id,
+    /// each id at its newest change (`storage::Store::subscription_changes`).
+    pub(super) store: u64,
+    pub(super) feed: BTreeMap<u64, u64>,
+    feed_of: BTreeMap<u64, u64>,
+    /// peer -> (its store, its last change pulled, the placers pulled for).
+    cursors: BTreeMap<u32, (u64, u64, BTreeSet<u32>)>,
 }
 
 impl Node {
@@ -105,17 +132,52 @@ impl Node {
         }
         let by = placed_by.or(self.copies.get(&id).map(|c| c.1)).unwrap_or(0);
         self.copies.insert(id, (rev, by));
+        self.note(id);
     }
 
     fn delete(&mut self, rules: Rules, id: u64) {
-        self.copies.remove(&id);
-        if rules.versions {
-            self.tombs.insert(id);
+        let existed = self.copies.remove(&id).is_some();
+        let new_tombstone = rules.versions && self.tombs.insert(id);
+        // a deletion known already is no change
+        if existed || new_tombstone {
+            self.note(id);
         }
     }
 
+    /// Numbers a change of `id` in the feed.
+    fn note(&mut self, id: u64) {
+        let n = self.feed.last_key_value().map_or(1, |(n, _)| n + 1);
+        if let Some(old) = self.feed_of.insert(id, n) {
+            self.feed.remove(&old);
+        }
+        self.feed.insert(n, id);
+    }
+
+    /// The last change's number.
+    pub(super) fn last_change(&self) -> u64 {
+        self.feed.last_key_value().map_or(0, |(n, _)| *n)
+    }
+
+    /// What changed after change `after`, as each is now (`subscription_changes`).
+    pub(super) fn changes(&self, after: u64, changed_only: bool) -> Vec<SubCopy> {
+        let listed: BTreeMap<u64, SubCopy> = self
+            .list(changed_only)
+            .into_iter()
+            .map(|c| (c.id, c))
+            .collect();
+        self.feed
+            .range(after + 1..)
+            .filter_map(|(_, id)| listed.get(id).cloned())
+            .collect()
+    }
+
+    /// The tombstones held.
+    pub(super) fn tombstones(&self) -> &BTreeSet<u64> {
+        &self.tombs
+    }
+
     /// `Store::subscription_copies` over every placer.
-    fn list(&self, changed_only: bool) -> Vec<SubCopy> {
+    pub(super) fn list(&self, changed_only: bool) -> Vec<SubCopy> {
         let mut out: Vec<SubCopy> = self
             .copies
             .iter()
@@ -163,6 +225,8 @@ pub struct Outcome {
     pub violations: Vec<Violation>,
     /// Resizes committed.
     pub resizes: usize,
+    /// Elections the standby won and served from its tail's registry.
+    pub tail_elections: usize,
 }
 
 /// The simulated cluster of one schedule.
@@ -175,6 +239,10 @@ pub(super) struct Cluster {
     /// Every position of any grid a schedule draws.
     pub(super) nodes: Vec<Node>,
     pub(super) truth: Truth,
+    /// Disks handed out so far (each node's store identity is one).
+    pub(super) disks: u64,
+    /// The standby coordinator that tails the nodes (`sim/tail.rs`).
+    pub(super) standby: super::tail::Standby,
 }
 
 /// The grids a schedule starts on or resizes to.
@@ -248,7 +316,11 @@ impl Cluster {
     /// caught up yet.
     fn rejoin(&mut self, n: u32, wiped: bool) {
         if wiped {
-            self.nodes[n as usize] = Node::default();
+            self.disks += 1;
+            self.nodes[n as usize] = Node {
+                store: self.disks,
+                ..Node::default()
+            };
             for w in self.truth.witnesses.values_mut() {
                 w.remove(&n);
             }
@@ -315,7 +387,7 @@ impl Cluster {
     }
 
     /// Node 0 or n-1 taken as holding everything: live, and (under the fix) caught up.
-    fn whole(&self, f: u32) -> bool {
+    pub(super) fn whole(&self, f: u32) -> bool {
         let node = &self.nodes[f as usize];
         node.up && (node.caught_up || !self.rules.whole_when_caught_up)
     }
@@ -341,7 +413,20 @@ impl Cluster {
             full
         };
         for s in sources {
-            for c in self.nodes[s as usize].list(false) {
+            let peer = &self.nodes[s as usize];
+            let listed = match self.nodes[n as usize].cursors.get(&s) {
+                Some((store, at, pulled_for))
+                    if self.rules.catch_up_by_feed
+                        && *store == peer.store
+                        && *pulled_for == placers =>
+                {
+                    peer.changes(*at, false)
+                }
+                _ => peer.list(false),
+            };
+            let cursor = (peer.store, peer.last_change(), placers.clone());
+            self.nodes[n as usize].cursors.insert(s, cursor);
+            for c in listed {
                 let node = &mut self.nodes[n as usize];
                 match c.record {
                     None => node.delete(self.rules, c.id),
@@ -363,7 +448,7 @@ impl Cluster {
     }
 
     /// A new leader's registry, as `rebuild` makes it from the live nodes.
-    fn rebuild(&self) -> BTreeMap<u64, u64> {
+    pub(super) fn rebuild(&self) -> BTreeMap<u64, u64> {
         let up = self.up();
         let ends: BTreeSet<u32> = self.layout().whole_holders().into_iter().collect();
         let whole: Vec<u32> = ends.iter().copied().filter(|&f| self.whole(f)).collect();
@@ -396,7 +481,7 @@ impl Cluster {
     }
 
     /// The oracle, on a new leader's registry.
-    fn check(&self, registry: &BTreeMap<u64, u64>, out: &mut Vec<Violation>) {
+    pub(super) fn check(&self, registry: &BTreeMap<u64, u64>, out: &mut Vec<Violation>) {
         let up: BTreeSet<u32> = self.up().into_iter().collect();
         let witnessed = |id: u64| {
             self.truth
@@ -429,7 +514,12 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
     let mut rng = Rng::new(seed);
     let grid = super::resize::shape(&mut rng);
     let positions = SHAPES.iter().map(|(r, c)| r * c).max().unwrap_or(0);
-    let mut nodes = vec![Node::default(); positions as usize];
+    let mut nodes: Vec<Node> = (0..positions)
+        .map(|p| Node {
+            store: u64::from(p) + 1,
+            ..Node::default()
+        })
+        .collect();
     for n in nodes.iter_mut().take(grid.len() as usize) {
         n.up = true;
         n.caught_up = true;
@@ -442,6 +532,8 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
         rules,
         nodes,
         truth: Truth::default(),
+        disks: u64::from(positions),
+        standby: super::tail::Standby::default(),
     };
     let mut out = Outcome::default();
     // DISSEM_SIM_TRACE=1 with DISSEM_SIM_SEED=S: every step of the replayed schedules
@@ -461,6 +553,10 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
         } else {
             rng.below(100)
         };
+        // the standby tails the nodes now and then, between any two steps
+        if rules.standby_tail && rng.below(6) == 0 {
+            c.standby_round();
+        }
         if trace {
             eprintln!("{seed} step {}: draw {draw}; {}", out.steps, c.describe());
         }
@@ -506,7 +602,14 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
             }
             88..=99 => {
                 out.rebuilds += 1;
-                let registry = c.rebuild();
+                // the standby wins half the elections it is synced for
+                let registry = if rules.standby_tail && rng.below(2) == 0 {
+                    let (registry, from_tail) = c.standby_leads();
+                    out.tail_elections += usize::from(from_tail);
+                    registry
+                } else {
+                    c.rebuild()
+                };
                 c.check(&registry, &mut out.violations);
             }
             100..=105 => c.start_resize(&mut rng),

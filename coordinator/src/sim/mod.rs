@@ -535,5 +535,6 @@ impl Sim {
 
 pub mod copies;
 mod resize;
+mod tail;
 #[cfg(test)]
 mod tests;

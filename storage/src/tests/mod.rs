@@ -4,6 +4,7 @@
 use super::objects::Entry;
 use super::*;
 
+mod changes;
 mod lost;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

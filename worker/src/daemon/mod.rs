@@ -94,6 +94,9 @@ struct Inner {
     /// (`SubscriptionCopiesResponse.whole`).
     registrations: AtomicU64,
     subs_pulled_at: AtomicU64,
+    /// Where each peer's change feed stood at this node's last pull from it, and for
+    /// which placers: the next catch-up from that peer takes only what changed since.
+    sub_cursors: Mutex<std::collections::HashMap<u32, subcopies::PeerCursor>>,
     /// When this node last registered (`None`: not yet).
     registered_at: Mutex<Option<Instant>>,
     /// Unfinished delivery records were resumed (after the first catch-up).
@@ -215,6 +218,7 @@ impl Daemon {
                 caught_up: std::sync::atomic::AtomicBool::new(false),
                 registrations: AtomicU64::new(0),
                 subs_pulled_at: AtomicU64::new(u64::MAX),
+                sub_cursors: Mutex::default(),
                 resumed: std::sync::atomic::AtomicBool::new(false),
                 registered_at: Mutex::new(None),
                 reregister: Notify::new(),

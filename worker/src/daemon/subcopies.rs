@@ -32,16 +32,29 @@ impl Daemon {
         }
         let limit = r.limit.clamp(1, 1024) as usize;
         let want: HashSet<u32> = r.placed_by.into_iter().collect();
-        let mut v =
-            self.inner
-                .store
-                .subscription_copies(r.after_id, limit + 1, &want, r.changed_only)?;
+        let store = &self.inner.store;
+        let store_id = store.store_id();
+        if r.by_change {
+            let page = store.subscription_changes(r.after_change, limit, &want, r.changed_only)?;
+            return Ok(v1::SubscriptionCopiesResponse {
+                copies: page.copies.into_iter().map(copy_proto).collect(),
+                more: page.more,
+                whole: self.subscriptions_whole(),
+                store_id,
+                last_change: page.last,
+            });
+        }
+        // read before the page: a tail from it sees every change made during the walk
+        let last_change = store.last_subscription_change();
+        let mut v = store.subscription_copies(r.after_id, limit + 1, &want, r.changed_only)?;
         let more = v.len() > limit;
         v.truncate(limit);
         Ok(v1::SubscriptionCopiesResponse {
             copies: v.into_iter().map(copy_proto).collect(),
             more,
             whole: self.subscriptions_whole(),
+            store_id,
+            last_change,
         })
     }
 
@@ -70,7 +83,7 @@ impl Daemon {
         // a whole holder answers for everyone; one that is not whole yet (just back
         // itself) may lack what changed while it was down
         for (node, ep) in view.live_endpoints(full, &[me]) {
-            match self.pull_subscriptions(&ep, &placers).await {
+            match self.pull_subscriptions(node, &ep, &placers).await {
                 Ok((n, whole)) => {
                     stored += n;
                     if whole {
@@ -88,7 +101,7 @@ impl Daemon {
         // and node n-1 were both down is held by the rest of its column alone
         let mut answered = 0;
         for (node, ep) in view.live_endpoints(0..g.len(), &[me]) {
-            match self.pull_subscriptions(&ep, &placers).await {
+            match self.pull_subscriptions(node, &ep, &placers).await {
                 Ok((n, _)) => {
                     stored += n;
                     answered += 1;
@@ -120,17 +133,57 @@ impl Daemon {
         });
     }
 
-    /// The copies placed by `placers` that the node at `ep` holds and this one lacks,
-    /// stored here; with whether that node's copies are whole.
+    /// The copies placed by `placers` that node `node` (at `ep`) holds and this one lacks,
+    /// stored here; with whether that node's copies are whole. After a first pull from a
+    /// node, only what changed there since (its change feed), as long as its store and the
+    /// placers are the same: every copy it held then was taken then, so the catch-up
+    /// after an election at a million subscriptions is a few pages, not every copy.
     async fn pull_subscriptions(
         &self,
+        node: u32,
         ep: &str,
         placers: &[u32],
     ) -> Result<(usize, bool), ServiceError> {
+        let known = self
+            .inner
+            .sub_cursors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&node)
+            .filter(|c| c.placers == placers)
+            .map(|c| (c.store_id, c.change));
+        if let Some((store_id, change)) = known {
+            match self
+                .pull_subscription_pages(node, ep, placers, Some((store_id, change)))
+                .await?
+            {
+                Some(r) => return Ok(r),
+                None => tracing::info!(
+                    "node {node} answered from another store (a new disk): all its copies"
+                ),
+            }
+        }
+        self.pull_subscription_pages(node, ep, placers, None)
+            .await
+            .map(Option::unwrap_or_default)
+    }
+
+    /// Pages of [`Daemon::pull_subscriptions`]: every copy (`from` none), or what changed
+    /// after a change of the store `from` names (`None` back if the node answers from
+    /// another store). Where the node's feed stands is noted for the next pull.
+    async fn pull_subscription_pages(
+        &self,
+        node: u32,
+        ep: &str,
+        placers: &[u32],
+        from: Option<(u64, u64)>,
+    ) -> Result<Option<(usize, bool)>, ServiceError> {
         let store = &self.inner.store;
         let mut after = 0;
+        let mut after_change = from.map_or(0, |f| f.1);
         let mut stored = 0;
         let mut whole = true;
+        let mut cursor: Option<(u64, u64)> = None;
         loop {
             let r = self
                 .peer(ep)?
@@ -139,9 +192,18 @@ impl Daemon {
                     limit: PAGE,
                     placed_by: placers.to_vec(),
                     changed_only: false,
+                    by_change: from.is_some(),
+                    after_change,
                 })
                 .await?
                 .into_inner();
+            if from.is_some_and(|f| f.0 != r.store_id) {
+                return Ok(None);
+            }
+            // by id, the feed as the first page found it; by change, the last page's
+            if from.is_some() || cursor.is_none() {
+                cursor = Some((r.store_id, r.last_change));
+            }
             whole &= r.whole;
             let before = stored;
             for c in &r.copies {
@@ -169,12 +231,46 @@ impl Daemon {
             if stored > before {
                 store.commit().await?;
             }
-            match r.copies.last() {
-                Some(last) if r.more => after = last.id,
-                _ => return Ok((stored, whole)),
+            let more = if from.is_some() {
+                let more = r.more && r.last_change > after_change;
+                after_change = r.last_change;
+                more
+            } else {
+                match r.copies.last() {
+                    Some(last) if r.more => {
+                        after = last.id;
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if !more {
+                if let Some((store_id, change)) = cursor {
+                    self.inner
+                        .sub_cursors
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(
+                            node,
+                            PeerCursor {
+                                placers: placers.to_vec(),
+                                store_id,
+                                change,
+                            },
+                        );
+                }
+                return Ok(Some((stored, whole)));
             }
         }
     }
+}
+
+/// Where a peer's change feed stood at this node's last complete pull from it.
+#[derive(Debug, Clone)]
+pub(super) struct PeerCursor {
+    placers: Vec<u32>,
+    store_id: u64,
+    change: u64,
 }
 
 /// A listed copy (or tombstone) as `Daemon.SubscriptionCopies` sends it.

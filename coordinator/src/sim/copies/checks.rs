@@ -17,7 +17,7 @@ fn base_seed() -> u64 {
 #[test]
 fn ten_thousand_schedules_keep_deleted_subscriptions_deleted_and_versions_newest() {
     let base = base_seed();
-    let (mut steps, mut rebuilds, mut resizes) = (0, 0, 0);
+    let (mut steps, mut rebuilds, mut resizes, mut tails) = (0, 0, 0, 0);
     for seed in base..base + SCHEDULES {
         let o = run(seed, Rules::FIXED);
         assert!(
@@ -28,15 +28,20 @@ fn ten_thousand_schedules_keep_deleted_subscriptions_deleted_and_versions_newest
         steps += o.steps;
         rebuilds += o.rebuilds;
         resizes += o.resizes;
+        tails += o.tail_elections;
     }
     assert!(rebuilds >= SCHEDULES as usize, "{rebuilds} rebuilds");
     assert!(
-        resizes >= SCHEDULES as usize / 10,
+        resizes >= SCHEDULES as usize / 20,
         "{resizes} resizes committed"
+    );
+    assert!(
+        tails >= SCHEDULES as usize / 2,
+        "{tails} elections served from the standby's tail"
     );
     eprintln!(
         "{SCHEDULES} schedules from seed {base}: {steps} steps, {rebuilds} rebuilds, \
-         {resizes} resizes committed"
+         {resizes} resizes committed, {tails} elections served from a standby's tail"
     );
 }
 
@@ -144,5 +149,31 @@ fn a_resize_without_its_pull_step_fails_a_schedule() {
     };
     let found = first_failure(base_seed(), SCHEDULES, rules);
     let (seed, v) = found.expect("resizes without the pull step passed every schedule");
+    eprintln!("seed {seed}: {v:?}");
+}
+
+/// Mutation check: a tail that goes on from its cursor when a node answers from another
+/// store (a new disk numbers its changes from 1 again) misses what that store took.
+#[test]
+fn a_tail_that_ignores_a_new_disk_fails_a_schedule() {
+    let rules = Rules {
+        tail_checks_store: false,
+        ..Rules::FIXED
+    };
+    let found = first_failure(base_seed(), SCHEDULES, rules);
+    let (seed, v) = found.expect("a tail ignoring new disks passed every schedule");
+    eprintln!("seed {seed}: {v:?}");
+}
+
+/// Mutation check: a standby that serves its tail's registry without a whole holder in
+/// its last round misses what only the nodes that were not tailed whole hold.
+#[test]
+fn a_tail_served_without_a_whole_holder_fails_a_schedule() {
+    let rules = Rules {
+        tail_needs_whole: false,
+        ..Rules::FIXED
+    };
+    let found = first_failure(base_seed(), SCHEDULES, rules);
+    let (seed, v) = found.expect("a tail served without a whole holder passed every schedule");
     eprintln!("seed {seed}: {v:?}");
 }
