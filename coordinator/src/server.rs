@@ -65,6 +65,10 @@ pub struct ElectedRole {
     pub etcd: runtime::etcd::Etcd,
     /// The nodes etcd says are up: taken as registered (no workers yet) from the start.
     pub live: Vec<crate::rebuild::NodeRecord>,
+    /// The registry is the one kept while standing by (`crate::tail`), not a rebuild.
+    pub registry_kept: bool,
+    /// Milliseconds from winning the election to the registry being ready.
+    pub registry_ready_ms: u64,
 }
 
 impl ElectedRole {
@@ -453,6 +457,9 @@ struct Handle {
     fence: Option<runtime::election::Fence>,
     /// Where an elected leader records a resize.
     etcd: Option<runtime::etcd::Etcd>,
+    /// An elected leader: whether its registry was kept while standing by, and how long it
+    /// took from winning to having it ready (`StatsResponse.registry_kept`).
+    registry_ready: Option<(bool, u64)>,
 }
 
 impl Handle {
@@ -662,6 +669,10 @@ pub async fn start_preloaded(
     let resizing = cfg.resizing;
     let fence = cfg.elected.as_ref().map(|e| e.fence.clone());
     let cfg_etcd = cfg.elected.as_ref().map(|e| e.etcd.clone());
+    let registry_ready = cfg
+        .elected
+        .as_ref()
+        .map(|e| (e.registry_kept, e.registry_ready_ms));
     let live = cfg
         .elected
         .as_ref()
@@ -705,6 +716,7 @@ pub async fn start_preloaded(
             registry: registry.clone(),
             store: store.clone(),
             fence,
+            registry_ready,
         },
         registry,
         store,

@@ -239,6 +239,7 @@ async fn lead(
             Err(e) => bail!("rebuilding the registry: {e}"),
         }
     };
+    let registry_ready = started_at.elapsed();
     let live: Vec<_> = match coordinator::rebuild::live_nodes(etcd, &base.cluster_secret).await {
         Ok(l) => l.into_values().collect(),
         Err(e) => {
@@ -259,6 +260,8 @@ async fn lead(
             name: name.to_string(),
             etcd: etcd.clone(),
             live,
+            registry_kept: followed.is_some(),
+            registry_ready_ms: registry_ready.as_millis() as u64,
         }),
         grid: Some(layout.grid),
         resizing: layout.next,

@@ -63,6 +63,16 @@ fn table_lines_up(stdout: &str) {
     }
 }
 
+/// A started process, killed when dropped (also when a test fails midway).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn bench_match_runs_every_engine_and_writes_json() {
     let dir = std::env::temp_dir().join(format!("dissem-cli-{}", std::process::id()));
@@ -179,7 +189,9 @@ fn api_commands_against_a_running_node() {
         .spawn()
         .expect("spawn dissem up");
     let mut line = String::new();
-    BufReader::new(up.stdout.take().expect("stdout"))
+    let stdout = up.stdout.take().expect("stdout");
+    let up = KillOnDrop(up);
+    BufReader::new(stdout)
         .read_line(&mut line)
         .expect("address line");
     let addr = line
@@ -286,8 +298,7 @@ fn api_commands_against_a_running_node() {
         err.starts_with("error: unavailable: cannot reach http://127.0.0.1:1"),
         "{err}"
     );
-    let _ = up.kill();
-    let _ = up.wait();
+    drop(up);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -14,7 +14,17 @@ use proto::v1::objects_client::ObjectsClient;
 /// Acknowledged puts: id and the bytes sent.
 type Acked = Vec<(v1::ObjectId, Vec<u8>)>;
 
-fn spawn(dir: &std::path::Path) -> (Child, String) {
+/// A started process, killed when dropped (also when a test fails midway).
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(dir: &std::path::Path) -> (KillOnDrop, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dissem"))
         .args(["up", "--listen", "127.0.0.1:0", "--node", "5", "--data"])
         .arg(dir)
@@ -33,7 +43,7 @@ fn spawn(dir: &std::path::Path) -> (Child, String) {
         .nth(1)
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
-    (child, format!("http://{addr}"))
+    (KillOnDrop(child), format!("http://{addr}"))
 }
 
 async fn connect(url: &str) -> tonic::transport::Channel {
@@ -96,8 +106,8 @@ async fn sigkill_mid_burst_loses_no_acknowledged_object() {
         assert!(Instant::now() < deadline, "puts too slow");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    child.kill().expect("SIGKILL");
-    let _ = child.wait();
+    child.0.kill().expect("SIGKILL");
+    let _ = child.0.wait();
     for w in writers {
         let _ = w.await;
     }
@@ -124,8 +134,8 @@ async fn sigkill_mid_burst_loses_no_acknowledged_object() {
         .expect("put after restart")
         .into_inner();
     assert!(fresh.id.expect("id").seq > max_seq);
-    child.kill().expect("kill");
-    let _ = child.wait();
+    child.0.kill().expect("kill");
+    let _ = child.0.wait();
 
     // no outbox record without its object
     let store = storage::Store::open(&dir, 5).expect("open store");

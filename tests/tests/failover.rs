@@ -4,7 +4,8 @@
 //! endpoint in this process. The leader is SIGKILLed in the middle of a burst; the leader is
 //! paused past its lease and continued (it must stop leading, and nodes refuse its
 //! assignments); etcd itself is killed and restarted. Every acknowledged object reaches both
-//! subscribers, and the QoS 2 one sees none twice.
+//! subscribers, and the QoS 2 one sees none twice. A new leader serves the registry it kept
+//! while standing by.
 //!
 //! Without an `etcd` binary the tests say so and pass, unless `DISSEM_REQUIRE_ETCD` is set
 //! (CI installs etcd and sets it, so a missing etcd fails there).
@@ -103,6 +104,27 @@ impl Setup {
         let _ = std::fs::remove_dir_all(&self.dir);
         objects.len()
     }
+}
+
+/// The subscriptions a node at `via` lists, once the leader it follows answers.
+async fn served_through(via: &str) -> Vec<v1::Subscription> {
+    wait_for("the new leader's registry", Duration::from_secs(30), || {
+        let via = via.to_string();
+        async move {
+            let mut subs =
+                v1::subscriptions_client::SubscriptionsClient::new(bench::procs::channel(&via));
+            let list = subs
+                .list(v1::ListSubscriptionsRequest {
+                    after_id: 0,
+                    limit: 1000,
+                })
+                .await
+                .ok()?
+                .into_inner();
+            Some(list.subscriptions)
+        }
+    })
+    .await
 }
 
 #[test]
@@ -340,23 +362,7 @@ fn a_node_down_while_subscriptions_change_brings_no_old_version_back_to_a_new_le
             .expect("a new leader");
 
         // through a node (which follows the new leader): the deletion and the newest version
-        let got = wait_for("the new leader's registry", Duration::from_secs(30), || {
-            let via = via.clone();
-            async move {
-                let mut subs =
-                    v1::subscriptions_client::SubscriptionsClient::new(bench::procs::channel(&via));
-                let list = subs
-                    .list(v1::ListSubscriptionsRequest {
-                        after_id: 0,
-                        limit: 100,
-                    })
-                    .await
-                    .ok()?
-                    .into_inner();
-                Some(list.subscriptions)
-            }
-        })
-        .await;
+        let got = served_through(&via).await;
         let ids: Vec<u64> = got.iter().map(|s| s.id).collect();
         assert_eq!(
             ids,
@@ -371,6 +377,116 @@ fn a_node_down_while_subscriptions_change_brings_no_old_version_back_to_a_new_le
             got[0].filter,
             Some(v1::subscription::Filter::Text("n >= 2".into()))
         );
+        drop(c);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+/// A standby keeps the registry while it stands by (issue 31, hole 3): a new leader serves
+/// the one it kept, with the nodes' last changes (a subscription created just before the
+/// kill among them), and says so in its stats; deletions and updates made before are
+/// there as they are at the nodes.
+#[test]
+fn a_new_leader_serves_the_registry_it_kept_while_standing_by() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !have_etcd() {
+        return;
+    }
+    runtime().block_on(async {
+        let dir = temp_dir("failover-kept");
+        let mut c = ElectedCluster::start(&dissem_bin(), &dir, 2, 3, 2, &small_node_flags())
+            .await
+            .expect("cluster");
+        let via = c.nodes[1].url();
+        let mut subs =
+            v1::subscriptions_client::SubscriptionsClient::new(bench::procs::channel(&via));
+        let mut want = std::collections::BTreeMap::new();
+        for k in 0..30 {
+            let id = tests::create_grpc_subscription(
+                &via,
+                format!("n = {k}"),
+                "http://127.0.0.1:9",
+                v1::Qos::AtLeastOnce,
+                None,
+            )
+            .await
+            .expect("create");
+            want.insert(id, k);
+        }
+        let ids: Vec<u64> = want.keys().copied().collect();
+        for id in &ids[..5] {
+            subs.delete(v1::DeleteSubscriptionRequest { id: *id })
+                .await
+                .expect("delete");
+            want.remove(id);
+        }
+        for id in &ids[5..8] {
+            let mut s = subs
+                .get(v1::GetSubscriptionRequest { id: *id })
+                .await
+                .expect("get")
+                .into_inner();
+            s.filter = Some(v1::subscription::Filter::Text("n = 1000".into()));
+            subs.update(s).await.expect("update");
+            want.insert(*id, 1000);
+        }
+        // kill leaders until one is replaced by a standby that had its registry in step
+        // (it follows the nodes every 500 ms once it rebuilt at its start)
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let (stats, last) = loop {
+            let l = c
+                .wait_leader(Duration::from_secs(10))
+                .await
+                .expect("leader");
+            let k = ElectedCluster::index_of(&l.name).expect("ours");
+            // a change just before the kill: the new leader takes it with the last changes
+            let late = tests::create_grpc_subscription(
+                &via,
+                "n = 2000".into(),
+                "http://127.0.0.1:9",
+                v1::Qos::AtLeastOnce,
+                None,
+            )
+            .await
+            .expect("create");
+            want.insert(late, 2000);
+            c.coordinators[k].kill();
+            let new = c
+                .wait_new_leader(l.epoch, Duration::from_secs(15))
+                .await
+                .expect("a new leader");
+            c.coordinators[k] = c.start_coordinator(k);
+            let stats = v1::admin_client::AdminClient::new(bench::procs::channel(&new.url))
+                .stats(v1::StatsRequest::default())
+                .await
+                .expect("the new leader's stats")
+                .into_inner();
+            if stats.registry_kept || Instant::now() > deadline {
+                break (stats, late);
+            }
+        };
+        assert!(
+            stats.registry_kept,
+            "no new leader served a registry kept while standing by: {stats:?}"
+        );
+        // what it serves is what the nodes hold: the deletions, the updates, the late create
+        let got = served_through(&via).await;
+        let served: std::collections::BTreeMap<u64, String> = got
+            .iter()
+            .map(|s| {
+                let f = match &s.filter {
+                    Some(v1::subscription::Filter::Text(t)) => t.clone(),
+                    other => format!("{other:?}"),
+                };
+                (s.id, f)
+            })
+            .collect();
+        let expected: std::collections::BTreeMap<u64, String> = want
+            .iter()
+            .map(|(id, k)| (*id, format!("n = {k}")))
+            .collect();
+        assert_eq!(served, expected, "the last create was {last}");
+        assert_eq!(stats.subscriptions as usize, want.len(), "{stats:?}");
         drop(c);
         let _ = std::fs::remove_dir_all(&dir);
     });

@@ -519,6 +519,9 @@ impl v1::admin_server::Admin for Node {
                 Sink::Cluster(d) => d.image_loaded(),
                 _ => 0,
             },
+            // a coordinator's
+            registry_kept: false,
+            registry_ready_ms: 0,
             node: self.store.node(),
             objects_stored: self.store.object_count() as u64,
             puts_accepted: self.accepted.load(Ordering::Relaxed),

@@ -56,6 +56,8 @@ impl v1::admin_server::Admin for Handle {
             subscriptions: self.store.subscription_count() as u64,
             cluster: Some(cluster),
             view: Some(view),
+            registry_kept: self.registry_ready.is_some_and(|r| r.0),
+            registry_ready_ms: self.registry_ready.map_or(0, |r| r.1),
             ..v1::StatsResponse::default()
         }))
     }

@@ -259,6 +259,23 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
                 ),
             ],
         ));
+        // an elected leader: how it got its registry at its election
+        if s.registry_kept || s.registry_ready_ms > 0 {
+            let how = if s.registry_kept {
+                "kept while standing by"
+            } else {
+                "rebuilt from the nodes"
+            };
+            if let Some((_, group)) = cluster_groups.last_mut() {
+                group.push(("registry_source", "registry", json!(how), ""));
+                group.push((
+                    "registry_ready_ms",
+                    "registry ready after",
+                    json!(s.registry_ready_ms),
+                    "ms",
+                ));
+            }
+        }
         cluster_groups.push((
             "matching",
             vec![
