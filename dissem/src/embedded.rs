@@ -82,6 +82,9 @@ impl v1::admin_server::Admin for EmbeddedAdmin {
     }
 }
 
+/// How long the embedded node waits for its first view before it serves anyway.
+const VIEW_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Runs the embedded cluster on `listener` until `shutdown` resolves. Objects still in the
 /// outbox from an earlier run are matched once the node daemon has registered.
 pub async fn run(
@@ -103,6 +106,19 @@ pub async fn run(
     let daemon = Daemon::new(daemon_cfg, store.clone(), limits, coordinator.link())?;
     coordinator.set_local(Arc::new(daemon.clone())).await;
     daemon.spawn();
+    // the first puts come as soon as the address is out: until the daemon has its first
+    // view from the coordinator (in this process, a few milliseconds) a put is refused
+    // UNAVAILABLE, so the services start only then (seen as a failed first put in a test)
+    let started = std::time::Instant::now();
+    while !daemon.has_view() && started.elapsed() < VIEW_WAIT {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    if !daemon.has_view() {
+        tracing::warn!(
+            "no view from the coordinator after {VIEW_WAIT:?}: serving anyway (puts are \
+             refused until it comes)"
+        );
+    }
     let stream = v1::stream_server::StreamServer::new(daemon.deliverer().clone());
     let deliverer = daemon.deliverer().clone();
     let mut node = Node::new(store.clone(), limits, Sink::Cluster(daemon));
