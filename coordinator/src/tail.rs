@@ -12,9 +12,10 @@
 //! deletion is final) and into the parsed registry kept in memory, which the new leader's
 //! registry starts from. An election runs one more round; the tail vouches for the
 //! registry only when a whole holder answered whole in it, and the new leader rebuilds in
-//! full otherwise (rounds without a whole holder still take what the nodes changed). A node on a new disk (another store identity) is pulled whole again.
-//! After a leadership the tail starts over: the leader wrote this store itself, and a
-//! subscription it stored whose Create then failed must not outlive the next rebuild.
+//! full otherwise (rounds without a whole holder still take what the nodes changed). A
+//! node on a new disk (another store identity) is pulled whole again. After a leadership
+//! the tail starts over: the leader wrote this store itself, and a subscription it stored
+//! whose Create then failed must not outlive the next rebuild.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,8 +1,8 @@
 //! `dissem coordinator --etcd`: a coordinator that leads only when etcd elects it. It stands
 //! by until it wins (`runtime::election`), keeping its registry in step with the nodes'
 //! copies meanwhile (`coordinator::tail`), takes the last changes (or rebuilds the registry
-//! from the nodes' copies, `coordinator::rebuild`), serves with its epoch and a fence, announces its address and
-//! nonce in the leader key. While it is unsure of its lease (etcd down, a pause) it sends
+//! from the nodes' copies, `coordinator::rebuild`), serves with its epoch and a fence,
+//! announces its address and nonce in the leader key. While it is unsure of its lease (etcd down, a pause) it sends
 //! nothing; once etcd says the lease is gone it goes back to standing by (its services are
 //! dropped, so nothing of the old leadership acts on).
 

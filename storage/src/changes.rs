@@ -154,6 +154,10 @@ impl Store {
         placed_by: &std::collections::HashSet<u32>,
         changed_only: bool,
     ) -> Result<ChangedCopies, StorageError> {
+        // read with writers held off: a number is taken before its entry is written, so a
+        // walk beside a writer could see number n + 1 and not yet n, and its reader would
+        // then tail past n for good
+        let _w = self.write_lock();
         let page = self.changes.after(after, limit.max(1))?;
         let more = page.len() >= limit.max(1);
         let last = page.last().map_or(after, |p| p.0);

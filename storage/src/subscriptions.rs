@@ -66,7 +66,7 @@ impl Store {
             .fetch_max(floor, Ordering::AcqRel);
     }
 
-    fn write_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+    pub(crate) fn write_lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.subs_write.lock().unwrap_or_else(|p| p.into_inner())
     }
 
