@@ -209,7 +209,7 @@ pub(crate) async fn pull(
     let mut after_change = after.map_or(0, |c| c.change);
     let mut listed = 0;
     let mut whole = true;
-    let mut cursor: Option<Cursor> = None;
+    let mut noted: Option<Cursor> = None;
     loop {
         let page = client.subscription_copies(v1::SubscriptionCopiesRequest {
             after_id,
@@ -244,15 +244,14 @@ pub(crate) async fn pull(
             });
         }
         // by id, the first page's last change (read before it); by change, the last page's
-        match (after.is_some(), cursor) {
-            (true, _) | (false, None) => {
-                cursor = Some(Cursor {
-                    store_id: r.store_id,
-                    change: r.last_change,
-                })
-            }
-            (false, Some(_)) => {}
-        }
+        let page_cursor = Cursor {
+            store_id: r.store_id,
+            change: r.last_change,
+        };
+        let cursor = match noted {
+            Some(c) if after.is_none() => c,
+            _ => *noted.insert(page_cursor),
+        };
         let last = r.copies.last().map(|c| c.id);
         listed += r.copies.len();
         whole &= r.whole;
@@ -267,10 +266,7 @@ pub(crate) async fn pull(
         let done = Pulled {
             listed,
             whole,
-            cursor: cursor.unwrap_or(Cursor {
-                store_id: r.store_id,
-                change: r.last_change,
-            }),
+            cursor,
             other_store: false,
         };
         if after.is_some() {

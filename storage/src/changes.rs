@@ -11,7 +11,11 @@
 //! that comes back on a new disk counts from 1 again, and a tail that names the old
 //! identity starts over with every copy.
 
+use super::subscriptions::be_u64;
 use super::*;
+
+/// The feed's tree (named in a corruption error).
+const FEED: &str = "subscription_changes";
 
 const META_STORE_ID: &[u8] = b"store_id";
 
@@ -39,15 +43,10 @@ fn new_identity(meta: &sled::Tree) -> Result<u64, StorageError> {
 
 impl Changes {
     pub(crate) fn open(db: &sled::Db, meta: &sled::Tree) -> Result<Changes, StorageError> {
-        let by_number = db.open_tree("subscription_changes")?;
+        let by_number = db.open_tree(FEED)?;
         let of_id = db.open_tree("subscription_changed_at")?;
         let last = match by_number.last()? {
-            Some((k, _)) => <[u8; 8]>::try_from(k.as_ref())
-                .map(u64::from_be_bytes)
-                .map_err(|_| StorageError::Corrupt {
-                    tree: "subscription_changes",
-                    source: CodecError::Truncated,
-                })?,
+            Some((k, _)) => be_u64(&k, FEED)?,
             None => 0,
         };
         let store_id = match meta.get(META_STORE_ID)? {
@@ -106,16 +105,7 @@ impl Changes {
             .take(limit)
         {
             let (k, v) = kv?;
-            let pair = <[u8; 8]>::try_from(k.as_ref())
-                .ok()
-                .zip(<[u8; 8]>::try_from(v.as_ref()).ok());
-            let Some((n, id)) = pair else {
-                return Err(StorageError::Corrupt {
-                    tree: "subscription_changes",
-                    source: CodecError::Truncated,
-                });
-            };
-            out.push((u64::from_be_bytes(n), u64::from_be_bytes(id)));
+            out.push((be_u64(&k, FEED)?, be_u64(&v, FEED)?));
         }
         Ok(out)
     }

@@ -13,7 +13,7 @@ fn corrupt(tree: &'static str) -> StorageError {
     }
 }
 
-fn be_u64(v: &[u8], tree: &'static str) -> Result<u64, StorageError> {
+pub(super) fn be_u64(v: &[u8], tree: &'static str) -> Result<u64, StorageError> {
     <[u8; 8]>::try_from(v)
         .map(u64::from_be_bytes)
         .map_err(|_| corrupt(tree))

@@ -58,10 +58,10 @@ impl Driver {
         if self.committing {
             return;
         }
-        if self.protocol.resize_step() == 0 {
+        let step = self.protocol.resize_step();
+        if step == 0 {
             return;
         }
-        let step = self.protocol.resize_step();
         let Some(to) = self.protocol.advance_resize(now) else {
             if step == 1 && self.protocol.resize_step() == 2 {
                 tracing::info!("resize: every node knows both grids; pulling the copies");
