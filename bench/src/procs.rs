@@ -339,6 +339,40 @@ pub async fn create_all(
     }
 }
 
+/// Registers `subs` through `url` by `CreateMany`, a thousand a call with `concurrency`
+/// calls in flight; `done(n)` after each call with the number it created. Returns the
+/// assigned ids in order.
+pub async fn create_many(
+    url: &str,
+    subs: Vec<v1::Subscription>,
+    concurrency: usize,
+    done: impl Fn(u64),
+) -> Result<Vec<u64>, tonic::Status> {
+    let client = v1::subscriptions_client::SubscriptionsClient::new(channel(url));
+    let chunks: Vec<Vec<v1::Subscription>> = subs
+        .chunks(runtime::subscriptions::MAX_CREATE_MANY)
+        .map(|c| c.to_vec())
+        .collect();
+    let mut ids = vec![Vec::new(); chunks.len()];
+    let mut todo = chunks.into_iter().enumerate();
+    let mut set = tokio::task::JoinSet::new();
+    loop {
+        while set.len() < concurrency.max(1)
+            && let Some((i, subscriptions)) = todo.next()
+        {
+            let mut c = client.clone();
+            let req = v1::CreateSubscriptionsRequest { subscriptions };
+            set.spawn(async move { (i, c.create_many(req).await) });
+        }
+        let Some(r) = set.join_next().await else {
+            return Ok(ids.into_iter().flatten().collect());
+        };
+        let (i, r) = r.map_err(|e| tonic::Status::internal(format!("create task: {e}")))?;
+        ids[i] = r?.into_inner().subscriptions.iter().map(|s| s.id).collect();
+        done(ids[i].len() as u64);
+    }
+}
+
 /// Registers subscriptions (text filters, QoS 0 to stream "test") through `url` with
 /// `concurrency` calls in flight; returns the assigned ids in order.
 pub async fn subscribe_all(url: &str, filters: &[String], concurrency: usize) -> Vec<u64> {

@@ -547,6 +547,32 @@ impl v1::cluster_server::Cluster for Handle {
         Ok(Response::new(s))
     }
 
+    async fn subscription_records(
+        &self,
+        request: Request<v1::SubscriptionRecordsRequest>,
+    ) -> Result<Response<v1::SubscriptionRecordsResponse>, Status> {
+        let ids = request.into_inner().ids;
+        let most = runtime::subscriptions::MAX_CREATE_MANY;
+        if ids.len() > most {
+            return Err(ServiceError::invalid(
+                "ids",
+                format!("{} given, at most {most}", ids.len()),
+            )
+            .into());
+        }
+        let mut subscriptions = Vec::with_capacity(ids.len());
+        for id in ids {
+            match runtime::subscriptions::stored_subscription(&self.store, id) {
+                Ok(s) => subscriptions.push(s),
+                Err(ServiceError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Response::new(v1::SubscriptionRecordsResponse {
+            subscriptions,
+        }))
+    }
+
     async fn named(
         &self,
         request: Request<v1::NamedSubscriptionsRequest>,

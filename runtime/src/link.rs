@@ -133,6 +133,11 @@ impl ToCoordinator {
         v1::Subscription
     );
     coord_call!(
+        subscription_records,
+        v1::SubscriptionRecordsRequest,
+        v1::SubscriptionRecordsResponse
+    );
+    coord_call!(
         named,
         v1::NamedSubscriptionsRequest,
         v1::NamedSubscriptionsResponse

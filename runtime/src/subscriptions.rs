@@ -115,6 +115,72 @@ impl Subscriptions {
         Ok(s)
     }
 
+    /// Stores new validated subscriptions durably with one write, ids assigned in order,
+    /// puts them in the match index and returns them (in order) without their write-only
+    /// secrets once the index has them in force.
+    async fn save_new(
+        &self,
+        subs: Vec<(v1::Subscription, blocks::Dnf)>,
+    ) -> Result<Vec<v1::Subscription>, ServiceError> {
+        let mut out = Vec::with_capacity(subs.len());
+        {
+            let _w = self.writes.lock().await;
+            let mut records = Vec::with_capacity(subs.len());
+            let mut dnfs = Vec::with_capacity(subs.len());
+            for (mut s, dnf) in subs {
+                let id = self.store.next_subscription_id()?;
+                s.id = id;
+                s.revision = id; // drawn from the revisions' counter: the first version's
+                records.push((id, s.encode_to_vec(), id));
+                dnfs.push((id, dnf));
+                out.push(s);
+            }
+            // new ids: no tombstone can name them, so every record is stored
+            self.store.put_subscriptions(&records).await?;
+            for (id, dnf) in dnfs {
+                self.index.upsert(id, dnf);
+            }
+        }
+        self.index.in_force().await?;
+        for s in &mut out {
+            s.webhook_secret.clear();
+            s.webhook_headers.clear();
+        }
+        Ok(out)
+    }
+
+    /// Validates the subscriptions of a [`CreateMany`](v1::subscriptions_server::Subscriptions::create_many)
+    /// as Create would each (a refusal names `subscriptions[i]`), each target address once.
+    async fn checked_many(
+        &self,
+        caller: &Caller,
+        subs: Vec<v1::Subscription>,
+    ) -> Result<Vec<(v1::Subscription, blocks::Dnf)>, ServiceError> {
+        if subs.is_empty() || subs.len() > MAX_CREATE_MANY {
+            return Err(ServiceError::invalid(
+                "subscriptions",
+                format!("{} given: 1 to {MAX_CREATE_MANY} per request", subs.len()),
+            ));
+        }
+        let mut checked = Vec::with_capacity(subs.len());
+        let mut targets = std::collections::HashSet::new();
+        for (i, mut s) in subs.into_iter().enumerate() {
+            let named = |e| in_batch(i, e);
+            let dnf = validate::subscription(&s, &self.limits).map_err(named)?;
+            // a thousand subscriptions of one endpoint resolve its name once
+            let target = s.target.as_ref().map(|t| t.encode_to_vec());
+            if targets.insert(target) {
+                validate::target_address(&s, &self.limits)
+                    .await
+                    .map_err(named)?;
+            }
+            s.qos = validate::qos(&s) as i32;
+            s.tenant = caller.tenant().to_string();
+            checked.push((s, dnf));
+        }
+        Ok(checked)
+    }
+
     /// The stored subscription `id` if `caller` may see it (another tenant's is not found).
     fn owned_subscription(
         &self,
@@ -129,8 +195,8 @@ impl Subscriptions {
         }
     }
 
-    /// Reserves room for one more subscription of `caller`'s tenant under its quota.
-    fn reserve_subscription(&self, caller: &Caller) -> Result<(), ServiceError> {
+    /// Reserves room for `more` subscriptions of `caller`'s tenant under its quota.
+    fn reserve_subscriptions(&self, caller: &Caller, more: u64) -> Result<(), ServiceError> {
         let Some(max) = caller.tenant.quota.max_subscriptions else {
             return Ok(());
         };
@@ -154,23 +220,41 @@ impl Subscriptions {
             .as_mut()
             .map(|m| m.entry(caller.tenant().to_string()).or_insert(0))
             .ok_or_else(|| ServiceError::Unavailable("subscription counts".into()))?;
-        if *n >= max {
+        if n.saturating_add(more) > max {
             return Err(ServiceError::Quota(format!(
-                "tenant {:?} has {n} subscriptions, its quota",
+                "tenant {:?} has {n} subscriptions of its quota of {max}: {more} more do not fit",
                 caller.tenant()
             )));
         }
-        *n += 1;
+        *n += more;
         Ok(())
     }
 
-    /// Gives back what [`Subscriptions::reserve_subscription`] took (a failed create, a delete).
-    fn release_subscription(&self, tenant: &str) {
+    /// Gives back what [`Subscriptions::reserve_subscriptions`] took (a failed create, a
+    /// delete).
+    fn release_subscriptions(&self, tenant: &str, fewer: u64) {
         if let Some(m) = crate::lock(&self.tenant_subs).as_mut()
             && let Some(n) = m.get_mut(tenant)
         {
-            *n = n.saturating_sub(1);
+            *n = n.saturating_sub(fewer);
         }
+    }
+}
+
+/// Most subscriptions one `CreateMany` registers.
+pub const MAX_CREATE_MANY: usize = 1000;
+
+/// A refusal of one subscription of a `CreateMany`, its field named under `subscriptions[i]`.
+fn in_batch(i: usize, e: ServiceError) -> ServiceError {
+    match e {
+        ServiceError::InvalidArgument { field, reason } => ServiceError::InvalidArgument {
+            field: match field.strip_prefix("subscription") {
+                Some(rest) => format!("subscriptions[{i}]{rest}"),
+                None => format!("subscriptions[{i}].{field}"),
+            },
+            reason,
+        },
+        e => e,
     }
 }
 
@@ -248,7 +332,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         validate::target_address(&s, &self.limits).await?;
         s.qos = validate::qos(&s) as i32; // stored with its level, never unset
         s.tenant = caller.tenant().to_string();
-        self.reserve_subscription(&caller)?;
+        self.reserve_subscriptions(&caller, 1)?;
         let saved = match self.store.next_subscription_id() {
             Ok(id) => {
                 s.id = id;
@@ -259,9 +343,28 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
             Err(e) => Err(e.into()),
         };
         if saved.is_err() {
-            self.release_subscription(caller.tenant());
+            self.release_subscriptions(caller.tenant(), 1);
         }
         Ok(Response::new(saved?))
+    }
+
+    async fn create_many(
+        &self,
+        request: Request<v1::CreateSubscriptionsRequest>,
+    ) -> Result<Response<v1::CreateSubscriptionsResponse>, Status> {
+        self.through_node(&request)?;
+        let caller = auth::caller(&request);
+        let subs = request.into_inner().subscriptions;
+        let checked = self.checked_many(&caller, subs).await?;
+        let n = checked.len() as u64;
+        self.reserve_subscriptions(&caller, n)?;
+        let saved = self.save_new(checked).await;
+        if saved.is_err() {
+            self.release_subscriptions(caller.tenant(), n);
+        }
+        Ok(Response::new(v1::CreateSubscriptionsResponse {
+            subscriptions: saved?,
+        }))
     }
 
     async fn get(
@@ -376,7 +479,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
             }
             self.index.remove(id);
         }
-        self.release_subscription(&owner);
+        self.release_subscriptions(&owner, 1);
         self.index.in_force().await?;
         Ok(Response::new(v1::DeleteSubscriptionResponse {}))
     }

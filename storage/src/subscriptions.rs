@@ -126,6 +126,31 @@ impl Store {
         Ok(true)
     }
 
+    /// [`Store::put_subscription`] for many records `(id, record, revision)` with one
+    /// durable write; the answer says of each whether it was stored (not deleted before).
+    pub async fn put_subscriptions(
+        &self,
+        records: &[(u64, Vec<u8>, u64)],
+    ) -> Result<Vec<bool>, StorageError> {
+        let mut stored = Vec::with_capacity(records.len());
+        {
+            let _w = self.write_lock();
+            for (id, record, revision) in records {
+                if self.deleted.contains_key(id.to_be_bytes())? {
+                    stored.push(false);
+                    continue;
+                }
+                self.subs.insert(id.to_be_bytes(), record.as_slice())?;
+                self.revisions
+                    .insert(id.to_be_bytes(), &revision.to_be_bytes()[..])?;
+                self.changes.note(*id)?;
+                stored.push(true);
+            }
+        }
+        self.commit().await?;
+        Ok(stored)
+    }
+
     /// What this store holds of subscription `id`.
     pub fn subscription_held(&self, id: u64) -> Result<Held, StorageError> {
         if self.deleted.contains_key(id.to_be_bytes())? {

@@ -13,6 +13,16 @@ use tests::{
 };
 use tonic::Code;
 
+/// A CreateMany of stream subscriptions to "q", one per filter.
+fn many(filters: &[&str]) -> v1::CreateSubscriptionsRequest {
+    v1::CreateSubscriptionsRequest {
+        subscriptions: filters
+            .iter()
+            .filter_map(|f| stream_sub(f, "q").subscription)
+            .collect(),
+    }
+}
+
 fn stream_sub(filter: &str, stream: &str) -> v1::CreateSubscriptionRequest {
     v1::CreateSubscriptionRequest {
         subscription: Some(v1::Subscription {
@@ -60,6 +70,12 @@ async fn every_rpc_fails(url: &str, token: &str, code: Code) {
     results.push((
         "Create",
         subs.create(bearer(stream_sub("temp > 1", "s"), token))
+            .await
+            .map(drop),
+    ));
+    results.push((
+        "CreateMany",
+        subs.create_many(bearer(many(&["temp > 1"]), token))
             .await
             .map(drop),
     ));
@@ -326,12 +342,20 @@ fn tokens_roles_and_tenants() {
         let leaked = tokio::time::timeout(Duration::from_secs(1), globex_stream.message()).await;
         assert!(leaked.is_err(), "globex received {leaked:?}");
 
-        // quotas
-        for i in 0..2 {
-            subs.create(bearer(stream_sub(&format!("temp > {i}"), "q"), &globex))
-                .await
-                .expect("within quota");
-        }
+        // quotas: a CreateMany that does not fit is refused whole
+        let e = subs
+            .create_many(bearer(many(&["temp > 0", "temp > 1", "temp > 2"]), &globex))
+            .await
+            .expect_err("three do not fit a quota of two");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        let made = subs
+            .create_many(bearer(many(&["temp > 0", "temp > 1"]), &globex))
+            .await
+            .expect("within quota")
+            .into_inner()
+            .subscriptions;
+        assert_eq!(made.len(), 2);
+        assert!(made.iter().all(|s| s.tenant == "globex"), "{made:?}");
         let e = subs
             .create(bearer(stream_sub("temp > 9", "q"), &globex))
             .await

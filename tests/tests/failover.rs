@@ -400,19 +400,22 @@ fn a_new_leader_serves_the_registry_it_kept_while_standing_by() {
         let via = c.nodes[1].url();
         let mut subs =
             v1::subscriptions_client::SubscriptionsClient::new(bench::procs::channel(&via));
-        let mut want = std::collections::BTreeMap::new();
-        for k in 0..30 {
-            let id = tests::create_grpc_subscription(
-                &via,
-                format!("n = {k}"),
-                "http://127.0.0.1:9",
-                v1::Qos::AtLeastOnce,
-                None,
-            )
+        // created by one CreateMany: its copies reach the nodes the standbys follow
+        let made = subs
+            .create_many(v1::CreateSubscriptionsRequest {
+                subscriptions: (0..30)
+                    .map(|k| {
+                        bench::procs::grpc_subscription(&format!("n = {k}"), "http://127.0.0.1:9")
+                    })
+                    .collect(),
+            })
             .await
-            .expect("create");
-            want.insert(id, k);
-        }
+            .expect("create many")
+            .into_inner()
+            .subscriptions;
+        let mut want: std::collections::BTreeMap<u64, i32> =
+            made.iter().zip(0..).map(|(s, k)| (s.id, k)).collect();
+        assert_eq!(want.len(), 30);
         let ids: Vec<u64> = want.keys().copied().collect();
         for id in &ids[..5] {
             subs.delete(v1::DeleteSubscriptionRequest { id: *id })

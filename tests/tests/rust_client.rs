@@ -116,6 +116,29 @@ fn the_rust_client_works_against_dissem_up_over_tls_with_tokens() {
                 .any(|s| s.id == dead.id)
         );
         c.unsubscribe(dead.id).await.expect("unsubscribe");
+        // many at once: split into calls of MAX_CREATE_MANY, answered in order
+        let filters: Vec<String> = (0..dissem_client::MAX_CREATE_MANY + 2)
+            .map(|k| format!("temp = {k}"))
+            .collect();
+        let many = c
+            .subscribe_many(
+                filters
+                    .iter()
+                    .map(|f| dissem_client::stream_subscription(f, "rs-many"))
+                    .collect(),
+            )
+            .await
+            .expect("subscribe many");
+        assert_eq!(many.len(), filters.len());
+        assert!(
+            many.iter()
+                .zip(&filters)
+                .all(|(s, f)| s.filter == Some(v1::subscription::Filter::Text(f.clone()))),
+            "answered out of order"
+        );
+        for s in many {
+            c.unsubscribe(s.id).await.expect("unsubscribe");
+        }
         let e = c.subscription(dead.id).await.expect_err("deleted");
         assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
         // the errors of a caller without a token, or without TLS

@@ -111,6 +111,25 @@ impl v1::subscriptions_server::Subscriptions for SubscriptionsProxy {
         Ok(r)
     }
 
+    async fn create_many(
+        &self,
+        request: Request<v1::CreateSubscriptionsRequest>,
+    ) -> Result<Response<v1::CreateSubscriptionsResponse>, Status> {
+        let r = self.client()?.create_many(self.change(request)?).await?;
+        if let Some(d) = &self.placement {
+            let ids: Vec<u64> = r.get_ref().subscriptions.iter().map(|s| s.id).collect();
+            let (stored, asked) = d.place_subscriptions(&ids).await;
+            if stored < asked {
+                tracing::warn!(
+                    "{} new subscriptions: {stored} of {asked} copies reached the live nodes \
+                     they belong on (the registry has them; the others lack a copy)",
+                    ids.len()
+                );
+            }
+        }
+        Ok(r)
+    }
+
     async fn get(
         &self,
         request: Request<v1::GetSubscriptionRequest>,

@@ -501,6 +501,99 @@ async fn subscription_crud_and_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_many_registers_all_or_none() {
+    let node = start("many").await;
+    let ch = channel(node.addr).await;
+    let mut subs = SubscriptionsClient::new(ch.clone());
+    let sub = |filter: &str| v1::Subscription {
+        filter: Some(v1::subscription::Filter::Text(filter.into())),
+        target: Some(v1::Target {
+            kind: Some(v1::target::Kind::Webhook("http://127.0.0.1:9/hook".into())),
+        }),
+        webhook_secret: "s3cret".into(),
+        ..v1::Subscription::default()
+    };
+    let count = |ch: Channel| async move {
+        SubscriptionsClient::new(ch)
+            .list(v1::ListSubscriptionsRequest {
+                after_id: 0,
+                limit: 1000,
+            })
+            .await
+            .expect("list")
+            .into_inner()
+            .subscriptions
+            .len()
+    };
+    let filters = ["temp > 1", "site prefix \"kr/\"", "humidity < 10"];
+    let made = subs
+        .create_many(v1::CreateSubscriptionsRequest {
+            subscriptions: filters.iter().map(|f| sub(f)).collect(),
+        })
+        .await
+        .expect("create many")
+        .into_inner()
+        .subscriptions;
+    assert_eq!(made.len(), 3);
+    for (s, f) in made.iter().zip(filters) {
+        assert_eq!(s.filter, sub(f).filter, "answered in request order");
+        assert!(s.id > 0 && s.webhook_secret.is_empty(), "{s:?}");
+        assert_eq!(s.qos, v1::Qos::AtLeastOnce as i32, "stored with its level");
+        let got = subs
+            .get(v1::GetSubscriptionRequest { id: s.id })
+            .await
+            .expect("get")
+            .into_inner();
+        assert_eq!(&got, s);
+    }
+    assert!(made.windows(2).all(|w| w[0].id < w[1].id), "{made:?}");
+    assert_eq!(count(ch.clone()).await, 3);
+    // one bad subscription refuses the request whole, naming its position and field
+    let e = subs
+        .create_many(v1::CreateSubscriptionsRequest {
+            subscriptions: vec![sub("a = 1"), sub("temp >"), sub("b = 2")],
+        })
+        .await
+        .expect_err("a bad filter");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message()
+            .contains("subscriptions[1].filter.text: at column 7"),
+        "{e:?}"
+    );
+    let e = subs
+        .create_many(v1::CreateSubscriptionsRequest {
+            subscriptions: vec![
+                sub("a = 1"),
+                v1::Subscription {
+                    target: None,
+                    ..sub("a = 2")
+                },
+            ],
+        })
+        .await
+        .expect_err("no target");
+    assert!(e.message().contains("subscriptions[1].target"), "{e:?}");
+    assert_eq!(
+        count(ch.clone()).await,
+        3,
+        "nothing of a refused request is stored"
+    );
+    // bounds: none, and more than a thousand
+    for n in [0, runtime::subscriptions::MAX_CREATE_MANY + 1] {
+        let e = subs
+            .create_many(v1::CreateSubscriptionsRequest {
+                subscriptions: vec![sub("a = 1"); n],
+            })
+            .await
+            .expect_err("out of bounds");
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("subscriptions: "), "{e:?}");
+    }
+    assert_eq!(count(ch).await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_bytes_get_errors_not_panics() {
     // raw, hand-made gRPC frames with garbage protobuf: the server answers with an error
     // status and keeps serving

@@ -188,6 +188,23 @@ impl Client {
         Ok(self.subs().create(req).await?.into_inner())
     }
 
+    /// Creates many subscriptions, [`MAX_CREATE_MANY`] per request (each request all or
+    /// none); answers them as stored, in order.
+    pub async fn subscribe_many(
+        &self,
+        subs: Vec<v1::Subscription>,
+    ) -> Result<Vec<v1::Subscription>, ClientError> {
+        let mut client = self.subs();
+        let mut out = Vec::with_capacity(subs.len());
+        for chunk in subs.chunks(MAX_CREATE_MANY) {
+            let req = v1::CreateSubscriptionsRequest {
+                subscriptions: chunk.to_vec(),
+            };
+            out.extend(client.create_many(req).await?.into_inner().subscriptions);
+        }
+        Ok(out)
+    }
+
     /// One subscription.
     pub async fn subscription(&self, id: u64) -> Result<v1::Subscription, ClientError> {
         let req = v1::GetSubscriptionRequest { id };
@@ -335,6 +352,9 @@ impl Client {
             .into_inner())
     }
 }
+
+/// Most subscriptions one `CreateMany` request registers (the server's bound).
+pub const MAX_CREATE_MANY: usize = 1000;
 
 /// A put of `data` with `attributes` (name, value), priority 0 and no message id.
 pub fn put_request(data: Vec<u8>, attributes: &[(&str, v1::value::Kind)]) -> v1::PutRequest {

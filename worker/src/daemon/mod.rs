@@ -44,6 +44,7 @@ mod forwarding;
 mod matched;
 mod membership;
 mod outbox;
+mod placement;
 mod presence;
 mod relay;
 mod repair;

@@ -19,10 +19,6 @@ use super::*;
 /// Copies and finished marks per `Daemon.Replicate` call at most.
 const PEER_BATCH: usize = 512;
 
-/// Heartbeats after registration during which a replication waits for the view to know its
-/// targets.
-const VIEW_SETTLE_HEARTBEATS: u32 = 4;
-
 /// How long a QoS 2 "received" mark waits for every live holder's answer once enough of
 /// them stored it.
 const MARK_GRACE: Duration = Duration::from_millis(150);
@@ -203,7 +199,7 @@ pub(super) fn replica_from_proto(
 
 /// Counts the peers' answers that stored what was sent, until `enough` did, every sender is
 /// gone (each peer answered), or `deadline` passes.
-async fn gather_acks(
+pub(super) async fn gather_acks(
     rx: UnboundedReceiver<bool>,
     enough: usize,
     deadline: tokio::time::Instant,
@@ -264,7 +260,7 @@ impl Daemon {
     }
 
     /// When a wait for peers' answers gives up.
-    fn replicate_deadline(&self) -> tokio::time::Instant {
+    pub(super) fn replicate_deadline(&self) -> tokio::time::Instant {
         tokio::time::Instant::now() + self.inner.cfg.replicate_timeout
     }
 
@@ -374,130 +370,6 @@ impl Daemon {
             peers
         );
         acks >= needed
-    }
-
-    /// Stores subscription `id` (as the coordinator's registry has it) on every live member
-    /// of this node's column quorum C(j), this node included, before the caller answers its
-    /// Create; with `update`, replaces it on every live node that holds a copy instead. The
-    /// answer is how many of how many live targets stored it.
-    pub async fn place_subscription(&self, id: u64, update: bool) -> (usize, usize) {
-        let me = self.inner.cfg.node;
-        let Some(g) = self.grid().filter(|g| g.contains(me)) else {
-            return (0, 0);
-        };
-        let view = self.known_view(&g.subscription_quorum(me)).await;
-        let (record, revision) = match self
-            .inner
-            .coord
-            .subscription(v1::SubscriptionRecordRequest { id })
-            .await
-        {
-            Ok(s) => (prost::Message::encode_to_vec(&s), s.revision),
-            Err(e) => {
-                tracing::warn!("reading subscription {id} to place it: {e}");
-                return (0, 1);
-            }
-        };
-        let targets: Vec<u32> = if update {
-            (0..g.len()).filter(|&n| view.alive(n) || n == me).collect()
-        } else {
-            g.subscription_quorum(me)
-        };
-        let (tx, rx) = unbounded_channel();
-        let mut asked = 0;
-        let mut stored = 0;
-        for n in targets {
-            if n == me {
-                let store = &self.inner.store;
-                let placed_by = (!update).then_some(me);
-                // an update replaces copies, never adds one; an older version than the one
-                // held (a later change placed first) is no news, and counts as stored
-                let applied = store
-                    .apply_subscription_copy_unflushed(id, &record, revision, placed_by, update);
-                match applied {
-                    Ok(_) if update && store.get_subscription(id).ok().flatten().is_none() => {
-                        continue;
-                    }
-                    Ok(_) => {
-                        asked += 1;
-                        if store.commit().await.is_ok() {
-                            stored += 1;
-                        }
-                    }
-                    Err(e) => {
-                        asked += 1;
-                        tracing::warn!("storing subscription {id}: {e}");
-                    }
-                }
-                continue;
-            }
-            if view.dead(n) || !view.members.contains_key(&n) {
-                continue;
-            }
-            asked += 1;
-            let copy = v1::SubscriptionCopy {
-                id,
-                record: record.clone(),
-                only_if_held: update,
-                placed_by: me,
-                revision,
-                deleted: false,
-            };
-            self.to_peer(n, PeerMsg::Subscription(copy, Some(tx.clone())));
-        }
-        drop(tx);
-        stored += gather_acks(rx, usize::MAX, self.replicate_deadline()).await;
-        (stored, asked)
-    }
-
-    /// The view, once it knows every node of `targets` (alive or dead). Only just after
-    /// this node registered (for [`VIEW_SETTLE_HEARTBEATS`] heartbeats) is it waited for:
-    /// nodes that register after this one appear with the next heartbeats. Later a target
-    /// the view does not know is a grid position no node holds.
-    async fn known_view(&self, targets: &[u32]) -> View {
-        let every = self.inner.cfg.heartbeat_every;
-        let settle = every * VIEW_SETTLE_HEARTBEATS;
-        let since = lock(&self.inner.registered_at).map(|t| t.elapsed());
-        if since.is_some_and(|s| s >= settle) {
-            return self.view();
-        }
-        let deadline = tokio::time::Instant::now() + settle.min(self.inner.cfg.replicate_timeout);
-        loop {
-            let view = self.view();
-            if targets.iter().all(|n| view.members.contains_key(n))
-                || tokio::time::Instant::now() >= deadline
-            {
-                return view;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Deletes subscription `id` on every live node, leaving its tombstone (a copy that a
-    /// node down now still holds is dropped when it catches up, and never wins a rebuild).
-    /// The answer is how many of how many live nodes stored the tombstone before the
-    /// replication deadline.
-    pub async fn drop_subscription(&self, id: u64) -> (usize, usize) {
-        let view = self.view();
-        let me = self.inner.cfg.node;
-        let Some(g) = view.grid else { return (0, 0) };
-        let mut stored = 0;
-        if self.inner.store.remove_subscription_unflushed(id).is_ok()
-            && self.inner.store.commit().await.is_ok()
-        {
-            stored += 1;
-        }
-        let (tx, rx) = unbounded_channel();
-        let mut asked = 1;
-        for n in 0..g.len() {
-            if n != me && view.alive(n) {
-                asked += 1;
-                self.to_peer(n, PeerMsg::DropSubscription(id, Some(tx.clone())));
-            }
-        }
-        drop(tx);
-        stored += gather_acks(rx, usize::MAX, self.replicate_deadline()).await;
-        (stored, asked)
     }
 
     /// Queues `msg` for peer `node` (its queue task starts on first use).

@@ -27,9 +27,26 @@ pub(super) type ObjectResults = (usize, Vec<Arc<v1::TestResult>>);
 impl Daemon {
     /// The compiled image `version`, fetched from the coordinator on first use.
     pub(super) async fn image(&self, version: u64) -> Result<Arc<Loaded>, ServiceError> {
+        self.image_unless_newer(version, false)
+            .await?
+            .ok_or_else(|| ServiceError::Unavailable(format!("image {version} was not compiled")))
+    }
+
+    /// [`Daemon::image`]; `ahead` (a compile before any task names the version): `None`
+    /// without compiling once a newer version is known. While subscriptions are created at
+    /// a high rate every compile of a million-subscription image outlives several versions,
+    /// and compiling each in turn kept the node's cores busy with versions no task named.
+    async fn image_unless_newer(
+        &self,
+        version: u64,
+        ahead: bool,
+    ) -> Result<Option<Arc<Loaded>>, ServiceError> {
         let mut images = self.inner.images.lock().await;
         if let Some(l) = images.get(&version) {
-            return Ok(l.clone());
+            return Ok(Some(l.clone()));
+        }
+        if ahead && self.inner.image_prefetch.load(Ordering::Relaxed) > version {
+            return Ok(None);
         }
         let resp = self
             .inner
@@ -99,7 +116,7 @@ impl Daemon {
         while images.len() > 3 {
             images.pop_first();
         }
-        Ok(loaded)
+        Ok(Some(loaded))
     }
 
     /// Compiles image `version` ahead of the first task that names it (the coordinator
@@ -116,7 +133,7 @@ impl Daemon {
         }
         let me = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = me.image(version).await {
+            if let Err(e) = me.image_unless_newer(version, true).await {
                 tracing::debug!("loading image {version} ahead: {e}");
                 // tried again at the next heartbeat
                 me.inner

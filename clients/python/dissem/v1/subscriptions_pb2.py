@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64issem/v1/subscriptions.proto\x12\tdissem.v1\"E\n\x06Target\x12\x0e\n\x04grpc\x18\x01 \x01(\tH\x00\x12\x11\n\x07webhook\x18\x02 \x01(\tH\x00\x12\x10\n\x06stream\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"g\n\x0bRetryPolicy\x12\x14\n\x0cmax_attempts\x18\x01 \x01(\r\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x04\x12\x1a\n\x12initial_backoff_ms\x18\x03 \x01(\x04\x12\x16\n\x0emax_backoff_ms\x18\x04 \x01(\x04\"\xae\x03\n\x0cSubscription\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x15\n\x0b\x65ventbridge\x18\x03 \x01(\tH\x00\x12!\n\x06target\x18\x04 \x01(\x0b\x32\x11.dissem.v1.Target\x12\x1b\n\x03qos\x18\x05 \x01(\x0e\x32\x0e.dissem.v1.Qos\x12%\n\x05retry\x18\x06 \x01(\x0b\x32\x16.dissem.v1.RetryPolicy\x12\x10\n\x08priority\x18\x07 \x01(\r\x12\x16\n\x0ewebhook_secret\x18\x08 \x01(\t\x12\x0e\n\x06tenant\x18\t \x01(\t\x12\x12\n\npush_batch\x18\n \x01(\r\x12\x44\n\x0fwebhook_headers\x18\x0b \x03(\x0b\x32+.dissem.v1.Subscription.WebhookHeadersEntry\x12\x0c\n\x04name\x18\x0c \x01(\t\x12\x0f\n\x07ordered\x18\r \x01(\x08\x12\x10\n\x08revision\x18\x0e \x01(\x04\x1a\x35\n\x13WebhookHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x66ilter\"J\n\x19\x43reateSubscriptionRequest\x12-\n\x0csubscription\x18\x01 \x01(\x0b\x32\x17.dissem.v1.Subscription\"$\n\x16GetSubscriptionRequest\x12\n\n\x02id\x18\x01 \x01(\x04\";\n\x18ListSubscriptionsRequest\x12\x10\n\x08\x61\x66ter_id\x18\x01 \x01(\x04\x12\r\n\x05limit\x18\x02 \x01(\r\"b\n\x19ListSubscriptionsResponse\x12.\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x17.dissem.v1.Subscription\x12\x15\n\rnext_after_id\x18\x02 \x01(\x04\"\'\n\x19\x44\x65leteSubscriptionRequest\x12\n\n\x02id\x18\x01 \x01(\x04\"\x1c\n\x1a\x44\x65leteSubscriptionResponse*]\n\x03Qos\x12\x13\n\x0fQOS_UNSPECIFIED\x10\x00\x12\x15\n\x11QOS_AT_LEAST_ONCE\x10\x01\x12\x14\n\x10QOS_EXACTLY_ONCE\x10\x02\x12\x14\n\x10QOS_AT_MOST_ONCE\x10\x03\x32\x81\x03\n\rSubscriptions\x12G\n\x06\x43reate\x12$.dissem.v1.CreateSubscriptionRequest\x1a\x17.dissem.v1.Subscription\x12\x41\n\x03Get\x12!.dissem.v1.GetSubscriptionRequest\x1a\x17.dissem.v1.Subscription\x12Q\n\x04List\x12#.dissem.v1.ListSubscriptionsRequest\x1a$.dissem.v1.ListSubscriptionsResponse\x12:\n\x06Update\x12\x17.dissem.v1.Subscription\x1a\x17.dissem.v1.Subscription\x12U\n\x06\x44\x65lete\x12$.dissem.v1.DeleteSubscriptionRequest\x1a%.dissem.v1.DeleteSubscriptionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64issem/v1/subscriptions.proto\x12\tdissem.v1\"E\n\x06Target\x12\x0e\n\x04grpc\x18\x01 \x01(\tH\x00\x12\x11\n\x07webhook\x18\x02 \x01(\tH\x00\x12\x10\n\x06stream\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"g\n\x0bRetryPolicy\x12\x14\n\x0cmax_attempts\x18\x01 \x01(\r\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x04\x12\x1a\n\x12initial_backoff_ms\x18\x03 \x01(\x04\x12\x16\n\x0emax_backoff_ms\x18\x04 \x01(\x04\"\xae\x03\n\x0cSubscription\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x15\n\x0b\x65ventbridge\x18\x03 \x01(\tH\x00\x12!\n\x06target\x18\x04 \x01(\x0b\x32\x11.dissem.v1.Target\x12\x1b\n\x03qos\x18\x05 \x01(\x0e\x32\x0e.dissem.v1.Qos\x12%\n\x05retry\x18\x06 \x01(\x0b\x32\x16.dissem.v1.RetryPolicy\x12\x10\n\x08priority\x18\x07 \x01(\r\x12\x16\n\x0ewebhook_secret\x18\x08 \x01(\t\x12\x0e\n\x06tenant\x18\t \x01(\t\x12\x12\n\npush_batch\x18\n \x01(\r\x12\x44\n\x0fwebhook_headers\x18\x0b \x03(\x0b\x32+.dissem.v1.Subscription.WebhookHeadersEntry\x12\x0c\n\x04name\x18\x0c \x01(\t\x12\x0f\n\x07ordered\x18\r \x01(\x08\x12\x10\n\x08revision\x18\x0e \x01(\x04\x1a\x35\n\x13WebhookHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x66ilter\"J\n\x19\x43reateSubscriptionRequest\x12-\n\x0csubscription\x18\x01 \x01(\x0b\x32\x17.dissem.v1.Subscription\"L\n\x1a\x43reateSubscriptionsRequest\x12.\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x17.dissem.v1.Subscription\"M\n\x1b\x43reateSubscriptionsResponse\x12.\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x17.dissem.v1.Subscription\"$\n\x16GetSubscriptionRequest\x12\n\n\x02id\x18\x01 \x01(\x04\";\n\x18ListSubscriptionsRequest\x12\x10\n\x08\x61\x66ter_id\x18\x01 \x01(\x04\x12\r\n\x05limit\x18\x02 \x01(\r\"b\n\x19ListSubscriptionsResponse\x12.\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x17.dissem.v1.Subscription\x12\x15\n\rnext_after_id\x18\x02 \x01(\x04\"\'\n\x19\x44\x65leteSubscriptionRequest\x12\n\n\x02id\x18\x01 \x01(\x04\"\x1c\n\x1a\x44\x65leteSubscriptionResponse*]\n\x03Qos\x12\x13\n\x0fQOS_UNSPECIFIED\x10\x00\x12\x15\n\x11QOS_AT_LEAST_ONCE\x10\x01\x12\x14\n\x10QOS_EXACTLY_ONCE\x10\x02\x12\x14\n\x10QOS_AT_MOST_ONCE\x10\x03\x32\xde\x03\n\rSubscriptions\x12G\n\x06\x43reate\x12$.dissem.v1.CreateSubscriptionRequest\x1a\x17.dissem.v1.Subscription\x12[\n\nCreateMany\x12%.dissem.v1.CreateSubscriptionsRequest\x1a&.dissem.v1.CreateSubscriptionsResponse\x12\x41\n\x03Get\x12!.dissem.v1.GetSubscriptionRequest\x1a\x17.dissem.v1.Subscription\x12Q\n\x04List\x12#.dissem.v1.ListSubscriptionsRequest\x1a$.dissem.v1.ListSubscriptionsResponse\x12:\n\x06Update\x12\x17.dissem.v1.Subscription\x1a\x17.dissem.v1.Subscription\x12U\n\x06\x44\x65lete\x12$.dissem.v1.DeleteSubscriptionRequest\x1a%.dissem.v1.DeleteSubscriptionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SUBSCRIPTION_WEBHOOKHEADERSENTRY']._loaded_options = None
   _globals['_SUBSCRIPTION_WEBHOOKHEADERSENTRY']._serialized_options = b'8\001'
-  _globals['_QOS']._serialized_start=999
-  _globals['_QOS']._serialized_end=1092
+  _globals['_QOS']._serialized_start=1156
+  _globals['_QOS']._serialized_end=1249
   _globals['_TARGET']._serialized_start=44
   _globals['_TARGET']._serialized_end=113
   _globals['_RETRYPOLICY']._serialized_start=115
@@ -45,16 +45,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBSCRIPTION_WEBHOOKHEADERSENTRY']._serialized_end=641
   _globals['_CREATESUBSCRIPTIONREQUEST']._serialized_start=653
   _globals['_CREATESUBSCRIPTIONREQUEST']._serialized_end=727
-  _globals['_GETSUBSCRIPTIONREQUEST']._serialized_start=729
-  _globals['_GETSUBSCRIPTIONREQUEST']._serialized_end=765
-  _globals['_LISTSUBSCRIPTIONSREQUEST']._serialized_start=767
-  _globals['_LISTSUBSCRIPTIONSREQUEST']._serialized_end=826
-  _globals['_LISTSUBSCRIPTIONSRESPONSE']._serialized_start=828
-  _globals['_LISTSUBSCRIPTIONSRESPONSE']._serialized_end=926
-  _globals['_DELETESUBSCRIPTIONREQUEST']._serialized_start=928
-  _globals['_DELETESUBSCRIPTIONREQUEST']._serialized_end=967
-  _globals['_DELETESUBSCRIPTIONRESPONSE']._serialized_start=969
-  _globals['_DELETESUBSCRIPTIONRESPONSE']._serialized_end=997
-  _globals['_SUBSCRIPTIONS']._serialized_start=1095
-  _globals['_SUBSCRIPTIONS']._serialized_end=1480
+  _globals['_CREATESUBSCRIPTIONSREQUEST']._serialized_start=729
+  _globals['_CREATESUBSCRIPTIONSREQUEST']._serialized_end=805
+  _globals['_CREATESUBSCRIPTIONSRESPONSE']._serialized_start=807
+  _globals['_CREATESUBSCRIPTIONSRESPONSE']._serialized_end=884
+  _globals['_GETSUBSCRIPTIONREQUEST']._serialized_start=886
+  _globals['_GETSUBSCRIPTIONREQUEST']._serialized_end=922
+  _globals['_LISTSUBSCRIPTIONSREQUEST']._serialized_start=924
+  _globals['_LISTSUBSCRIPTIONSREQUEST']._serialized_end=983
+  _globals['_LISTSUBSCRIPTIONSRESPONSE']._serialized_start=985
+  _globals['_LISTSUBSCRIPTIONSRESPONSE']._serialized_end=1083
+  _globals['_DELETESUBSCRIPTIONREQUEST']._serialized_start=1085
+  _globals['_DELETESUBSCRIPTIONREQUEST']._serialized_end=1124
+  _globals['_DELETESUBSCRIPTIONRESPONSE']._serialized_start=1126
+  _globals['_DELETESUBSCRIPTIONRESPONSE']._serialized_end=1154
+  _globals['_SUBSCRIPTIONS']._serialized_start=1252
+  _globals['_SUBSCRIPTIONS']._serialized_end=1730
 # @@protoc_insertion_point(module_scope)

@@ -39,6 +39,11 @@ class SubscriptionsStub:
                 request_serializer=dissem_dot_v1_dot_subscriptions__pb2.CreateSubscriptionRequest.SerializeToString,
                 response_deserializer=dissem_dot_v1_dot_subscriptions__pb2.Subscription.FromString,
                 _registered_method=True)
+        self.CreateMany = channel.unary_unary(
+                '/dissem.v1.Subscriptions/CreateMany',
+                request_serializer=dissem_dot_v1_dot_subscriptions__pb2.CreateSubscriptionsRequest.SerializeToString,
+                response_deserializer=dissem_dot_v1_dot_subscriptions__pb2.CreateSubscriptionsResponse.FromString,
+                _registered_method=True)
         self.Get = channel.unary_unary(
                 '/dissem.v1.Subscriptions/Get',
                 request_serializer=dissem_dot_v1_dot_subscriptions__pb2.GetSubscriptionRequest.SerializeToString,
@@ -66,6 +71,16 @@ class SubscriptionsServicer:
 
     def Create(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateMany(self, request, context):
+        """Creates up to 1000 subscriptions at once, all or none: one invalid subscription refuses
+        the whole request (INVALID_ARGUMENT naming `subscriptions[i]` and its field), and none
+        is created. Cheaper than as many Creates (one write to the registry, one wait for the
+        change to be in force); the answer lists them in request order, ids assigned.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -103,6 +118,11 @@ def add_SubscriptionsServicer_to_server(servicer, server):
                     servicer.Create,
                     request_deserializer=dissem_dot_v1_dot_subscriptions__pb2.CreateSubscriptionRequest.FromString,
                     response_serializer=dissem_dot_v1_dot_subscriptions__pb2.Subscription.SerializeToString,
+            ),
+            'CreateMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateMany,
+                    request_deserializer=dissem_dot_v1_dot_subscriptions__pb2.CreateSubscriptionsRequest.FromString,
+                    response_serializer=dissem_dot_v1_dot_subscriptions__pb2.CreateSubscriptionsResponse.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
@@ -152,6 +172,33 @@ class Subscriptions:
             '/dissem.v1.Subscriptions/Create',
             dissem_dot_v1_dot_subscriptions__pb2.CreateSubscriptionRequest.SerializeToString,
             dissem_dot_v1_dot_subscriptions__pb2.Subscription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dissem.v1.Subscriptions/CreateMany',
+            dissem_dot_v1_dot_subscriptions__pb2.CreateSubscriptionsRequest.SerializeToString,
+            dissem_dot_v1_dot_subscriptions__pb2.CreateSubscriptionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
