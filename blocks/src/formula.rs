@@ -47,6 +47,23 @@ impl Conjunction {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dnf(pub Vec<Conjunction>);
 
+impl Dnf {
+    /// Subscription `id` with this filter, as 128 bits: a registry's digest is the wrapping
+    /// sum of its subscriptions' (kept up to date by adding and subtracting, and the same in
+    /// any order). Two coordinators that hold the same subscriptions publish the same digest,
+    /// so a node keeps the index it compiled instead of compiling a million subscriptions
+    /// again after an election. Stable between processes of one build (the derived `Hash`
+    /// of the predicates through XXH3), not between builds: a node of another build compiles
+    /// again, which costs time, never a wrong match.
+    pub fn digest(&self, id: u64) -> u128 {
+        use std::hash::Hash;
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        id.hash(&mut h);
+        self.0.hash(&mut h);
+        h.digest128()
+    }
+}
+
 /// Why a formula cannot be turned into conjunctions.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DnfError {

@@ -23,6 +23,8 @@ pub(crate) struct Snapshot {
     pub(crate) bytes: Vec<Arc<[u8]>>,
     pub(crate) table: Vec<String>,
     pub(crate) attributes: HashSet<String>,
+    /// What the subscriptions are ([`Dnf::digest`], summed).
+    pub(crate) digest: u128,
 }
 
 /// Every registered subscription, encoded.
@@ -32,6 +34,8 @@ pub(crate) struct KeptSubscriptions {
     encoder: SubEncoder,
     /// Subscriptions per attribute name.
     attrs: HashMap<String, usize>,
+    /// The wrapping sum of the subscriptions' [`Dnf::digest`]s.
+    digest: u128,
 }
 
 fn names(dnf: &Dnf) -> HashSet<&str> {
@@ -48,6 +52,7 @@ impl KeptSubscriptions {
         for n in names(&dnf) {
             *self.attrs.entry(n.to_string()).or_insert(0) += 1;
         }
+        self.digest = self.digest.wrapping_add(dnf.digest(id));
         let bytes: Arc<[u8]> = self.encoder.encode(id, &dnf).into();
         self.subs.insert(id, Kept { dnf, bytes });
         // names that no subscription uses any more stay in the table until it is twice what
@@ -63,6 +68,7 @@ impl KeptSubscriptions {
         let Some(old) = self.subs.remove(&id) else {
             return false;
         };
+        self.digest = self.digest.wrapping_sub(old.dnf.digest(id));
         for n in names(&old.dnf) {
             if let Some(c) = self.attrs.get_mut(n) {
                 *c -= 1;
@@ -87,6 +93,7 @@ impl KeptSubscriptions {
             bytes: self.subs.values().map(|k| k.bytes.clone()).collect(),
             table: self.encoder.table().to_vec(),
             attributes: self.attrs.keys().cloned().collect(),
+            digest: self.digest,
         }
     }
 }
@@ -118,6 +125,30 @@ mod tests {
             got.subs,
             vec![(1, dnf("d = 4")), (3, dnf("c = 1 || e exists"))]
         );
+    }
+
+    #[test]
+    fn the_digest_names_the_subscriptions_whatever_the_order_of_changes() {
+        let mut a = KeptSubscriptions::default();
+        a.upsert(1, dnf("a = 1"));
+        a.upsert(2, dnf("b > 2"));
+        a.upsert(3, dnf("c = 3"));
+        a.upsert(2, dnf("b > 5"));
+        a.remove(3);
+        let mut b = KeptSubscriptions::default();
+        b.upsert(2, dnf("b > 5"));
+        b.upsert(1, dnf("a = 1"));
+        assert_eq!(a.snapshot().digest, b.snapshot().digest);
+        let fresh = dnf("a = 1").digest(1).wrapping_add(dnf("b > 5").digest(2));
+        assert_eq!(a.snapshot().digest, fresh);
+        // another filter, or the same filter under another id, is another registry
+        b.upsert(2, dnf("b > 6"));
+        assert_ne!(a.snapshot().digest, b.snapshot().digest);
+        let mut c = KeptSubscriptions::default();
+        c.upsert(1, dnf("a = 1"));
+        c.upsert(4, dnf("b > 5"));
+        assert_ne!(a.snapshot().digest, c.snapshot().digest);
+        assert_eq!(KeptSubscriptions::default().snapshot().digest, 0);
     }
 
     #[test]

@@ -32,6 +32,9 @@ const KEEP_VERSIONS: usize = 4;
 /// How long a change waits to be in force before its caller is told it is not yet.
 const IN_FORCE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// One published image and its digest ([`blocks::Dnf::digest`] summed).
+type KeptImage = (Arc<Vec<u8>>, u128);
+
 /// The registry: current index, change counter, newest published version.
 #[derive(Debug, Clone)]
 pub struct Registry {
@@ -48,7 +51,7 @@ pub struct Registry {
     /// The newest images by version. They are derived data: the subscriptions are stored,
     /// and a start builds a new version from them; the store keeps only the newest version
     /// number (an empty marker), so versions never repeat across restarts.
-    images: Arc<Mutex<BTreeMap<u64, Arc<Vec<u8>>>>>,
+    images: Arc<Mutex<BTreeMap<u64, KeptImage>>>,
     /// Versions start above this (an elected leader's epoch, shifted: no two leaders
     /// publish one version number).
     floor: u64,
@@ -168,11 +171,11 @@ impl Registry {
         // every change counted here is in the map read below (it is counted after it is in)
         let holds = self.changes.load(Ordering::SeqCst);
         let snap = self.lock().snapshot();
-        let (subscriptions, attributes, image) = tokio::task::spawn_blocking(move || {
+        let (subscriptions, attributes, image, digest) = tokio::task::spawn_blocking(move || {
             let n = snap.bytes.len();
             let bloom = cluster_shard_config().bloom;
             let image = blocks::image::encode_shard_table(version, bloom, &snap.table, &snap.bytes);
-            (n, snap.attributes, image)
+            (n, snap.attributes, image, snap.digest)
         })
         .await
         .map_err(|e| ServiceError::Startup(format!("image build task: {e}")))?;
@@ -189,7 +192,7 @@ impl Registry {
         let bytes = image.len();
         {
             let mut images = self.images.lock().unwrap_or_else(|p| p.into_inner());
-            images.insert(version, Arc::new(image));
+            images.insert(version, (Arc::new(image), digest));
             while images.len() > KEEP_VERSIONS {
                 images.pop_first();
             }
@@ -210,13 +213,16 @@ impl Registry {
         Ok(true)
     }
 
-    /// One kept image version (0: the newest).
-    pub fn image(&self, version: u64) -> Option<(u64, Arc<Vec<u8>>)> {
+    /// One kept image version (0: the newest), and what its subscriptions are
+    /// ([`blocks::Dnf::digest`] summed).
+    pub fn image(&self, version: u64) -> Option<(u64, Arc<Vec<u8>>, u128)> {
         let images = self.images.lock().unwrap_or_else(|p| p.into_inner());
         if version == 0 {
-            return images.last_key_value().map(|(v, i)| (*v, i.clone()));
+            return images
+                .last_key_value()
+                .map(|(v, (i, d))| (*v, i.clone(), *d));
         }
-        images.get(&version).map(|i| (version, i.clone()))
+        images.get(&version).map(|(i, d)| (version, i.clone(), *d))
     }
 
     /// Publishes changes until the task is dropped: at once when a change comes while it

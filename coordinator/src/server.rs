@@ -500,7 +500,7 @@ impl v1::cluster_server::Cluster for Handle {
         Ok(Response::new(v1::RegisterResponse {
             nonce,
             membership: Some(membership),
-            image_version: self.registry.image(0).map_or(0, |(v, _)| v),
+            image_version: self.registry.image(0).map_or(0, |(v, _, _)| v),
         }))
     }
 
@@ -514,7 +514,7 @@ impl v1::cluster_server::Cluster for Handle {
         Ok(Response::new(v1::HeartbeatResponse {
             nonce,
             membership: Some(membership),
-            image_version: self.registry.image(0).map_or(0, |(v, _)| v),
+            image_version: self.registry.image(0).map_or(0, |(v, _, _)| v),
         }))
     }
 
@@ -586,11 +586,22 @@ impl v1::cluster_server::Cluster for Handle {
         &self,
         request: Request<v1::ImageRequest>,
     ) -> Result<Response<v1::ImageResponse>, Status> {
-        let v = request.into_inner().version;
+        let r = request.into_inner();
+        let v = r.version;
         match self.registry.image(v) {
-            Some((version, image)) => Ok(Response::new(v1::ImageResponse {
+            // the node compiled these subscriptions already (under another version: an
+            // earlier leader's, or one before a change that was undone)
+            Some((version, _, digest)) if r.have_digest == digest.to_le_bytes() => {
+                Ok(Response::new(v1::ImageResponse {
+                    version,
+                    image: Vec::new(),
+                    digest: digest.to_le_bytes().to_vec(),
+                }))
+            }
+            Some((version, image, digest)) => Ok(Response::new(v1::ImageResponse {
                 version,
                 image: image.to_vec(),
+                digest: digest.to_le_bytes().to_vec(),
             })),
             None => Err(ServiceError::NotFound(format!("image version {v}")).into()),
         }

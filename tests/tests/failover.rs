@@ -106,6 +106,27 @@ impl Setup {
     }
 }
 
+/// The stats of the process at `url`.
+async fn stats_of(url: &str) -> v1::StatsResponse {
+    v1::admin_client::AdminClient::new(bench::procs::channel(url))
+        .stats(v1::StatsRequest::default())
+        .await
+        .expect("stats")
+        .into_inner()
+}
+
+/// Waits until every node of `nodes` has image `version` (or a later one) ready.
+async fn compiled_everywhere(nodes: &[String], version: u64) {
+    for url in nodes {
+        wait_for(
+            "the image compiled",
+            Duration::from_secs(30),
+            || async move { (stats_of(url).await.image_loaded >= version).then_some(()) },
+        )
+        .await;
+    }
+}
+
 /// The subscriptions a node at `via` lists, once the leader it follows answers.
 async fn served_through(via: &str) -> Vec<v1::Subscription> {
     wait_for("the new leader's registry", Duration::from_secs(30), || {
@@ -453,17 +474,20 @@ fn a_new_leader_serves_the_registry_it_kept_while_standing_by() {
             .await
             .expect("create");
             want.insert(late, 2000);
+            // every node compiled the leader's newest version (with the late create)
+            let version = stats_of(&l.url)
+                .await
+                .cluster
+                .map_or(0, |c| c.image_version);
+            let nodes: Vec<String> = c.nodes.iter().map(|n| n.url()).collect();
+            compiled_everywhere(&nodes, version).await;
             c.coordinators[k].kill();
             let new = c
                 .wait_new_leader(l.epoch, Duration::from_secs(15))
                 .await
                 .expect("a new leader");
             c.coordinators[k] = c.start_coordinator(k);
-            let stats = v1::admin_client::AdminClient::new(bench::procs::channel(&new.url))
-                .stats(v1::StatsRequest::default())
-                .await
-                .expect("the new leader's stats")
-                .into_inner();
+            let stats = stats_of(&new.url).await;
             if stats.registry_kept || Instant::now() > deadline {
                 break (stats, late);
             }
@@ -490,6 +514,14 @@ fn a_new_leader_serves_the_registry_it_kept_while_standing_by() {
             .collect();
         assert_eq!(served, expected, "the last create was {last}");
         assert_eq!(stats.subscriptions as usize, want.len(), "{stats:?}");
+        // the new leader's first version holds what the nodes compiled: they keep it
+        let version = stats.cluster.map_or(0, |c| c.image_version);
+        let nodes: Vec<String> = c.nodes.iter().map(|n| n.url()).collect();
+        compiled_everywhere(&nodes, version).await;
+        for url in &nodes {
+            let s = stats_of(url).await;
+            assert!(s.images_kept >= 1, "node {url} compiled again: {s:?}");
+        }
         drop(c);
         let _ = std::fs::remove_dir_all(&dir);
     });

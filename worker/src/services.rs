@@ -519,6 +519,14 @@ impl v1::admin_server::Admin for Node {
                 Sink::Cluster(d) => d.image_loaded(),
                 _ => 0,
             },
+            images_compiled: match &self.sink {
+                Sink::Cluster(d) => d.counters().images_compiled.load(Ordering::Relaxed),
+                _ => 0,
+            },
+            images_kept: match &self.sink {
+                Sink::Cluster(d) => d.counters().images_kept.load(Ordering::Relaxed),
+                _ => 0,
+            },
             // a coordinator's
             registry_kept: false,
             registry_ready_ms: 0,

@@ -238,6 +238,24 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
                 ),
             ],
         ));
+        groups.push((
+            "images",
+            vec![
+                ("image_loaded", "newest compiled", json!(s.image_loaded), ""),
+                (
+                    "images_compiled",
+                    "compiled",
+                    json!(s.images_compiled),
+                    "versions",
+                ),
+                (
+                    "images_kept",
+                    "kept (same subscriptions)",
+                    json!(s.images_kept),
+                    "versions",
+                ),
+            ],
+        ));
     }
     if let Some(c) = &s.cluster {
         cluster_groups.push((

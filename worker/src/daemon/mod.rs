@@ -78,6 +78,10 @@ pub struct DaemonCounters {
     pub taken_over: AtomicU64,
     /// Object and subscription copies pulled from other nodes at catch-ups.
     pub copies_pulled: AtomicU64,
+    /// Image versions compiled, and versions served by an image compiled before (the same
+    /// subscriptions).
+    pub images_compiled: AtomicU64,
+    pub images_kept: AtomicU64,
 }
 
 #[derive(Debug)]
