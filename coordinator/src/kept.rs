@@ -63,6 +63,11 @@ impl KeptSubscriptions {
         }
     }
 
+    /// How many subscriptions are registered.
+    pub(crate) fn len(&self) -> usize {
+        self.subs.len()
+    }
+
     /// Removes subscription `id`; whether it was there.
     pub(crate) fn remove(&mut self, id: u64) -> bool {
         let Some(old) = self.subs.remove(&id) else {

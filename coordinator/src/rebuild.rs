@@ -302,6 +302,7 @@ pub async fn rebuild(
     if nodes.is_empty() {
         let n = store.subscription_count();
         tracing::info!("no node recorded in etcd: keeping the {n} subscriptions on this disk");
+        tail.nothing_to_follow();
         return Ok(n);
     }
     let full: Vec<u32> = grid

@@ -40,6 +40,8 @@ pub struct Tail {
     synced: bool,
     /// The store's registry, parsed (loaded at the first round after a rebuild).
     kept: Option<KeptSubscriptions>,
+    /// The last rebuild found no node recorded (a new cluster): nothing to follow yet.
+    no_nodes: bool,
 }
 
 /// What one round did.
@@ -61,12 +63,24 @@ impl Tail {
     pub(crate) fn synced(&mut self, cursors: BTreeMap<u32, Cursor>) {
         self.cursors = cursors;
         self.synced = true;
+        self.no_nodes = false;
         self.kept = None;
     }
 
     /// Whether the rounds take only changes (a rebuild was made since the last reset).
     pub fn is_synced(&self) -> bool {
         self.synced
+    }
+
+    /// The last rebuild found no node recorded in etcd.
+    pub(crate) fn nothing_to_follow(&mut self) {
+        self.no_nodes = true;
+    }
+
+    /// Whether this standby may lead without a full rebuild that a synced standby would
+    /// spare: it is synced, or there is nothing to rebuild from (a new cluster).
+    pub fn ready(&self) -> bool {
+        self.synced || self.no_nodes
     }
 
     /// The parsed registry for a new leader; the tail starts over (the leader writes the
@@ -119,6 +133,7 @@ impl Tail {
         secret: &ClusterSecret,
         limits: &Limits,
     ) -> Result<Option<Round>, ServiceError> {
+        let started = std::time::Instant::now();
         let nodes = crate::rebuild::nodes(etcd, secret).await?;
         let holders: BTreeSet<u32> = layout.whole_holders().into_iter().collect();
         let mut merged = Newest::default();
@@ -143,6 +158,7 @@ impl Tail {
                 Err(e) => tracing::debug!("tailing node {}: {e}", r.node),
             }
         }
+        let pulled = started.elapsed();
         let kept = self.load_kept(store, limits).await?;
         let (records, deleted) = merged.into_parts();
         for id in deleted {
@@ -154,13 +170,19 @@ impl Tail {
                 kept.upsert(id, validate::stored_filter(id, &record, limits)?);
             }
         }
+        let subscriptions = kept.len();
         store.commit().await?;
         self.cursors.extend(cursors);
+        tracing::debug!(
+            "tail round: {listed} changes listed in {} ms, applied in {} ms",
+            pulled.as_millis(),
+            (started.elapsed() - pulled).as_millis()
+        );
         // what the nodes hold is taken either way; it is the whole registry only when a
-        // whole holder says so
-        Ok(vouched.then(|| Round {
+        // whole holder says so (counted in memory: the store's count walks every record)
+        Ok(vouched.then_some(Round {
             listed,
-            subscriptions: store.subscription_count(),
+            subscriptions,
         }))
     }
 

@@ -27,6 +27,9 @@ const REBUILD_LIMIT: Duration = Duration::from_secs(20);
 /// How often a standby takes the changes of the nodes' subscription copies.
 const TAIL_EVERY: Duration = Duration::from_millis(500);
 
+/// How long a standby without a registry yet lets the others campaign first.
+const CAMPAIGN_DEFER: Duration = Duration::from_secs(15);
+
 #[derive(clap::Args, Debug)]
 pub(super) struct ElectionFlags {
     /// Campaign for leadership through etcd (its members' client URLs, comma-separated): any
@@ -102,9 +105,13 @@ pub(super) async fn coordinate(
     };
     let mut tail = coordinator::tail::Tail::default();
     loop {
+        let synced = std::sync::atomic::AtomicBool::new(tail.ready());
         let leadership = tokio::select! {
-            l = runtime::election::campaign(&etcd, &name, e.lease_ttl as i64) => l,
-            never = stand_by(&mut tail, &store, &etcd, grid, &base.cluster_secret, &limits) => {
+            l = async {
+                defer_campaign(&synced).await;
+                runtime::election::campaign(&etcd, &name, e.lease_ttl as i64).await
+            } => l,
+            never = stand_by(&mut tail, &store, &etcd, grid, &base.cluster_secret, &limits, &synced) => {
                 match never {}
             }
             _ = &mut stop => return Ok(true),
@@ -133,6 +140,27 @@ pub(super) async fn coordinate(
 
 /// Keeps the registry on this disk in step with the nodes' copies while standing by: a
 /// rebuild first, then every [`TAIL_EVERY`] what changed (`coordinator::tail`).
+/// Holds a standby's campaign back until its tail has a registry (its first round, a
+/// rebuild, is done; or no node is recorded yet), for at most [`CAMPAIGN_DEFER`]: a coordinator restarted a moment ago
+/// that won the next election rebuilt a million subscriptions in full (20 s and more)
+/// while a standby that had followed the nodes all along stood by. When no standby has a
+/// registry (etcd or the nodes out of reach), the election waits this long at most.
+async fn defer_campaign(synced: &std::sync::atomic::AtomicBool) {
+    let until = tokio::time::Instant::now() + CAMPAIGN_DEFER;
+    let mut said = false;
+    while !synced.load(std::sync::atomic::Ordering::Acquire) && tokio::time::Instant::now() < until
+    {
+        if !said {
+            said = true;
+            tracing::info!(
+                "campaigning once the standby registry is built (at most {} s from now)",
+                CAMPAIGN_DEFER.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn stand_by(
     tail: &mut coordinator::tail::Tail,
     store: &storage::Store,
@@ -140,6 +168,7 @@ async fn stand_by(
     grid: runtime::grid::Grid,
     secret: &runtime::cluster_secret::ClusterSecret,
     limits: &runtime::Limits,
+    synced: &std::sync::atomic::AtomicBool,
 ) -> std::convert::Infallible {
     let mut following = false;
     loop {
@@ -147,6 +176,7 @@ async fn stand_by(
             Ok(layout) => tail.follow(store, etcd, layout, secret, limits).await,
             Err(e) => Err(e),
         };
+        synced.store(tail.ready(), std::sync::atomic::Ordering::Release);
         match round {
             Ok(Some(r)) if !following => {
                 following = true;

@@ -289,6 +289,7 @@ impl Daemon {
         tokio::spawn(self.clone().resender());
         tokio::spawn(self.clone().regulator());
         tokio::spawn(self.clone().relays());
+        tokio::spawn(self.clone().follow_peers());
         let finished = lock(&self.inner.finished_rx).take();
         let acked = lock(&self.inner.links_acked_rx).take();
         if let (Some(rx), Some(acked)) = (finished, acked) {

@@ -14,6 +14,9 @@ use replicate::View;
 /// Copies per `Daemon.SubscriptionCopies` page.
 const PAGE: u32 = 512;
 
+/// How often a whole node takes what changed in its peers' feeds ([`Daemon::follow_peers`]).
+const FOLLOW_PEERS_EVERY: Duration = Duration::from_secs(5);
+
 impl Daemon {
     /// Answers `Daemon.SubscriptionCopies`: the copies held here that the nodes asked for
     /// placed.
@@ -131,6 +134,47 @@ impl Daemon {
                 tracing::info!("caught up: {n} more subscription copies this position holds");
             }
         });
+    }
+
+    /// Keeps this node's place in its peers' change feeds current while it is whole: every
+    /// few seconds, what changed at each live peer it pulled from before (with the same
+    /// placers). A copy placed here directly is no news (the revision rule), and one whose
+    /// placement missed this node is taken now instead of at the next catch-up. Above all,
+    /// the catch-up after an election is then a few pages: it used to take every change
+    /// made since the last catch-up, and after a million creates every node stayed not
+    /// whole for 30 s, so a second election in that window found no whole holder to vouch
+    /// for a standby's registry and rebuilt in full.
+    pub(super) async fn follow_peers(self) {
+        loop {
+            tokio::time::sleep(FOLLOW_PEERS_EVERY).await;
+            if !self.subscriptions_whole() {
+                continue; // the catch-up's own loop pulls until it is
+            }
+            let view = self.view();
+            let Some(g) = view.grid else { continue };
+            let me = self.inner.cfg.node;
+            let placers = g.placers_held_by(me);
+            let known: Vec<u32> = self
+                .inner
+                .sub_cursors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|(_, c)| c.placers == placers)
+                .map(|(n, _)| *n)
+                .collect();
+            for (node, ep) in view.live_endpoints(known, &[me]) {
+                match self.pull_subscriptions(node, &ep, &placers).await {
+                    Ok((n, _)) if n > 0 => {
+                        tracing::debug!(
+                            "{n} subscription copies node {node} had and this one lacked"
+                        )
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!("following node {node}'s subscription copies: {e}"),
+                }
+            }
+        }
     }
 
     /// The copies placed by `placers` that node `node` (at `ep`) holds and this one lacks,
