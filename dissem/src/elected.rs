@@ -323,3 +323,37 @@ async fn lead(
     coordinator::server::serve_started(started, listener, metrics, std::future::pending()).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_campaign_waits_for_the_standby_registry_at_most_the_deferral() {
+        let start = tokio::time::Instant::now();
+        defer_campaign(&AtomicBool::new(true)).await;
+        assert_eq!(tokio::time::Instant::now(), start, "ready: at once");
+        defer_campaign(&AtomicBool::new(false)).await;
+        let waited = tokio::time::Instant::now() - start;
+        assert!(
+            waited >= CAMPAIGN_DEFER && waited < CAMPAIGN_DEFER + Duration::from_millis(100),
+            "never ready: the deferral, {waited:?}"
+        );
+        let synced = Arc::new(AtomicBool::new(false));
+        let flag = synced.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            flag.store(true, Ordering::Release);
+        });
+        let start = tokio::time::Instant::now();
+        defer_campaign(&synced).await;
+        let waited = tokio::time::Instant::now() - start;
+        assert!(
+            waited >= Duration::from_secs(2) && waited < Duration::from_millis(2100),
+            "ready after 2 s: {waited:?}"
+        );
+    }
+}
