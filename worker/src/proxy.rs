@@ -70,10 +70,14 @@ impl SubscriptionsProxy {
     }
 
     fn client(&self) -> Result<SubscriptionsClient<Channel>, Status> {
+        // an answer is a little larger than its request (ids, tenant): a CreateMany just
+        // under the request limit must not be created at the coordinator and then refused
+        // here, its copies never placed
         Ok(SubscriptionsClient::new(match &self.coordinator {
             Coordinator::Fixed(ch) => ch.clone(),
             Coordinator::Elected(e) => e.channel()?,
-        }))
+        })
+        .max_decoding_message_size(64 << 20))
     }
 
     async fn place(&self, id: u64, update: bool) {

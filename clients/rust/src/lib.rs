@@ -138,7 +138,9 @@ impl Client {
     }
 
     fn subs(&self) -> v1::subscriptions_client::SubscriptionsClient<Channel> {
+        // a CreateMany's answer can be a little larger than the 4 MiB its request may be
         v1::subscriptions_client::SubscriptionsClient::new(self.channel())
+            .max_decoding_message_size(64 << 20)
     }
 
     fn admin(&self) -> v1::admin_client::AdminClient<Channel> {
