@@ -412,7 +412,7 @@ pub(crate) async fn register_extra(c: &ElectedCluster, n: usize) -> anyhow::Resu
     // newest image first (a million subscriptions take seconds to compile, and a task that
     // names a version still compiling waits for it)
     let l = c.wait_leader(Duration::from_secs(15)).await?;
-    let version = stats_of(&l.url)
+    let version = procs::stats(&l.url)
         .await?
         .cluster
         .map_or(0, |s| s.image_version);
@@ -420,21 +420,13 @@ pub(crate) async fn register_extra(c: &ElectedCluster, n: usize) -> anyhow::Resu
     for node in &c.nodes {
         let url = node.url();
         try_wait_for(Duration::from_secs(300), || async {
-            let s = stats_of(&url).await.ok()?;
+            let s = procs::stats(&url).await.ok()?;
             (s.image_loaded >= version).then_some(())
         })
         .await
         .with_context(|| format!("node {url} did not compile image {version} in 5 minutes"))?;
     }
     Ok(())
-}
-
-/// The stats of the process at `url`.
-async fn stats_of(url: &str) -> anyhow::Result<v1::StatsResponse> {
-    Ok(v1::admin_client::AdminClient::new(procs::channel(url))
-        .stats(v1::StatsRequest::default())
-        .await?
-        .into_inner())
 }
 
 /// Prints the figures.

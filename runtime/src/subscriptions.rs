@@ -110,8 +110,7 @@ impl Subscriptions {
             self.index.upsert(s.id, dnf);
         }
         self.index.in_force().await?;
-        s.webhook_secret.clear();
-        s.webhook_headers.clear();
+        without_secrets(&mut s);
         Ok(s)
     }
 
@@ -142,11 +141,23 @@ impl Subscriptions {
             }
         }
         self.index.in_force().await?;
-        for s in &mut out {
-            s.webhook_secret.clear();
-            s.webhook_headers.clear();
-        }
+        out.iter_mut().for_each(without_secrets);
         Ok(out)
+    }
+
+    /// Creates validated subscriptions of `caller`'s tenant under its quota (all or none).
+    async fn create_checked(
+        &self,
+        caller: &Caller,
+        checked: Vec<(v1::Subscription, blocks::Dnf)>,
+    ) -> Result<Vec<v1::Subscription>, ServiceError> {
+        let n = checked.len() as u64;
+        self.reserve_subscriptions(caller, n)?;
+        let saved = self.save_new(checked).await;
+        if saved.is_err() {
+            self.release_subscriptions(caller.tenant(), n);
+        }
+        saved
     }
 
     /// Validates the subscriptions of a [`CreateMany`](v1::subscriptions_server::Subscriptions::create_many)
@@ -258,11 +269,16 @@ fn in_batch(i: usize, e: ServiceError) -> ServiceError {
     }
 }
 
+/// Removes what is write-only (the webhook secret and headers) from what goes to a client.
+fn without_secrets(s: &mut v1::Subscription) {
+    s.webhook_secret.clear();
+    s.webhook_headers.clear();
+}
+
 /// A stored subscription as it is returned to clients: the write-only secret removed.
 fn decode_sub(id: u64, bytes: &[u8]) -> Result<v1::Subscription, ServiceError> {
     let mut s = decode_stored(id, bytes)?;
-    s.webhook_secret.clear(); // write-only
-    s.webhook_headers.clear();
+    without_secrets(&mut s);
     Ok(s)
 }
 
@@ -332,20 +348,12 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         validate::target_address(&s, &self.limits).await?;
         s.qos = validate::qos(&s) as i32; // stored with its level, never unset
         s.tenant = caller.tenant().to_string();
-        self.reserve_subscriptions(&caller, 1)?;
-        let saved = match self.store.next_subscription_id() {
-            Ok(id) => {
-                s.id = id;
-                // drawn from the revisions' counter: the first version's revision
-                s.revision = id;
-                self.save_subscription(s, dnf).await
-            }
-            Err(e) => Err(e.into()),
-        };
-        if saved.is_err() {
-            self.release_subscriptions(caller.tenant(), 1);
-        }
-        Ok(Response::new(saved?))
+        let created = self.create_checked(&caller, vec![(s, dnf)]).await?;
+        let s = created
+            .into_iter()
+            .next()
+            .ok_or_else(|| ServiceError::Unavailable("the subscription was not stored".into()))?;
+        Ok(Response::new(s))
     }
 
     async fn create_many(
@@ -356,14 +364,8 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
         let caller = auth::caller(&request);
         let subs = request.into_inner().subscriptions;
         let checked = self.checked_many(&caller, subs).await?;
-        let n = checked.len() as u64;
-        self.reserve_subscriptions(&caller, n)?;
-        let saved = self.save_new(checked).await;
-        if saved.is_err() {
-            self.release_subscriptions(caller.tenant(), n);
-        }
         Ok(Response::new(v1::CreateSubscriptionsResponse {
-            subscriptions: saved?,
+            subscriptions: self.create_checked(&caller, checked).await?,
         }))
     }
 
@@ -373,8 +375,7 @@ impl v1::subscriptions_server::Subscriptions for Subscriptions {
     ) -> Result<Response<v1::Subscription>, Status> {
         let caller = auth::caller(&request);
         let mut s = self.owned_subscription(&caller, request.into_inner().id)?;
-        s.webhook_secret.clear(); // write-only
-        s.webhook_headers.clear();
+        without_secrets(&mut s);
         Ok(Response::new(s))
     }
 

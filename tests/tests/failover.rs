@@ -106,22 +106,15 @@ impl Setup {
     }
 }
 
-/// The stats of the process at `url`.
-async fn stats_of(url: &str) -> v1::StatsResponse {
-    v1::admin_client::AdminClient::new(bench::procs::channel(url))
-        .stats(v1::StatsRequest::default())
-        .await
-        .expect("stats")
-        .into_inner()
-}
-
 /// Waits until every node of `nodes` has image `version` (or a later one) ready.
 async fn compiled_everywhere(nodes: &[String], version: u64) {
     for url in nodes {
         wait_for(
             "the image compiled",
             Duration::from_secs(30),
-            || async move { (stats_of(url).await.image_loaded >= version).then_some(()) },
+            || async move {
+                (tests::stats(url).await.map_or(0, |s| s.image_loaded) >= version).then_some(())
+            },
         )
         .await;
     }
@@ -475,8 +468,9 @@ fn a_new_leader_serves_the_registry_it_kept_while_standing_by() {
             .expect("create");
             want.insert(late, 2000);
             // every node compiled the leader's newest version (with the late create)
-            let version = stats_of(&l.url)
+            let version = tests::stats(&l.url)
                 .await
+                .expect("the leader's stats")
                 .cluster
                 .map_or(0, |c| c.image_version);
             let nodes: Vec<String> = c.nodes.iter().map(|n| n.url()).collect();
@@ -487,7 +481,9 @@ fn a_new_leader_serves_the_registry_it_kept_while_standing_by() {
                 .await
                 .expect("a new leader");
             c.coordinators[k] = c.start_coordinator(k);
-            let stats = stats_of(&new.url).await;
+            let stats = tests::stats(&new.url)
+                .await
+                .expect("the new leader's stats");
             if stats.registry_kept || Instant::now() > deadline {
                 break (stats, late);
             }
@@ -519,7 +515,7 @@ fn a_new_leader_serves_the_registry_it_kept_while_standing_by() {
         let nodes: Vec<String> = c.nodes.iter().map(|n| n.url()).collect();
         compiled_everywhere(&nodes, version).await;
         for url in &nodes {
-            let s = stats_of(url).await;
+            let s = tests::stats(url).await.expect("the node's stats");
             assert!(s.images_kept >= 1, "node {url} compiled again: {s:?}");
         }
         drop(c);

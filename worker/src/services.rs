@@ -503,30 +503,20 @@ impl v1::admin_server::Admin for Node {
             _ => None,
         };
         let copies = self.store.replica_counts().map_err(ServiceError::from)?;
+        // a cluster node's daemon figure; 0 on a single node
+        let cluster = |f: fn(&crate::daemon::Daemon) -> u64| match &self.sink {
+            Sink::Cluster(d) => f(d),
+            _ => 0,
+        };
         Ok(Response::new(v1::StatsResponse {
             copies_unfinished: copies.unfinished as u64,
             copies_finished: copies.finished as u64,
             copies_forwarding: copies.forwarding as u64,
-            objects_taken_over: match &self.sink {
-                Sink::Cluster(d) => d.counters().taken_over.load(Ordering::Relaxed),
-                _ => 0,
-            },
-            copies_pulled: match &self.sink {
-                Sink::Cluster(d) => d.counters().copies_pulled.load(Ordering::Relaxed),
-                _ => 0,
-            },
-            image_loaded: match &self.sink {
-                Sink::Cluster(d) => d.image_loaded(),
-                _ => 0,
-            },
-            images_compiled: match &self.sink {
-                Sink::Cluster(d) => d.counters().images_compiled.load(Ordering::Relaxed),
-                _ => 0,
-            },
-            images_kept: match &self.sink {
-                Sink::Cluster(d) => d.counters().images_kept.load(Ordering::Relaxed),
-                _ => 0,
-            },
+            objects_taken_over: cluster(|d| d.counters().taken_over.load(Ordering::Relaxed)),
+            copies_pulled: cluster(|d| d.counters().copies_pulled.load(Ordering::Relaxed)),
+            image_loaded: cluster(|d| d.image_loaded()),
+            images_compiled: cluster(|d| d.counters().images_compiled.load(Ordering::Relaxed)),
+            images_kept: cluster(|d| d.counters().images_kept.load(Ordering::Relaxed)),
             // a coordinator's
             registry_kept: false,
             registry_ready_ms: 0,
