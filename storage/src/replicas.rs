@@ -143,6 +143,17 @@ impl Store {
         }
     }
 
+    /// Whether this node knows `id` delivered: `Some(false)` for a finished copy (a
+    /// tombstone), `Some(true)` for a forwarding one, `None` for an unfinished copy or none.
+    pub fn delivered_replica(&self, id: ObjectId) -> Result<Option<bool>, StorageError> {
+        let v = self.replicas.get(replica_key(id.node, id.seq))?;
+        Ok(match v.as_deref().and_then(|v| v.first()) {
+            Some(&FINISHED) => Some(false),
+            Some(&FORWARDING) => Some(true),
+            _ => None,
+        })
+    }
+
     /// Whether this node holds a copy of `id`, unfinished or finished.
     pub fn knows_replica(&self, id: ObjectId) -> Result<bool, StorageError> {
         Ok(self.replicas.contains_key(replica_key(id.node, id.seq))?)

@@ -8,6 +8,8 @@
 //! past its lease (SIGSTOP) while its deliveries wait finds, when it continues, that its heir
 //! took its objects over and delivered them: it pushes none of them again (the lease fence).
 //! And a node that has not heard from a coordinator since it started acknowledges no put.
+//! And a holder that missed the end of a delivered object while the origin lost its disk
+//! learns it from the other holders, in either order of their returns.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -502,5 +504,143 @@ fn a_node_that_has_not_heard_from_a_coordinator_acknowledges_no_put() {
             .await;
         }
     });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits until node `url` holds `n` unfinished copies.
+async fn unfinished_copies(url: &str, n: u64, what: &str) {
+    let seen = AtomicUsize::new(usize::MAX);
+    let held = tests::try_wait_for(Duration::from_secs(45), || async {
+        let s = stats(url).await.ok()?;
+        seen.store(s.copies_unfinished as usize, Ordering::Relaxed);
+        (s.copies_unfinished == n).then_some(())
+    });
+    if held.await.is_none() {
+        let seen = seen.load(Ordering::Relaxed);
+        panic!("timed out waiting for {what}: {seen} unfinished copies, not {n}");
+    }
+}
+
+/// A holder that was down when an object was delivered missed its end; then the origin lost
+/// its disk, taking the end it kept for that holder along, and the node at its position now
+/// never held the object. The other holders end the copy instead: the heir, at the holder
+/// it pulls from when it takes the earlier node's objects over (the holder back first), and
+/// the holder itself, from the heir's tombstone, when it catches up (the origin back first).
+/// Before, the copy stayed unfinished for good, and ten minutes later an heir on a fresh
+/// disk took it from that holder and delivered it again (QoS 2 duplicates, `bench chaos`
+/// seed 23000).
+#[test]
+fn a_holder_that_missed_an_end_learns_it_from_the_other_holders_once_the_origin_lost_its_disk() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("quorum-lost-end");
+    let mut c = start_3x3(&dir);
+    let rt = runtime();
+    let coord = c.coordinator.url();
+    let (url3, url4, url5) = (c.nodes[3].url(), c.nodes[4].url(), c.nodes[5].url());
+    let (rec, subs) = rt.block_on(async {
+        registered(&coord).await;
+        let (rec, target) = Recorder::start().await.expect("recorder");
+        let subs = create_subscriptions(&c.nodes[0].url(), &target, &rec).await;
+        published(&coord).await;
+        (rec, subs)
+    });
+    let qos2: BTreeSet<u64> = subs.iter().filter(|s| s.3).map(|s| s.0).collect();
+    for holder_back_first in [true, false] {
+        rt.block_on(async {
+            // node 3's deliveries wait while both holders of its row take the copies
+            rec.set_refusing(true);
+            let mut acked = Vec::new();
+            for i in 0..10 {
+                let t = (i * 9 % 100) as i64;
+                let msg = format!("lost-end-{holder_back_first}-{i}");
+                let id = wait_for("a put through node 3", Duration::from_secs(30), || {
+                    put_once(&url3, t, msg.clone())
+                })
+                .await;
+                acked.push((id, t));
+            }
+            // an object no subscription matches is finished at once
+            let matched = |acked: &[(ObjectId, i64)]| {
+                let want = expected(&subs, acked);
+                let n = acked
+                    .iter()
+                    .filter(|(id, _)| want.iter().any(|(_, o)| o == id))
+                    .count() as u64;
+                (want, n)
+            };
+            let (mut want, owed) = matched(&acked);
+            assert!(owed > 0, "no delivery owed: the test would show nothing");
+            // node 5's death is seen once its heir (node 3) took its waiting object over:
+            // then node 4, node 3's heir, does not reach node 5 when it takes the earlier
+            // node 3's objects over, and the end reaches node 5 only at its own catch-up
+            let mut of5 = 0;
+            let taken3 = stats(&url3).await.expect("node 3").objects_taken_over;
+            if !holder_back_first {
+                let t = acked
+                    .iter()
+                    .find(|(id, _)| want.iter().any(|(_, o)| o == id));
+                let t = t.expect("a matched object").1;
+                let id = wait_for("a put through node 5", Duration::from_secs(30), || {
+                    put_once(&url5, t, "lost-end-of-5".into())
+                })
+                .await;
+                let (w, n) = matched(&[(id, t)]);
+                want.extend(w);
+                of5 = n;
+            }
+            unfinished_copies(&url4, owed + of5, "node 4 holds the copies").await;
+            unfinished_copies(&url5, owed, "node 5 holds the copies").await;
+            c.nodes[5].kill();
+            if !holder_back_first {
+                wait_for(
+                    "node 3 took node 5's object over",
+                    Duration::from_secs(30),
+                    || async {
+                        let s = stats(&url3).await.ok()?;
+                        (s.objects_taken_over > taken3).then_some(())
+                    },
+                )
+                .await;
+            }
+            rec.set_refusing(false);
+            wait_delivered(&rec, &want, "node 3 delivered its objects").await;
+            unfinished_copies(&url4, 0, "the ends reached node 4").await;
+        });
+        // node 3 loses its disk, and with it the ends it keeps for node 5
+        c.nodes[3].kill();
+        std::fs::remove_dir_all(c.node_data(3)).expect("wiping node 3");
+        if holder_back_first {
+            c.nodes[5].restart();
+            rt.block_on(async {
+                wait_for("node 5 back", Duration::from_secs(30), || async {
+                    stats(&url5).await.ok()
+                })
+                .await;
+            });
+            c.nodes[3].restart();
+        } else {
+            c.nodes[3].restart();
+            rt.block_on(async {
+                wait_for(
+                    "node 3 back on its fresh disk",
+                    Duration::from_secs(30),
+                    || put_once(&url3, 200, "lost-end-back".into()),
+                )
+                .await;
+            });
+            c.nodes[5].restart();
+        }
+        rt.block_on(unfinished_copies(
+            &url5,
+            0,
+            "node 5 ended the copies it missed the end of",
+        ));
+    }
+    assert_eq!(
+        rec.extra_shows(|s| qos2.contains(&s)),
+        0,
+        "QoS 2 duplicates"
+    );
+    drop(c);
     let _ = std::fs::remove_dir_all(&dir);
 }

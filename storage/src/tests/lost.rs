@@ -17,6 +17,11 @@ async fn forwarding_copies_keep_their_bytes_until_finished_and_are_never_unfinis
     let absent = ObjectId { node: 4, seq: 7 };
     s.forward_replicas(&[one, two, absent]).expect("forward");
     assert!(!s.knows_replica(absent).expect("knows"));
+    let delivered = |id| s.delivered_replica(id).expect("delivered");
+    assert_eq!(delivered(one), Some(false), "finished");
+    assert_eq!(delivered(two), Some(true), "forwarding");
+    assert_eq!(delivered(three), None, "unfinished");
+    assert_eq!(delivered(absent), None, "unknown");
     assert!(
         s.received_marks(two).expect("marks").is_empty(),
         "delivered"

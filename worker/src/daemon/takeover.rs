@@ -205,12 +205,17 @@ impl Daemon {
             .into_iter()
             .filter(|&h| h != me && h != origin)
             .collect();
+        // what each holder answered unfinished (their ends may have been lost)
+        let mut held_at = Vec::new();
         for round in 0..PULL_ROUNDS {
             let mut failed = Vec::new();
             for (holder, ep) in self.view().live_endpoints(todo, &[]) {
-                if let Err(e) = self.pull_all(&ep, origin).await {
-                    tracing::debug!("pulling node {origin}'s objects from node {holder}: {e}");
-                    failed.push(holder);
+                match self.pull_all(&ep, origin).await {
+                    Ok((seqs, _)) => held_at.push((holder, seqs)),
+                    Err(e) => {
+                        tracing::debug!("pulling node {origin}'s objects from node {holder}: {e}");
+                        failed.push(holder);
+                    }
                 }
             }
             if failed.is_empty() {
@@ -284,12 +289,13 @@ impl Daemon {
         );
         // what the origin owed its federation links, this node owes them now
         self.owe_taken_over(origin, below, &adopted).await;
+        self.end_holders_delivered(origin, below, &held_at, &taken);
     }
 
     /// Sequence numbers of `origin`'s objects, from the oldest unfinished copy here on, that
     /// other live members of its quorum know finished, and (apart) those they know delivered
     /// but still owed to a federation link (forwarding).
-    async fn finished_elsewhere(&self, origin: u32) -> (HashSet<u64>, HashSet<u64>) {
+    pub(super) async fn finished_elsewhere(&self, origin: u32) -> (HashSet<u64>, HashSet<u64>) {
         let mut done = HashSet::new();
         let mut forwarding = HashSet::new();
         let oldest = match self.inner.store.unfinished_replicas(origin, 0, 1) {
@@ -326,7 +332,7 @@ impl Daemon {
     }
 
     /// Sequence numbers of `origin`'s objects that other live members of its quorum adopted.
-    async fn adopted_elsewhere(&self, origin: u32) -> HashSet<u64> {
+    pub(super) async fn adopted_elsewhere(&self, origin: u32) -> HashSet<u64> {
         let mut taken = HashSet::new();
         let view = self.view();
         let Some(g) = view.grid else { return taken };
@@ -399,6 +405,7 @@ impl Daemon {
                 Err(e) => tracing::debug!("catching up with node {origin}: {e}"),
             }
         }
+        self.end_predecessors_delivered(&view).await;
         let subs = self.catch_up_subscriptions(&view).await;
         self.inner
             .counters
