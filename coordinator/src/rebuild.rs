@@ -171,6 +171,35 @@ pub async fn record_commit(etcd: &Etcd, from: Grid, to: Grid) -> Result<(), Serv
     Ok(())
 }
 
+/// [`pull`] of every node of `of` (whole: no cursor) side by side, each into a merge of
+/// its own: (node, what it found, its merge). A node that failed part way gives what it
+/// listed before.
+async fn pull_each(
+    of: &[&NodeRecord],
+    secret: &ClusterSecret,
+    max_record: usize,
+    changed_only: bool,
+) -> Vec<(u32, Result<Pulled, ServiceError>, Newest)> {
+    let mut set = tokio::task::JoinSet::new();
+    for r in of {
+        let (node, endpoint, secret) = (r.node, r.endpoint.clone(), secret.clone());
+        set.spawn(async move {
+            let mut m = Newest::default();
+            let p = pull(&endpoint, &secret, max_record, changed_only, None, &mut m).await;
+            (node, p, m)
+        });
+    }
+    let mut out = Vec::with_capacity(of.len());
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(r) => out.push(r),
+            Err(e) => tracing::warn!("a pull of subscription copies ended: {e}"),
+        }
+    }
+    out.sort_by_key(|(node, _, _)| *node);
+    out
+}
+
 /// What one pull from a node found.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pulled {
@@ -316,51 +345,44 @@ pub async fn rebuild(
     let mut whole = Vec::new();
     let mut answered = 0;
     let mut cursors = BTreeMap::new();
-    for n in &full {
-        let r = &nodes[n];
-        match pull(&r.endpoint, secret, max_record, false, None, &mut merged).await {
+    // the whole holders side by side: at a million subscriptions each listing takes seconds
+    let holders: Vec<&NodeRecord> = full.iter().map(|n| &nodes[n]).collect();
+    for (node, p, m) in pull_each(&holders, secret, max_record, false).await {
+        merged.absorb(m);
+        match p {
             Ok(p) if p.whole => {
                 answered += 1;
-                cursors.insert(r.node, p.cursor);
+                cursors.insert(node, p.cursor);
                 tracing::info!(
-                    "registry: {} copies and tombstones from node {} (it holds them all)",
-                    p.listed,
-                    r.node
+                    "registry: {} copies and tombstones from node {node} (it holds them all)",
+                    p.listed
                 );
-                whole.push(r.node);
+                whole.push(node);
             }
             // back from being down and not caught up yet: what it lacks, another has
             Ok(p) => {
                 answered += 1;
-                cursors.insert(r.node, p.cursor);
+                cursors.insert(node, p.cursor);
                 tracing::info!(
-                    "registry: {} copies and tombstones from node {}, which is still \
+                    "registry: {} copies and tombstones from node {node}, which is still \
                      catching up its subscriptions (not trusted to hold them all)",
-                    p.listed,
-                    r.node
+                    p.listed
                 );
             }
-            Err(e) => tracing::warn!("subscription copies from node {}: {e}", r.node),
+            Err(e) => tracing::warn!("subscription copies from node {node}: {e}"),
         }
     }
-    for r in nodes.values().filter(|r| !full.contains(&r.node)) {
-        // without a whole holder, every member's copies; else what changed since Creates
-        let changed_only = !whole.is_empty();
-        match pull(
-            &r.endpoint,
-            secret,
-            max_record,
-            changed_only,
-            None,
-            &mut merged,
-        )
-        .await
-        {
+    // without a whole holder, every member's copies; else what changed since Creates
+    let changed_only = !whole.is_empty();
+    let others: Vec<&NodeRecord> = nodes.values().filter(|r| !full.contains(&r.node)).collect();
+    for (node, p, m) in pull_each(&others, secret, max_record, changed_only).await {
+        merged.absorb(m);
+        match p {
             Ok(p) => {
                 answered += 1;
-                cursors.insert(r.node, p.cursor);
+                cursors.insert(node, p.cursor);
             }
-            Err(e) => tracing::debug!("subscription copies from node {}: {e}", r.node),
+            Err(e) => tracing::debug!("subscription copies from node {node}: {e}"),
         }
     }
     if answered == 0 {
@@ -380,10 +402,10 @@ pub async fn rebuild(
     }
     // this disk's own tombstones (an earlier leadership's deletions) are kept by the store
     let (records, deleted) = merged.into_parts();
-    store.replace_subscriptions(&records, &deleted).await?;
+    let held = store.replace_subscriptions(&records, &deleted).await?;
     // tails go on from here only after a rebuild that a whole holder vouched for
     if !whole.is_empty() {
         tail.synced(cursors);
     }
-    Ok(store.subscription_count())
+    Ok(held)
 }

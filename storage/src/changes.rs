@@ -19,12 +19,17 @@ const FEED: &str = "subscription_changes";
 
 const META_STORE_ID: &[u8] = b"store_id";
 
+/// The first number of the feed since the registry was last replaced whole.
+const META_FEED_FROM: &[u8] = b"feed_from";
+
 /// The feed: number -> id, id -> its number, and the next number.
 #[derive(Debug, Clone)]
 pub(crate) struct Changes {
     by_number: sled::Tree,
     of_id: sled::Tree,
     next: Arc<AtomicU64>,
+    /// Entries below it are of the feed before the registry was replaced: never read.
+    from: Arc<AtomicU64>,
     store_id: Arc<AtomicU64>,
     meta: sled::Tree,
 }
@@ -55,6 +60,10 @@ impl Changes {
                 .unwrap_or(0),
             None => 0,
         };
+        let from = match meta.get(META_FEED_FROM)? {
+            Some(v) => be_u64(&v, FEED)?,
+            None => 0,
+        };
         let store_id = if store_id != 0 {
             store_id
         } else {
@@ -64,17 +73,20 @@ impl Changes {
         Ok(Changes {
             by_number,
             of_id,
-            next: Arc::new(AtomicU64::new(last + 1)),
+            next: Arc::new(AtomicU64::new((last + 1).max(from))),
+            from: Arc::new(AtomicU64::new(from)),
             store_id: Arc::new(AtomicU64::new(store_id)),
             meta: meta.clone(),
         })
     }
 
     /// Forgets the feed and takes a new identity (the registry was replaced whole: a tail
-    /// of the old one starts over).
+    /// of the old one starts over). The numbers go on; those handed out before are never
+    /// read again (sled's `clear` of a feed of a million entries took over a minute).
     pub(crate) fn restart(&self) -> Result<(), StorageError> {
-        self.by_number.clear()?;
-        self.of_id.clear()?;
+        let from = self.next.load(Ordering::Acquire);
+        self.meta.insert(META_FEED_FROM, &from.to_be_bytes())?;
+        self.from.store(from, Ordering::Release);
         self.store_id
             .store(new_identity(&self.meta)?, Ordering::Release);
         Ok(())
@@ -99,11 +111,10 @@ impl Changes {
     /// Up to `limit` (number, id) after number `after`, in order.
     pub(crate) fn after(&self, after: u64, limit: usize) -> Result<Vec<(u64, u64)>, StorageError> {
         let mut out = Vec::new();
-        for kv in self
-            .by_number
-            .range(after.saturating_add(1).to_be_bytes()..)
-            .take(limit)
-        {
+        let start = after
+            .saturating_add(1)
+            .max(self.from.load(Ordering::Acquire));
+        for kv in self.by_number.range(start.to_be_bytes()..).take(limit) {
             let (k, v) = kv?;
             out.push((be_u64(&k, FEED)?, be_u64(&v, FEED)?));
         }

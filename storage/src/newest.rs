@@ -65,6 +65,27 @@ impl Newest {
         }
     }
 
+    /// Takes everything another merge holds (sources merged apart, then together: the
+    /// same answer as one merge of them all, in any order).
+    pub fn absorb(&mut self, other: Newest) {
+        for id in other.deleted {
+            self.offer(SubCopy {
+                id,
+                revision: 0,
+                placed_by: None,
+                record: None,
+            });
+        }
+        for (id, (revision, record)) in other.copies {
+            self.offer(SubCopy {
+                id,
+                revision,
+                placed_by: None,
+                record: Some(record),
+            });
+        }
+    }
+
     /// What the merge holds of `id`.
     pub fn held(&self, id: u64) -> Held {
         if self.deleted.contains(&id) {
@@ -113,7 +134,7 @@ mod tests {
     }
 
     #[test]
-    fn the_highest_revision_wins_in_any_order_and_a_deletion_is_final() {
+    fn the_highest_revision_wins_in_any_order_and_merge_and_a_deletion_is_final() {
         let offers = [
             copy(1, 5, "old"),
             copy(1, 9, "new"),
@@ -134,18 +155,28 @@ mod tests {
                 if rev {
                     v.reverse();
                 }
-                let mut n = Newest::default();
-                for c in v {
-                    n.offer(c);
+                // merged at once, or in two parts then together (a rebuild that pulls
+                // sources side by side)
+                for split in 0..=v.len() {
+                    let mut n = Newest::default();
+                    let mut other = Newest::default();
+                    for (i, c) in v.iter().cloned().enumerate() {
+                        if i < split {
+                            n.offer(c);
+                        } else {
+                            other.offer(c);
+                        }
+                    }
+                    n.absorb(other);
+                    assert_eq!(n.held(1), Held::Revision(9));
+                    assert_eq!(n.held(2), Held::Deleted);
+                    let (live, deleted) = n.into_parts();
+                    assert_eq!(
+                        live,
+                        vec![(1, 9, b"new".to_vec()), (3, 7, b"only".to_vec())]
+                    );
+                    assert_eq!(deleted, vec![2]);
                 }
-                assert_eq!(n.held(1), Held::Revision(9));
-                assert_eq!(n.held(2), Held::Deleted);
-                let (live, deleted) = n.into_parts();
-                assert_eq!(
-                    live,
-                    vec![(1, 9, b"new".to_vec()), (3, 7, b"only".to_vec())]
-                );
-                assert_eq!(deleted, vec![2]);
             }
         }
     }

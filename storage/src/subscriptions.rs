@@ -6,6 +6,42 @@
 
 use super::*;
 
+/// Makes `tree` hold exactly `want` (key, value), in key order: only what differs is
+/// written, and the keys not wanted are removed. A registry replaced at a million
+/// subscriptions is mostly what the disk holds already; sled's `clear` and a full rewrite
+/// took minutes there.
+fn sync_tree<'a>(
+    tree: &sled::Tree,
+    want: impl Iterator<Item = ([u8; 8], &'a [u8])>,
+) -> Result<(), StorageError> {
+    let mut have = tree.iter();
+    let mut cur = have.next().transpose()?;
+    for (k, v) in want {
+        while let Some((hk, _)) = &cur
+            && hk.as_ref() < &k[..]
+        {
+            tree.remove(hk)?;
+            cur = have.next().transpose()?;
+        }
+        match &cur {
+            Some((hk, hv)) if hk.as_ref() == &k[..] => {
+                if hv.as_ref() != v {
+                    tree.insert(k, v)?;
+                }
+                cur = have.next().transpose()?;
+            }
+            _ => {
+                tree.insert(k, v)?;
+            }
+        }
+    }
+    while let Some((hk, _)) = cur {
+        tree.remove(hk)?;
+        cur = have.next().transpose()?;
+    }
+    Ok(())
+}
+
 fn corrupt(tree: &'static str) -> StorageError {
     StorageError::Corrupt {
         tree,
@@ -73,17 +109,15 @@ impl Store {
     /// Replaces every stored subscription with `records` (id, revision, encoded record) and
     /// records `deleted` as deleted, durably: a new coordinator leader's registry, rebuilt
     /// from the nodes' copies. Tombstones already here stay, and a record whose id is one
-    /// of them is not taken.
+    /// of them is not taken. The answer is how many subscriptions the store holds now.
     pub async fn replace_subscriptions(
         &self,
         records: &[(u64, u64, Vec<u8>)],
         deleted: &[u64],
-    ) -> Result<(), StorageError> {
-        {
+    ) -> Result<usize, StorageError> {
+        let held = {
             let _w = self.write_lock();
-            self.subs.clear()?;
             self.placed.clear()?;
-            self.revisions.clear()?;
             self.changes.restart()?;
             let now = now_ms().to_be_bytes();
             for id in deleted {
@@ -91,16 +125,32 @@ impl Store {
                     self.deleted.insert(id.to_be_bytes(), &now[..])?;
                 }
             }
-            for (id, rev, r) in records {
-                if self.deleted.contains_key(id.to_be_bytes())? {
-                    continue;
+            let mut kept = Vec::with_capacity(records.len());
+            for r in records {
+                if !self.deleted.contains_key(r.0.to_be_bytes())? {
+                    kept.push(r);
                 }
-                self.subs.insert(id.to_be_bytes(), r.as_slice())?;
-                self.revisions
-                    .insert(id.to_be_bytes(), &rev.to_be_bytes()[..])?;
             }
-        }
-        self.commit().await
+            if !kept.is_sorted_by_key(|r| r.0) {
+                kept.sort_by_key(|r| r.0);
+            }
+            kept.dedup_by_key(|r| r.0);
+            let revisions: Vec<[u8; 8]> = kept.iter().map(|r| r.1.to_be_bytes()).collect();
+            sync_tree(
+                &self.subs,
+                kept.iter()
+                    .map(|(id, _, r)| (id.to_be_bytes(), r.as_slice())),
+            )?;
+            sync_tree(
+                &self.revisions,
+                kept.iter()
+                    .zip(&revisions)
+                    .map(|((id, _, _), rev)| (id.to_be_bytes(), &rev[..])),
+            )?;
+            kept.len()
+        };
+        self.commit().await?;
+        Ok(held)
     }
 
     /// Stores (or replaces) the registry's record of a subscription at `revision`, durably

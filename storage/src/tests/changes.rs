@@ -90,6 +90,28 @@ async fn a_replaced_registry_has_a_new_identity_and_an_empty_feed() {
         .subscription_changes(0, 100, &everyone(), false)
         .expect("feed");
     assert!(all.copies.is_empty(), "{all:?}");
+    assert_eq!(
+        s.changes.after(0, 100).expect("feed"),
+        [],
+        "the feed is empty"
+    );
+    // and so it stays on the disk; what changes next is in it
+    drop(s);
+    let s = Store::open(&dir, 1).expect("reopen");
+    assert_eq!(
+        s.changes.after(0, 100).expect("feed"),
+        [],
+        "empty after reopening"
+    );
+    s.put_subscription(5, b"r".to_vec(), 5).await.expect("put");
+    let feed: Vec<u64> = s
+        .changes
+        .after(0, 100)
+        .expect("feed")
+        .iter()
+        .map(|c| c.1)
+        .collect();
+    assert_eq!(feed, [5]);
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

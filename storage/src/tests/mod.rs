@@ -562,6 +562,51 @@ async fn a_copy_is_taken_only_if_newer_and_never_after_its_deletion_across_a_reo
 }
 
 #[tokio::test]
+async fn a_replaced_registry_holds_exactly_the_records_given_whatever_was_there() {
+    let dir = temp_dir("replace-sync");
+    let s = Store::open(&dir, 1).expect("open");
+    let rec = |i: u64, r: &str| (i, i * 10, r.as_bytes().to_vec());
+    // ids around and between the new ones, some records equal, some not
+    let old: Vec<(u64, Vec<u8>, u64)> = [1u64, 3, 4, 6, 9, 12]
+        .iter()
+        .map(|&i| (i, format!("r{i}").into_bytes(), i * 10))
+        .collect();
+    s.put_subscriptions(&old).await.expect("put");
+    // unsorted, with a repeat: the first of an id wins
+    let new = [
+        rec(4, "r4"),
+        rec(2, "new"),
+        rec(6, "changed"),
+        rec(4, "repeat"),
+        rec(13, "last"),
+    ];
+    let held = s.replace_subscriptions(&new, &[]).await.expect("replace");
+    assert_eq!(held, 4);
+    let got = s.list_subscriptions(0, 100).expect("list");
+    let want: Vec<(u64, Vec<u8>)> = [(2, "new"), (4, "r4"), (6, "changed"), (13, "last")]
+        .iter()
+        .map(|(i, r)| (*i, r.as_bytes().to_vec()))
+        .collect();
+    assert_eq!(got, want);
+    for (i, _) in &want {
+        assert_eq!(
+            s.subscription_held(*i).expect("held"),
+            Held::Revision(i * 10),
+            "revision of {i}"
+        );
+    }
+    for i in [1, 3, 9, 12] {
+        assert_eq!(s.subscription_held(i).expect("held"), Held::Absent, "{i}");
+    }
+    assert_eq!(s.subscription_count(), 4);
+    // an empty registry empties the store
+    s.replace_subscriptions(&[], &[]).await.expect("replace");
+    assert_eq!(s.subscription_count(), 0);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn standby_copies_follow_the_watermark_and_expiry_and_survive_reopen() {
     let dir = temp_dir("standby");
     let c = |seq, expires_unix_ms| StandbyCopy {
