@@ -173,8 +173,10 @@ pub struct Store {
     /// sequence number is handed out, so the floor never passes a put in progress.
     outbox: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, u8>>>,
     /// Copies of other nodes' objects this node disseminates now (it took over their dead
-    /// origin): id -> priority, in memory.
+    /// origin), durable ones: id -> priority, in memory, loaded from `adoptions` at open.
     adopted: Arc<std::sync::Mutex<std::collections::BTreeMap<ObjectId, u8>>>,
+    /// The adoptions on disk: origin, seq -> priority ([`Store::adopt`]).
+    adoptions: sled::Tree,
     /// The floor last written to sled.
     outbox_floor_written: Arc<AtomicU64>,
     /// This node's objects lost at open, to restore from copies (`repair`); they hold the
@@ -275,6 +277,7 @@ impl Store {
             links: db.open_tree("federation")?,
             standby: db.open_tree("standby")?,
             spilled: db.open_tree("spilled")?,
+            adoptions: db.open_tree("adopted")?,
             meta,
             db,
             dir: Arc::new(path.to_path_buf()),
@@ -291,6 +294,7 @@ impl Store {
         };
         store.load_repair()?;
         store.load_outbox()?;
+        store.load_adopted()?;
         let damaged = store.log.damaged_at_open();
         store.note_damaged(&damaged)?;
         Ok(store)

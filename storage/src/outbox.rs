@@ -152,14 +152,19 @@ impl Store {
         Ok(if id.node == self.node {
             self.lock_outbox().remove(&id.seq).is_some()
         } else {
+            self.adoptions
+                .remove(replicas::replica_key(id.node, id.seq))?;
             self.lock_adopted().remove(&id).is_some()
         })
     }
 
-    /// Takes an unfinished copy of another node's object into this node's outbox: this node
-    /// disseminates it now (it took over the object's dead origin). In memory only: after a
-    /// restart the takeover decides again. `false` when no unfinished copy is held, or it is
-    /// adopted already.
+    /// Claims an unfinished copy of another node's object for this node's outbox: this node
+    /// disseminates it now (it took over the object's dead origin). The claim is written,
+    /// not yet durable; [`Store::adopted`] puts it in the outbox once a commit made it so,
+    /// and only then do others learn of it. Before, adoptions lived in memory: an heir
+    /// restarted after its origin came back and closed the object (adopted elsewhere)
+    /// forgot it, and nobody delivered it (`bench chaos` seed 24000). `false` when no
+    /// unfinished copy is held, or it is claimed already.
     pub fn adopt(&self, id: ObjectId) -> Result<bool, StorageError> {
         if id.node == self.node {
             return Ok(false);
@@ -167,7 +172,42 @@ impl Store {
         let Some(o) = self.replica(id)? else {
             return Ok(false);
         };
-        Ok(self.lock_adopted().insert(id, o.priority).is_none())
+        let k = replicas::replica_key(id.node, id.seq);
+        Ok(self
+            .adoptions
+            .compare_and_swap(k, None as Option<&[u8]>, Some(&[o.priority][..]))?
+            .is_ok())
+    }
+
+    /// Puts claimed copies ([`Store::adopt`], durable since) in the outbox: (id, priority).
+    pub fn adopted(&self, claimed: &[(ObjectId, u8)]) {
+        self.lock_adopted().extend(claimed.iter().copied());
+    }
+
+    /// Loads the durable adoptions at open, those whose copy is still unfinished (the rest
+    /// were delivered: their claims go).
+    pub(super) fn load_adopted(&self) -> Result<(), StorageError> {
+        let mut adopted = std::collections::BTreeMap::new();
+        for kv in self.adoptions.iter() {
+            let (k, v) = kv?;
+            let Some(id) = replicas::replica_id(&k) else {
+                self.adoptions.remove(&k)?;
+                continue;
+            };
+            if self.replica(id)?.is_some() {
+                adopted.insert(id, v.first().copied().unwrap_or(0));
+            } else {
+                self.adoptions.remove(&k)?;
+            }
+        }
+        if !adopted.is_empty() {
+            tracing::info!(
+                "{} adopted copies of other nodes' objects are owed",
+                adopted.len()
+            );
+        }
+        *self.lock_adopted() = adopted;
+        Ok(())
     }
 
     /// Sequence numbers of adopted copies of `origin` above `after`, in order, at most `limit`.
@@ -194,10 +234,14 @@ impl Store {
 
     /// Gives back every adopted copy of `origin` (it is alive again and owns them); the
     /// answer is how many.
-    pub fn unadopt(&self, origin: u32) -> usize {
+    pub fn unadopt(&self, origin: u32) -> Result<usize, StorageError> {
+        let k = origin.to_be_bytes();
+        for key in self.adoptions.scan_prefix(k).keys() {
+            self.adoptions.remove(key?)?;
+        }
         let mut a = self.lock_adopted();
         let before = a.len();
         a.retain(|id, _| id.node != origin);
-        before - a.len()
+        Ok(before - a.len())
     }
 }

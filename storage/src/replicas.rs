@@ -15,14 +15,14 @@ const UNFINISHED: u8 = 0;
 const FINISHED: u8 = 1;
 const FORWARDING: u8 = 2;
 
-fn replica_key(origin: u32, seq: u64) -> [u8; 12] {
+pub(super) fn replica_key(origin: u32, seq: u64) -> [u8; 12] {
     let mut k = [0u8; 12];
     k[..4].copy_from_slice(&origin.to_be_bytes());
     k[4..].copy_from_slice(&seq.to_be_bytes());
     k
 }
 
-fn replica_id(k: &[u8]) -> Option<ObjectId> {
+pub(super) fn replica_id(k: &[u8]) -> Option<ObjectId> {
     let node = u32::from_be_bytes(<[u8; 4]>::try_from(k.get(..4)?).ok()?);
     let seq = u64::from_be_bytes(<[u8; 8]>::try_from(k.get(4..12)?).ok()?);
     Some(ObjectId { node, seq })

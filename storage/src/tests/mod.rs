@@ -447,17 +447,45 @@ async fn replicas_are_paged_by_origin_finished_for_good_and_survive_reopen() {
         s.unfinished_replicas_by_origin().expect("by origin"),
         [(4, 4), (5, 1)].into_iter().collect()
     );
-    // a takeover adopts copies into the outbox; a finished one cannot be adopted
+    // a takeover claims copies, then (durable) adopts them into the outbox; a finished one
+    // cannot be claimed
     let (a, b) = (ObjectId { node: 4, seq: 1 }, ObjectId { node: 5, seq: 1 });
     assert!(s.adopt(a).expect("adopt") && s.adopt(b).expect("adopt"));
     assert!(!s.adopt(a).expect("adopt"), "adopted twice");
     assert!(!s.adopt(ObjectId { node: 4, seq: 2 }).expect("finished"));
+    assert!(!s.in_outbox(a), "claimed, not yet durable");
+    s.commit().await.expect("commit");
+    s.adopted(&[(a, 0), (b, 0)]);
     assert!(s.in_outbox(a));
     assert_eq!(s.outbox_pending().expect("pending").len(), 2);
     assert_eq!(s.get(a).expect("get").map(|o| o.id), Some(a));
+    // the adoptions outlive a restart
+    drop(s);
+    let s = Store::open(&dir, 0).expect("reopen");
+    assert!(s.in_outbox(a) && s.in_outbox(b), "adoptions lost at reopen");
+    assert!(!s.adopt(a).expect("adopt"), "claimed before the restart");
     assert!(s.retire(a).expect("retire") && !s.in_outbox(a));
-    assert_eq!(s.unadopt(5), 1);
+    assert_eq!(s.unadopt(5).expect("unadopt"), 1);
     assert_eq!(s.outbox_len(), 0);
+    s.commit().await.expect("commit");
+    drop(s);
+    let s = Store::open(&dir, 0).expect("reopen");
+    assert_eq!(
+        s.outbox_len(),
+        0,
+        "a retired or given back adoption came back"
+    );
+    // a claim whose copy was finished meanwhile is dropped at open
+    assert!(
+        s.adopt(a)
+            .expect("adopt again: its copy is still unfinished")
+    );
+    s.finish_replicas(&[a]).expect("finish");
+    s.commit().await.expect("commit");
+    drop(s);
+    let s = Store::open(&dir, 0).expect("reopen");
+    assert!(!s.in_outbox(a));
+    drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -268,15 +268,26 @@ impl Daemon {
             };
             let Some(last) = page.last() else { break };
             after = last.id.seq;
-            for o in page
+            let claimed: Vec<storage::StoredObject> = page
                 .into_iter()
                 .filter(|o| o.id.seq < below && !taken.contains(&o.id.seq))
                 .filter(|o| !finished.contains(&o.id.seq))
-            {
-                if matches!(self.inner.store.adopt(o.id), Ok(true)) {
-                    self.arrived(o.id, o.priority, &o.metadata);
-                    adopted.push(o);
-                }
+                .filter(|o| matches!(store.adopt(o.id), Ok(true)))
+                .collect();
+            if claimed.is_empty() {
+                continue;
+            }
+            // durable before anyone learns of them (the origin, back, closes what it hears
+            // adopted), and before they are sent for matching
+            if let Err(e) = store.commit().await {
+                tracing::error!("storing the adoption of node {origin}'s objects: {e}");
+                return;
+            }
+            let ids: Vec<(ObjectId, u8)> = claimed.iter().map(|o| (o.id, o.priority)).collect();
+            store.adopted(&ids);
+            for o in claimed {
+                self.arrived(o.id, o.priority, &o.metadata);
+                adopted.push(o);
             }
         }
         self.inner
