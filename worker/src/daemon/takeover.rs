@@ -300,7 +300,7 @@ impl Daemon {
         );
         // what the origin owed its federation links, this node owes them now
         self.owe_taken_over(origin, below, &adopted).await;
-        self.end_holders_delivered(origin, below, &held_at, &taken);
+        self.end_holders_delivered(origin, below, &held_at).await;
     }
 
     /// Sequence numbers of `origin`'s objects, from the oldest unfinished copy here on, that
@@ -343,7 +343,7 @@ impl Daemon {
     }
 
     /// Sequence numbers of `origin`'s objects that other live members of its quorum adopted.
-    pub(super) async fn adopted_elsewhere(&self, origin: u32) -> HashSet<u64> {
+    async fn adopted_elsewhere(&self, origin: u32) -> HashSet<u64> {
         let mut taken = HashSet::new();
         let view = self.view();
         let Some(g) = view.grid else { return taken };

@@ -158,7 +158,7 @@ impl Daemon {
         // `--quick --seed 31`, not seen in 60 local runs)
         let mut stale = Vec::new();
         for (node, ep) in &members {
-            if let Some(held) = self.mine_in(ep, v1::ReplicaSet::Unfinished).await {
+            if let Some(held) = self.seqs_in(ep, me, v1::ReplicaSet::Unfinished).await {
                 let held: Vec<u64> = held.into_iter().filter(|&s| !not_mine(s)).collect();
                 if !held.is_empty() {
                     stale.push((*node, held));
@@ -172,7 +172,7 @@ impl Daemon {
         // would leave its heir nothing to take over, should it die
         let mut adopted = HashSet::new();
         for (node, ep) in &members {
-            match self.mine_in(ep, v1::ReplicaSet::Adopted).await {
+            match self.seqs_in(ep, me, v1::ReplicaSet::Adopted).await {
                 Some(seqs) => adopted.extend(seqs),
                 None => {
                     tracing::debug!("node {node} did not say what it adopted: no copy ended");
@@ -204,10 +204,9 @@ impl Daemon {
         }
     }
 
-    /// The sequence numbers of this node's objects in the node at `ep`'s `set` (its
+    /// The sequence numbers of `origin`'s objects in the node at `ep`'s `set` (its
     /// unfinished copies, or those it adopted); `None`: it did not answer in full.
-    async fn mine_in(&self, ep: &str, set: v1::ReplicaSet) -> Option<Vec<u64>> {
-        let me = self.inner.cfg.node;
+    async fn seqs_in(&self, ep: &str, origin: u32, set: v1::ReplicaSet) -> Option<Vec<u64>> {
         let mut out = Vec::new();
         let mut after = 0;
         loop {
@@ -215,7 +214,7 @@ impl Daemon {
                 .peer(ep)
                 .ok()?
                 .replicas(v1::ReplicasRequest {
-                    origin: me,
+                    origin,
                     after_seq: after,
                     limit: COPIES_PAGE,
                     set: set as i32,
@@ -228,7 +227,7 @@ impl Daemon {
                     r.objects
                         .iter()
                         .filter_map(|o| o.id.as_ref())
-                        .filter(|id| id.node == me)
+                        .filter(|id| id.node == origin)
                         .map(|id| id.seq),
                 );
             } else {
@@ -245,15 +244,26 @@ impl Daemon {
 impl Daemon {
     /// After a takeover of `origin`'s objects below `below`: the copies the other holders
     /// answered unfinished (`held_at`: holder, sequence numbers) of objects this node knows
-    /// delivered (finished or forwarding here) get their end there, those in `taken` (adopted
-    /// elsewhere: their adopter ends them) left alone.
-    pub(super) fn end_holders_delivered(
+    /// delivered (finished or forwarding here) get their end there, those a member reports
+    /// adopted (their adopter ends them) left alone.
+    pub(super) async fn end_holders_delivered(
         &self,
         origin: u32,
         below: u64,
         held_at: &[(u32, Vec<u64>)],
-        taken: &HashSet<u64>,
     ) {
+        if held_at.iter().all(|(_, seqs)| seqs.is_empty()) {
+            return;
+        }
+        // a tombstone here can be of an object another node adopted and still delivers
+        // (its origin, handing it over, answered it gone): ending that node's copy would
+        // end its adoption, so every member must say what it adopted
+        let Some(taken) = self.adopted_by_all(origin).await else {
+            tracing::debug!(
+                "a member did not say what it adopted of node {origin}'s: no copy ended"
+            );
+            return;
+        };
         for (holder, seqs) in held_at {
             let mut ended = 0usize;
             for &seq in seqs.iter().filter(|&&s| s < below && !taken.contains(&s)) {
@@ -279,6 +289,19 @@ impl Daemon {
         }
     }
 
+    /// What the live members of `origin`'s quorum (this node and the origin aside) adopted
+    /// of its objects; `None` when one did not answer in full.
+    async fn adopted_by_all(&self, origin: u32) -> Option<HashSet<u64>> {
+        let view = self.view();
+        let g = view.grid?;
+        let mut taken = HashSet::new();
+        let skip = [self.inner.cfg.node, origin];
+        for (_, ep) in view.live_endpoints(g.xs_quorum(origin), &skip) {
+            taken.extend(self.seqs_in(&ep, origin, v1::ReplicaSet::Adopted).await?);
+        }
+        Some(taken)
+    }
+
     /// At a catch-up: this node's unfinished copies of objects that an earlier node at an
     /// origin's position took (below the origin's first sequence number) end here when
     /// another live holder knows them delivered and none reports them adopted. Copies this
@@ -298,7 +321,9 @@ impl Daemon {
             if oldest.is_none_or(|s| s >= from) {
                 continue;
             }
-            let taken = self.adopted_elsewhere(origin).await;
+            let Some(taken) = self.adopted_by_all(origin).await else {
+                continue; // a member did not say what it adopted: nothing ended
+            };
             let (finished, forwarding) = self.finished_elsewhere(origin).await;
             let open = self.inner.deliverer.open_objects(origin);
             let ids = |seqs: &HashSet<u64>| -> Vec<ObjectId> {
