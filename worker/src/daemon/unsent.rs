@@ -239,9 +239,7 @@ impl Daemon {
             }
         }
     }
-}
 
-impl Daemon {
     /// After a takeover of `origin`'s objects below `below`: the copies the other holders
     /// answered unfinished (`held_at`: holder, sequence numbers) of objects this node knows
     /// delivered (finished or forwarding here) get their end there, those a member reports
