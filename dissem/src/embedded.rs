@@ -105,6 +105,15 @@ pub async fn run(
     daemon_cfg.endpoint = LOCAL_ENDPOINT.into();
     let daemon = Daemon::new(daemon_cfg, store.clone(), limits, coordinator.link())?;
     coordinator.set_local(Arc::new(daemon.clone())).await;
+    let deliverer = daemon.deliverer().clone();
+    let mut node = Node::new(store.clone(), limits, Sink::Cluster(daemon.clone()));
+    if let Some(f) = &fed {
+        node = node.with_federation(f.clone());
+    }
+    // before the daemon runs: its first catch-up resumes deliveries, and one that
+    // dead-letters then must find the spillover links (else it stays here unspilled; seen
+    // as a spillover test that timed out on a loaded machine)
+    node.start_federation();
     daemon.spawn();
     // the first puts come as soon as the address is out: until the daemon has its first
     // view from the coordinator (in this process, a few milliseconds) a put is refused
@@ -120,12 +129,6 @@ pub async fn run(
         );
     }
     let stream = v1::stream_server::StreamServer::new(daemon.deliverer().clone());
-    let deliverer = daemon.deliverer().clone();
-    let mut node = Node::new(store.clone(), limits, Sink::Cluster(daemon));
-    if let Some(f) = &fed {
-        node = node.with_federation(f.clone());
-    }
-    node.start_federation();
     if let Some(l) = http.s3_events {
         tokio::spawn(worker::s3events::serve(l, node.clone(), listener.auth()));
     }

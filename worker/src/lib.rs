@@ -130,7 +130,7 @@ pub async fn run_node(
         .federation
         .map(|cfg| federation::Federation::new(cfg, store.clone()))
         .transpose()?;
-    let daemon = daemon::Daemon::start(cfg, store.clone(), limits, link)?;
+    let daemon = daemon::Daemon::new(cfg, store.clone(), limits, link)?;
     let mut node = services::Node::new(
         store.clone(),
         limits,
@@ -139,7 +139,10 @@ pub async fn run_node(
     if let Some(f) = &fed {
         node = node.with_federation(f.clone());
     }
+    // before the daemon runs: its first catch-up resumes deliveries, and one that
+    // dead-letters then must find the spillover links (else it stays here unspilled)
     node.start_federation();
+    daemon.spawn();
     if let Some(l) = http.s3_events {
         tokio::spawn(s3events::serve(l, node.clone(), listener.auth()));
     }
