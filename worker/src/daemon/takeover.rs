@@ -231,7 +231,7 @@ impl Daemon {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         // what a live node adopted already stays with it: one owner per object
-        let taken = self.adopted_elsewhere(origin).await;
+        let (taken, _) = self.adopted_in_quorum(origin).await;
         // and what a live holder knows delivered is not disseminated again (a copy here can
         // have missed its end: pulled from a holder just before it learned it); what a link
         // still owes stays, as forwarding
@@ -342,16 +342,24 @@ impl Daemon {
         (done, forwarding)
     }
 
-    /// Sequence numbers of `origin`'s objects that other live members of its quorum adopted.
-    async fn adopted_elsewhere(&self, origin: u32) -> HashSet<u64> {
+    /// Sequence numbers of `origin`'s objects that other live members of its quorum (this
+    /// node and the origin aside) adopted, and whether every one of them answered in full.
+    pub(super) async fn adopted_in_quorum(&self, origin: u32) -> (HashSet<u64>, bool) {
         let mut taken = HashSet::new();
         let view = self.view();
-        let Some(g) = view.grid else { return taken };
+        let Some(g) = view.grid else {
+            return (taken, false);
+        };
+        let mut full = true;
         let skip = [self.inner.cfg.node, origin];
         for (_, ep) in view.live_endpoints(g.xs_quorum(origin), &skip) {
-            taken.extend(self.seqs_of(&ep, origin, v1::ReplicaSet::Adopted, 0).await);
+            let (seqs, answered) = self
+                .replica_seqs(&ep, origin, v1::ReplicaSet::Adopted, 0)
+                .await;
+            taken.extend(seqs);
+            full &= answered;
         }
-        taken
+        (taken, full)
     }
 
     /// Every sequence number of `origin`'s objects in `set` that the node at `ep` answers,
@@ -363,6 +371,18 @@ impl Daemon {
         set: v1::ReplicaSet,
         after: u64,
     ) -> Vec<u64> {
+        self.replica_seqs(ep, origin, set, after).await.0
+    }
+
+    /// [`Daemon::seqs_of`] (for the unfinished set, the ids of the objects answered), and
+    /// whether the node answered in full.
+    pub(super) async fn replica_seqs(
+        &self,
+        ep: &str,
+        origin: u32,
+        set: v1::ReplicaSet,
+        after: u64,
+    ) -> (Vec<u64>, bool) {
         let mut out = Vec::new();
         let mut after = after;
         loop {
@@ -378,11 +398,21 @@ impl Daemon {
                     .map(|r| r.into_inner()),
                 Err(e) => Err(e.into()),
             };
-            let Ok(r) = r else { return out };
-            out.extend(&r.seqs);
-            match r.seqs.last() {
-                Some(&l) if r.more => after = l,
-                _ => return out,
+            let Ok(r) = r else { return (out, false) };
+            let page: Vec<u64> = if set == v1::ReplicaSet::Unfinished {
+                r.objects
+                    .iter()
+                    .filter_map(|o| o.id.as_ref())
+                    .filter(|id| id.node == origin)
+                    .map(|id| id.seq)
+                    .collect()
+            } else {
+                r.seqs
+            };
+            out.extend(&page);
+            match page.last() {
+                Some(&l) if r.more && l > after => after = l,
+                _ => return (out, true),
             }
         }
     }

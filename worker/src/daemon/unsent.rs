@@ -31,9 +31,6 @@ const MAX_UNSENT: usize = 100_000;
 /// Ends sent again in one call at most.
 const RESEND_BATCH: usize = 4096;
 
-/// Copies asked for in one call at a catch-up.
-const COPIES_PAGE: u32 = 512;
-
 /// The kept ends: peer -> object -> forwarding (`false`: finished).
 #[derive(Debug, Default)]
 pub(super) struct Unsent {
@@ -158,7 +155,10 @@ impl Daemon {
         // `--quick --seed 31`, not seen in 60 local runs)
         let mut stale = Vec::new();
         for (node, ep) in &members {
-            if let Some(held) = self.seqs_in(ep, me, v1::ReplicaSet::Unfinished).await {
+            if let (held, true) = self
+                .replica_seqs(ep, me, v1::ReplicaSet::Unfinished, 0)
+                .await
+            {
                 let held: Vec<u64> = held.into_iter().filter(|&s| !not_mine(s)).collect();
                 if !held.is_empty() {
                     stale.push((*node, held));
@@ -172,9 +172,9 @@ impl Daemon {
         // would leave its heir nothing to take over, should it die
         let mut adopted = HashSet::new();
         for (node, ep) in &members {
-            match self.seqs_in(ep, me, v1::ReplicaSet::Adopted).await {
-                Some(seqs) => adopted.extend(seqs),
-                None => {
+            match self.replica_seqs(ep, me, v1::ReplicaSet::Adopted, 0).await {
+                (seqs, true) => adopted.extend(seqs),
+                (_, false) => {
                     tracing::debug!("node {node} did not say what it adopted: no copy ended");
                     return;
                 }
@@ -204,42 +204,6 @@ impl Daemon {
         }
     }
 
-    /// The sequence numbers of `origin`'s objects in the node at `ep`'s `set` (its
-    /// unfinished copies, or those it adopted); `None`: it did not answer in full.
-    async fn seqs_in(&self, ep: &str, origin: u32, set: v1::ReplicaSet) -> Option<Vec<u64>> {
-        let mut out = Vec::new();
-        let mut after = 0;
-        loop {
-            let r = self
-                .peer(ep)
-                .ok()?
-                .replicas(v1::ReplicasRequest {
-                    origin,
-                    after_seq: after,
-                    limit: COPIES_PAGE,
-                    set: set as i32,
-                })
-                .await
-                .ok()?
-                .into_inner();
-            if set == v1::ReplicaSet::Unfinished {
-                out.extend(
-                    r.objects
-                        .iter()
-                        .filter_map(|o| o.id.as_ref())
-                        .filter(|id| id.node == origin)
-                        .map(|id| id.seq),
-                );
-            } else {
-                out.extend(&r.seqs);
-            }
-            match out.last() {
-                Some(&l) if r.more && l > after => after = l,
-                _ => return Some(out),
-            }
-        }
-    }
-
     /// After a takeover of `origin`'s objects below `below`: the copies the other holders
     /// answered unfinished (`held_at`: holder, sequence numbers) of objects this node knows
     /// delivered (finished or forwarding here) get their end there, those a member reports
@@ -256,7 +220,7 @@ impl Daemon {
         // a tombstone here can be of an object another node adopted and still delivers
         // (its origin, handing it over, answered it gone): ending that node's copy would
         // end its adoption, so every member must say what it adopted
-        let Some(taken) = self.adopted_by_all(origin).await else {
+        let (taken, true) = self.adopted_in_quorum(origin).await else {
             tracing::debug!(
                 "a member did not say what it adopted of node {origin}'s: no copy ended"
             );
@@ -287,19 +251,6 @@ impl Daemon {
         }
     }
 
-    /// What the live members of `origin`'s quorum (this node and the origin aside) adopted
-    /// of its objects; `None` when one did not answer in full.
-    async fn adopted_by_all(&self, origin: u32) -> Option<HashSet<u64>> {
-        let view = self.view();
-        let g = view.grid?;
-        let mut taken = HashSet::new();
-        let skip = [self.inner.cfg.node, origin];
-        for (_, ep) in view.live_endpoints(g.xs_quorum(origin), &skip) {
-            taken.extend(self.seqs_in(&ep, origin, v1::ReplicaSet::Adopted).await?);
-        }
-        Some(taken)
-    }
-
     /// At a catch-up: this node's unfinished copies of objects that an earlier node at an
     /// origin's position took (below the origin's first sequence number) end here when
     /// another live holder knows them delivered and none reports them adopted. Copies this
@@ -319,7 +270,7 @@ impl Daemon {
             if oldest.is_none_or(|s| s >= from) {
                 continue;
             }
-            let Some(taken) = self.adopted_by_all(origin).await else {
+            let (taken, true) = self.adopted_in_quorum(origin).await else {
                 continue; // a member did not say what it adopted: nothing ended
             };
             let (finished, forwarding) = self.finished_elsewhere(origin).await;
