@@ -315,6 +315,8 @@ pub struct Setup {
     qos_of: HashMap<u64, u8>,
     index: MatchIndex,
     workload: Workload,
+    /// Priority-7 puts carry a sampled W3C `traceparent` (the node exports their spans).
+    trace_urgent: bool,
 }
 
 impl std::fmt::Debug for Setup {
@@ -351,6 +353,8 @@ pub struct Phase {
     pub latency_by_priority: BTreeMap<u8, Latency>,
     /// The puts alone (request to durable acknowledgement): the ingest part of `latency`.
     pub put_latency: Latency,
+    /// The puts alone, per priority.
+    pub put_latency_by_priority: BTreeMap<u8, Latency>,
 }
 
 /// Waits until the node's published image holds `n` subscriptions and the node has loaded
@@ -375,25 +379,28 @@ pub(crate) async fn wait_image(url: &str, n: u64) -> anyhow::Result<()> {
 }
 
 /// Starts `dissem up` in `dir`, the endpoints, and registers `subs` iot subscriptions.
+/// With `otlp_endpoint`, the node exports spans there and priority-7 puts are traced.
 pub async fn setup(
     bin: &std::path::Path,
     dir: &std::path::Path,
     subs: usize,
     seed: u64,
     targets: Targets,
+    otlp_endpoint: Option<&str>,
     progress: &Progress,
 ) -> anyhow::Result<Setup> {
-    let node = Proc::start(
-        bin,
-        &[
-            "up".into(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--allow-private-targets".into(),
-            "--data".into(),
-            dir.join("data").display().to_string(),
-        ],
-    );
+    let mut args: Vec<String> = vec![
+        "up".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--allow-private-targets".into(),
+        "--data".into(),
+        dir.join("data").display().to_string(),
+    ];
+    if let Some(e) = otlp_endpoint {
+        args.extend(["--otlp-endpoint".into(), e.to_string()]);
+    }
+    let node = Proc::start(bin, &args);
     let url = node.url();
     progress.line(&format!(
         "embedded cluster on {url} (data in {})",
@@ -457,6 +464,7 @@ pub async fn setup(
         qos_of: ids.into_iter().collect(),
         index,
         workload: w,
+        trace_urgent: otlp_endpoint.is_some(),
     })
 }
 
@@ -496,7 +504,7 @@ impl Setup {
         }
         let bar = progress.bar(events.len() as u64, label);
         let sent: Arc<Mutex<HashMap<ObjectId, (Instant, u8)>>> = Arc::default();
-        let put_ms: Arc<Mutex<Vec<f64>>> = Arc::default();
+        let put_ms: Arc<Mutex<Vec<(u8, f64)>>> = Arc::default();
         // objects never repeat across phases: new distinct pairs are this phase's; room for
         // them is made now, so the subscribers never stall on growing the map mid-phase
         let before = {
@@ -517,6 +525,9 @@ impl Setup {
             let permit = sem.clone().acquire_owned().await?;
             let mut req = procs::put_request(e, String::new());
             req.priority = (i % 8) as u32;
+            if self.trace_urgent && req.priority == 7 {
+                req.metadata.push(traceparent(seed, i));
+            }
             let mut c = ingest.clone();
             let sent = sent.clone();
             let put_ms = put_ms.clone();
@@ -525,7 +536,7 @@ impl Setup {
                 let at = Instant::now();
                 let r = c.put(req).await;
                 drop(permit);
-                lock(&put_ms).push(at.elapsed().as_secs_f64() * 1000.0);
+                lock(&put_ms).push(((i % 8) as u8, at.elapsed().as_secs_f64() * 1000.0));
                 let id = r?.into_inner().id.unwrap_or_default();
                 let k = ObjectId {
                     node: id.node,
@@ -564,6 +575,11 @@ impl Setup {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let put_ms = std::mem::take(&mut *lock(&put_ms));
+        let mut put_by_prio: BTreeMap<u8, Vec<f64>> = BTreeMap::new();
+        for &(p, ms) in &put_ms {
+            put_by_prio.entry(p).or_default().push(ms);
+        }
         let seen = lock(&self.seen);
         let sent = lock(&sent);
         let mut delivered_by_qos = BTreeMap::new();
@@ -598,8 +614,27 @@ impl Setup {
             duplicates_by_qos,
             latency: latency(all),
             latency_by_priority: by_prio.into_iter().map(|(p, v)| (p, latency(v))).collect(),
-            put_latency: latency(std::mem::take(&mut *lock(&put_ms))),
+            put_latency: latency(put_ms.into_iter().map(|(_, ms)| ms).collect()),
+            put_latency_by_priority: put_by_prio
+                .into_iter()
+                .map(|(p, v)| (p, latency(v)))
+                .collect(),
         })
+    }
+}
+
+/// A sampled W3C `traceparent` attribute for put `i` of the phase with `seed`: a trace of
+/// its own per object.
+fn traceparent(seed: u64, i: usize) -> v1::Attribute {
+    v1::Attribute {
+        name: "traceparent".into(),
+        value: Some(v1::Value {
+            kind: Some(v1::value::Kind::Text(format!(
+                "00-{seed:016x}{:016x}-{:016x}-01",
+                i as u64 + 1,
+                (i as u64 + 1) << 8 | 0x5a
+            ))),
+        }),
     }
 }
 
@@ -631,6 +666,7 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<DemoReport> {
             opts.subs,
             opts.seed,
             Targets::AllKinds,
+            None,
             &progress,
         )
         .await?;

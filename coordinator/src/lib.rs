@@ -41,7 +41,7 @@ pub mod tail;
 
 use std::collections::BTreeMap;
 
-pub use scheduler::Coordinator;
+pub use scheduler::{Coordinator, WorkerRow};
 
 /// A worker's id (unique in the cluster).
 pub type WorkerId = u64;
@@ -109,6 +109,8 @@ pub enum Event {
         worker: WorkerId,
         node: u32,
         block: Block,
+        /// Kept for priority-7 tasks only (the node's urgent reserve).
+        urgent: bool,
     },
     /// A worker renewed its lease.
     Heartbeat { worker: WorkerId },

@@ -408,6 +408,7 @@ impl Protocol {
                 worker: w.worker,
                 node,
                 block: parse_block(&w.block),
+                urgent: w.urgent,
             },
             out,
         );

@@ -28,6 +28,8 @@ struct Worker {
     block: Block,
     lease_until: u64,
     busy: bool,
+    /// The node keeps it for priority-7 tasks only (its urgent reserve).
+    urgent: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -54,6 +56,28 @@ impl Mean {
     fn get(&self) -> Option<f64> {
         (self.n > 0).then(|| self.sum / self.n as f64)
     }
+}
+
+/// What the admin API shows of a live worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerRow {
+    pub id: WorkerId,
+    pub node: u32,
+    pub block: Block,
+    pub busy: bool,
+    /// Of its node's urgent reserve (priority-7 tasks only).
+    pub urgent: bool,
+}
+
+/// Which idle workers a task may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fit {
+    /// Any (a priority-7 task).
+    Any,
+    /// Not one of a node's urgent reserve (a task below priority 7).
+    Ordinary,
+    /// Only one of an urgent reserve.
+    Reserve,
 }
 
 /// The scheduler.
@@ -118,6 +142,7 @@ impl Coordinator {
                 worker,
                 node,
                 block,
+                urgent,
             } => {
                 if self.dead.contains(&worker) {
                     return out; // a dead worker never comes back under the same id
@@ -130,6 +155,7 @@ impl Coordinator {
                         block: block.clone(),
                         lease_until: self.now + self.cfg.lease_ms,
                         busy: false,
+                        urgent,
                     },
                 );
                 self.idle.entry(block).or_default().push_back(worker);
@@ -172,7 +198,7 @@ impl Coordinator {
                 } else {
                     self.pending.insert(object, (attrs.len(), priority));
                     for a in attrs {
-                        let full = {
+                        let (full, urgent) = {
                             let b = self.test_batches.entry(a.clone()).or_default();
                             if b.objects.is_empty() {
                                 b.opened = self.now;
@@ -180,9 +206,9 @@ impl Coordinator {
                             b.objects.push(object);
                             b.priorities.push(priority);
                             b.priority = b.priority.max(priority);
-                            b.objects.len() >= self.cfg.test_batch
+                            (b.objects.len() >= self.cfg.test_batch, b.priority >= 7)
                         };
-                        if full || self.eager(&Block::Test(a.clone())) {
+                        if full || self.eager(&Block::Test(a.clone()), urgent) {
                             self.close_test_batch(&a);
                         }
                     }
@@ -231,11 +257,19 @@ impl Coordinator {
                 }
                 // the worker that came free takes what gathered while it was busy
                 match &block {
-                    Block::Test(a) if self.test_batches.contains_key(a) && self.eager(&block) => {
+                    Block::Test(a)
+                        if self
+                            .test_batches
+                            .get(a)
+                            .is_some_and(|b| self.eager(&block, b.priority >= 7)) =>
+                    {
                         let a = a.clone();
                         self.close_test_batch(&a);
                     }
-                    Block::Match if !self.match_batch.objects.is_empty() && self.eager(&block) => {
+                    Block::Match
+                        if !self.match_batch.objects.is_empty()
+                            && self.eager(&block, self.match_batch.priority >= 7) =>
+                    {
                         self.close_match_batch();
                     }
                     _ => {}
@@ -279,7 +313,9 @@ impl Coordinator {
         self.match_batch.objects.push(object);
         self.match_batch.priorities.push(priority);
         self.match_batch.priority = self.match_batch.priority.max(priority);
-        if self.match_batch.objects.len() >= self.cfg.match_batch || self.eager(&Block::Match) {
+        if self.match_batch.objects.len() >= self.cfg.match_batch
+            || self.eager(&Block::Match, self.match_batch.priority >= 7)
+        {
             self.close_match_batch();
         }
     }
@@ -288,14 +324,18 @@ impl Coordinator {
     /// holding the block is idle, no task of the block waits or runs, and the block's last
     /// batch closed at least a deadline ago. So an object that finds the cluster idle waits
     /// for no batch, while under a steady stream a block still starts at most one task per
-    /// deadline (messages per object stay as low as with deadlines alone).
-    fn eager(&self, block: &Block) -> bool {
+    /// deadline (messages per object stay as low as with deadlines alone). A worker of an
+    /// urgent reserve counts only for a batch that holds a priority-7 object (`urgent`).
+    fn eager(&self, block: &Block, urgent: bool) -> bool {
         self.cfg.eager_close
             && self
                 .closed_at
                 .get(block)
                 .is_none_or(|t| self.now >= t + self.cfg.batch_deadline_ms)
-            && self.idle.get(block).is_some_and(|q| !q.is_empty())
+            && self
+                .idle
+                .get(block)
+                .is_some_and(|q| q.iter().any(|w| self.takes(*w, urgent)))
             && !self.waiting.iter().any(|t| t.block == *block)
             && !self.running.values().any(|r| r.task.block == *block)
     }
@@ -430,10 +470,29 @@ impl Coordinator {
         self.idle.retain(|_, q| !q.is_empty());
     }
 
-    /// Pops a live idle worker from the queue of `block` (lease checked; expired ones die).
-    fn pop_live(&mut self, block: &Block, out: &mut Vec<Action>) -> Option<WorkerId> {
+    /// Whether idle worker `w` may take a task: a worker of an urgent reserve takes only a
+    /// priority-7 one (`urgent`; as put, not aged into it).
+    fn takes(&self, w: WorkerId, urgent: bool) -> bool {
+        self.fits(w, if urgent { Fit::Any } else { Fit::Ordinary })
+    }
+
+    /// Whether idle worker `w` is of the kind `fit` asks for (an unknown one is popped and
+    /// dropped by [`Coordinator::pop_live`]).
+    fn fits(&self, w: WorkerId, fit: Fit) -> bool {
+        self.workers.get(&w).is_none_or(|i| match fit {
+            Fit::Any => true,
+            Fit::Ordinary => !i.urgent,
+            Fit::Reserve => i.urgent,
+        })
+    }
+
+    /// Pops a live idle worker of the kind `fit` asks for from the queue of `block` (lease
+    /// checked; expired ones die).
+    fn pop_live(&mut self, block: &Block, fit: Fit, out: &mut Vec<Action>) -> Option<WorkerId> {
         loop {
-            let w = self.idle.get_mut(block)?.pop_front()?;
+            let q = self.idle.get(block)?;
+            let at = q.iter().position(|w| self.fits(*w, fit))?;
+            let w = self.idle.get_mut(block)?.remove(at)?;
             if self.idle.get(block).is_some_and(|q| q.is_empty()) {
                 self.idle.remove(block);
             }
@@ -441,6 +500,28 @@ impl Coordinator {
                 Some(info) if info.lease_until >= self.now => return Some(w),
                 Some(_) => self.kill(w, out),
                 None => {}
+            }
+        }
+    }
+
+    /// Pops an idle worker of an urgent reserve for a task of `block`: one holding the block,
+    /// else any (told to load the block; loads on a node are cheap, the image is shared).
+    fn pop_reserve(
+        &mut self,
+        block: &Block,
+        out: &mut Vec<Action>,
+    ) -> Option<(WorkerId, Option<Block>)> {
+        if let Some(w) = self.pop_live(block, Fit::Reserve, out) {
+            return Some((w, None));
+        }
+        loop {
+            let other = self
+                .idle
+                .iter()
+                .find(|(_, q)| q.iter().any(|w| self.fits(*w, Fit::Reserve)))
+                .map(|(b, _)| b.clone())?;
+            if let Some(w) = self.pop_live(&other, Fit::Reserve, out) {
+                return Some((w, Some(block.clone())));
             }
         }
     }
@@ -455,39 +536,47 @@ impl Coordinator {
             if self.waiting.is_empty() {
                 return;
             }
-            // highest effective priority, then oldest
+            // highest effective priority, then put as urgent (an object put at 7 before
+            // one aged into it), then oldest
             let best = (0..self.waiting.len())
                 .max_by(|&a, &b| {
                     let (ta, tb) = (&self.waiting[a], &self.waiting[b]);
                     self.effective_priority(ta)
                         .cmp(&self.effective_priority(tb))
+                        .then(ta.priority.cmp(&tb.priority))
                         .then(tb.enqueued.cmp(&ta.enqueued))
                         .then(tb.id.cmp(&ta.id))
                 })
                 .unwrap_or(0);
             let block = self.waiting[best].block.clone();
-            let (worker, load) = if let Some(w) = self.pop_live(&block, out) {
-                (w, None)
-            } else if let Some(w) = self.pop_live(&Block::Empty, out) {
-                (w, Some(block.clone()))
-            } else {
-                // the longest other idle queue gives up a worker to switch
-                let longest = self
-                    .idle
-                    .iter()
-                    .filter(|(b, q)| **b != block && !q.is_empty())
-                    .max_by_key(|(_, q)| q.len())
-                    .map(|(b, _)| b.clone());
-                match longest.and_then(|b| self.pop_live(&b, out)) {
-                    Some(w) => (w, Some(block.clone())),
-                    None => {
-                        if self.idle.values().all(|q| q.is_empty()) {
-                            return; // at capacity: the task waits
+            // no waiting task outranks `best`: when it is not urgent, none is
+            let urgent = self.waiting[best].priority >= 7;
+            let fit = if urgent { Fit::Any } else { Fit::Ordinary };
+            let (worker, load) =
+                if let Some(w) = urgent.then(|| self.pop_reserve(&block, out)).flatten() {
+                    w // an urgent task takes the reserve first: the others stay with the backlog
+                } else if let Some(w) = self.pop_live(&block, fit, out) {
+                    (w, None)
+                } else if let Some(w) = self.pop_live(&Block::Empty, fit, out) {
+                    (w, Some(block.clone()))
+                } else {
+                    // the longest other idle queue gives up a worker to switch
+                    let longest = self
+                        .idle
+                        .iter()
+                        .filter(|(b, q)| **b != block && q.iter().any(|w| self.takes(*w, urgent)))
+                        .max_by_key(|(_, q)| q.len())
+                        .map(|(b, _)| b.clone());
+                    match longest.and_then(|b| self.pop_live(&b, fit, out)) {
+                        Some(w) => (w, Some(block.clone())),
+                        None => {
+                            if !self.idle.values().flatten().any(|w| self.takes(*w, urgent)) {
+                                return; // at capacity: the task waits
+                            }
+                            continue; // dead workers were dropped; try again
                         }
-                        continue; // dead workers were dropped; try again
                     }
-                }
-            };
+                };
             let mut task = self.waiting.swap_remove(best);
             let priority = self.effective_priority(&task) as u8;
             self.top_up(&mut task, priority);
@@ -605,14 +694,20 @@ impl Coordinator {
         self.dead.contains(&worker)
     }
 
-    /// Every live worker: (id, node, block, busy), by id.
-    pub fn worker_list(&self) -> Vec<(WorkerId, u32, Block, bool)> {
+    /// Every live worker, by id.
+    pub fn worker_list(&self) -> Vec<WorkerRow> {
         let mut v: Vec<_> = self
             .workers
             .iter()
-            .map(|(id, w)| (*id, w.node, w.block.clone(), w.busy))
+            .map(|(id, w)| WorkerRow {
+                id: *id,
+                node: w.node,
+                block: w.block.clone(),
+                busy: w.busy,
+                urgent: w.urgent,
+            })
             .collect();
-        v.sort_by_key(|w| w.0);
+        v.sort_by_key(|w| w.id);
         v
     }
 

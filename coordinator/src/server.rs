@@ -343,11 +343,12 @@ impl Driver {
                     .scheduler()
                     .worker_list()
                     .into_iter()
-                    .map(|(id, node, block, busy)| v1::WorkerInfo {
-                        id: format!("{id:x}"),
-                        block: block_name(&block),
-                        state: if busy { "busy" } else { "idle" }.into(),
-                        node,
+                    .map(|w| v1::WorkerInfo {
+                        id: format!("{:x}", w.id),
+                        block: block_name(&w.block),
+                        state: if w.busy { "busy" } else { "idle" }.into(),
+                        node: w.node,
+                        urgent: w.urgent,
                     })
                     .collect();
                 let _ = reply.send(list);

@@ -21,12 +21,28 @@ fn t(a: &str) -> Block {
 }
 
 fn join(c: &mut Coordinator, now: u64, worker: WorkerId, block: Block) -> Vec<Action> {
+    join_as(c, now, worker, block, false)
+}
+
+/// A worker of a node's urgent reserve (priority-7 tasks only) joins.
+fn join_urgent(c: &mut Coordinator, now: u64, worker: WorkerId, block: Block) -> Vec<Action> {
+    join_as(c, now, worker, block, true)
+}
+
+fn join_as(
+    c: &mut Coordinator,
+    now: u64,
+    worker: WorkerId,
+    block: Block,
+    urgent: bool,
+) -> Vec<Action> {
     c.step(
         now,
         Event::WorkerJoined {
             worker,
             node: 1,
             block,
+            urgent,
         },
     )
 }
@@ -264,6 +280,13 @@ fn priority_first_with_bounded_aging() {
         },
     );
     assert_eq!(
+        assigns(&a),
+        vec![(1, Block::Match, vec![20, 21], Some(Block::Match))],
+        "the match of objects put at 7 ties with the task aged into 7, and goes first"
+    );
+    let m = task_of(&a);
+    let a = done(&mut c, 802, 1, m, Block::Match);
+    assert_eq!(
         assigns(&a)[0].2,
         vec![10, 11],
         "aged priority-0 task is not starved"
@@ -395,6 +418,46 @@ fn saturated_batches_join_a_waiting_task_up_to_the_batch_size() {
     assert_eq!(c.snapshot().waiting_tasks, 2, "a full task takes no more");
     let out = join(&mut c, 30, 7, t("a"));
     assert_eq!(assigns(&out), vec![(7, t("a"), vec![1, 2], None)]);
+}
+
+#[test]
+fn an_urgent_reserve_takes_only_priority_7_and_an_aged_task_yields_to_one_put_at_7() {
+    let mut c = Coordinator::new(cfg(), 9, 0);
+    join(&mut c, 0, 1, t("a"));
+    join_urgent(&mut c, 0, 2, t("a"));
+    // the backlog takes the ordinary worker; the reserve stays idle for it
+    arrive(&mut c, 0, 1, 0, &["a"]);
+    let out = arrive(&mut c, 0, 2, 0, &["a"]);
+    assert_eq!(assigns(&out), vec![(1, t("a"), vec![1, 2], None)]);
+    let busy = task_of(&out);
+    arrive(&mut c, 1, 3, 0, &["a"]);
+    let out = arrive(&mut c, 1, 4, 0, &["a"]);
+    assert!(
+        assigns(&out).is_empty(),
+        "a priority-0 task waits rather than take the urgent reserve: {out:?}"
+    );
+    assert_eq!(c.snapshot().waiting_tasks, 1);
+    // a priority-7 batch goes to the reserve at once, past the waiting backlog
+    arrive(&mut c, 2, 70, 7, &["a"]);
+    let out = arrive(&mut c, 2, 71, 7, &["a"]);
+    assert_eq!(assigns(&out), vec![(2, t("a"), vec![70, 71], None)]);
+    let urgent = task_of(&out);
+    // so does a match task of priority 7, which loads the match block on the reserve
+    let out = done(&mut c, 3, 2, urgent, t("a"));
+    assert_eq!(
+        assigns(&out),
+        vec![(2, Block::Match, vec![70, 71], Some(Block::Match))]
+    );
+    let m = task_of(&out);
+    done(&mut c, 4, 2, m, Block::Match);
+    // the waiting priority-0 task has aged to 7 (100 ms a level), yet the reserve holding
+    // the match block takes the next priority-7 test batch (told to load its block), not it
+    arrive(&mut c, 800, 72, 7, &["a"]);
+    let out = arrive(&mut c, 800, 73, 7, &["a"]);
+    assert_eq!(assigns(&out), vec![(2, t("a"), vec![72, 73], Some(t("a")))]);
+    // the aged task runs once an ordinary worker is free
+    let out = done(&mut c, 801, 1, busy, t("a"));
+    assert_eq!(assigns(&out), vec![(1, t("a"), vec![3, 4], None)]);
 }
 
 #[test]

@@ -338,6 +338,10 @@ pub(super) struct E2eArgs {
     /// Write the latency plot (SVG) to this file.
     #[arg(long)]
     pub(super) svg: Option<PathBuf>,
+    /// Trace the priority-7 puts: the node exports their put, test, match and push spans to
+    /// this OTLP/HTTP collector (e.g. http://127.0.0.1:4318), to see where their latency goes.
+    #[arg(long)]
+    pub(super) otlp_endpoint: Option<String>,
 }
 
 pub(super) fn bench_e2e(a: E2eArgs) -> anyhow::Result<bool> {
@@ -358,6 +362,7 @@ pub(super) fn bench_e2e(a: E2eArgs) -> anyhow::Result<bool> {
         seconds: a.seconds,
         writers: a.writers,
         seed: a.seed,
+        otlp_endpoint: a.otlp_endpoint,
     })?;
     bench::e2e::print(&report);
     if let Some(path) = &a.json {

@@ -469,9 +469,14 @@ pub(super) struct WorkerFlags {
     /// Workers load regulation keeps even when the node is busy.
     #[arg(long, default_value_t = 2)]
     pub(super) min_workers: usize,
-    /// Workers never exceeded.
+    /// Workers never exceeded (the urgent reserve aside).
     #[arg(long, default_value_t = 16)]
     pub(super) max_workers: usize,
+    /// Workers kept for priority-7 tasks only (the urgent reserve): load regulation never
+    /// terminates them and the coordinator hands them no other task, so an urgent object
+    /// never waits for a worker a backlog holds. 0 turns the reserve off.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=16))]
+    pub(super) urgent_workers: u8,
     /// CPU utilisation (0..=1) above which every idle worker is terminated.
     #[arg(long, default_value_t = 0.85)]
     pub(super) cpu_high: f64,
@@ -576,6 +581,7 @@ impl WorkerFlags {
         }
         cfg.delivery.skip_webhook_validation = self.skip_webhook_validation;
         cfg.initial_workers = self.workers;
+        cfg.urgent_workers = usize::from(self.urgent_workers);
         cfg.regulator = worker::regulate::RegulatorConfig {
             upper: self.cpu_high,
             lower: self.cpu_low,

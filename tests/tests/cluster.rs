@@ -519,7 +519,8 @@ fn load_regulation_terminates_idle_workers_and_starts_them_again() {
     rt.block_on(async {
         let node = c.nodes[0].url();
         let coord = c.coordinator.url();
-        // synthetic CPU load: idle workers are terminated, as the admin API shows
+        // synthetic CPU load: idle workers are terminated, as the admin API shows, all but
+        // the urgent reserve (one worker kept for priority-7 tasks, never regulated)
         let stop = Arc::new(AtomicBool::new(false));
         let spinners: Vec<_> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))
             .map(|_| {
@@ -540,7 +541,7 @@ fn load_regulation_terminates_idle_workers_and_starts_them_again() {
                 let node = node.clone();
                 async move {
                     let ws = workers(&node).await.ok()?;
-                    ws.is_empty().then_some(())
+                    (ws.len() == 1 && ws[0].urgent).then_some(())
                 }
             },
         )
@@ -557,7 +558,7 @@ fn load_regulation_terminates_idle_workers_and_starts_them_again() {
                 let node = node.clone();
                 async move {
                     let ws = workers(&node).await.ok()?;
-                    (!ws.is_empty()).then_some(())
+                    ws.iter().any(|w| !w.urgent).then_some(())
                 }
             },
         )
@@ -569,7 +570,8 @@ fn load_regulation_terminates_idle_workers_and_starts_them_again() {
                 let coord = coord.clone();
                 async move {
                     let ws = workers(&coord).await.ok()?;
-                    (!ws.is_empty()).then_some(())
+                    let reserve = ws.iter().filter(|w| w.urgent).count();
+                    (reserve == 1 && ws.len() > 1).then_some(())
                 }
             },
         )
@@ -629,6 +631,8 @@ fn embedded_up_matches_through_in_process_calls() {
         wait_matched(&url, 2_000).await;
         let ws = workers(&url).await.expect("workers");
         assert!(ws.iter().any(|w| w.block == "match"), "{ws:?}");
+        // the node keeps one worker for priority-7 tasks (its urgent reserve, --urgent-workers)
+        assert_eq!(ws.iter().filter(|w| w.urgent).count(), 1, "{ws:?}");
         let v1 = stats(&url)
             .await
             .expect("stats")

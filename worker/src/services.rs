@@ -551,11 +551,12 @@ impl v1::admin_server::Admin for Node {
             Sink::Cluster(d) => d
                 .workers()
                 .into_iter()
-                .map(|(id, block, busy)| v1::WorkerInfo {
+                .map(|(id, block, busy, urgent)| v1::WorkerInfo {
                     id: format!("{id:x}"),
                     block,
                     state: if busy { "busy" } else { "idle" }.into(),
                     node: self.store.node(),
+                    urgent,
                 })
                 .collect(),
             _ => Vec::new(),

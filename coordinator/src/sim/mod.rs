@@ -182,6 +182,7 @@ impl SimNode {
             .map(|(w, b)| v1::WorkerState {
                 worker: *w,
                 block: b.clone(),
+                urgent: false,
             })
             .collect()
     }
@@ -309,6 +310,7 @@ impl Sim {
         n.started.push(v1::WorkerState {
             worker: w,
             block: "empty".into(),
+            urgent: false,
         });
         w
     }

@@ -249,14 +249,18 @@ pub async fn workers(c: Client) -> Result<Printed, ServiceError> {
     let lines = w
         .workers
         .iter()
-        .map(|w| format!("{} node {} {} {}", w.id, w.node, w.state, w.block))
+        .map(|w| {
+            let reserve = if w.urgent { " (urgent reserve)" } else { "" };
+            format!("{} node {} {} {}{reserve}", w.id, w.node, w.state, w.block)
+        })
         .collect();
     let json = w
         .workers
         .iter()
-        .map(
-            |w| serde_json::json!({"id": w.id, "node": w.node, "state": w.state, "block": w.block}),
-        )
+        .map(|w| {
+            serde_json::json!({"id": w.id, "node": w.node, "state": w.state, "block": w.block,
+                "urgent": w.urgent})
+        })
         .collect();
     Ok(Printed::new(lines, serde_json::Value::Array(json)))
 }

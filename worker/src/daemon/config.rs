@@ -24,6 +24,10 @@ pub struct DaemonConfig {
     pub endpoint: String,
     /// Empty workers started at once (load regulation adds and removes later).
     pub initial_workers: usize,
+    /// Workers kept for priority-7 tasks only (the urgent reserve): never terminated by
+    /// load regulation, and the coordinator hands them no other task, so an urgent object
+    /// never waits for a worker that a backlog holds.
+    pub urgent_workers: usize,
     pub regulator: RegulatorConfig,
     /// How often load regulation samples the CPU.
     pub regulate_every: Duration,
@@ -68,6 +72,7 @@ impl DaemonConfig {
             coordinator,
             endpoint,
             initial_workers: 4,
+            urgent_workers: 1,
             regulator: RegulatorConfig {
                 min_workers: 2,
                 max_workers: 16,

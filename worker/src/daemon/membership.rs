@@ -92,6 +92,7 @@ impl Daemon {
             .map(|(id, s)| v1::WorkerState {
                 worker: *id,
                 block: s.block.clone(),
+                urgent: s.urgent,
             })
             .collect()
     }

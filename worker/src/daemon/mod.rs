@@ -276,7 +276,10 @@ impl Daemon {
             return; // already running
         };
         for _ in 0..self.inner.cfg.initial_workers {
-            self.start_worker();
+            self.start_worker(false);
+        }
+        for _ in 0..self.inner.cfg.urgent_workers {
+            self.start_worker(true);
         }
         tokio::spawn(self.clone().forwarder(rx));
         tokio::spawn(self.clone().membership());

@@ -7,6 +7,8 @@ use super::*;
 pub(super) struct Slot {
     pub(super) block: String,
     pub(super) busy: bool,
+    /// Of the urgent reserve: priority-7 tasks only, never terminated by regulation.
+    pub(super) urgent: bool,
     pub(super) last_task_ms: u64,
     pub(super) tx: mpsc::Sender<v1::AssignRequest>,
 }
@@ -18,11 +20,11 @@ pub(super) struct Changes {
 }
 
 impl Daemon {
-    /// The node's workers: (id, block, busy).
-    pub fn workers(&self) -> Vec<(u64, String, bool)> {
+    /// The node's workers: (id, block, busy, of the urgent reserve).
+    pub fn workers(&self) -> Vec<(u64, String, bool, bool)> {
         lock(&self.inner.workers)
             .iter()
-            .map(|(id, s)| (*id, s.block.clone(), s.busy))
+            .map(|(id, s)| (*id, s.block.clone(), s.busy, s.urgent))
             .collect()
     }
 
@@ -31,7 +33,8 @@ impl Daemon {
         *lock(&self.inner.cpu)
     }
 
-    pub(super) fn start_worker(&self) -> u64 {
+    /// Starts an empty worker (`urgent`: of the urgent reserve).
+    pub(super) fn start_worker(&self, urgent: bool) -> u64 {
         let id = self.inner.id_prefix | self.inner.next_worker.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(8);
         lock(&self.inner.workers).insert(
@@ -39,6 +42,7 @@ impl Daemon {
             Slot {
                 block: "empty".into(),
                 busy: false,
+                urgent,
                 last_task_ms: now_ms(),
                 tx,
             },
@@ -46,6 +50,7 @@ impl Daemon {
         lock(&self.inner.changes).started.push(v1::WorkerState {
             worker: id,
             block: "empty".into(),
+            urgent,
         });
         self.inner
             .counters
@@ -84,8 +89,10 @@ impl Daemon {
                 continue;
             };
             *lock(&self.inner.cpu) = cpu;
+            // the urgent reserve is not regulated: it stays for priority-7 tasks
             let views: Vec<WorkerView> = lock(&self.inner.workers)
                 .iter()
+                .filter(|(_, s)| !s.urgent)
                 .map(|(id, s)| WorkerView {
                     id: *id,
                     idle: !s.busy,
@@ -95,7 +102,7 @@ impl Daemon {
             for r in regulate(&self.inner.cfg.regulator, now_ms(), cpu, &views) {
                 match r {
                     Regulation::Start => {
-                        let id = self.start_worker();
+                        let id = self.start_worker(false);
                         tracing::debug!("cpu {cpu:.2}: started empty worker {id:x}");
                     }
                     Regulation::Terminate(id) => {
