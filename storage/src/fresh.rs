@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::objects::StoredObject;
 
-/// Most objects kept.
-const MAX_OBJECTS: usize = 4096;
-/// Most bytes of object data kept.
-const MAX_BYTES: usize = 32 << 20;
+/// Most objects kept: a backlog of this many new objects (a burst the node matches and
+/// pushes behind its writers) is still read from memory.
+const MAX_OBJECTS: usize = 65_536;
+/// Most bytes kept (data, ids and metadata, as [`size`] counts them).
+const MAX_BYTES: usize = 64 << 20;
 /// Objects larger than this are not kept (they would push out many small ones).
 const MAX_OBJECT_BYTES: usize = 256 << 10;
 
@@ -37,8 +38,21 @@ impl std::fmt::Debug for Fresh {
     }
 }
 
+/// What an object kept costs, about: its data, ids and metadata, and a fixed overhead.
 fn size(o: &StoredObject) -> usize {
-    o.data.len()
+    let meta: usize = o
+        .metadata
+        .iter()
+        .map(|(name, v)| {
+            name.len()
+                + 48
+                + match v {
+                    blocks::Value::Str(s) => s.len(),
+                    blocks::Value::Num(_) => 0,
+                }
+        })
+        .sum();
+    o.data.len() + o.external_id.len() + o.message_id.len() + meta + 160
 }
 
 impl Fresh {
@@ -49,7 +63,7 @@ impl Fresh {
     /// Keeps `o`, written as sequence number `seq`, pushing out the oldest past the bounds.
     pub(crate) fn keep(&self, seq: u64, o: Arc<StoredObject>) {
         let n = size(&o);
-        if n > MAX_OBJECT_BYTES {
+        if o.data.len() > MAX_OBJECT_BYTES {
             return;
         }
         let mut c = self.lock();

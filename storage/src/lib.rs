@@ -167,6 +167,9 @@ pub struct Store {
     seq: Arc<std::sync::Mutex<(u64, u64)>>, // (next, reserved end)
     /// The first sequence number this store handed out (0: it predates the record).
     owns_from: u64,
+    /// The first sequence number of this opening: an object below it was put before the
+    /// store was last opened (a crash or restart came between its put and now).
+    run_from: u64,
     /// The outbox: objects not yet retired, seq -> priority. It lives in memory; what
     /// survives a crash is its floor (`META_OUTBOX_FROM`, written with every flush): at open
     /// every object from the floor on is pending again. An object enters it when its
@@ -285,6 +288,7 @@ impl Store {
             node,
             seq: Arc::new(std::sync::Mutex::new((reserved, reserved))),
             owns_from,
+            run_from: reserved,
             outbox: Arc::default(),
             adopted: Arc::default(),
             outbox_floor_written: Arc::default(),
@@ -316,6 +320,12 @@ impl Store {
     /// at the same position.
     pub fn owns_from(&self) -> u64 {
         self.owns_from
+    }
+
+    /// Whether `id` is an object this store took since it was opened: not one recovered
+    /// from before a crash or restart (whose deliveries may have begun then).
+    pub fn put_since_open(&self, id: ObjectId) -> bool {
+        id.node == self.node && id.seq >= self.run_from
     }
 
     /// The next sequence number this store hands out: every one it handed out is below it

@@ -534,6 +534,7 @@ impl v1::admin_server::Admin for Node {
             delivery_failures: delivery.map_or(0, |c| c.failures.load(Ordering::Relaxed)),
             dead_lettered: delivery.map_or(0, |c| c.dead_lettered.load(Ordering::Relaxed)),
             deliveries_queued: delivery.map_or(0, |c| c.queued.load(Ordering::Relaxed)),
+            qos0_dropped: delivery.map_or(0, |c| c.qos0_dropped.load(Ordering::Relaxed)),
             cluster: None,
             view: match &self.sink {
                 Sink::Cluster(d) => d.cluster_view(),

@@ -207,6 +207,12 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
                     json!(s.deliveries_queued),
                     "deliveries",
                 ),
+                (
+                    "qos0_dropped",
+                    "QoS 0 dropped on a repeated match",
+                    json!(s.qos0_dropped),
+                    "deliveries",
+                ),
             ],
         ));
         groups.push((

@@ -105,6 +105,16 @@ impl Deliverer {
         while set.join_next().await.is_some() {}
     }
 
+    /// Whether a delivery of `obj` to `s` may be pushed from memory, without a record: QoS 1,
+    /// and QoS 0 of an object put since the node started (a repeated match drops it).
+    pub(super) fn pushed_from_memory(&self, s: &v1::Subscription, obj: ObjectId) -> bool {
+        match runtime::validate::qos(s) {
+            v1::Qos::AtLeastOnce => true,
+            v1::Qos::AtMostOnce => self.inner.store.put_since_open(obj),
+            _ => false,
+        }
+    }
+
     pub(super) fn no_answer(&self) -> String {
         format!(
             "no answer within {} ms",
@@ -157,7 +167,7 @@ impl Deliverer {
             None => self.subscription(sub).await,
         };
         let s = match looked_up {
-            Ok(Some(s)) if job.in_memory && runtime::validate::qos(&s) != v1::Qos::AtLeastOnce => {
+            Ok(Some(s)) if job.in_memory && !self.pushed_from_memory(&s, obj) => {
                 // its QoS changed since it was last seen
                 self.to_record(sub, obj).await;
                 return None;

@@ -1,6 +1,8 @@
 //! The in-memory hand-off of fresh matches: a QoS 1 match whose subscription is cached is
 //! pushed straight from memory with no record, and the object stays owed (in the outbox) until
-//! every such push is settled.
+//! every such push is settled. So is a QoS 0 match of an object put since the node started,
+//! the first time it is matched: at most once needs no record, only that a repeated match
+//! (after a crash, or a resend while the object is still owed) drops QoS 0 deliveries.
 
 use super::*;
 
@@ -27,19 +29,34 @@ impl Deliverer {
     /// [`Deliverer::release`] once the records of the others are durable. `None` (nothing
     /// started) when pushes of `obj` are in memory already: a repeated hand-off.
     pub(super) fn hand_off(&self, obj: ObjectId, subs: Vec<u64>) -> Option<HandOff> {
-        let qos1 = |s: &v1::Subscription| runtime::validate::qos(s) == v1::Qos::AtLeastOnce;
+        let qos0_first =
+            self.inner.store.put_since_open(obj) && !lock(&self.inner.qos0_started).contains(&obj);
         let mut memory = Vec::new();
         let mut to_record = Vec::new();
+        let mut qos0 = false;
         {
             let cache = lock(&self.inner.cache);
             for sub in subs {
                 match cache.get(&sub) {
                     _ if !self.inner.cfg.enabled => to_record.push(sub),
-                    Some((_, Some(s))) if qos1(s) => memory.push((sub, Some(s.clone()))),
-                    Some(_) => to_record.push(sub),
+                    Some((_, Some(s))) => match runtime::validate::qos(s) {
+                        v1::Qos::AtLeastOnce => memory.push((sub, Some(s.clone()))),
+                        v1::Qos::AtMostOnce if qos0_first => {
+                            qos0 = true;
+                            memory.push((sub, Some(s.clone())));
+                        }
+                        // a repeated match: it may have been pushed already
+                        v1::Qos::AtMostOnce => self.drop_qos0(sub, obj),
+                        _ => to_record.push(sub),
+                    },
+                    Some((_, None)) => to_record.push(sub),
                     None => memory.push((sub, None)),
                 }
             }
+        }
+        if qos0 || (qos0_first && memory.iter().any(|(_, s)| s.is_none())) {
+            // before any push starts: a repeated match from now on drops QoS 0
+            lock(&self.inner.qos0_started).insert(obj);
         }
         if memory.is_empty() {
             return Some(HandOff {
@@ -73,7 +90,17 @@ impl Deliverer {
                     let me = self.clone();
                     tokio::spawn(async move {
                         match me.subscription(sub).await {
-                            Ok(Some(s)) if qos1(&s) => me.queue(obj, vec![(s, sub)], true, true),
+                            Ok(Some(s)) => match runtime::validate::qos(&s) {
+                                v1::Qos::AtLeastOnce => me.queue(obj, vec![(s, sub)], true, true),
+                                v1::Qos::AtMostOnce if qos0_first => {
+                                    me.queue(obj, vec![(s, sub)], true, true)
+                                }
+                                v1::Qos::AtMostOnce => {
+                                    me.drop_qos0(sub, obj);
+                                    me.release(obj);
+                                }
+                                _ => me.to_record(sub, obj).await,
+                            },
                             _ => me.to_record(sub, obj).await,
                         }
                         me.transit(obj, -1);
@@ -119,10 +146,29 @@ impl Deliverer {
         };
         if retire {
             match self.inner.store.retire(obj) {
-                Ok(_) => self.maybe_finished(obj),
+                Ok(_) => self.retired(obj),
                 Err(e) => tracing::warn!("retiring object {}:{}: {e}", obj.node, obj.seq),
             }
         }
+    }
+
+    /// `obj` left the outbox: it is never matched again.
+    pub(super) fn retired(&self, obj: ObjectId) {
+        lock(&self.inner.qos0_started).remove(&obj);
+        self.maybe_finished(obj);
+    }
+
+    /// Drops a QoS 0 match of a repeated match of `obj` (its delivery may have been pushed
+    /// before: at most once), counting it as settled.
+    fn drop_qos0(&self, sub: u64, obj: ObjectId) {
+        tracing::debug!(
+            "delivery {}: QoS 0 of a repeated match (its push may have begun before): dropped",
+            delivery_id(sub, obj)
+        );
+        self.inner
+            .counters
+            .qos0_dropped
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -243,7 +289,7 @@ impl Deliverer {
                 if let Err(e) = store.retire(id) {
                     return (acc, Err(e));
                 }
-                self.maybe_finished(id);
+                self.retired(id);
             }
         }
         for id in held {

@@ -22,7 +22,9 @@
 //! start. A fresh QoS 1 match has no record at first: its
 //! object stays in the outbox until the push is acknowledged (nothing written then) or its
 //! first attempt fails (its record written durably then), so a crash in between matches the
-//! object again at the next start. Targets that resolve to loopback, private or
+//! object again at the next start. A QoS 0 match of an object put since the store opened
+//! has none either, the first time the object is matched; a repeated match (after a crash,
+//! or a resend while its pushes ran) drops it, so QoS 0 stays at most once. Targets that resolve to loopback, private or
 //! link-local addresses are refused unless `allow_private_targets` is set.
 
 use std::collections::{BinaryHeap, HashMap};
@@ -94,6 +96,10 @@ pub struct DeliveryCounters {
     pub failures: AtomicU64,
     pub dead_lettered: AtomicU64,
     pub queued: AtomicU64,
+    /// QoS 0 matches dropped because their object was matched again (after a restart, or a
+    /// resend while still owed): their push may have begun before, and at most once allows
+    /// no second.
+    pub qos0_dropped: AtomicU64,
 }
 
 struct Inner {
@@ -109,6 +115,9 @@ struct Inner {
     /// and whether the object must stay in the outbox anyway (its hand-off failed). The
     /// object leaves the outbox when the count reaches zero.
     owed: Mutex<HashMap<ObjectId, (usize, bool)>>,
+    /// Objects whose QoS 0 deliveries were started from memory (no record), until they leave
+    /// the outbox: a repeated match of one drops its QoS 0 deliveries (at most once).
+    qos0_started: Mutex<std::collections::HashSet<ObjectId>>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
     /// Stream deliveries waiting for a subscriber to attach (durable streams).
@@ -224,6 +233,7 @@ impl Deliverer {
                 objects: Mutex::default(),
                 batch_support: Mutex::new(HashMap::new()),
                 owed: Mutex::new(HashMap::new()),
+                qos0_started: Mutex::default(),
                 queues: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
                 backlog: Mutex::default(),
