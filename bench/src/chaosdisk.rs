@@ -1,9 +1,13 @@
 //! The disk faults of `dissem bench chaos`: a node's object log damaged while it is down, as
 //! a failing disk or a torn write leaves it. The newest segment's last records each get a
 //! byte of their payload flipped, so their checksums fail at the next start (the node names
-//! them and drops them; its quorum holds copies it restores them from).
+//! them and drops them; its quorum holds copies it restores them from). And a node's disk
+//! filled while it runs, then freed: each node's data directory is a small tmpfs of its
+//! own where mounts are allowed (root), and a ballast file takes every free byte of it.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use anyhow::Context;
 
@@ -55,6 +59,83 @@ pub fn damage_tail(data: &Path, records: usize) -> anyhow::Result<usize> {
     Ok(damaged)
 }
 
+/// A tmpfs of `mib` MiB mounted at `at`, unmounted when dropped.
+#[derive(Debug)]
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts it; `None` where mounts are not allowed (not root).
+    pub fn mount(at: &Path, mib: u32) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(at)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The ballast file that fills a node's disk.
+fn ballast(data: &Path) -> PathBuf {
+    data.join("chaos-ballast")
+}
+
+/// Writes a ballast into `data` until its file system has no byte left; the answer is its
+/// size.
+pub fn fill(data: &Path) -> anyhow::Result<u64> {
+    let path = ballast(data);
+    let mut f =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut written = 0u64;
+    // whole MiBs, then what is left byte by byte in smaller steps
+    for step in [1 << 20, 4 << 10, 1] {
+        while f.write_all(&chunk[..step]).is_ok() {
+            written += step as u64;
+        }
+    }
+    let _ = f.sync_all();
+    Ok(written)
+}
+
+/// Removes the ballast [`fill`] wrote.
+pub fn free(data: &Path) -> anyhow::Result<()> {
+    let path = ballast(data);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+}
+
+/// Deletes everything in `data` (a lost disk), keeping the directory itself (it may be a
+/// mount point).
+pub fn wipe(data: &Path) -> anyhow::Result<()> {
+    let entries = match std::fs::read_dir(data) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", data.display())),
+    };
+    for e in entries {
+        let p = e?.path();
+        let gone = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+        gone.with_context(|| format!("wiping {}", p.display()))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,6 +164,32 @@ mod tests {
         let changed: Vec<usize> = (0..seg.len()).filter(|&i| seg[i] != after[i]).collect();
         assert_eq!(changed, [2 * 19 - 1, 3 * 19 - 1, 4 * 19 - 1]);
         assert_eq!(damage_tail(&dir.join("none"), 3).expect("no log"), 0);
+        wipe(&dir).expect("wipe");
+        assert!(dir.is_dir());
+        assert_eq!(std::fs::read_dir(&dir).expect("read").count(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_ballast_takes_every_byte_of_a_small_tmpfs_and_goes() {
+        let dir = std::env::temp_dir().join(format!("chaosfill-{}", std::process::id()));
+        let Some(fs) = Tmpfs::mount(&dir, 2) else {
+            assert!(
+                std::env::var_os("DISSEM_REQUIRE_MOUNT").is_none(),
+                "DISSEM_REQUIRE_MOUNT is set but a tmpfs cannot be mounted here"
+            );
+            eprintln!("skipped: a tmpfs cannot be mounted here (not root?)");
+            return;
+        };
+        let filled = fill(&dir).expect("fill");
+        assert!(filled > (1 << 20), "{filled}");
+        assert!(
+            std::fs::write(dir.join("x"), b"x").is_err(),
+            "the disk is full"
+        );
+        free(&dir).expect("free");
+        std::fs::write(dir.join("x"), b"x").expect("room again");
+        drop(fs);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,6 +1,6 @@
 //! The federated side of `dissem bench chaos`: a peer cluster (`us`, one `dissem up`) that
 //! every node of the chaos cluster (`eu`) links to, all-active, through a TCP relay the
-//! schedules cut and heal (`bench::cut`); a QoS 1 subscriber there for every object; and the
+//! schedules cut, slow and heal (`bench::cut`); a QoS 1 subscriber there for every object; and the
 //! oracle's question for it: did every acknowledged object reach the peer? (What a put owes a
 //! link must survive kills, lost disks and cuts of either side.)
 
@@ -66,10 +66,11 @@ impl Peer {
         self.stopped = true;
     }
 
-    /// The link whole again: the relay lets connections through, and a stopped peer starts
-    /// again (same port, same disk).
+    /// The link whole again: the relay lets connections through at full speed, and a
+    /// stopped peer starts again (same port, same disk).
     pub fn heal(&mut self) {
         self.cut.set_down(false);
+        self.cut.set_impaired(None);
         if std::mem::take(&mut self.stopped) {
             self.proc.restart();
         }

@@ -1,6 +1,8 @@
 //! The services' errors and their one mapping to gRPC status codes, and back (a peer's status
 //! passes through a node with its code).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use storage::StorageError;
 
 /// Everything a request to a coordinator or a node can fail with.
@@ -57,6 +59,49 @@ fn bounded(e: &ServiceError) -> String {
     m
 }
 
+/// A log line said at most once a second, with how many were left unsaid: a full disk
+/// refuses every request that writes, and a line for each would be a node's busiest work.
+struct Quiet {
+    said_ms: AtomicU64,
+    unsaid: AtomicU64,
+}
+
+impl Quiet {
+    const fn new() -> Quiet {
+        Quiet {
+            said_ms: AtomicU64::new(0),
+            unsaid: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines left unsaid since the last)` when this one is to be said.
+    fn say(&self) -> Option<u64> {
+        let now = crate::now_ms();
+        let said = self.said_ms.load(Ordering::Relaxed);
+        if now >= said.saturating_add(1000)
+            && self
+                .said_ms
+                .compare_exchange(said, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.unsaid.swap(0, Ordering::Relaxed));
+        }
+        self.unsaid.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+static DISK_FULL: Quiet = Quiet::new();
+static STORAGE_FAILED: Quiet = Quiet::new();
+
+fn also(unsaid: u64) -> String {
+    if unsaid == 0 {
+        String::new()
+    } else {
+        format!(" ({unsaid} more like it since the last one logged)")
+    }
+}
+
 impl From<ServiceError> for tonic::Status {
     fn from(e: ServiceError) -> tonic::Status {
         let m = bounded(&e);
@@ -69,11 +114,15 @@ impl From<ServiceError> for tonic::Status {
             // the disk is full: the caller's request was not stored, and asking again once
             // space is freed (or at another node) works
             ServiceError::Storage(s) if s.is_disk_full() => {
-                tracing::warn!("refused: {m}");
+                if let Some(unsaid) = DISK_FULL.say() {
+                    tracing::warn!("refused: {m}{}", also(unsaid));
+                }
                 tonic::Status::resource_exhausted(m)
             }
             ServiceError::Storage(_) => {
-                tracing::error!("storage failure: {m}");
+                if let Some(unsaid) = STORAGE_FAILED.say() {
+                    tracing::error!("storage failure: {m}{}", also(unsaid));
+                }
                 tonic::Status::unavailable(m)
             }
             ServiceError::Startup(_) => tonic::Status::internal(m),
@@ -122,6 +171,12 @@ mod tests {
             tonic::Status::from(full).code(),
             tonic::Code::ResourceExhausted
         );
+        let q = Quiet::new();
+        assert_eq!(q.say(), Some(0));
+        assert_eq!(q.say(), None);
+        assert_eq!(q.say(), None);
+        q.said_ms.store(0, Ordering::Relaxed);
+        assert_eq!(q.say(), Some(2), "the lines left unsaid are counted");
         let long = ServiceError::NotFound("x".repeat(5000));
         assert!(tonic::Status::from(long).message().len() <= MAX_STATUS_MESSAGE_BYTES + 3);
     }

@@ -95,9 +95,12 @@ pub enum StorageError {
     },
 }
 
-/// `ENOSPC` and `EDQUOT`: no room left on the device, or in the user's quota.
+/// `ENOSPC` and `EDQUOT`: no room left on the device, or in the user's quota. By kind too:
+/// sled hands out clones of its I/O errors, which keep the kind and lose the OS code.
 fn is_out_of_space(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{QuotaExceeded, StorageFull};
     matches!(e.raw_os_error(), Some(28) | Some(122))
+        || matches!(e.kind(), StorageFull | QuotaExceeded)
 }
 
 impl StorageError {

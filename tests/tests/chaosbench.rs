@@ -200,12 +200,13 @@ fn a_lost_disk_before_a_new_leader_loses_no_acknowledged_object() {
 /// that had no delivery open in memory as forwarding (delivered); its own catch-up then
 /// learned that object as delivered elsewhere and closed the record: the release never came.
 /// Open records on disk now count until they are resumed. The schedule ends with a damaged
-/// object log (node 6 restores one object from its copies).
+/// object log (node 6 restores one object from its copies). (Since slow links are drawn,
+/// the link is a wide-area one throughout too; its other faults are the same.)
 #[test]
 fn a_restarted_node_does_not_answer_an_undelivered_object_as_delivered() {
     replay(
         6009,
-        serde_json::json!({"log_damaged": 1, "node_kill": 2, "node_pause": 1,
+        serde_json::json!({"link_slow": 1, "log_damaged": 1, "node_kill": 2, "node_pause": 1,
             "peer_down": 1, "subs_while_down": 1}),
     );
 }
@@ -231,12 +232,13 @@ fn an_heir_owes_the_links_the_forwarding_copies_it_missed() {
 /// empty newest segment, and the check at open read only that one: the three objects behind
 /// it read as absent for good, were never restored from their copies, and their deliveries
 /// (the subscriber had refused them until then) were dead-lettered as expired. The check now
-/// reads the newest segment that holds records. It replays every time.
+/// reads the newest segment that holds records. It replays every time. (Since full disks are
+/// drawn, a node's disk is filled and freed among its faults too; the others are the same.)
 #[test]
 fn a_damaged_tail_behind_an_empty_segment_loses_no_acknowledged_object() {
     replay(
         19037,
-        serde_json::json!({"log_damaged": 1, "node_kill": 1, "node_pause": 1,
+        serde_json::json!({"disk_full": 1, "log_damaged": 1, "node_kill": 1, "node_pause": 1,
             "subs_while_down": 1, "subscriber_down": 1}),
     );
 }

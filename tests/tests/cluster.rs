@@ -701,9 +701,10 @@ fn a_stream_subscriber_on_one_node_gets_the_puts_of_every_node() {
             })
             .await
             .expect("create through node 1");
+        // retried: a node not yet given its first view by the coordinator (a loaded machine)
+        // refuses with UNAVAILABLE
         let put = |url: String, t: i64| async move {
-            v1::ingest_client::IngestClient::new(tests::channel(&url))
-                .put(tests::temp_put(t))
+            bench::procs::put_retrying(&url, tests::temp_put(t), Duration::from_secs(20))
                 .await
                 .expect("put")
         };

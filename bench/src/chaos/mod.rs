@@ -1,7 +1,8 @@
 //! `dissem bench chaos` (issue 31): seeded fault schedules over a whole cluster of real
 //! processes, and an oracle after each. The cluster is etcd, two coordinators (one leads)
 //! and a grid of nodes (3x3 by default), with a QoS 1 and a QoS 2 subscriber on a recording
-//! gRPC endpoint and a writer putting numbered objects through every node throughout.
+//! gRPC endpoint, a QoS 1 webhook (`hook`) and a writer putting numbered objects through
+//! every node throughout.
 //!
 //! A schedule is drawn from its seed alone: a few faults, each one of SIGKILL and restart of
 //! a node (with its disk, or with its data directory deleted), SIGSTOP past the lease then
@@ -15,8 +16,8 @@
 //! of a run with seed `S` has seed `S + i`; a failing one is printed with its seed, and
 //! `--seed <that> --schedules 1` replays it.
 //!
-//! After each schedule the oracle checks: every acknowledged object delivered to both
-//! subscribers (at least once for QoS 1, exactly once for QoS 2); nothing delivered to a
+//! After each schedule the oracle checks: every acknowledged object delivered to every
+//! subscriber (at least once for QoS 1, exactly once for QoS 2); nothing delivered to a
 //! canary (a filter no object matches) nor to a deleted subscription for an object put
 //! after the delete returned; no deleted subscription listed again by the leader; no
 //! canary listed at an older revision than its last update returned; every acknowledged
@@ -25,9 +26,17 @@
 //! same revisions (`leaders_disagree` otherwise).
 //!
 //! About a quarter of the schedules end by damaging a node's object log while it is down
-//! (`chaosdisk`): the node must take the lost records back from their copies.
+//! (`chaosdisk`): the node must take the lost records back from their copies. About a
+//! quarter fill a node's disk to the last byte while it runs and free it a few seconds later
+//! (each node's data directory is a tmpfs of its own; where mounts are not allowed these
+//! faults are counted as `disk_full_skipped` and not applied): the node must refuse puts
+//! it cannot store, keep running and lose nothing it acknowledged. About a third make the
+//! federation link a wide-area one for the whole schedule: 50-200 ms each way and 1% of the
+//! segments late by a retransmission timeout (the relay's impairment; `tc netem` in network
+//! namespaces would need a machine of its own per cluster).
 //!
-//! Not drawn yet: link delay and loss, and full disks (`tests/disk.rs` has its own test).
+//! After every schedule each process the benchmark started must still run, unless a fault
+//! of the schedule stopped it (`crashed` otherwise; it is started again).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -37,6 +46,7 @@ use proto::v1;
 use serde::Serialize;
 
 mod check;
+mod hook;
 
 use crate::chaosfed::Peer;
 use crate::elected::ElectedCluster;
@@ -92,6 +102,11 @@ pub enum Fault {
     /// SIGKILL node `node`, flip a byte in each of the last records of its object log (as a
     /// failing disk would), start it again.
     LogDamaged { node: u32 },
+    /// The link to the peer cluster slow and lossy (`delay_ms` each way, `loss_permille`
+    /// of the segments retransmitted) until the schedule's last fault is over.
+    LinkSlow { delay_ms: u64, loss_permille: u32 },
+    /// Node `node`'s disk filled to the last byte while it runs, freed after `hold_ms`.
+    DiskFull { node: u32, hold_ms: u64 },
 }
 
 impl Fault {
@@ -102,7 +117,8 @@ impl Fault {
             | Fault::NodeWiped { node }
             | Fault::NodePause { node }
             | Fault::SubsWhileDown { node }
-            | Fault::LogDamaged { node } => format!("{} {node}", self.kind()),
+            | Fault::LogDamaged { node }
+            | Fault::DiskFull { node, .. } => format!("{} {node}", self.kind()),
             _ => self.kind().to_string(),
         }
     }
@@ -119,13 +135,16 @@ impl Fault {
             Fault::LinkCut => "link_cut",
             Fault::PeerDown => "peer_down",
             Fault::LogDamaged { .. } => "log_damaged",
+            Fault::LinkSlow { .. } => "link_slow",
+            Fault::DiskFull { .. } => "disk_full",
         }
     }
 }
 
 /// The faults of the schedule of `seed` on a grid of `nodes` nodes: in about a third of the
-/// schedules first one of the federation link (healed after the last fault), then `faults`
-/// of the cluster, then in about a quarter a damaged object log. The link and disk faults are
+/// schedules first one of the federation link (healed after the last fault), in about a
+/// third a slow link, then `faults` of the cluster with, in about a quarter, a full disk
+/// among them, then in about a quarter a damaged object log. The link and disk faults are
 /// drawn from streams of their own, so a seed's cluster faults are those it had before.
 pub fn schedule(seed: u64, faults: usize, nodes: u32) -> Vec<Fault> {
     let mut fed = Rng::new(seed ^ 0x5eed_0000_0000_0fed);
@@ -137,7 +156,24 @@ pub fn schedule(seed: u64, faults: usize, nodes: u32) -> Vec<Fault> {
             Fault::PeerDown
         });
     }
-    plan.extend(cluster_faults(seed, faults, nodes));
+    let mut slow = Rng::new(seed ^ 0x5100_0000_0000_0000);
+    if slow.below(3) == 0 {
+        plan.push(Fault::LinkSlow {
+            delay_ms: 50 + slow.below(151),
+            loss_permille: 10,
+        });
+    }
+    let mut cluster = cluster_faults(seed, faults, nodes);
+    let mut full = Rng::new(seed ^ 0xf011_0000_0000_0000);
+    if full.below(4) == 0 {
+        let at = full.below(cluster.len() as u64 + 1) as usize;
+        let f = Fault::DiskFull {
+            node: full.below(u64::from(nodes)) as u32,
+            hold_ms: 1000 + full.below(3000),
+        };
+        cluster.insert(at, f);
+    }
+    plan.extend(cluster);
     let mut disk = Rng::new(seed ^ 0xd15c_0000_0000_0000);
     if disk.below(4) == 0 {
         plan.push(Fault::LogDamaged {
@@ -234,8 +270,19 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let mut peer = Peer::start(&o.bin, &dir).await?;
     let mut flags = procs::small_node_flags();
     flags.extend(peer.link_flags());
+    // a disk of its own per node, for the full-disk faults (unmounted when the run ends)
+    let disks: Vec<crate::chaosdisk::Tmpfs> = (0..nodes)
+        .map_while(|id| crate::chaosdisk::Tmpfs::mount(&dir.join(format!("node{id}")), DISK_MIB))
+        .collect();
+    let tmpfs = disks.len() == nodes as usize;
+    if !tmpfs {
+        eprintln!("no tmpfs can be mounted here (not root?): full-disk faults are skipped");
+    }
     let mut c = ElectedCluster::start_grid(&o.bin, &dir, 2, o.grid, o.lease_ttl, &flags).await?;
     let mut traffic = Traffic::start(&c, o.rate).await?;
+    let hook = hook::Hook::start(&live_node(&c, None))
+        .await
+        .context("creating the webhook subscription")?;
     let mut changes = Changes::default();
     let mut faults: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut violations = Vec::new();
@@ -267,7 +314,16 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         );
         let mut took = Vec::new();
         for f in &plan {
-            *faults.entry(f.kind()).or_default() += 1;
+            let skipped = matches!(f, Fault::DiskFull { .. }) && !tmpfs;
+            let kind = if skipped {
+                "disk_full_skipped"
+            } else {
+                f.kind()
+            };
+            *faults.entry(kind).or_default() += 1;
+            if skipped {
+                continue;
+            }
             let t = Instant::now();
             let mut on = Targets {
                 c: &mut c,
@@ -279,9 +335,17 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 .with_context(|| format!("schedule seed {seed}: {f:?}"))?;
             took.push(format!("{} {:.1} s", f.label(), t.elapsed().as_secs_f64()));
         }
-        // the link, cut or with its peer down since the start, is whole again
+        // the link, cut, slowed or with its peer down since the start, is whole again
         peer.heal();
         let faulted = Instant::now();
+        let ended = crashed(&mut c);
+        if !ended.is_empty() {
+            violations.push(Violation {
+                seed,
+                invariant: "crashed",
+                detail: format!("ended though no fault stopped them: {}", ended.join(", ")),
+            });
+        }
         if let Some(id) = victim.take() {
             // every node is back: an ordinary delete, checked like the others
             delete(&live_node(&c, None), id, &traffic, &mut changes)
@@ -293,14 +357,14 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         // every later schedule by the whole minute)
         let acked = traffic.acked();
         let check = not_in(&acked, &known_lost);
-        let missing = traffic.undelivered(&check, Duration::from_secs(60)).await;
+        let (missing, by_hook) = undelivered(&traffic, &hook, &check).await;
         if !missing.is_empty() {
             violations.push(Violation {
                 seed,
                 invariant: "lost",
                 detail: format!(
                     "{} acknowledged objects ({} not shown to the QoS 1 subscriber, {} not to \
-                     the QoS 2 one), e.g. {:?}",
+                     the QoS 2 one, {} not to the webhook), e.g. {:?}",
                     missing.len(),
                     missing
                         .iter()
@@ -310,6 +374,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                         .iter()
                         .filter(|id| traffic.rec.first_shown((traffic.q2, **id)).is_none())
                         .count(),
+                    by_hook,
                     &missing[..missing.len().min(3)]
                 ),
             });
@@ -374,7 +439,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     }
     let acked = traffic.stop().await?;
     let check = not_in(&acked, &known_lost);
-    let missing = traffic.undelivered(&check, Duration::from_secs(60)).await;
+    let (missing, _) = undelivered(&traffic, &hook, &check).await;
     if !missing.is_empty() {
         violations.push(Violation {
             seed: o.seed,
@@ -430,6 +495,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     };
     let report = report(o, t, &traffic, &changes, started, pass);
     drop(c);
+    drop(disks);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
 }
@@ -474,6 +540,50 @@ fn report(
     }
 }
 
+/// Which of `objects` a subscriber (gRPC QoS 1, QoS 2 or the webhook) was not shown within
+/// a minute, and how many of those the webhook was not.
+async fn undelivered(
+    traffic: &Traffic,
+    hook: &hook::Hook,
+    objects: &[ObjectId],
+) -> (Vec<ObjectId>, usize) {
+    let limit = Duration::from_secs(60);
+    let mut missing = traffic.undelivered(objects, limit).await;
+    // the gRPC subscribers' wait is the webhook's too, unless it already ran out
+    let rest = if missing.is_empty() {
+        limit
+    } else {
+        Duration::from_secs(5)
+    };
+    let by_hook = hook.missing(objects, rest).await;
+    missing.extend(by_hook.iter().copied());
+    missing.sort_unstable();
+    missing.dedup();
+    (missing, by_hook.len())
+}
+
+/// The size of each node's tmpfs: a run of hours at the default rate fills a few MiB of it.
+const DISK_MIB: u32 = 256;
+
+/// The processes of `c` that have ended, each started again; what the answer names ended
+/// though no fault stopped it (a fault's own kills restart before the schedule ends).
+fn crashed(c: &mut ElectedCluster) -> Vec<String> {
+    let mut ended = Vec::new();
+    for (i, n) in c.nodes.iter_mut().enumerate() {
+        if let Some(status) = n.try_wait() {
+            ended.push(format!("node {i} ({status})"));
+            n.restart();
+        }
+    }
+    for k in 0..c.coordinators.len() {
+        if let Some(status) = c.coordinators[k].try_wait() {
+            ended.push(format!("coordinator c{k} ({status})"));
+            c.coordinators[k] = c.start_coordinator(k);
+        }
+    }
+    ended
+}
+
 /// A live node to send subscription changes through (not `but`).
 fn live_node(c: &ElectedCluster, but: Option<u32>) -> String {
     let i = (0..c.nodes.len())
@@ -499,6 +609,19 @@ async fn apply(
     let (c, traffic) = (&mut *on.c, on.traffic);
     match f {
         Fault::LinkCut => on.peer.cut.set_down(true),
+        Fault::LinkSlow {
+            delay_ms,
+            loss_permille,
+        } => on.peer.cut.set_impaired(Some(crate::cut::Impairment {
+            delay: Duration::from_millis(delay_ms),
+            loss_permille,
+        })),
+        Fault::DiskFull { node, hold_ms } => {
+            let data = c.dir.join(format!("node{node}"));
+            crate::chaosdisk::fill(&data)?;
+            tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+            crate::chaosdisk::free(&data)?;
+        }
         Fault::PeerDown => on.peer.stop(),
         Fault::LogDamaged { node } => {
             let n = &mut c.nodes[node as usize];
@@ -513,8 +636,7 @@ async fn apply(
         }
         Fault::NodeWiped { node } => {
             c.nodes[node as usize].kill();
-            let data = c.dir.join(format!("node{node}"));
-            std::fs::remove_dir_all(&data).with_context(|| format!("wiping {}", data.display()))?;
+            crate::chaosdisk::wipe(&c.dir.join(format!("node{node}")))?;
             c.nodes[node as usize].restart();
         }
         Fault::NodePause { node } => {
@@ -624,7 +746,7 @@ async fn delete(
 }
 
 /// A subscription change, tried again while the cluster is between leaders (10 s at most).
-async fn retry<T, F, Fut>(mut f: F) -> Result<T, tonic::Status>
+pub(super) async fn retry<T, F, Fut>(mut f: F) -> Result<T, tonic::Status>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -681,13 +803,13 @@ mod tests {
             .flat_map(|s| schedule(s, 4, 9))
             .map(|f| f.kind())
             .collect();
-        assert_eq!(kinds.len(), 10, "every kind is drawn: {kinds:?}");
+        assert_eq!(kinds.len(), 12, "every kind is drawn: {kinds:?}");
         // a seed's cluster faults are those it had before link and disk faults were drawn
         for seed in 0..200 {
             let plan: Vec<Fault> = schedule(seed, 4, 9)
                 .into_iter()
-                .filter(|f| !matches!(f, Fault::LinkCut | Fault::PeerDown))
-                .filter(|f| !matches!(f, Fault::LogDamaged { .. }))
+                .filter(|f| !matches!(f, Fault::LinkCut | Fault::PeerDown | Fault::LinkSlow { .. }))
+                .filter(|f| !matches!(f, Fault::LogDamaged { .. } | Fault::DiskFull { .. }))
                 .collect();
             assert_eq!(plan, cluster_faults(seed, 4, 9));
         }
@@ -695,7 +817,12 @@ mod tests {
             Fault::NodeKill { node, .. }
             | Fault::NodePause { node }
             | Fault::LogDamaged { node }
+            | Fault::DiskFull { node, .. }
             | Fault::SubsWhileDown { node } => node < 9,
+            Fault::LinkSlow {
+                delay_ms,
+                loss_permille,
+            } => (50..=200).contains(&delay_ms) && loss_permille == 10,
             _ => true,
         }));
     }

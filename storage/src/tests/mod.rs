@@ -755,3 +755,14 @@ async fn copies_of_unfinished_objects_are_remembered_until_the_objects_finish() 
     assert_eq!(s.link_owed_len("x"), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A full disk is recognised in sled's clones of its I/O errors too (they keep the kind and
+/// lose the OS code): a node names the disk and answers RESOURCE_EXHAUSTED, not a failure.
+#[test]
+fn a_full_disk_is_recognised_through_sleds_cloned_errors() {
+    let raw = sled::Error::Io(std::io::Error::from_raw_os_error(28));
+    assert!(StorageError::Sled(raw.clone()).is_disk_full());
+    assert!(StorageError::Sled(raw).is_disk_full());
+    let other = sled::Error::Io(std::io::Error::from_raw_os_error(5)).clone();
+    assert!(!StorageError::Sled(other).is_disk_full());
+}

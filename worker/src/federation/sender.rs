@@ -127,8 +127,17 @@ impl Federation {
                         entries.iter().filter(|(_, f)| f.is_some()).count()
                     );
                     if let Err(e) = self.inner.store.link_acked(&link.name, &entries) {
-                        tracing::error!("link {}: {e}", link.name);
-                    } else if link.mode == LinkMode::AllActive {
+                        // a full disk: the peer holds them (a repeat is stored once there);
+                        // sent again after a pause, not in a loop as fast as the peer answers
+                        tracing::error!(
+                            "link {}: noting what the peer acknowledged: {e}",
+                            link.name
+                        );
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                    if link.mode == LinkMode::AllActive {
                         // their copies end once no link owes them
                         let me = self.inner.store.node();
                         self.report_acked(owed.iter().map(|e| e.object(me)));
