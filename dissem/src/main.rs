@@ -21,6 +21,7 @@ mod elected;
 mod embedded;
 mod etcdtrust;
 mod links;
+mod reopen;
 mod serve;
 
 use benches::{

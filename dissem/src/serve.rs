@@ -297,6 +297,7 @@ impl UpArgs {
             listen: self.listen_flags.config()?,
             ..runtime::Limits::default()
         };
+        crate::reopen::when_sled_fails(store.clone(), addr);
         if self.retain_seconds > 0 || self.max_objects > 0 {
             tokio::spawn(worker::retain(
                 store.clone(),

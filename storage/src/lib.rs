@@ -121,6 +121,9 @@ struct Commit {
     finished: AtomicU64,
     done: Notify,
     running: Mutex<()>,
+    /// A flush of sled's failed: sled keeps its first I/O error for good and refuses every
+    /// operation after it, until the store is opened again.
+    sled_failed: std::sync::atomic::AtomicBool,
 }
 
 /// The node's store.
@@ -386,7 +389,10 @@ impl Store {
                 let r = match (synced, flushed) {
                     (Ok(Ok(())), Ok(Ok(_))) => Ok(()),
                     (Ok(Err(e)), _) => Err(StorageError::Log(e)),
-                    (_, Ok(Err(e))) => Err(StorageError::Sled(e)),
+                    (_, Ok(Err(e))) => {
+                        self.commit.sled_failed.store(true, Ordering::SeqCst);
+                        Err(StorageError::Sled(e))
+                    }
                     _ => Err(StorageError::Flusher),
                 };
                 self.commit.finished.fetch_max(n, Ordering::SeqCst);
@@ -400,6 +406,17 @@ impl Store {
             }
             notified.await;
         }
+    }
+
+    /// Whether a flush of sled's failed (a full disk): sled then refuses every write until
+    /// the store is opened again, so the process must open it again once there is room.
+    pub fn sled_failed(&self) -> bool {
+        self.commit.sled_failed.load(Ordering::SeqCst)
+    }
+
+    /// Whether the disk has room above the reserve again.
+    pub fn has_room(&self) -> bool {
+        self.space.check(now_ms()).is_ok()
     }
 
     /// Flushes (fsyncs) started so far: with group commit, far fewer than puts.

@@ -3,7 +3,10 @@
 //! takes puts again once space is freed; a node whose object log was damaged while it was
 //! down (a flipped byte in an acknowledged record, a torn record at the end) names the
 //! damage in its log, starts and serves every other object. In neither case is anything
-//! acknowledged lost, except the record the disk itself damaged.
+//! acknowledged lost, except the record the disk itself damaged. A disk filled to the last
+//! byte that fails sled's own write leaves the node refusing writes until the disk has room,
+//! then it starts again in place; and a QoS 2 delivery whose received phase the disk refused
+//! is never released until it is stored, so a restart shows it once.
 //!
 //! The full disk is a small tmpfs mounted for the test (as root, which CI is). Where mounts
 //! are not allowed the test says so and passes, unless `DISSEM_REQUIRE_MOUNT` is set.
@@ -45,7 +48,11 @@ impl Drop for Tmpfs {
 }
 
 fn up(data: &Path) -> Proc {
-    let args: Vec<String> = [
+    up_with(data, &[])
+}
+
+fn up_with(data: &Path, extra: &[&str]) -> Proc {
+    let mut args: Vec<String> = [
         "up",
         "--listen",
         "127.0.0.1:0",
@@ -57,6 +64,7 @@ fn up(data: &Path) -> Proc {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
     Proc::start(&dissem_bin(), &args)
 }
 
@@ -173,10 +181,15 @@ struct Logged {
 
 impl Logged {
     fn up(data: &Path, log: &Path) -> Logged {
+        Self::up_with(data, log, &[])
+    }
+
+    fn up_with(data: &Path, log: &Path, extra: &[&str]) -> Logged {
         use std::io::BufRead;
         let mut child = Command::new(dissem_bin())
             .args(["up", "--listen", "127.0.0.1:0", "--gpu", "off", "--data"])
             .arg(data)
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .stderr(std::fs::File::create(log).expect("log file"))
@@ -291,5 +304,171 @@ fn a_damaged_log_tail_is_named_at_start_and_everything_else_is_served() {
             .expect("a put after the repair");
         drop(node);
     });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A full disk refuses a QoS 2 delivery's "received" phase: the node sends no release (it
+/// delivers again, under the same delivery id, until the phase is stored), so the subscriber
+/// shows each object once, across a restart too. (`bench chaos` seeds 41068/41069 found a
+/// node releasing unrecorded on a full disk and delivering again after a restart.)
+#[test]
+fn a_qos2_delivery_is_not_released_while_a_full_disk_refuses_its_received_phase() {
+    use bench::recorder::Recorder;
+    let dir = temp_dir("disk-qos2");
+    let Some(fs) = Tmpfs::mount(&dir.join("mnt"), 48) else {
+        return;
+    };
+    let data = fs.0.join("data");
+    runtime().block_on(async {
+        let mut node = up_with(&data, &["--allow-private-targets"]);
+        let url = node.url();
+        let (rec, target) = Recorder::start().await.expect("recorder");
+        rec.set_refusing(true);
+        let retry = v1::RetryPolicy {
+            max_attempts: 1000,
+            initial_backoff_ms: 50,
+            max_backoff_ms: 200,
+            ..Default::default()
+        };
+        let sub = wait_for("the subscription", Duration::from_secs(30), || {
+            let (url, target) = (url.clone(), target.clone());
+            async move {
+                bench::procs::create_grpc_subscription(
+                    &url,
+                    "temp >= 0".into(),
+                    &target,
+                    v1::Qos::ExactlyOnce,
+                    Some(retry),
+                )
+                .await
+                .ok()
+            }
+        })
+        .await;
+        rec.expect_qos2(sub);
+        let mut ids = Vec::new();
+        for n in 0..5 {
+            let id = bench::procs::put_retrying(&url, put_of(n, 100), Duration::from_secs(30))
+                .await
+                .expect("put");
+            ids.push(id);
+        }
+        // the deliveries are owed (refused so far); the disk fills and sled fails a write,
+        // then the subscriber takes them: every Deliver's received phase is refused
+        let filler = fill(&fs.0);
+        sled_fails(&url).await;
+        rec.set_refusing(false);
+        let delivers = |id: storage::ObjectId| {
+            rec.calls((sub, id))
+                .iter()
+                .filter(|c| c.1.starts_with("deliver"))
+                .count()
+        };
+        let again = bench::procs::try_wait_for(Duration::from_secs(30), || {
+            let again = ids.iter().all(|&id| delivers(id) >= 2);
+            async move { again.then_some(()) }
+        })
+        .await;
+        assert!(
+            again.is_some(),
+            "each delivery delivered again rather than released: calls {:?}, shown {:?}",
+            ids.iter()
+                .map(|&id| rec.calls((sub, id)))
+                .collect::<Vec<_>>(),
+            rec.shown()
+        );
+        assert_eq!(
+            rec.distinct(),
+            0,
+            "released while the disk refused the received phase"
+        );
+        // space freed: each is released once
+        std::fs::remove_file(&filler).expect("free the disk");
+        wait_for("every object shown", Duration::from_secs(30), || {
+            let all = ids.iter().all(|&id| rec.first_shown((sub, id)).is_some());
+            async move { all.then_some(()) }
+        })
+        .await;
+        // and a restart shows none of them again (one more object shows it has resumed)
+        node.restart();
+        let url = node.url();
+        let last = bench::procs::put_retrying(&url, put_of(5, 100), Duration::from_secs(30))
+            .await
+            .expect("put after the restart");
+        wait_for("the last object shown", Duration::from_secs(30), || {
+            let shown = rec.first_shown((sub, last)).is_some();
+            async move { shown.then_some(()) }
+        })
+        .await;
+        assert_eq!(rec.extra_shows(|s| s == sub), 0, "{:?}", rec.shown());
+        drop(node);
+    });
+    drop(fs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Creates subscriptions (no object matches them) through the node at `url` until one is
+/// refused: on a full disk, once sled's own write to it failed.
+async fn sled_fails(url: &str) {
+    for i in 0..50 {
+        let s = bench::procs::grpc_subscription(
+            &format!("temp > {}", 1_000_000 + i),
+            "http://127.0.0.1:9",
+        );
+        if bench::procs::create_subscription(url, s).await.is_err() {
+            return;
+        }
+    }
+    panic!("50 subscriptions created on a full disk");
+}
+
+/// A disk filled to the last byte by another process can make sled's own write fail before
+/// the reserve refuses anything (here: a subscription's record); sled then refuses every
+/// operation until it is opened again. Once the disk has room the node starts again in place
+/// (same process, same address) and takes puts again, with everything it acknowledged.
+#[test]
+fn a_node_whose_store_failed_on_a_full_disk_starts_again_in_place_once_freed() {
+    let dir = temp_dir("disk-sled");
+    let Some(fs) = Tmpfs::mount(&dir.join("mnt"), 48) else {
+        return;
+    };
+    let data = fs.0.join("data");
+    let log = dir.join("node.log");
+    runtime().block_on(async {
+        let mut node = Logged::up_with(&data, &log, &["--allow-private-targets"]);
+        let url = node.url.clone();
+        let first = bench::procs::put_retrying(&url, put_of(0, 1000), Duration::from_secs(30))
+            .await
+            .expect("put");
+        let filler = fill(&fs.0);
+        // writes that go past the reserve check to sled's disk, until sled's flush fails
+        sled_fails(&url).await;
+        std::fs::remove_file(&filler).expect("free the disk");
+        let id = wait_for(
+            "a put once the disk has room",
+            Duration::from_secs(30),
+            || {
+                let url = url.clone();
+                async move { put(&url, put_of(1, 1000)).await.ok() }
+            },
+        )
+        .await;
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            text.contains("starting again in place"),
+            "the node started again to open its store:\n{text}"
+        );
+        assert!(
+            node.child.try_wait().ok().flatten().is_none(),
+            "the process ended:\n{text}"
+        );
+        let first = v1::ObjectId {
+            node: first.node,
+            seq: first.seq,
+        };
+        all_read_back(&url, &[(0, first), (1, id)], 1000).await;
+        drop(node);
+    });
+    drop(fs);
     let _ = std::fs::remove_dir_all(&dir);
 }

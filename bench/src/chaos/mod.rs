@@ -1,8 +1,9 @@
 //! `dissem bench chaos` (issue 31): seeded fault schedules over a whole cluster of real
 //! processes, and an oracle after each. The cluster is etcd, two coordinators (one leads)
 //! and a grid of nodes (3x3 by default), with a QoS 1 and a QoS 2 subscriber on a recording
-//! gRPC endpoint, a QoS 1 webhook (`hook`) and a writer putting numbered objects through
-//! every node throughout.
+//! gRPC endpoint, a QoS 1 webhook and a QoS 1 stream subscriber that moves to another node
+//! when its own dies (`endpoints`), and a writer putting numbered objects through every node
+//! throughout.
 //!
 //! A schedule is drawn from its seed alone: a few faults, each one of SIGKILL and restart of
 //! a node (with its disk, or with its data directory deleted), SIGSTOP past the lease then
@@ -46,7 +47,7 @@ use proto::v1;
 use serde::Serialize;
 
 mod check;
-mod hook;
+mod endpoints;
 
 use crate::chaosfed::Peer;
 use crate::elected::ElectedCluster;
@@ -280,9 +281,12 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     }
     let mut c = ElectedCluster::start_grid(&o.bin, &dir, 2, o.grid, o.lease_ttl, &flags).await?;
     let mut traffic = Traffic::start(&c, o.rate).await?;
-    let hook = hook::Hook::start(&live_node(&c, None))
+    let hook = endpoints::Hook::start(&live_node(&c, None))
         .await
         .context("creating the webhook subscription")?;
+    let stream = endpoints::StreamSub::start(c.nodes.iter().map(|n| n.url()).collect())
+        .await
+        .context("creating the stream subscription")?;
     let mut changes = Changes::default();
     let mut faults: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut violations = Vec::new();
@@ -357,14 +361,14 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         // every later schedule by the whole minute)
         let acked = traffic.acked();
         let check = not_in(&acked, &known_lost);
-        let (missing, by_hook) = undelivered(&traffic, &hook, &check).await;
+        let (missing, by_hook, by_stream) = undelivered(&traffic, &hook, &stream, &check).await;
         if !missing.is_empty() {
             violations.push(Violation {
                 seed,
                 invariant: "lost",
                 detail: format!(
                     "{} acknowledged objects ({} not shown to the QoS 1 subscriber, {} not to \
-                     the QoS 2 one, {} not to the webhook), e.g. {:?}",
+                     the QoS 2 one, {} not to the webhook, {} not to the stream), e.g. {:?}",
                     missing.len(),
                     missing
                         .iter()
@@ -375,6 +379,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                         .filter(|id| traffic.rec.first_shown((traffic.q2, **id)).is_none())
                         .count(),
                     by_hook,
+                    by_stream,
                     &missing[..missing.len().min(3)]
                 ),
             });
@@ -439,7 +444,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     }
     let acked = traffic.stop().await?;
     let check = not_in(&acked, &known_lost);
-    let (missing, _) = undelivered(&traffic, &hook, &check).await;
+    let (missing, _, _) = undelivered(&traffic, &hook, &stream, &check).await;
     if !missing.is_empty() {
         violations.push(Violation {
             seed: o.seed,
@@ -540,26 +545,28 @@ fn report(
     }
 }
 
-/// Which of `objects` a subscriber (gRPC QoS 1, QoS 2 or the webhook) was not shown within
-/// a minute, and how many of those the webhook was not.
+/// Which of `objects` a subscriber (gRPC QoS 1, QoS 2, the webhook or the stream) was not
+/// shown within a minute, and how many of those the webhook and the stream were not.
 async fn undelivered(
     traffic: &Traffic,
-    hook: &hook::Hook,
+    hook: &endpoints::Hook,
+    stream: &endpoints::StreamSub,
     objects: &[ObjectId],
-) -> (Vec<ObjectId>, usize) {
+) -> (Vec<ObjectId>, usize, usize) {
     let limit = Duration::from_secs(60);
     let mut missing = traffic.undelivered(objects, limit).await;
-    // the gRPC subscribers' wait is the webhook's too, unless it already ran out
+    // the gRPC subscribers' wait is the others' too, unless it already ran out
     let rest = if missing.is_empty() {
         limit
     } else {
         Duration::from_secs(5)
     };
     let by_hook = hook.missing(objects, rest).await;
-    missing.extend(by_hook.iter().copied());
+    let by_stream = stream.missing(objects, rest).await;
+    missing.extend(by_hook.iter().chain(&by_stream).copied());
     missing.sort_unstable();
     missing.dedup();
-    (missing, by_hook.len())
+    (missing, by_hook.len(), by_stream.len())
 }
 
 /// The size of each node's tmpfs: a run of hours at the default rate fills a few MiB of it.

@@ -1,11 +1,45 @@
 //! The link to the coordinator for objects: each stored object is queued and the forwarder
 //! sends what gathered in one `Cluster.Arrived` (at once after a quiet spell; under a steady
-//! stream at most one message per 2 ms).
+//! stream at most one message per 2 ms). What waits goes highest priority first: under a
+//! backlog a priority-7 object rides the next message, not the one after every object that
+//! arrived before it.
+
+use std::collections::VecDeque;
 
 use super::*;
 
 /// The longest an `Arrived` waits for its answer (what it carried is resent later).
 const ARRIVED_LIMIT: Duration = Duration::from_secs(5);
+/// Objects the forwarder holds at most besides its channel's; past it the channel fills and
+/// drops (the outbox resend picks them up).
+const WAITING: usize = 65_536;
+
+/// Objects waiting for a message to the coordinator, a queue per priority (0..=7, higher
+/// first; arrival order within one).
+#[derive(Debug, Default)]
+struct Waiting {
+    by_priority: [VecDeque<v1::ArrivedObject>; 8],
+    len: usize,
+}
+
+impl Waiting {
+    fn push(&mut self, o: v1::ArrivedObject) {
+        let p = o.priority.min(7) as usize;
+        self.by_priority[p].push_back(o);
+        self.len += 1;
+    }
+
+    /// At most `n` objects, highest priority first.
+    fn take(&mut self, n: usize) -> Vec<v1::ArrivedObject> {
+        let mut batch = Vec::with_capacity(n.min(self.len));
+        for q in self.by_priority.iter_mut().rev() {
+            let k = q.len().min(n - batch.len());
+            batch.extend(q.drain(..k));
+        }
+        self.len -= batch.len();
+        batch
+    }
+}
 
 impl Daemon {
     /// A stored object (still in the outbox) to be matched: queued for the coordinator.
@@ -27,23 +61,42 @@ impl Daemon {
     pub(super) async fn forwarder(self, mut rx: mpsc::Receiver<v1::ArrivedObject>) {
         let cfg = &self.inner.cfg;
         let mut last: Option<tokio::time::Instant> = None;
-        while let Some(first) = rx.recv().await {
-            let mut batch = vec![first];
+        let mut waiting = Waiting::default();
+        let mut open = true;
+        while open || waiting.len > 0 {
+            if waiting.len == 0 {
+                match rx.recv().await {
+                    Some(o) => waiting.push(o),
+                    None => return,
+                }
+            }
+            // what is ready, and until the gap since the last message passed what comes
             let due = last.map(|t| t + cfg.forward_gap);
-            while batch.len() < cfg.forward_batch {
-                let next = match due {
-                    Some(due) if tokio::time::Instant::now() < due => {
-                        tokio::time::timeout_at(due, rx.recv()).await.ok().flatten()
+            while open && waiting.len < WAITING {
+                match rx.try_recv() {
+                    Ok(o) => {
+                        waiting.push(o);
+                        continue;
                     }
-                    _ => rx.try_recv().ok(),
-                };
-                match next {
-                    Some(o) => batch.push(o),
-                    None => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+                    Err(mpsc::error::TryRecvError::Empty) => {}
+                }
+                if !open || waiting.len >= cfg.forward_batch {
+                    break;
+                }
+                match due {
+                    Some(due) if tokio::time::Instant::now() < due => {
+                        match tokio::time::timeout_at(due, rx.recv()).await {
+                            Ok(Some(o)) => waiting.push(o),
+                            Ok(None) => open = false,
+                            Err(_) => break,
+                        }
+                    }
+                    _ => break,
                 }
             }
             last = Some(tokio::time::Instant::now());
-            self.send_arrived(batch).await;
+            self.send_arrived(waiting.take(cfg.forward_batch)).await;
         }
     }
 
@@ -71,5 +124,35 @@ impl Daemon {
         {
             tracing::debug!("sending {n} objects to the coordinator failed (resent later): {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(seq: u64, priority: u32) -> v1::ArrivedObject {
+        v1::ArrivedObject {
+            id: Some(v1::ObjectId { node: 0, seq }),
+            priority,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn waiting_objects_go_highest_priority_first_in_arrival_order() {
+        let mut w = Waiting::default();
+        for (seq, p) in [(1, 0), (2, 7), (3, 3), (4, 0), (5, 7), (6, 9)] {
+            w.push(object(seq, p));
+        }
+        let seqs = |b: Vec<v1::ArrivedObject>| -> Vec<u64> {
+            b.iter().map(|o| o.id.map_or(0, |i| i.seq)).collect()
+        };
+        // 9 is out of range: taken as 7, after the 7s that came before it
+        assert_eq!(seqs(w.take(4)), [2, 5, 6, 3]);
+        assert_eq!(w.len, 2);
+        assert_eq!(seqs(w.take(4)), [1, 4]);
+        assert_eq!(w.len, 0);
+        assert!(w.take(4).is_empty());
     }
 }

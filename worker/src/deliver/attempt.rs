@@ -421,17 +421,28 @@ impl Deliverer {
                     if exactly_once && let Some(obj) = obj {
                         // "received" is durable before the release goes out (as MQTT's
                         // PUBREL state): after a crash only the release is repeated, never
-                        // the delivery the subscriber may already have shown
-                        self.finish(
-                            sub,
-                            obj,
-                            DeliveryState::Received {
-                                attempts,
-                                next_attempt_unix_ms: self.now_ms(),
-                            },
-                            false,
-                        )
-                        .await;
+                        // the delivery the subscriber may already have shown. Not stored
+                        // (a full disk): no release; the retry delivers again under the
+                        // same delivery id, which the subscriber's received phase absorbs
+                        // (`bench chaos` seed 41068/41069: released unrecorded on a full
+                        // disk, delivered again after a restart, 5 QoS 2 duplicates)
+                        let recorded = self
+                            .finish(
+                                sub,
+                                obj,
+                                DeliveryState::Received {
+                                    attempts,
+                                    next_attempt_unix_ms: self.now_ms(),
+                                },
+                                false,
+                            )
+                            .await;
+                        if !recorded {
+                            return Err(format!(
+                                "delivery {id}: its received phase could not be stored; no \
+                                 release until it is"
+                            ));
+                        }
                     }
                 }
                 // the holders of the object's copies learn the phase first: a node that

@@ -30,14 +30,15 @@ impl Deliverer {
     /// waiting for a flush: after a crash an older state means one more attempt, which QoS 1
     /// allows and QoS 2's delivery id absorbs. An in-memory delivery (`in_memory`) writes
     /// nothing when acknowledged; any other state becomes its first record, durable before
-    /// the object's outbox record may go.
+    /// the object's outbox record may go. The answer: whether the state was recorded (a
+    /// full disk refuses it; a QoS 2 delivery then sends no release).
     pub(super) fn finish(
         &self,
         sub: u64,
         obj: ObjectId,
         state: DeliveryState,
         in_memory: bool,
-    ) -> impl Future<Output = ()> {
+    ) -> impl Future<Output = bool> {
         let me = self.clone();
         async move {
             let acked = matches!(state, DeliveryState::Acked { .. });
@@ -63,9 +64,13 @@ impl Deliverer {
                     if in_memory {
                         me.release(obj);
                     }
+                    true
                 }
                 // the object stays in the outbox: matched again at the next start
-                Err(e) => tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj)),
+                Err(e) => {
+                    tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj));
+                    false
+                }
             }
         }
     }

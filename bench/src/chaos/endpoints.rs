@@ -1,0 +1,166 @@
+//! The HTTP and stream subscribers of `dissem bench chaos`, beside the gRPC ones of the
+//! failover traffic: a QoS 1 webhook of every object pushing signed CloudEvents to an
+//! endpoint on loopback (the demo's receiver, which checks each signature), and a QoS 1
+//! stream subscriber that attaches to a node, acks every delivery, and attaches to the next
+//! node whenever its stream ends (its node killed), as a client of a cluster would. The
+//! oracle asks both for every acknowledged object, so the HTTP push path and the relayed
+//! streams survive the faults too.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use proto::v1;
+use storage::ObjectId;
+
+use crate::demo::{self, Shared};
+use crate::procs::{channel, try_wait_for};
+
+/// The stream the stream subscriber attaches to.
+const STREAM: &str = "chaos";
+
+/// Creates a QoS 1 subscription of every object to `target` through the node at `via`.
+async fn subscribe(via: &str, target: v1::target::Kind) -> Result<u64, tonic::Status> {
+    let s = v1::Subscription {
+        filter: Some(v1::subscription::Filter::Text("n >= 0".into())),
+        target: Some(v1::Target { kind: Some(target) }),
+        qos: v1::Qos::AtLeastOnce as i32,
+        webhook_secret: demo::SECRET.into(),
+        ..v1::Subscription::default()
+    };
+    let subs = v1::subscriptions_client::SubscriptionsClient::new(channel(via));
+    Ok(super::retry(|| {
+        let mut subs = subs.clone();
+        let subscription = Some(s.clone());
+        async move {
+            subs.create(v1::CreateSubscriptionRequest { subscription })
+                .await
+        }
+    })
+    .await?
+    .id)
+}
+
+/// Which of `objects` subscription `sub` was not shown (in `seen`) within `limit`.
+async fn unseen(seen: &Shared, sub: u64, objects: &[ObjectId], limit: Duration) -> Vec<ObjectId> {
+    let missing = || -> Vec<ObjectId> {
+        let seen = demo::lock(seen);
+        objects
+            .iter()
+            .filter(|id| !seen.pairs.contains_key(&(sub, **id)))
+            .copied()
+            .collect()
+    };
+    try_wait_for(limit, || {
+        let done = missing().is_empty();
+        async move { done.then_some(()) }
+    })
+    .await;
+    missing()
+}
+
+/// The webhook subscription and what its endpoint was shown.
+pub(super) struct Hook {
+    id: u64,
+    seen: Shared,
+}
+
+impl Hook {
+    /// Starts the endpoint and subscribes it, through the node at `via`, to every object.
+    pub(super) async fn start(via: &str) -> anyhow::Result<Hook> {
+        let seen = Shared::default();
+        let url = demo::webhook_endpoint(seen.clone()).await?;
+        let id = subscribe(via, v1::target::Kind::Webhook(url)).await?;
+        Ok(Hook { id, seen })
+    }
+
+    /// Which of `objects` the endpoint was not shown within `limit`.
+    pub(super) async fn missing(&self, objects: &[ObjectId], limit: Duration) -> Vec<ObjectId> {
+        unseen(&self.seen, self.id, objects, limit).await
+    }
+}
+
+/// The stream subscription and its client, attached to one node at a time.
+pub(super) struct StreamSub {
+    id: u64,
+    seen: Shared,
+    stop: Arc<AtomicBool>,
+    client: tokio::task::JoinHandle<()>,
+}
+
+impl StreamSub {
+    /// Subscribes the stream to every object through `nodes[0]` and attaches a client,
+    /// which moves to the next of `nodes` whenever its stream ends.
+    pub(super) async fn start(nodes: Vec<String>) -> anyhow::Result<StreamSub> {
+        anyhow::ensure!(!nodes.is_empty(), "no node to attach the stream to");
+        let id = subscribe(&nodes[0], v1::target::Kind::Stream(STREAM.into())).await?;
+        let seen = Shared::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (seen.clone(), stop.clone());
+        let client = tokio::spawn(async move {
+            for url in nodes.iter().cycle() {
+                if st.load(Ordering::SeqCst) {
+                    return;
+                }
+                attached(url, &s).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Ok(StreamSub {
+            id,
+            seen,
+            stop,
+            client,
+        })
+    }
+
+    /// Which of `objects` the stream's client was not shown within `limit`.
+    pub(super) async fn missing(&self, objects: &[ObjectId], limit: Duration) -> Vec<ObjectId> {
+        unseen(&self.seen, self.id, objects, limit).await
+    }
+}
+
+impl Drop for StreamSub {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.client.abort();
+    }
+}
+
+/// One attachment to the node at `url`: every delivery shown in `seen` and acked, until
+/// the stream ends (or cannot be opened).
+async fn attached(url: &str, seen: &Shared) {
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    let attach = v1::StreamClientMessage {
+        kind: Some(v1::stream_client_message::Kind::Attach(STREAM.into())),
+    };
+    if tx.send(attach).await.is_err() {
+        return;
+    }
+    let opened = v1::stream_client::StreamClient::new(channel(url))
+        .open(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await;
+    let Ok(down) = opened else {
+        return;
+    };
+    let mut down = down.into_inner();
+    while let Ok(Some(d)) = down.message().await {
+        if let Some(o) = d.object_id {
+            let now = std::time::Instant::now();
+            let key = (
+                d.subscription_id,
+                ObjectId {
+                    node: o.node,
+                    seq: o.seq,
+                },
+            );
+            demo::lock(seen).pairs.entry(key).or_insert((0, now)).0 += 1;
+        }
+        let ack = v1::StreamClientMessage {
+            kind: Some(v1::stream_client_message::Kind::Ack(d.delivery_id)),
+        };
+        if tx.send(ack).await.is_err() {
+            return;
+        }
+    }
+}
