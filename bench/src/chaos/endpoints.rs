@@ -14,6 +14,7 @@ use proto::v1;
 use storage::ObjectId;
 
 use crate::demo::{self, Shared};
+use crate::failoverbench::Numbers;
 use crate::procs::{channel, try_wait_for};
 
 /// The stream the stream subscriber attaches to.
@@ -41,12 +42,28 @@ async fn subscribe(via: &str, target: v1::target::Kind) -> Result<u64, tonic::St
     .id)
 }
 
-/// Which of `objects` subscription `sub` was not shown (in `seen`) within `limit`.
-async fn unseen(seen: &Shared, sub: u64, objects: &[ObjectId], limit: Duration) -> Vec<ObjectId> {
-    let missing = || -> Vec<ObjectId> {
-        let seen = demo::lock(seen);
+/// Which of `objects` subscription `sub` was not shown (in `seen`) within `limit`, of
+/// those put after it was created (numbers from `from` on: one put while the Create was
+/// under way is not owed to it).
+async fn unseen(
+    seen: &Shared,
+    sub: (u64, usize),
+    numbers: &Numbers,
+    objects: &[ObjectId],
+    limit: Duration,
+) -> Vec<ObjectId> {
+    let (sub, from) = sub;
+    let owed: Vec<ObjectId> = {
+        let of = runtime::lock(&numbers.of);
         objects
             .iter()
+            .filter(|id| of.get(id).is_some_and(|&n| n >= from))
+            .copied()
+            .collect()
+    };
+    let missing = || -> Vec<ObjectId> {
+        let seen = demo::lock(seen);
+        owed.iter()
             .filter(|id| !seen.pairs.contains_key(&(sub, **id)))
             .copied()
             .collect()
@@ -61,28 +78,34 @@ async fn unseen(seen: &Shared, sub: u64, objects: &[ObjectId], limit: Duration) 
 
 /// The webhook subscription and what its endpoint was shown.
 pub(super) struct Hook {
-    id: u64,
+    /// The subscription, and the first object number put after it was created.
+    sub: (u64, usize),
     seen: Shared,
+    numbers: Numbers,
 }
 
 impl Hook {
-    /// Starts the endpoint and subscribes it, through the node at `via`, to every object.
-    pub(super) async fn start(via: &str) -> anyhow::Result<Hook> {
+    /// Starts the endpoint and subscribes it, through the node at `via`, to every object
+    /// (of the puts numbered by `numbers`).
+    pub(super) async fn start(via: &str, numbers: Numbers) -> anyhow::Result<Hook> {
         let seen = Shared::default();
         let url = demo::webhook_endpoint(seen.clone()).await?;
         let id = subscribe(via, v1::target::Kind::Webhook(url)).await?;
-        Ok(Hook { id, seen })
+        let sub = (id, numbers.next.load(Ordering::SeqCst));
+        Ok(Hook { sub, seen, numbers })
     }
 
     /// Which of `objects` the endpoint was not shown within `limit`.
     pub(super) async fn missing(&self, objects: &[ObjectId], limit: Duration) -> Vec<ObjectId> {
-        unseen(&self.seen, self.id, objects, limit).await
+        unseen(&self.seen, self.sub, &self.numbers, objects, limit).await
     }
 }
 
 /// The stream subscription and its client, attached to one node at a time.
 pub(super) struct StreamSub {
-    id: u64,
+    /// The subscription, and the first object number put after it was created.
+    sub: (u64, usize),
+    numbers: Numbers,
     seen: Shared,
     stop: Arc<AtomicBool>,
     client: tokio::task::JoinHandle<()>,
@@ -91,9 +114,10 @@ pub(super) struct StreamSub {
 impl StreamSub {
     /// Subscribes the stream to every object through `nodes[0]` and attaches a client,
     /// which moves to the next of `nodes` whenever its stream ends.
-    pub(super) async fn start(nodes: Vec<String>) -> anyhow::Result<StreamSub> {
+    pub(super) async fn start(nodes: Vec<String>, numbers: Numbers) -> anyhow::Result<StreamSub> {
         anyhow::ensure!(!nodes.is_empty(), "no node to attach the stream to");
         let id = subscribe(&nodes[0], v1::target::Kind::Stream(STREAM.into())).await?;
+        let sub = (id, numbers.next.load(Ordering::SeqCst));
         let seen = Shared::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (s, st) = (seen.clone(), stop.clone());
@@ -107,7 +131,8 @@ impl StreamSub {
             }
         });
         Ok(StreamSub {
-            id,
+            sub,
+            numbers,
             seen,
             stop,
             client,
@@ -116,7 +141,7 @@ impl StreamSub {
 
     /// Which of `objects` the stream's client was not shown within `limit`.
     pub(super) async fn missing(&self, objects: &[ObjectId], limit: Duration) -> Vec<ObjectId> {
-        unseen(&self.seen, self.id, objects, limit).await
+        unseen(&self.seen, self.sub, &self.numbers, objects, limit).await
     }
 }
 

@@ -281,10 +281,11 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     }
     let mut c = ElectedCluster::start_grid(&o.bin, &dir, 2, o.grid, o.lease_ttl, &flags).await?;
     let mut traffic = Traffic::start(&c, o.rate).await?;
-    let hook = endpoints::Hook::start(&live_node(&c, None))
+    let hook = endpoints::Hook::start(&live_node(&c, None), traffic.numbers.clone())
         .await
         .context("creating the webhook subscription")?;
-    let stream = endpoints::StreamSub::start(c.nodes.iter().map(|n| n.url()).collect())
+    let urls = c.nodes.iter().map(|n| n.url()).collect();
+    let stream = endpoints::StreamSub::start(urls, traffic.numbers.clone())
         .await
         .context("creating the stream subscription")?;
     let mut changes = Changes::default();
