@@ -75,6 +75,26 @@ impl Tmpfs {
             .is_ok_and(|s| s.success());
         ok.then(|| Tmpfs(at.to_path_buf()))
     }
+
+    /// [`Tmpfs::mount`] for a test: where mounts are not allowed it says so and answers
+    /// `None` (the test passes), unless `DISSEM_REQUIRE_MOUNT` is set (CI, as root): then
+    /// it fails.
+    pub fn mount_for_test(at: &Path, mib: u32) -> Option<Tmpfs> {
+        let fs = Tmpfs::mount(at, mib);
+        if fs.is_none() {
+            assert!(
+                std::env::var_os("DISSEM_REQUIRE_MOUNT").is_none(),
+                "DISSEM_REQUIRE_MOUNT is set but a tmpfs cannot be mounted here"
+            );
+            eprintln!("skipped: a tmpfs cannot be mounted here (not root?)");
+        }
+        fs
+    }
+
+    /// Where it is mounted.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
 }
 
 impl Drop for Tmpfs {
@@ -173,12 +193,7 @@ mod tests {
     #[test]
     fn a_ballast_takes_every_byte_of_a_small_tmpfs_and_goes() {
         let dir = std::env::temp_dir().join(format!("chaosfill-{}", std::process::id()));
-        let Some(fs) = Tmpfs::mount(&dir, 2) else {
-            assert!(
-                std::env::var_os("DISSEM_REQUIRE_MOUNT").is_none(),
-                "DISSEM_REQUIRE_MOUNT is set but a tmpfs cannot be mounted here"
-            );
-            eprintln!("skipped: a tmpfs cannot be mounted here (not root?)");
+        let Some(fs) = Tmpfs::mount_for_test(&dir, 2) else {
             return;
         };
         let filled = fill(&dir).expect("fill");

@@ -15,37 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use bench::chaosdisk::{Tmpfs, fill, free};
 use proto::v1;
 use tests::{Proc, channel, dissem_bin, runtime, temp_dir, wait_for};
-
-/// A tmpfs of `mib` MiB at `at`, unmounted when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, mib: u32) -> Option<Tmpfs> {
-        std::fs::create_dir_all(at).ok()?;
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-            .arg(at)
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Some(Tmpfs(at.to_path_buf()));
-        }
-        assert!(
-            std::env::var_os("DISSEM_REQUIRE_MOUNT").is_none(),
-            "DISSEM_REQUIRE_MOUNT is set but a tmpfs cannot be mounted here"
-        );
-        eprintln!("skipped: a tmpfs cannot be mounted here (not root?)");
-        None
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 fn up(data: &Path) -> Proc {
     up_with(data, &[])
@@ -99,26 +71,13 @@ async fn all_read_back(url: &str, acked: &[(i64, v1::ObjectId)], bytes: usize) {
     }
 }
 
-/// Fills the file system at `dir` with a file until it is full; the file's path.
-fn fill(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let path = dir.join("filler");
-    let mut f = std::fs::File::create(&path).expect("filler");
-    let chunk = vec![0x5au8; 256 << 10];
-    while f.write_all(&chunk).is_ok() {}
-    let small = vec![0x5au8; 4096];
-    while f.write_all(&small).is_ok() {}
-    let _ = f.sync_all();
-    path
-}
-
 #[test]
 fn a_full_disk_refuses_puts_by_name_keeps_serving_and_recovers_when_freed() {
     let dir = temp_dir("disk-full");
-    let Some(fs) = Tmpfs::mount(&dir.join("mnt"), 48) else {
+    let Some(fs) = Tmpfs::mount_for_test(&dir.join("mnt"), 48) else {
         return;
     };
-    let data = fs.0.join("data");
+    let data = fs.path().join("data");
     runtime().block_on(async {
         let mut node = up(&data);
         let url = node.url();
@@ -127,7 +86,7 @@ fn a_full_disk_refuses_puts_by_name_keeps_serving_and_recovers_when_freed() {
         for n in 0..20 {
             acked.push((n, put(&url, put_of(n, BYTES)).await.expect("put")));
         }
-        let filler = fill(&fs.0);
+        fill(fs.path()).expect("fill the disk");
         // the disk is full: refused by name, never acknowledged
         let mut refused = None;
         for n in 20..60 {
@@ -152,7 +111,7 @@ fn a_full_disk_refuses_puts_by_name_keeps_serving_and_recovers_when_freed() {
             .await
             .expect("stats on a full disk");
         // space freed: puts are taken again
-        std::fs::remove_file(&filler).expect("free the disk");
+        free(fs.path()).expect("free the disk");
         let n = 1000;
         let id = wait_for(
             "a put after space was freed",
@@ -315,10 +274,10 @@ fn a_damaged_log_tail_is_named_at_start_and_everything_else_is_served() {
 fn a_qos2_delivery_is_not_released_while_a_full_disk_refuses_its_received_phase() {
     use bench::recorder::Recorder;
     let dir = temp_dir("disk-qos2");
-    let Some(fs) = Tmpfs::mount(&dir.join("mnt"), 48) else {
+    let Some(fs) = Tmpfs::mount_for_test(&dir.join("mnt"), 48) else {
         return;
     };
-    let data = fs.0.join("data");
+    let data = fs.path().join("data");
     runtime().block_on(async {
         let mut node = up_with(&data, &["--allow-private-targets"]);
         let url = node.url();
@@ -355,7 +314,7 @@ fn a_qos2_delivery_is_not_released_while_a_full_disk_refuses_its_received_phase(
         }
         // the deliveries are owed (refused so far); the disk fills and sled fails a write,
         // then the subscriber takes them: every Deliver's received phase is refused
-        let filler = fill(&fs.0);
+        fill(fs.path()).expect("fill the disk");
         sled_fails(&url).await;
         rec.set_refusing(false);
         let delivers = |id: storage::ObjectId| {
@@ -383,7 +342,7 @@ fn a_qos2_delivery_is_not_released_while_a_full_disk_refuses_its_received_phase(
             "released while the disk refused the received phase"
         );
         // space freed: each is released once
-        std::fs::remove_file(&filler).expect("free the disk");
+        free(fs.path()).expect("free the disk");
         wait_for("every object shown", Duration::from_secs(30), || {
             let all = ids.iter().all(|&id| rec.first_shown((sub, id)).is_some());
             async move { all.then_some(()) }
@@ -429,10 +388,10 @@ async fn sled_fails(url: &str) {
 #[test]
 fn a_node_whose_store_failed_on_a_full_disk_starts_again_in_place_once_freed() {
     let dir = temp_dir("disk-sled");
-    let Some(fs) = Tmpfs::mount(&dir.join("mnt"), 48) else {
+    let Some(fs) = Tmpfs::mount_for_test(&dir.join("mnt"), 48) else {
         return;
     };
-    let data = fs.0.join("data");
+    let data = fs.path().join("data");
     let log = dir.join("node.log");
     runtime().block_on(async {
         let mut node = Logged::up_with(&data, &log, &["--allow-private-targets"]);
@@ -440,10 +399,10 @@ fn a_node_whose_store_failed_on_a_full_disk_starts_again_in_place_once_freed() {
         let first = bench::procs::put_retrying(&url, put_of(0, 1000), Duration::from_secs(30))
             .await
             .expect("put");
-        let filler = fill(&fs.0);
+        fill(fs.path()).expect("fill the disk");
         // writes that go past the reserve check to sled's disk, until sled's flush fails
         sled_fails(&url).await;
-        std::fs::remove_file(&filler).expect("free the disk");
+        free(fs.path()).expect("free the disk");
         let id = wait_for(
             "a put once the disk has room",
             Duration::from_secs(30),

@@ -29,17 +29,7 @@ async fn subscribe(via: &str, target: v1::target::Kind) -> Result<u64, tonic::St
         webhook_secret: demo::SECRET.into(),
         ..v1::Subscription::default()
     };
-    let subs = v1::subscriptions_client::SubscriptionsClient::new(channel(via));
-    Ok(super::retry(|| {
-        let mut subs = subs.clone();
-        let subscription = Some(s.clone());
-        async move {
-            subs.create(v1::CreateSubscriptionRequest { subscription })
-                .await
-        }
-    })
-    .await?
-    .id)
+    Ok(super::create_retrying(via, s).await?.id)
 }
 
 /// Which of `objects` subscription `sub` was not shown (in `seen`) within `limit`, of

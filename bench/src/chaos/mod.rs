@@ -582,8 +582,16 @@ async fn create(
     filter: &str,
     traffic: &Traffic,
 ) -> Result<v1::Subscription, tonic::Status> {
+    create_retrying(via, procs::grpc_subscription(filter, &traffic.target)).await
+}
+
+/// Creates `s` through the node at `via`, tried again between leaders (a create whose
+/// answer was lost may leave one more).
+pub(super) async fn create_retrying(
+    via: &str,
+    s: v1::Subscription,
+) -> Result<v1::Subscription, tonic::Status> {
     let subs = v1::subscriptions_client::SubscriptionsClient::new(procs::channel(via));
-    let s = procs::grpc_subscription(filter, &traffic.target);
     retry(|| {
         let mut subs = subs.clone();
         let subscription = Some(s.clone());
@@ -625,7 +633,7 @@ async fn delete(
 }
 
 /// A subscription change, tried again while the cluster is between leaders (10 s at most).
-pub(super) async fn retry<T, F, Fut>(mut f: F) -> Result<T, tonic::Status>
+async fn retry<T, F, Fut>(mut f: F) -> Result<T, tonic::Status>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
