@@ -766,3 +766,25 @@ fn a_full_disk_is_recognised_through_sleds_cloned_errors() {
     let other = sled::Error::Io(std::io::Error::from_raw_os_error(5)).clone();
     assert!(!StorageError::Sled(other).is_disk_full());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_of_own_objects_names_the_first_one_handed_out_but_not_yet_written() {
+    let dir = temp_dir("unwritten");
+    let s = Store::open(&dir, 2).expect("open");
+    let a = s.put(obj(1, "a")).await.expect("put").id;
+    // a put holds its sequence number (in the outbox) before its write lands
+    let held = s.next_seq(3, true).expect("a sequence number");
+    let b = s.put(obj(2, "b")).await.expect("put").id;
+    let (read, unwritten) = s.read_own([a.seq, held, b.seq]).expect("read");
+    assert_eq!(
+        read.iter().map(|o| o.id).collect::<Vec<_>>(),
+        vec![a, b],
+        "only what can be read is answered"
+    );
+    assert_eq!(unwritten, Some(held), "the unwritten put is named");
+    // a write that failed leaves the outbox: nothing is owed for it
+    s.lock_outbox().remove(&held);
+    assert_eq!(s.read_own([held, b.seq]).expect("read").1, None);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

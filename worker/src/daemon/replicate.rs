@@ -537,14 +537,15 @@ impl Daemon {
 
     /// The unfinished objects of `origin` this node holds after `after` (its own outbox, open
     /// deliveries and objects a federation link still owes when it is the origin, else its
-    /// unfinished and forwarding copies), at most `limit`; whether more follow; and which of
-    /// them are held only for the links (delivered: forwarding).
+    /// unfinished and forwarding copies), at most `limit`; whether more follow; which of
+    /// them are held only for the links (delivered: forwarding); and, of its own, the first
+    /// one left out because its put has not written it yet.
     pub(super) fn held_after(
         &self,
         origin: u32,
         after: u64,
         limit: usize,
-    ) -> Result<(Vec<StoredObject>, bool, Vec<u64>), ServiceError> {
+    ) -> Result<Held, ServiceError> {
         let store = &self.inner.store;
         if origin != self.inner.cfg.node {
             // forwarding copies too (named as such): an heir that missed one still owes it
@@ -557,7 +558,12 @@ impl Daemon {
                 .filter(|(_, f)| *f)
                 .map(|(o, _)| o.id.seq)
                 .collect();
-            return Ok((v.into_iter().map(|(o, _)| o).collect(), more, forwarding));
+            return Ok(Held {
+                objects: v.into_iter().map(|(o, _)| o).collect(),
+                more,
+                forwarding,
+                unwritten: None,
+            });
         }
         // until the objects this node lost at open are restored, its answer would leave them
         // out, and a holder catching up would take them for finished and end the copies the
@@ -598,19 +604,31 @@ impl Daemon {
         }
         seqs.extend(&forwarding);
         let more = seqs.len() > limit;
-        let mut out = Vec::new();
-        for seq in seqs.into_iter().take(limit) {
-            if let Some(o) = store.get(ObjectId { node: origin, seq })? {
-                out.push(o);
-            }
-        }
+        let (out, unwritten) = store.read_own(seqs.into_iter().take(limit))?;
         let answered: HashSet<u64> = out.iter().map(|o| o.id.seq).collect();
         let forwarding = forwarding
             .into_iter()
             .filter(|s| answered.contains(s))
             .collect();
-        Ok((out, more, forwarding))
+        Ok(Held {
+            objects: out,
+            more,
+            forwarding,
+            unwritten,
+        })
     }
+}
+
+/// One page of [`Daemon::held_after`].
+pub(super) struct Held {
+    pub(super) objects: Vec<StoredObject>,
+    /// More follow after the page.
+    pub(super) more: bool,
+    /// Which of `objects` are delivered but still owed to a federation link.
+    pub(super) forwarding: Vec<u64>,
+    /// (This node's own objects) the lowest sequence number in the page's range that is
+    /// still in the outbox but not written yet ([`storage::Store::read_own`]).
+    pub(super) unwritten: Option<u64>,
 }
 
 #[cfg(test)]

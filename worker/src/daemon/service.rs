@@ -149,13 +149,19 @@ impl v1::daemon_server::Daemon for Daemon {
             }));
         }
         // read before the answer is gathered: what was handed out below it is in the
-        // answer, or finished
+        // answer, or finished; but not below an object whose put has not written it yet
         let next_seq = if r.origin == self.inner.cfg.node {
             self.inner.store.next_seq_out()
         } else {
             0
         };
-        let (objects, more, forwarding) = self.held_after(r.origin, r.after_seq, limit)?;
+        let replicate::Held {
+            objects,
+            more,
+            forwarding,
+            unwritten,
+        } = self.held_after(r.origin, r.after_seq, limit)?;
+        let next_seq = unwritten.map_or(next_seq, |u| u.min(next_seq));
         let mut received = Vec::new();
         for o in &objects {
             for sub in self

@@ -156,7 +156,14 @@ impl Daemon {
                 forwarding,
             } = self.pull(from, origin, after).await?;
             range.owns_from = range.owns_from.max(owns_from);
-            range.next_seq = range.next_seq.max(next_seq);
+            // the first page's (or a lower one, short of an unwritten put): an object handed
+            // out after it may belong to a page already answered
+            if next_seq > 0 {
+                range.next_seq = match range.next_seq {
+                    0 => next_seq,
+                    n => n.min(next_seq),
+                };
+            }
             if let Some(last) = page.last() {
                 after = last.id.seq;
             }
@@ -506,7 +513,12 @@ impl Daemon {
         range: SeqRange,
     ) -> Result<(), ServiceError> {
         let owns_from = range.owns_from;
-        let top = held.iter().max().copied().unwrap_or(0).max(range.next_seq);
+        // not above what the origin said it had handed out: a higher copy held here came
+        // after its answer, which could not have named it
+        let top = match range.next_seq {
+            0 => held.iter().max().copied().unwrap_or(0),
+            n => n,
+        };
         if top == 0 {
             return Ok(());
         }
