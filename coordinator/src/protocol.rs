@@ -343,7 +343,7 @@ impl Protocol {
                 Obj {
                     id,
                     owner: a.node,
-                    priority: o.priority.min(7) as u8,
+                    priority: o.priority.min(u32::from(runtime::URGENT_PRIORITY)) as u8,
                     attrs,
                     version: published.version,
                     sources: Vec::new(),

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use crate::{Action, Block, Config, Event, ObjectKey, Snapshot, TaskId, WorkerId};
+use runtime::URGENT_PRIORITY;
 
 #[derive(Clone, Debug)]
 struct Task {
@@ -192,7 +193,7 @@ impl Coordinator {
                 priority,
                 attrs,
             } => {
-                let priority = priority.min(7);
+                let priority = priority.min(URGENT_PRIORITY);
                 if attrs.is_empty() {
                     self.add_to_match(object, priority);
                 } else {
@@ -206,7 +207,10 @@ impl Coordinator {
                             b.objects.push(object);
                             b.priorities.push(priority);
                             b.priority = b.priority.max(priority);
-                            (b.objects.len() >= self.cfg.test_batch, b.priority >= 7)
+                            (
+                                b.objects.len() >= self.cfg.test_batch,
+                                b.priority >= URGENT_PRIORITY,
+                            )
                         };
                         if full || self.eager(&Block::Test(a.clone()), urgent) {
                             self.close_test_batch(&a);
@@ -261,14 +265,14 @@ impl Coordinator {
                         if self
                             .test_batches
                             .get(a)
-                            .is_some_and(|b| self.eager(&block, b.priority >= 7)) =>
+                            .is_some_and(|b| self.eager(&block, b.priority >= URGENT_PRIORITY)) =>
                     {
                         let a = a.clone();
                         self.close_test_batch(&a);
                     }
                     Block::Match
                         if !self.match_batch.objects.is_empty()
-                            && self.eager(&block, self.match_batch.priority >= 7) =>
+                            && self.eager(&block, self.match_batch.priority >= URGENT_PRIORITY) =>
                     {
                         self.close_match_batch();
                     }
@@ -314,7 +318,7 @@ impl Coordinator {
         self.match_batch.priorities.push(priority);
         self.match_batch.priority = self.match_batch.priority.max(priority);
         if self.match_batch.objects.len() >= self.cfg.match_batch
-            || self.eager(&Block::Match, self.match_batch.priority >= 7)
+            || self.eager(&Block::Match, self.match_batch.priority >= URGENT_PRIORITY)
         {
             self.close_match_batch();
         }
@@ -376,7 +380,11 @@ impl Coordinator {
     /// priority, see [`Coordinator::top_up`]).
     fn enqueue(&mut self, block: Block, b: Batch, max: usize) {
         if self.waiting.is_empty() && self.idle.values().any(|q| !q.is_empty()) {
-            let urgent = b.priorities.iter().filter(|p| **p >= 7).count();
+            let urgent = b
+                .priorities
+                .iter()
+                .filter(|p| **p >= URGENT_PRIORITY)
+                .count();
             if urgent == 0 || urgent == b.objects.len() {
                 let t = self.new_task(block, b);
                 self.waiting.push(t);
@@ -384,7 +392,11 @@ impl Coordinator {
             }
             let (mut hi, mut lo) = (Batch::default(), Batch::default());
             for (o, p) in b.objects.into_iter().zip(b.priorities) {
-                let part = if p >= 7 { &mut hi } else { &mut lo };
+                let part = if p >= URGENT_PRIORITY {
+                    &mut hi
+                } else {
+                    &mut lo
+                };
                 part.objects.push(o);
                 part.priority = part.priority.max(p);
             }
@@ -528,7 +540,7 @@ impl Coordinator {
 
     fn effective_priority(&self, t: &Task) -> u64 {
         let aged = (self.now - t.enqueued) / self.cfg.aging_ms.max(1);
-        (t.priority as u64 + aged).min(7)
+        (t.priority as u64 + aged).min(u64::from(URGENT_PRIORITY))
     }
 
     fn schedule(&mut self, out: &mut Vec<Action>) {
@@ -550,7 +562,7 @@ impl Coordinator {
                 .unwrap_or(0);
             let block = self.waiting[best].block.clone();
             // no waiting task outranks `best`: when it is not urgent, none is
-            let urgent = self.waiting[best].priority >= 7;
+            let urgent = self.waiting[best].priority >= URGENT_PRIORITY;
             let fit = if urgent { Fit::Any } else { Fit::Ordinary };
             let (worker, load) =
                 if let Some(w) = urgent.then(|| self.pop_reserve(&block, out)).flatten() {
@@ -621,7 +633,9 @@ impl Coordinator {
             .iter()
             .enumerate()
             .filter(|(_, t)| {
-                t.block == task.block && (priority < 7 || self.effective_priority(t) >= 7)
+                t.block == task.block
+                    && (priority < URGENT_PRIORITY
+                        || self.effective_priority(t) >= u64::from(URGENT_PRIORITY))
             })
             .map(|(i, t)| {
                 (

@@ -54,6 +54,11 @@ pub const STREAM_SERVICE: &str = "dissem.v1.Stream";
 /// The public services of the coordinator.
 pub const COORDINATOR_SERVICES: &[&str] = &["dissem.v1.Subscriptions", "dissem.v1.Admin"];
 
+/// The highest priority an object has: an urgent one, which the coordinator schedules and
+/// a node matches and pushes ahead of the rest (on the node's own threads at normal OS
+/// priority while a backlog runs on the bulk lane).
+pub const URGENT_PRIORITY: u8 = 7;
+
 /// The name images of the (single) subscription shard are stored under.
 pub const SHARD_IMAGE: &str = "shard";
 

@@ -383,10 +383,22 @@ impl Store {
                 // both at once: a locator that reaches the disk before its bytes (sled also
                 // flushes on its own) belongs to an unacknowledged put and is dropped at open
                 let (synced, flushed) = tokio::join!(
-                    tokio::task::spawn_blocking(move || log.sync()),
-                    tokio::task::spawn_blocking(move || db.flush())
+                    tokio::task::spawn_blocking(move || {
+                        let t = std::time::Instant::now();
+                        (log.sync(), t.elapsed())
+                    }),
+                    tokio::task::spawn_blocking(move || {
+                        let t = std::time::Instant::now();
+                        (db.flush(), t.elapsed())
+                    })
                 );
-                let r = match (synced, flushed) {
+                // where a put's wait goes (`RUST_LOG=storage=debug`)
+                if let (Ok((_, a)), Ok((_, b))) = (&synced, &flushed) {
+                    tracing::debug!(
+                        "flush {n}: the object log synced in {a:?}, sled flushed in {b:?}"
+                    );
+                }
+                let r = match (synced.map(|x| x.0), flushed.map(|x| x.0)) {
                     (Ok(Ok(())), Ok(Ok(_))) => Ok(()),
                     (Ok(Err(e)), _) => Err(StorageError::Log(e)),
                     (_, Ok(Err(e))) => {

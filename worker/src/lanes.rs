@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 
 /// Objects of this priority (after aging) are urgent: matched and pushed on the node's own
 /// runtime at normal OS priority.
-pub const URGENT_PRIORITY: u8 = 7;
+pub use runtime::URGENT_PRIORITY;
 
 /// The nice value of the bulk lane's threads.
 const BULK_NICE: i32 = 10;

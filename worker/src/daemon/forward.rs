@@ -24,7 +24,7 @@ struct Waiting {
 
 impl Waiting {
     fn push(&mut self, o: v1::ArrivedObject) {
-        let p = o.priority.min(7) as usize;
+        let p = o.priority.min(u32::from(runtime::URGENT_PRIORITY)) as usize;
         self.by_priority[p].push_back(o);
         self.len += 1;
     }

@@ -191,7 +191,7 @@ pub(super) fn replica_from_proto(
         data: o.data,
         external_id: o.external_id,
         metadata,
-        priority: o.priority.min(7) as u8,
+        priority: o.priority.min(u32::from(runtime::URGENT_PRIORITY)) as u8,
         message_id: o.message_id,
         received_unix_ms: o.received_unix_ms,
     })

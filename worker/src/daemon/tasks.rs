@@ -439,7 +439,7 @@ pub(super) const INLINE_OBJECTS: usize = 16;
 
 /// A task's priority as the coordinator handed it out (0..=7).
 pub(super) fn priority(req: &v1::AssignRequest) -> u8 {
-    req.priority.min(7) as u8
+    req.priority.min(u32::from(runtime::URGENT_PRIORITY)) as u8
 }
 
 pub(super) fn match_objects(loaded: &Loaded, objs: Vec<ObjectResults>) -> Vec<(usize, Vec<u64>)> {

@@ -136,7 +136,8 @@ impl Deliverer {
         let mut by_key: Vec<(String, Vec<Job>)> = Vec::new();
         for (s, sub) in subs {
             let job = Job {
-                priority: obj_priority.max(s.priority.min(7) as u8),
+                priority: obj_priority
+                    .max(s.priority.min(u32::from(runtime::URGENT_PRIORITY)) as u8),
                 seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
                 sub,
                 obj,
