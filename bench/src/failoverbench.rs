@@ -17,6 +17,7 @@ use proto::v1;
 use serde::Serialize;
 use storage::ObjectId;
 
+use crate::cut::Cut;
 use crate::elected::ElectedCluster;
 use crate::procs::{self, create_grpc_subscription, put_retrying, try_wait_for};
 use crate::recorder::Recorder;
@@ -162,8 +163,11 @@ pub type Targets = Arc<std::sync::Mutex<Vec<String>>>;
 #[derive(Debug)]
 pub struct Traffic {
     pub rec: Recorder,
-    /// The recorder's URL (the subscriptions' gRPC target).
+    /// The subscriptions' gRPC target: a relay in front of the recorder, which a benchmark
+    /// cuts to crash the subscriber as the nodes see it (every connection broken, new ones
+    /// closed; its record kept, as a QoS 2 receiver keeps what it received on its disk).
     pub target: String,
+    pub relay: Cut,
     pub q1: u64,
     pub q2: u64,
     pub acked: Acked,
@@ -177,7 +181,15 @@ pub struct Traffic {
 impl Traffic {
     /// Creates the subscriptions and starts putting at `rate` per second.
     pub async fn start(c: &ElectedCluster, rate: u32) -> anyhow::Result<Traffic> {
-        let (rec, target) = Recorder::start().await?;
+        let (rec, direct) = Recorder::start().await?;
+        let upstream = direct
+            .trim_start_matches("http://")
+            .parse()
+            .with_context(|| format!("the recorder's address in {direct}"))?;
+        let relay = Cut::start(upstream)
+            .await
+            .context("the relay to the subscriber")?;
+        let target = format!("http://{}", relay.addr);
         let node0 = c.nodes[0].url();
         let sub =
             |qos: v1::Qos| create_grpc_subscription(&node0, "n >= 0".into(), &target, qos, None);
@@ -204,6 +216,7 @@ impl Traffic {
         Ok(Traffic {
             rec,
             target,
+            relay,
             q1,
             q2,
             acked,

@@ -527,6 +527,12 @@ async fn apply(
         Fault::LeaderKill => {
             c.kill_leader().await?;
         }
+        Fault::SubscriberDown { down_ms } if down_ms % 2 == 0 => {
+            // crashed: every connection to it broken mid-call, new ones closed
+            traffic.relay.set_down(true);
+            tokio::time::sleep(Duration::from_millis(down_ms)).await;
+            traffic.relay.set_down(false);
+        }
         Fault::SubscriberDown { down_ms } => {
             traffic.rec.set_refusing(true);
             tokio::time::sleep(Duration::from_millis(down_ms)).await;

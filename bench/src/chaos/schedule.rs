@@ -23,8 +23,10 @@ pub enum Fault {
     EtcdRestart,
     /// Node `node` down while a subscription is deleted, a canary updated and one created.
     SubsWhileDown { node: u32 },
-    /// The subscribers refuse every delivery (UNAVAILABLE) for `down_ms`: deliveries stay
-    /// owed and are retried.
+    /// The gRPC subscribers down for `down_ms`: with an even `down_ms` crashed (every
+    /// connection to them broken mid-call and new ones closed, as when their process is
+    /// killed; what they received they keep, as a QoS 2 receiver does on its disk), with an
+    /// odd one refusing every delivery (UNAVAILABLE). Deliveries stay owed and are retried.
     SubscriberDown { down_ms: u64 },
     /// The link to the peer cluster cut (the relay refuses every connection) until the
     /// schedule's last fault is over.

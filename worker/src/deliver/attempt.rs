@@ -405,6 +405,14 @@ impl Deliverer {
                     node: o.node,
                     seq: o.seq,
                 });
+                // a store whose flush failed (a full disk) may hold in memory a phase that
+                // never reached its disk, and refuses every write: no QoS 2 step goes out
+                // until the node starts again on what its disk holds (`reopen`). A release
+                // sent on a "received" phase that lived only in memory, then a Deliver
+                // again, showed the subscriber a duplicate (`bench chaos` seed 42046)
+                if exactly_once && self.inner.store.sled_failed() {
+                    return Ok(Outcome::Postponed { received });
+                }
                 if !received {
                     // the lease may have lapsed since the attempt was prepared (a paused
                     // process): a QoS 2 delivery its heir may have released goes out never

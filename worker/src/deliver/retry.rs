@@ -68,7 +68,12 @@ impl Deliverer {
                 }
                 // the object stays in the outbox: matched again at the next start
                 Err(e) => {
-                    tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj));
+                    // a failed store says so once and starts again in place (`reopen`)
+                    if me.inner.store.sled_failed() {
+                        tracing::debug!("recording delivery {}: {e}", delivery_id(sub, obj));
+                    } else {
+                        tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj));
+                    }
                     false
                 }
             }
@@ -125,9 +130,22 @@ impl Deliverer {
                 next_attempt_unix_ms,
             }
         };
-        self.finish(sub, obj, state, job.in_memory).await;
+        let recorded = self.finish(sub, obj, state, job.in_memory).await;
+        self.schedule_after(sub, obj, recorded, POSTPONE_MS);
+    }
+
+    /// Schedules (sub, obj) again. When its new state was not recorded (a full disk), the
+    /// store still holds the old next attempt, which may be due already: the wait is kept
+    /// here instead (else it ran again at once, about 90,000 times a second on a failed
+    /// store).
+    fn schedule_after(&self, sub: u64, obj: ObjectId, recorded: bool, wait_ms: u64) {
         let me = self.clone();
-        tokio::spawn(async move { me.schedule(sub, obj).await });
+        tokio::spawn(async move {
+            if !recorded {
+                tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+            }
+            me.schedule(sub, obj).await
+        });
     }
 
     /// Records a failed attempt: retried after a backoff, or dead-lettered at the limits.
@@ -217,8 +235,7 @@ impl Deliverer {
                 next_attempt_unix_ms: next,
             }
         };
-        self.finish(sub, obj, state, job.in_memory).await;
-        let me = self.clone();
-        tokio::spawn(async move { me.schedule(sub, obj).await });
+        let recorded = self.finish(sub, obj, state, job.in_memory).await;
+        self.schedule_after(sub, obj, recorded, next - now);
     }
 }
