@@ -638,7 +638,10 @@ async fn delete(
     Ok(())
 }
 
-/// A subscription change, tried again while the cluster is between leaders (10 s at most).
+/// A subscription call, tried again while the cluster is between leaders or its connection
+/// broke mid-call (10 s at most). Every call this benchmark makes is safe to send again: a
+/// read; an update stores the same filter once more under a newer revision; a delete tried
+/// again answers NOT_FOUND; a create may leave one more subscription of the same filter.
 async fn retry<T, F, Fut>(mut f: F) -> Result<T, tonic::Status>
 where
     F: FnMut() -> Fut,
@@ -648,11 +651,22 @@ where
     loop {
         match f().await {
             Ok(r) => return Ok(r.into_inner()),
-            Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
+            Err(e) if outcome_unknown(&e) && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Whether a call may not have reached a leader or its answer was lost: no leader now, or the
+/// connection broke mid-call (the process it went through was killed or cut off; tonic
+/// answers such a call UNKNOWN, "transport error").
+fn outcome_unknown(e: &tonic::Status) -> bool {
+    match e.code() {
+        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => true,
+        tonic::Code::Unknown => e.message().contains("transport error"),
+        _ => false,
     }
 }
 
@@ -683,4 +697,21 @@ pub fn print(r: &ChaosReport) {
         );
     }
     println!("{}", if r.pass { "PASS" } else { "FAIL" });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outcome_unknown;
+    use tonic::{Code, Status};
+
+    #[test]
+    fn a_call_broken_mid_flight_is_tried_again_and_a_refusal_is_not() {
+        assert!(outcome_unknown(&Status::unavailable("no leader")));
+        assert!(outcome_unknown(&Status::unknown(
+            "transport error: connection error: broken pipe"
+        )));
+        assert!(!outcome_unknown(&Status::unknown("something else")));
+        assert!(!outcome_unknown(&Status::new(Code::NotFound, "gone")));
+        assert!(!outcome_unknown(&Status::invalid_argument("filter")));
+    }
 }
