@@ -4,7 +4,9 @@
 //! stream subscriber that attaches to a node, acks every delivery, and attaches to the next
 //! node whenever its stream ends (its node killed), as a client of a cluster would. The
 //! oracle asks both for every acknowledged object, so the HTTP push path and the relayed
-//! streams survive the faults too.
+//! streams survive the faults too. A subscriber crash takes both down with the gRPC ones:
+//! the webhook's relay breaks every connection, and the stream's client drops its stream
+//! mid-flight (unacked deliveries with it) and attaches again once the crash is over.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +15,7 @@ use std::time::Duration;
 use proto::v1;
 use storage::ObjectId;
 
+use crate::cut::Cut;
 use crate::demo::{self, Shared};
 use crate::failoverbench::Numbers;
 use crate::procs::{channel, try_wait_for};
@@ -72,17 +75,39 @@ pub(super) struct Hook {
     sub: (u64, usize),
     seen: Shared,
     numbers: Numbers,
+    /// In front of the endpoint: cut, it is the endpoint's process killed.
+    relay: Cut,
 }
 
 impl Hook {
-    /// Starts the endpoint and subscribes it, through the node at `via`, to every object
-    /// (of the puts numbered by `numbers`).
+    /// Starts the endpoint behind a relay and subscribes it, through the node at `via`, to
+    /// every object (of the puts numbered by `numbers`).
     pub(super) async fn start(via: &str, numbers: Numbers) -> anyhow::Result<Hook> {
+        use anyhow::Context;
         let seen = Shared::default();
-        let url = demo::webhook_endpoint(seen.clone()).await?;
+        let direct = demo::webhook_endpoint(seen.clone()).await?;
+        let (addr, path) = direct
+            .trim_start_matches("http://")
+            .split_once('/')
+            .with_context(|| format!("the webhook endpoint's address in {direct}"))?;
+        let relay = Cut::start(addr.parse()?)
+            .await
+            .context("the relay to the webhook endpoint")?;
+        let url = format!("http://{}/{path}", relay.addr);
         let id = subscribe(via, v1::target::Kind::Webhook(url)).await?;
         let sub = (id, numbers.next.load(Ordering::SeqCst));
-        Ok(Hook { sub, seen, numbers })
+        Ok(Hook {
+            sub,
+            seen,
+            numbers,
+            relay,
+        })
+    }
+
+    /// Crashes the endpoint (every connection to it broken, new ones closed) or brings it
+    /// back; what it was shown it keeps.
+    pub(super) fn set_down(&self, down: bool) {
+        self.relay.set_down(down);
     }
 
     /// Which of `objects` the endpoint was not shown within `limit`.
@@ -97,8 +122,10 @@ pub(super) struct StreamSub {
     sub: (u64, usize),
     numbers: Numbers,
     seen: Shared,
+    nodes: Vec<String>,
     stop: Arc<AtomicBool>,
-    client: tokio::task::JoinHandle<()>,
+    /// The client; none while it is crashed.
+    client: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl StreamSub {
@@ -108,10 +135,30 @@ impl StreamSub {
         anyhow::ensure!(!nodes.is_empty(), "no node to attach the stream to");
         let id = subscribe(&nodes[0], v1::target::Kind::Stream(STREAM.into())).await?;
         let sub = (id, numbers.next.load(Ordering::SeqCst));
-        let seen = Shared::default();
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, st) = (seen.clone(), stop.clone());
-        let client = tokio::spawn(async move {
+        let stream = StreamSub {
+            sub,
+            numbers,
+            seen: Shared::default(),
+            nodes,
+            stop: Arc::new(AtomicBool::new(false)),
+            client: std::sync::Mutex::new(None),
+        };
+        stream.set_down(false);
+        Ok(stream)
+    }
+
+    /// Crashes the client (its stream dropped mid-flight, unacked deliveries with it) or
+    /// starts it again; what it was shown it keeps.
+    pub(super) fn set_down(&self, down: bool) {
+        let mut client = runtime::lock(&self.client);
+        if let Some(c) = client.take() {
+            c.abort();
+        }
+        if down {
+            return;
+        }
+        let (nodes, s, st) = (self.nodes.clone(), self.seen.clone(), self.stop.clone());
+        *client = Some(tokio::spawn(async move {
             for url in nodes.iter().cycle() {
                 if st.load(Ordering::SeqCst) {
                     return;
@@ -119,14 +166,7 @@ impl StreamSub {
                 attached(url, &s).await;
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-        });
-        Ok(StreamSub {
-            sub,
-            numbers,
-            seen,
-            stop,
-            client,
-        })
+        }));
     }
 
     /// Which of `objects` the stream's client was not shown within `limit`.
@@ -138,7 +178,9 @@ impl StreamSub {
 impl Drop for StreamSub {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        self.client.abort();
+        if let Some(c) = runtime::lock(&self.client).take() {
+            c.abort();
+        }
     }
 }
 

@@ -205,6 +205,8 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 c: &mut c,
                 peer: &mut peer,
                 traffic: &traffic,
+                hook: &hook,
+                stream: &stream,
             };
             apply(&mut on, &mut changes, &mut victim, *f, o.lease_ttl)
                 .await
@@ -476,6 +478,8 @@ struct Targets<'a> {
     c: &'a mut ElectedCluster,
     peer: &'a mut Peer,
     traffic: &'a Traffic,
+    hook: &'a endpoints::Hook,
+    stream: &'a endpoints::StreamSub,
 }
 
 async fn apply(
@@ -528,10 +532,16 @@ async fn apply(
             c.kill_leader().await?;
         }
         Fault::SubscriberDown { down_ms } if down_ms % 2 == 0 => {
-            // crashed: every connection to it broken mid-call, new ones closed
-            traffic.relay.set_down(true);
+            // every subscriber crashed: each connection to the gRPC and webhook endpoints
+            // broken mid-call and new ones closed, the stream's client gone
+            let crash = |down| {
+                traffic.relay.set_down(down);
+                on.hook.set_down(down);
+                on.stream.set_down(down);
+            };
+            crash(true);
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
-            traffic.relay.set_down(false);
+            crash(false);
         }
         Fault::SubscriberDown { down_ms } => {
             traffic.rec.set_refusing(true);

@@ -23,10 +23,11 @@ pub enum Fault {
     EtcdRestart,
     /// Node `node` down while a subscription is deleted, a canary updated and one created.
     SubsWhileDown { node: u32 },
-    /// The gRPC subscribers down for `down_ms`: with an even `down_ms` crashed (every
-    /// connection to them broken mid-call and new ones closed, as when their process is
-    /// killed; what they received they keep, as a QoS 2 receiver does on its disk), with an
-    /// odd one refusing every delivery (UNAVAILABLE). Deliveries stay owed and are retried.
+    /// The subscribers down for `down_ms`: with an even `down_ms` every one crashed (each
+    /// connection to the gRPC and webhook endpoints broken mid-call and new ones closed, as
+    /// when their process is killed, and the stream's client gone with its stream; what
+    /// they received they keep, as a QoS 2 receiver does on its disk), with an odd one the
+    /// gRPC ones refusing every delivery (UNAVAILABLE). Deliveries stay owed and are retried.
     SubscriberDown { down_ms: u64 },
     /// The link to the peer cluster cut (the relay refuses every connection) until the
     /// schedule's last fault is over.
