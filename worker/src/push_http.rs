@@ -101,32 +101,65 @@ impl Consents {
         {
             return answer.clone();
         }
-        let answer = handshake(client, url).await;
+        let (answer, answered) = match handshake(client, url).await {
+            Handshake::Answered(a) => (a, true),
+            Handshake::Unanswered(e) => (Err(e), false),
+        };
         if let Err(e) = &answer {
             tracing::warn!("webhook {url}: {e}");
         }
-        let mut answers = lock(&self.answers);
-        if answers.len() > 100_000 {
-            answers.retain(|_, (at, _)| at.elapsed() < CONSENT_TTL);
+        // no answer is no refusal: a receiver down for a moment (its process restarting) is
+        // asked again at the next attempt; remembered, it would fail every attempt for
+        // CONSENT_TTL and its events would run out of retries (`bench chaos`, seed 44011)
+        if answered {
+            let mut answers = lock(&self.answers);
+            if answers.len() > 100_000 {
+                answers.retain(|_, (at, _)| at.elapsed() < CONSENT_TTL);
+            }
+            answers.insert(url.to_string(), (Instant::now(), answer.clone()));
         }
-        answers.insert(url.to_string(), (Instant::now(), answer.clone()));
         answer
     }
 }
 
+/// What a handshake came to.
+enum Handshake {
+    /// The receiver's answer (consent or refusal), or a URL no request can be made of.
+    Answered(Result<(), String>),
+    /// No answer: the receiver could not be reached or did not answer in time.
+    Unanswered(String),
+}
+
 /// One CloudEvents abuse-protection handshake.
-async fn handshake(client: &WebhookClient, url: &str) -> Result<(), String> {
+async fn handshake(client: &WebhookClient, url: &str) -> Handshake {
     let req = hyper::Request::builder()
         .method(hyper::Method::OPTIONS)
         .uri(url)
         .header("WebHook-Request-Origin", REQUEST_ORIGIN)
         .header("user-agent", concat!("dissem/", env!("CARGO_PKG_VERSION")))
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| format!("building the validation request: {e}"))?;
-    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
-        .await
-        .map_err(|_| "webhook validation: no answer to OPTIONS within 10 s".to_string())?
-        .map_err(|e| format!("webhook validation: OPTIONS {url}: {e}"))?;
+        .body(Full::new(Bytes::new()));
+    let req = match req {
+        Ok(r) => r,
+        Err(e) => {
+            return Handshake::Answered(Err(format!("building the validation request: {e}")));
+        }
+    };
+    let resp = match tokio::time::timeout(Duration::from_secs(10), client.request(req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            return Handshake::Unanswered(format!("webhook validation: OPTIONS {url}: {e}"));
+        }
+        Err(_) => {
+            return Handshake::Unanswered(
+                "webhook validation: no answer to OPTIONS within 10 s".into(),
+            );
+        }
+    };
+    Handshake::Answered(judge_consent(&resp))
+}
+
+/// Whether an answer to the handshake consents.
+fn judge_consent<B>(resp: &hyper::Response<B>) -> Result<(), String> {
     if !resp.status().is_success() {
         return Err(format!(
             "webhook validation: OPTIONS answered HTTP {}; the receiver must consent with \
@@ -160,4 +193,73 @@ pub fn consent_response<B>(req: &hyper::Request<B>) -> Option<hyper::Response<Fu
     let mut resp = hyper::Response::new(Full::new(Bytes::new()));
     resp.headers_mut().insert("WebHook-Allowed-Origin", origin);
     Some(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves the consenting answer on `l` (every request, every connection).
+    fn consenting(l: tokio::net::TcpListener) {
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(
+                        |req: hyper::Request<hyper::body::Incoming>| async move {
+                            let yes = consent_response(&req)
+                                .unwrap_or_else(|| hyper::Response::new(Full::new(Bytes::new())));
+                            Ok::<_, std::convert::Infallible>(yes)
+                        },
+                    );
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await;
+                });
+            }
+        });
+    }
+
+    #[tokio::test]
+    async fn a_receiver_that_could_not_be_reached_is_asked_again_and_a_refusal_is_kept() {
+        let tls = webhook_tls(None).expect("tls");
+        let client = webhook_client(true, tls);
+        let consents = Consents::default();
+        // a port nothing listens on: the receiver is down
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        drop(l);
+        let url = format!("http://{addr}/hook");
+        let down = consents.check(&client, &url).await;
+        assert!(down.is_err(), "nothing answers yet");
+        assert!(
+            !lock(&consents.answers).contains_key(&url),
+            "no answer is not remembered as a refusal"
+        );
+        // it comes back: asked again, it consents
+        let l = tokio::net::TcpListener::bind(addr).await.expect("rebind");
+        consenting(l);
+        assert_eq!(consents.check(&client, &url).await, Ok(()));
+
+        // a receiver that answers without consent is refused, and remembered as such
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let refusing = format!("http://{}/hook", l.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = l.accept().await {
+                let svc = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::new())))
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            }
+        });
+        assert!(consents.check(&client, &refusing).await.is_err());
+        assert!(lock(&consents.answers).contains_key(&refusing));
+    }
 }
