@@ -8,6 +8,9 @@
 use super::matching::CellBatch;
 use super::*;
 
+/// A split batch's blocks are dealt out in about this many runs per thread.
+const SPLIT_RUNS_PER_THREAD: usize = 8;
+
 impl Base {
     /// Matches a batch with the shard's strategy on up to `threads` threads (scoped; the
     /// calling thread alone when 1): `out[i]` receives the matching conjunction records of
@@ -102,16 +105,27 @@ impl Base {
         if threads == 1 {
             return self.scan_cells(cells, &batch, 0..blocks, &mut ctx, out);
         }
-        let per = blocks.div_ceil(threads);
-        let batch = &batch;
+        // the blocks are taken a run at a time as each thread is ready for more: blocks
+        // differ in how many of their conjunctions survive, and halves fixed in advance left
+        // one thread waiting on the other
+        let run = blocks.div_ceil(threads * SPLIT_RUNS_PER_THREAD).max(1);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let (batch, next) = (&batch, &next);
         let parts: Vec<(Vec<Vec<u32>>, VerifyStats)> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
-                .map(|t| {
+                .map(|_| {
                     s.spawn(move || {
                         let mut ctx = self.new_ctx();
                         let mut found = vec![Vec::new(); events.len()];
-                        let range = t * per..((t + 1) * per).min(blocks);
-                        let stats = self.scan_cells(cells, batch, range, &mut ctx, &mut found);
+                        let mut stats = VerifyStats::default();
+                        loop {
+                            let at = next.fetch_add(run, std::sync::atomic::Ordering::Relaxed);
+                            if at >= blocks {
+                                break;
+                            }
+                            let range = at..(at + run).min(blocks);
+                            stats += self.scan_cells(cells, batch, range, &mut ctx, &mut found);
+                        }
                         (found, stats)
                     })
                 })
