@@ -105,8 +105,12 @@ impl Consents {
             Handshake::Answered(a) => (a, true),
             Handshake::Unanswered(e) => (Err(e), false),
         };
-        if let Err(e) = &answer {
-            tracing::warn!("webhook {url}: {e}");
+        match &answer {
+            // a refusal is the receiver's word; no answer is one more failed attempt (each
+            // event retried, as for a failed POST), not a warning per event
+            Err(e) if answered => tracing::warn!("webhook {url}: {e}"),
+            Err(e) => tracing::debug!("webhook {url}: {e}"),
+            Ok(()) => {}
         }
         // no answer is no refusal: a receiver down for a moment (its process restarting) is
         // asked again at the next attempt; remembered, it would fail every attempt for

@@ -7,7 +7,8 @@
 //! finds its lease may have lapsed (an answer came over a lease after the heartbeat before
 //! it was sent) stays fenced for one more lease, in which its heir sees it alive again and
 //! stops adopting; then it learns which of the objects it disseminated a live node adopted
-//! or finished meanwhile, leaves those to it, and goes on with the rest.
+//! or finished meanwhile, leaves those to it, and goes on with the rest. A node that starts
+//! is fenced the same way after its first answer: it may have been down past its lease.
 
 use super::*;
 use crate::deliver::Hold;
@@ -32,7 +33,15 @@ impl Daemon {
         };
         let now = Instant::now();
         let mut l = lock(&self.inner.lease);
-        let lapsed = l.sent.is_some_and(|prev| now.duration_since(prev) > lease);
+        // the first answer since this process started counts as a lapse too: killed and
+        // started again, the node may have been down past its lease, and its heir, whose
+        // view lags by a heartbeat, may still be adopting (what this node held, and what is
+        // put here since); pushed at once, such an object went out from both (QoS 2
+        // duplicates, `bench chaos` seed 44121)
+        let started = l.sent.is_none();
+        let lapsed = l
+            .sent
+            .is_none_or(|prev| now.duration_since(prev) > lease);
         l.sent = Some(sent);
         if lapsed {
             l.lapses += 1;
@@ -40,10 +49,17 @@ impl Daemon {
         if lapsed && l.lapsed.is_none() {
             l.lapsed = Some(now + lease);
             drop(l);
-            tracing::warn!(
-                "this node's lease may have lapsed (no heartbeat answer for over {lease:?}): \
-                 no QoS 2 pushes until it learned what others took over"
-            );
+            if started {
+                tracing::info!(
+                    "started: no QoS 2 pushes for a lease ({lease:?}), until this node learned \
+                     what others took over while it was down"
+                );
+            } else {
+                tracing::warn!(
+                    "this node's lease may have lapsed (no heartbeat answer for over \
+                     {lease:?}): no QoS 2 pushes until it learned what others took over"
+                );
+            }
             self.relearn_later(lease);
         }
     }
