@@ -108,13 +108,6 @@ pub fn render(s: &v1::StatsResponse, workers: &[v1::WorkerInfo]) -> String {
         );
         line(
             &mut o,
-            "dissem_puts_deferred_total",
-            "Puts stored on the bulk lane (below the urgent priority while overloaded).",
-            "counter",
-            &one(s.puts_deferred),
-        );
-        line(
-            &mut o,
             "dissem_objects_stored",
             "Objects stored on this node.",
             "gauge",

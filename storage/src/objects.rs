@@ -238,19 +238,14 @@ impl Store {
         &self,
         objs: Vec<NewObject>,
     ) -> Result<Vec<Result<PutOutcome, StorageError>>, StorageError> {
-        let outs = self.write_batch(objs);
+        let outs: Vec<_> = objs
+            .into_iter()
+            .map(|o| self.write(o).map_err(|e| self.named(e)))
+            .collect();
         if outs.iter().any(Result::is_ok) {
             self.commit().await?;
         }
         Ok(outs)
-    }
-
-    /// The writes of [`Store::put_batch`] without its flush: none of them is durable (nor
-    /// may be acknowledged) until a [`Store::commit`] called after this returns.
-    pub fn write_batch(&self, objs: Vec<NewObject>) -> Vec<Result<PutOutcome, StorageError>> {
-        objs.into_iter()
-            .map(|o| self.write(o).map_err(|e| self.named(e)))
-            .collect()
     }
 
     /// An object by id: this node's own, or an unfinished copy of another node's.

@@ -45,8 +45,6 @@ pub struct Node {
     pub(crate) federation: Option<crate::federation::Federation>,
     accepted: Arc<AtomicU64>,
     rejected: Arc<AtomicU64>,
-    /// Objects stored on the bulk lane (below the urgent priority, while overloaded).
-    deferred: Arc<AtomicU64>,
     rate: Arc<runtime::rate::RateLimiter>,
     pub(crate) sink: Sink,
     /// Draining before a restart (`Admin.Drain`): puts are refused.
@@ -62,7 +60,6 @@ impl Node {
             federation: None,
             accepted: Arc::new(AtomicU64::new(0)),
             rejected: Arc::new(AtomicU64::new(0)),
-            deferred: Arc::new(AtomicU64::new(0)),
             rate: Arc::new(runtime::rate::RateLimiter::new(
                 limits.max_requests_per_second_per_connection,
             )),
@@ -159,56 +156,12 @@ impl Node {
     }
 
     /// Stores validated objects a writer of this cluster hands in: [`Node::store_objects`],
-    /// owing each to the cluster's federation links. While the node is overloaded, puts
-    /// below the urgent priority are stored on the bulk lane (niced threads), so urgent puts
-    /// are written, flushed and answered ahead of them (their flushes still run on the
-    /// node's own runtime: [`Node::commit`]).
+    /// owing each to the cluster's federation links.
     async fn put_objects(
         &self,
         objs: Vec<Result<storage::NewObject, ServiceError>>,
     ) -> Vec<Result<v1::PutResponse, ServiceError>> {
-        let top = objs
-            .iter()
-            .filter_map(|o| o.as_ref().ok())
-            .map(|o| o.priority)
-            .max()
-            .unwrap_or(0);
-        match &self.sink {
-            Sink::Cluster(d) if !d.lanes().urgent(top) && !crate::lanes::on_bulk() => {
-                let (node, n) = (self.clone(), objs.len());
-                let stored = d
-                    .lanes()
-                    .spawn(top, async move { node.store_objects(objs, true).await })
-                    .await;
-                stored.unwrap_or_else(|e| {
-                    let why = format!("the put did not finish: {e}");
-                    (0..n)
-                        .map(|_| Err(ServiceError::Unavailable(why.clone())))
-                        .collect()
-                })
-            }
-            _ => self.store_objects(objs, true).await,
-        }
-    }
-
-    /// Waits until every write before the call is durable. A put on the bulk lane has the
-    /// flush run on the node's own runtime: whichever put starts a group commit drives it
-    /// for all of them, and an urgent put must not wait on a niced thread.
-    async fn commit(&self) -> Result<(), storage::StorageError> {
-        if let Sink::Cluster(d) = &self.sink
-            && crate::lanes::on_bulk()
-        {
-            let store = self.store.clone();
-            let flushed = d
-                .lanes()
-                .spawn(
-                    runtime::URGENT_PRIORITY,
-                    async move { store.commit().await },
-                )
-                .await;
-            return flushed.unwrap_or(Err(storage::StorageError::Flusher));
-        }
-        self.store.commit().await
+        self.store_objects(objs, true).await
     }
 
     /// Stores validated objects with one shared flush and hands each new one to the sink;
@@ -244,17 +197,8 @@ impl Node {
             }
         }
         let owed_copies: Option<Vec<storage::NewObject>> = federation.map(|_| valid.clone());
-        if crate::lanes::on_bulk() {
-            self.deferred
-                .fetch_add(valid.len() as u64, Ordering::Relaxed);
-        }
-        let stored = self.store.write_batch(valid);
-        let flushed = match stored.iter().any(Result::is_ok) {
-            true => self.commit().await,
-            false => Ok(()),
-        };
-        let stored = match flushed {
-            Ok(()) => stored,
+        let stored = match self.store.put_batch(valid).await {
+            Ok(outs) => outs,
             Err(e) => {
                 // the shared flush failed: none of the writes is acknowledged
                 tracing::error!("storage failure: {e}");
@@ -317,7 +261,7 @@ impl Node {
                 Err(_) => Ok(()),
             })
             .collect();
-        if let Err(e) = self.commit().await {
+        if let Err(e) = self.store.commit().await {
             let why = format!("storage: {e}");
             out = out
                 .into_iter()
@@ -580,7 +524,6 @@ impl v1::admin_server::Admin for Node {
             objects_stored: self.store.object_count() as u64,
             puts_accepted: self.accepted.load(Ordering::Relaxed),
             puts_rejected: self.rejected.load(Ordering::Relaxed),
-            puts_deferred: self.deferred.load(Ordering::Relaxed),
             outbox_pending: self.store.outbox_len() as u64,
             subscriptions: self.store.subscription_count() as u64,
             role: self.sink.role().into(),
@@ -726,57 +669,5 @@ impl v1::admin_server::Admin for Node {
             }
         }
         Ok(Response::new(v1::RedriveResponse { redriven }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::daemon::{Daemon, DaemonConfig};
-    use v1::admin_server::Admin;
-    use v1::ingest_server::Ingest;
-
-    fn put(priority: u32, n: u8) -> Request<v1::PutRequest> {
-        Request::new(v1::PutRequest {
-            data: vec![n],
-            priority,
-            ..v1::PutRequest::default()
-        })
-    }
-
-    async fn deferred(node: &Node) -> u64 {
-        let stats = node.stats(Request::new(v1::StatsRequest::default())).await;
-        stats.map_or(u64::MAX, |s| s.into_inner().puts_deferred)
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_overloaded_node_stores_puts_below_the_urgent_priority_on_the_bulk_lane() {
-        let dir = std::env::temp_dir().join(format!(
-            "dissem-deferred-{}-{}",
-            std::process::id(),
-            runtime::random_u64()
-        ));
-        let store = Store::open(&dir, 1).expect("store");
-        // nothing listens at the coordinator's address: the daemon is not spawned
-        let cfg = DaemonConfig::new(1, "http://127.0.0.1:9".into(), "http://127.0.0.1:9".into());
-        let link = Daemon::link(&cfg).expect("link");
-        let d = Daemon::new(cfg, store.clone(), Limits::default(), link).expect("daemon");
-        let node = Node::new(store.clone(), Limits::default(), Sink::Cluster(d.clone()));
-        // no coordinator is heard here, so each put is answered UNAVAILABLE after its write;
-        // where the write ran is what this test reads
-        let _ = node.put(put(0, 1)).await;
-        assert_eq!(deferred(&node).await, 0, "not overloaded: one lane");
-        d.lanes().set_overloaded(true);
-        let _ = node.put(put(runtime::URGENT_PRIORITY.into(), 2)).await;
-        assert_eq!(
-            deferred(&node).await,
-            0,
-            "an urgent put stays on the node's runtime"
-        );
-        let _ = node.put(put(6, 3)).await;
-        assert_eq!(deferred(&node).await, 1, "below urgent: on the bulk lane");
-        assert_eq!(store.object_count(), 3, "each put was written");
-        drop((node, d, store));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

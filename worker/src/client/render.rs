@@ -160,12 +160,6 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
                     "puts",
                 ),
                 (
-                    "puts_deferred",
-                    "puts deferred",
-                    json!(s.puts_deferred),
-                    "puts",
-                ),
-                (
                     "outbox_pending",
                     "outbox pending",
                     json!(s.outbox_pending),

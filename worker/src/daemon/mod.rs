@@ -305,12 +305,6 @@ impl Daemon {
         // quorums (`catch_up`): some may have been taken over while this node was down
     }
 
-    /// Where the node's work runs: urgent work on its own runtime, the rest on the bulk lane
-    /// while it is overloaded.
-    pub fn lanes(&self) -> &Lanes {
-        &self.inner.lanes
-    }
-
     /// The node's delivery loop.
     pub fn deliverer(&self) -> &crate::deliver::Deliverer {
         &self.inner.deliverer
