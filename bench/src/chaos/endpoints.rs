@@ -90,7 +90,10 @@ impl Hook {
             .trim_start_matches("http://")
             .split_once('/')
             .with_context(|| format!("the webhook endpoint's address in {direct}"))?;
-        let relay = Cut::start(addr.parse()?)
+        let addr = addr
+            .parse()
+            .with_context(|| format!("the webhook endpoint's address in {direct}"))?;
+        let relay = Cut::start(addr)
             .await
             .context("the relay to the webhook endpoint")?;
         let url = format!("http://{}/{path}", relay.addr);

@@ -39,9 +39,7 @@ impl Daemon {
         // put here since); pushed at once, such an object went out from both (QoS 2
         // duplicates, `bench chaos` seed 44121)
         let started = l.sent.is_none();
-        let lapsed = l
-            .sent
-            .is_none_or(|prev| now.duration_since(prev) > lease);
+        let lapsed = l.sent.is_none_or(|prev| now.duration_since(prev) > lease);
         l.sent = Some(sent);
         if lapsed {
             l.lapses += 1;
@@ -178,5 +176,64 @@ impl Daemon {
             }
             lock(&self.inner.handed).extend(ids);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::DaemonConfig;
+
+    #[tokio::test]
+    async fn a_node_that_starts_pushes_no_qos2_until_a_lease_after_its_first_answer() {
+        let dir = std::env::temp_dir().join(format!(
+            "dissem-fence-{}-{}",
+            std::process::id(),
+            runtime::random_u64()
+        ));
+        let store = Store::open(&dir, 0).expect("store");
+        // nothing listens at the coordinator's address: the daemon is not spawned, and the
+        // heartbeat answers are made here
+        let cfg = DaemonConfig::new(0, "http://127.0.0.1:9".into(), "http://127.0.0.1:9".into());
+        let link = Daemon::link(&cfg).expect("link");
+        let d = Daemon::new(cfg, store, Limits::default(), link).expect("daemon");
+        let lease = Duration::from_millis(300);
+        let m = v1::Membership {
+            rows: 1,
+            cols: 1,
+            lease_ms: lease.as_millis() as u64,
+            members: vec![v1::Member {
+                node: 0,
+                endpoint: "http://127.0.0.1:9".into(),
+                alive: true,
+                ..v1::Member::default()
+            }],
+            ..v1::Membership::default()
+        };
+        d.set_view(Some(&m), true);
+        let obj = ObjectId { node: 0, seq: 1 };
+        assert_eq!(d.hold(obj, true), Hold::Wait, "no answer yet");
+        let first = Instant::now();
+        d.lease_renewed(first);
+        assert_eq!(
+            d.hold(obj, true),
+            Hold::Wait,
+            "the first answer fences, as a lapse"
+        );
+        assert_eq!(d.hold(obj, false), Hold::Go, "QoS 1 is never fenced");
+        // heartbeats answered on time from here: the fence lifts once it relearnt, a lease on
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while d.hold(obj, true) != Hold::Go {
+            assert!(Instant::now() < deadline, "still fenced after 10 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            d.lease_renewed(Instant::now());
+        }
+        assert!(
+            first.elapsed() >= lease,
+            "lifted after {:?}",
+            first.elapsed()
+        );
+        drop(d);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
