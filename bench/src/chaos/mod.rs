@@ -125,7 +125,29 @@ pub fn run(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         .worker_threads(2)
         .enable_all()
         .build()?
-        .block_on(run_async(o))
+        .block_on(async {
+            // stopped by a signal, the run is dropped: every process it started is killed
+            // and every disk it mounted unmounted (their `Drop`s), instead of left behind
+            tokio::select! {
+                r = run_async(o) => r,
+                s = interrupted() => bail!("stopped by {s}"),
+            }
+        })
+}
+
+/// Waits for SIGINT or SIGTERM and names it (never, where they cannot be watched).
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        _ => std::future::pending().await,
+    }
 }
 
 async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
