@@ -5,7 +5,8 @@
 //! failed attempt). Before the first event to a webhook URL the node asks it to consent with
 //! the CloudEvents abuse-protection handshake (an `OPTIONS` request carrying
 //! `WebHook-Request-Origin`, answered with `WebHook-Allowed-Origin`), as Azure Event Grid
-//! does; the answer is remembered for [`CONSENT_TTL`].
+//! does; its answer (consent or refusal) is remembered for [`CONSENT_TTL`], while a
+//! receiver that could not be reached is asked again at the next attempt.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
