@@ -32,7 +32,7 @@ async fn subscribe(via: &str, target: v1::target::Kind) -> Result<u64, tonic::St
         webhook_secret: demo::SECRET.into(),
         ..v1::Subscription::default()
     };
-    Ok(super::create_retrying(via, s).await?.id)
+    Ok(super::calls::create_retrying(via, s).await?.id)
 }
 
 /// Which of `objects` subscription `sub` was not shown (in `seen`) within `limit`, of
