@@ -72,6 +72,28 @@ impl Cut {
         Ok(cut)
     }
 
+    /// A relay in front of the endpoint at `url` (`http://host:port`, with a path or not),
+    /// and the URL that reaches the endpoint through it (the same path): a subscriber behind
+    /// it is crashed, as the nodes see it, by cutting the relay.
+    pub async fn in_front_of(url: &str) -> anyhow::Result<(Cut, String)> {
+        use anyhow::Context;
+        let rest = url
+            .strip_prefix("http://")
+            .with_context(|| format!("{url} is not an http:// URL"))?;
+        let (addr, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let upstream: SocketAddr = addr
+            .parse()
+            .with_context(|| format!("the address in {url}"))?;
+        let cut = Cut::start(upstream)
+            .await
+            .with_context(|| format!("a relay in front of {url}"))?;
+        let through = match path {
+            "" => format!("http://{}", cut.addr),
+            p => format!("http://{}/{p}", cut.addr),
+        };
+        Ok((cut, through))
+    }
+
     /// Cuts every connection and refuses new ones (`true`), or lets them through again.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
@@ -167,6 +189,25 @@ mod tests {
         };
         assert_eq!(unpack(pack(i)), Some(i));
         assert_eq!(unpack(0), None);
+    }
+
+    #[tokio::test]
+    async fn a_relay_in_front_of_a_url_keeps_its_path_and_reaches_its_endpoint() {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let at = l.local_addr().expect("addr");
+        let (cut, url) = Cut::in_front_of(&format!("http://{at}/hook"))
+            .await
+            .expect("relay");
+        assert_eq!(url, format!("http://{}/hook", cut.addr));
+        let (_, bare) = Cut::in_front_of(&format!("http://{at}"))
+            .await
+            .expect("relay");
+        assert!(!bare.ends_with('/'), "{bare}");
+        assert!(Cut::in_front_of("https://127.0.0.1:1").await.is_err());
+        assert!(Cut::in_front_of("http://not-an-address/x").await.is_err());
+        let _client = TcpStream::connect(cut.addr).await.expect("connect");
+        let reached = tokio::time::timeout(Duration::from_secs(10), l.accept()).await;
+        assert!(matches!(reached, Ok(Ok(_))), "the endpoint was not reached");
     }
 
     #[tokio::test]

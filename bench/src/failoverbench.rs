@@ -182,14 +182,7 @@ impl Traffic {
     /// Creates the subscriptions and starts putting at `rate` per second.
     pub async fn start(c: &ElectedCluster, rate: u32) -> anyhow::Result<Traffic> {
         let (rec, direct) = Recorder::start().await?;
-        let upstream = direct
-            .trim_start_matches("http://")
-            .parse()
-            .with_context(|| format!("the recorder's address in {direct}"))?;
-        let relay = Cut::start(upstream)
-            .await
-            .context("the relay to the subscriber")?;
-        let target = format!("http://{}", relay.addr);
+        let (relay, target) = Cut::in_front_of(&direct).await?;
         let node0 = c.nodes[0].url();
         let sub =
             |qos: v1::Qos| create_grpc_subscription(&node0, "n >= 0".into(), &target, qos, None);

@@ -83,20 +83,9 @@ impl Hook {
     /// Starts the endpoint behind a relay and subscribes it, through the node at `via`, to
     /// every object (of the puts numbered by `numbers`).
     pub(super) async fn start(via: &str, numbers: Numbers) -> anyhow::Result<Hook> {
-        use anyhow::Context;
         let seen = Shared::default();
         let direct = demo::webhook_endpoint(seen.clone()).await?;
-        let (addr, path) = direct
-            .trim_start_matches("http://")
-            .split_once('/')
-            .with_context(|| format!("the webhook endpoint's address in {direct}"))?;
-        let addr = addr
-            .parse()
-            .with_context(|| format!("the webhook endpoint's address in {direct}"))?;
-        let relay = Cut::start(addr)
-            .await
-            .context("the relay to the webhook endpoint")?;
-        let url = format!("http://{}/{path}", relay.addr);
+        let (relay, url) = Cut::in_front_of(&direct).await?;
         let id = subscribe(via, v1::target::Kind::Webhook(url)).await?;
         let sub = (id, numbers.next.load(Ordering::SeqCst));
         Ok(Hook {
