@@ -1,6 +1,15 @@
 //! A small seeded random generator (SplitMix64) for everything that must replay from a
 //! seed: the benchmarks' workloads and fault schedules, and the simulations' schedules.
 
+/// The first seed of a simulation's schedules: `DISSEM_SIM_SEED` when set (a failure names
+/// the seed that replays it), else `default`.
+pub fn sim_seed(default: u64) -> u64 {
+    std::env::var("DISSEM_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// SplitMix64: tiny, fast and reproducible across platforms and crate versions.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);

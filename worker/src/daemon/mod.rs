@@ -44,6 +44,9 @@ mod forwarding;
 mod matched;
 mod membership;
 mod outbox;
+mod ownership;
+#[cfg(test)]
+mod ownsim;
 mod placement;
 mod presence;
 mod relay;
@@ -131,11 +134,8 @@ struct Inner {
     peer_queues: Mutex<HashMap<u32, mpsc::UnboundedSender<replicate::PeerMsg>>>,
     /// Ends of copies a peer did not take, sent again while it lives.
     unsent: Mutex<unsent::Unsent>,
-    /// Dead origins whose objects this node took over.
-    owned: Mutex<std::collections::BTreeSet<u32>>,
-    /// Live origins on a fresh disk whose predecessor's objects (below the sequence number
-    /// given) this node took over.
-    owned_below: Mutex<HashMap<u32, u64>>,
+    /// The origins whose objects this node took over.
+    ownership: Mutex<ownership::Ownership>,
     finished_rx: Mutex<Option<mpsc::UnboundedReceiver<ObjectId>>>,
     /// The node's federation links (`forwarding`), and where they report what they
     /// acknowledged.
@@ -143,7 +143,7 @@ struct Inner {
     links_acked: mpsc::UnboundedSender<ObjectId>,
     links_acked_rx: Mutex<Option<mpsc::UnboundedReceiver<ObjectId>>>,
     /// The lease fence: whether this node surely holds its lease.
-    lease: Mutex<fence::Lease>,
+    lease: Mutex<fence::Fence<Instant>>,
     /// Objects another node took over from this one and disseminates now: their queued
     /// pushes here are dropped.
     handed: Mutex<HashSet<ObjectId>>,
@@ -250,13 +250,12 @@ impl Daemon {
                 view: Mutex::new(replicate::View::default()),
                 peer_queues: Mutex::new(HashMap::new()),
                 unsent: Mutex::new(unsent::Unsent::default()),
-                owned: Mutex::new(std::collections::BTreeSet::new()),
-                owned_below: Mutex::new(HashMap::new()),
+                ownership: Mutex::new(ownership::Ownership::default()),
                 finished_rx: Mutex::new(Some(finished_rx)),
                 links: Mutex::new(None),
                 links_acked,
                 links_acked_rx: Mutex::new(Some(links_acked_rx)),
-                lease: Mutex::new(fence::Lease::default()),
+                lease: Mutex::new(fence::Fence::default()),
                 handed: Mutex::new(HashSet::new()),
                 adopted_away: Mutex::new(HashSet::new()),
                 drain: Arc::default(),

@@ -16,6 +16,7 @@
 //! origin never held, and are its heir's to take over.
 
 use super::*;
+use ownership::{TakeOver, claims, quorum_back};
 use replicate::{View, replica_from_proto};
 
 /// Objects per `Daemon.Replicas` page.
@@ -26,75 +27,18 @@ const PULL_ROUNDS: u32 = 8;
 
 impl Daemon {
     /// Reacts to a changed view: takes over dead origins this node succeeds, gives back
-    /// origins that came back.
+    /// origins that came back (the rules: [`Ownership::view_changed`]).
     pub(super) fn membership_changed(&self, old: &View, new: &View) {
-        let Some(g) = new.grid else { return };
         let me = self.inner.cfg.node;
-        if !g.contains(me) {
-            return;
+        let takeovers = lock(&self.inner.ownership).view_changed(me, old, new);
+        for TakeOver { origin, below } in takeovers {
+            let me = self.clone();
+            tokio::spawn(async move { me.take_over(origin, below).await });
         }
-        // nodes that died since the last view: what they had adopted goes to the owner of
-        // its origin now (every takeover runs again where one of its holders died)
-        let died: Vec<u32> = new
-            .members
-            .keys()
-            .copied()
-            .filter(|&n| new.dead(n) && old.alive(n))
-            .collect();
-        for origin in 0..g.len() {
-            if origin == me {
-                continue;
-            }
-            let owned = lock(&self.inner.owned).contains(&origin);
-            // the coordinator names one heir per position and keeps it until it dies, so two
-            // nodes with views of different ages never take the same objects over
-            let heir = new.heirs.get(&origin) == Some(&me);
-            let holder_died = died
-                .iter()
-                .any(|d| *d != origin && g.xs_quorum(origin).contains(d));
-            if heir && holder_died {
-                let below = if owned && new.dead(origin) {
-                    Some(u64::MAX)
-                } else {
-                    lock(&self.inner.owned_below).get(&origin).copied()
-                };
-                if let Some(below) = below {
-                    let me = self.clone();
-                    tokio::spawn(async move { me.take_over(origin, below).await });
-                }
-            }
-            if new.dead(origin) && !owned && heir {
-                lock(&self.inner.owned).insert(origin);
-                tracing::info!("node {origin} is down: taking its objects over");
-                let me = self.clone();
-                tokio::spawn(async move { me.take_over(origin, u64::MAX).await });
-            } else if owned && (new.alive(origin) || !heir) {
-                // the objects adopted so far stay here until they are finished (the origin
-                // leaves them out of its outbox when it catches up): one owner each
-                lock(&self.inner.owned).remove(&origin);
-                tracing::info!(
-                    "node {origin} is back, or has another heir: no more of its objects taken"
-                );
-            }
-            // a node at this position on a fresh disk: what its predecessor left (copies
-            // below its first sequence number) is the heir's, as if that node were dead
-            let from = new.owns_from.get(&origin).copied().unwrap_or(0);
-            if new.alive(origin) && from > 0 {
-                let mut below = lock(&self.inner.owned_below);
-                if heir && below.get(&origin) != Some(&from) {
-                    below.insert(origin, from);
-                    let me = self.clone();
-                    tokio::spawn(async move { me.take_over(origin, from).await });
-                } else if !heir {
-                    below.remove(&origin);
-                }
-            }
+        let back = quorum_back(me, old, new);
+        if !back.is_empty() {
+            self.members_back(&back);
         }
-    }
-
-    /// Whether this node disseminates `origin`'s objects now.
-    pub(super) fn owns(&self, origin: u32) -> bool {
-        origin == self.inner.cfg.node || lock(&self.inner.owned).contains(&origin)
     }
 
     /// Pulls `origin`'s unfinished objects from `from` after `after`, one page (their received
@@ -191,11 +135,7 @@ impl Daemon {
 
     /// Whether a takeover of `origin`'s objects below `below` still stands.
     fn still_taking(&self, origin: u32, below: u64) -> bool {
-        if below == u64::MAX {
-            self.owns(origin)
-        } else {
-            lock(&self.inner.owned_below).get(&origin) == Some(&below)
-        }
+        lock(&self.inner.ownership).still_taking(origin, below)
     }
 
     /// Takes over the objects of `origin` with sequence numbers below `below` (all of them,
@@ -277,8 +217,7 @@ impl Daemon {
             after = last.id.seq;
             let claimed: Vec<storage::StoredObject> = page
                 .into_iter()
-                .filter(|o| o.id.seq < below && !taken.contains(&o.id.seq))
-                .filter(|o| !finished.contains(&o.id.seq))
+                .filter(|o| claims(o.id.seq, below, &taken, &finished))
                 .filter(|o| matches!(store.adopt(o.id), Ok(true)))
                 .collect();
             if claimed.is_empty() {
@@ -446,7 +385,23 @@ impl Daemon {
             match self.pull_all(&ep, origin).await {
                 Ok((held, range)) => {
                     pulled += held.len();
-                    if let Err(e) = self.drop_finished(origin, &held, range) {
+                    // what the origin no longer holds was finished, or handed over to a
+                    // member that adopted it: that member is asked, and with one that does
+                    // not answer (or is down) nothing is ended this time (an heir paused
+                    // past its lease had its adoption ended so; `daemon/ownsim`)
+                    let (taken, whole) = self.adopted_in_quorum(origin).await;
+                    let all_alive = g
+                        .xs_quorum(origin)
+                        .into_iter()
+                        .filter(|&m| m != me && m != origin)
+                        .all(|m| view.alive(m));
+                    if !(whole && all_alive) {
+                        tracing::debug!(
+                            "not ending node {origin}'s copies: a member of its quorum is down"
+                        );
+                        continue;
+                    }
+                    if let Err(e) = self.drop_finished(origin, &held, range, &taken) {
                         tracing::warn!("dropping node {origin}'s finished copies: {e}");
                     }
                 }
@@ -511,6 +466,7 @@ impl Daemon {
         origin: u32,
         held: &[u64],
         range: SeqRange,
+        taken: &HashSet<u64>,
     ) -> Result<(), ServiceError> {
         let owns_from = range.owns_from;
         // not above what the origin said it had handed out: a higher copy held here came
@@ -544,6 +500,7 @@ impl Daemon {
             .into_iter()
             .filter(|id| id.seq >= owns_from && id.seq < top && !held.contains(&id.seq))
             .filter(|id| !store.in_outbox(*id) && !open.contains(&id.seq))
+            .filter(|id| !taken.contains(&id.seq))
             .collect();
         // the evidence if a copy is ended that its origin still disseminates (`bench chaos
         // --quick`, seed 31: a member answered such an object finished)

@@ -8,10 +8,7 @@ use super::*;
 const SCHEDULES: u64 = 10_000;
 
 fn base_seed() -> u64 {
-    std::env::var("DISSEM_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_0000)
+    runtime::rng::sim_seed(0x5eed_0000)
 }
 
 #[test]

@@ -1,0 +1,117 @@
+//! The checks of the simulated ownership schedules: thousands of schedules with every fix in
+//! force hold the oracle, a schedule replays from its seed alone, and a mutation check per
+//! fix (undo it: some schedule fails).
+
+use super::*;
+
+/// Schedules in CI (each a few simulated seconds).
+const SCHEDULES: u64 = 2_000;
+
+fn base_seed() -> u64 {
+    runtime::rng::sim_seed(0x0a3e_0000)
+}
+
+#[test]
+fn schedules_of_kills_and_pauses_push_every_object_once() {
+    let base = base_seed();
+    let (mut acked, mut kills, mut pauses, mut adopted, mut events) = (0, 0, 0, 0, 0);
+    let started = std::time::Instant::now();
+    for seed in base..base + SCHEDULES {
+        let o = run(seed, Rules::FIXED);
+        assert!(
+            o.violations.is_empty(),
+            "schedule {seed} failed (replay: DISSEM_SIM_SEED={seed}): {:?}",
+            o.violations
+        );
+        acked += o.acknowledged;
+        kills += o.kills;
+        pauses += o.pauses;
+        adopted += o.adopted;
+        events += o.events;
+    }
+    assert!(kills >= SCHEDULES, "{kills} kills");
+    assert!(adopted >= SCHEDULES, "{adopted} objects adopted");
+    eprintln!(
+        "{SCHEDULES} schedules from seed {base} in {:?}: {acked} objects acknowledged, \
+         {kills} kills, {pauses} pauses, {adopted} objects adopted, {events} events",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_schedule_is_drawn_from_its_seed_alone() {
+    for seed in [1, 2, 99] {
+        let (a, b) = (run(seed, Rules::FIXED), run(seed, Rules::FIXED));
+        assert_eq!(
+            (a.acknowledged, a.kills, a.pauses, a.adopted, a.events),
+            (b.acknowledged, b.kills, b.pauses, b.adopted, b.events)
+        );
+    }
+}
+
+/// Finds a failing schedule under `rules`, which must show a violation `kind` accepts.
+fn fails_with(rules: Rules, what: &str, kind: fn(&Violation) -> bool) {
+    let found = first_failure(base_seed(), SCHEDULES, rules);
+    let (seed, v) = found.unwrap_or_else(|| panic!("{what}: every schedule passed"));
+    assert!(v.iter().any(kind), "{what}, seed {seed}: {v:?}");
+}
+
+/// Finds a failing schedule under `rules`, which must show a duplicate.
+fn fails_with_a_duplicate(rules: Rules, what: &str) {
+    fails_with(rules, what, |v| matches!(v, Violation::Duplicate { .. }));
+}
+
+/// Mutation check: a node that starts pushes at its first answer (`bench chaos` seed
+/// 44121), while its heir may still be adopting.
+#[test]
+fn without_the_fence_at_start_a_schedule_fails() {
+    let rules = Rules {
+        start_fence: false,
+        ..Rules::FIXED
+    };
+    fails_with_a_duplicate(rules, "no fence at start");
+}
+
+/// Mutation check: an origin back pushes what its heir adopted.
+#[test]
+fn without_learning_what_the_heir_adopted_a_schedule_fails() {
+    let rules = Rules {
+        learn_adopted: false,
+        ..Rules::FIXED
+    };
+    fails_with_a_duplicate(rules, "adoptions not learnt");
+}
+
+/// Mutation check: after a lapse, a node keeps pushing what another adopted meanwhile.
+#[test]
+fn without_giving_up_what_others_adopted_a_schedule_fails() {
+    let rules = Rules {
+        adopted_by_others: false,
+        ..Rules::FIXED
+    };
+    fails_with_a_duplicate(rules, "adoptions kept after a lapse");
+}
+
+/// Mutation check: a holder catching up ends the copies its origin handed over to its heir
+/// (taken for finished), and the heir's next takeover ends its adopted copy with them.
+#[test]
+fn without_keeping_what_was_handed_over_a_schedule_fails() {
+    let rules = Rules {
+        keep_handed: false,
+        ..Rules::FIXED
+    };
+    fails_with(rules, "handed-over copies ended", |v| {
+        matches!(v, Violation::Lost { .. })
+    });
+}
+
+/// Mutation check: an origin back pushes what its heir adopted while the heir was taken for
+/// dead (paused past its lease), once the heir is alive again.
+#[test]
+fn without_relearning_when_a_member_returns_a_schedule_fails() {
+    let rules = Rules {
+        relearn_on_return: false,
+        ..Rules::FIXED
+    };
+    fails_with_a_duplicate(rules, "no relearn when a member returns");
+}

@@ -1,0 +1,869 @@
+//! Randomized schedules over object ownership (DESIGN §7), sans I/O, thousands a minute: a
+//! 3x3 grid of simulated nodes under the real coordinator protocol
+//! ([`coordinator::protocol::Protocol`]: leases, one heir per position), writers putting
+//! QoS 2 objects throughout, and nodes killed (restarted on their disk) and paused past
+//! their lease. Each node runs the daemon's own rules: its view is the real membership
+//! answer ([`View::from_proto`]), takeovers come from [`Ownership::view_changed`] and adopt
+//! by [`claims`], the lease fence is the daemon's [`Fence`]. The I/O between them (pulls,
+//! the holders' answers, finished marks) follows `takeover.rs` and `fence.rs`: catch-up at
+//! registration learns what holders finished or adopted, a relearn a lease after a lapse
+//! learns the same and what others adopted of the objects this node adopted.
+//!
+//! The oracle: no object is pushed twice (QoS 2), and once every node is up and quiet, every
+//! acknowledged object was pushed. A schedule is drawn from its seed alone; a failure names
+//! the seed, and `DISSEM_SIM_SEED=S` replays from it (`DISSEM_SIM_TRACE=1` prints its
+//! steps). [`Rules`] can undo each fix; the mutation checks (`checks.rs`) show a schedule
+//! then fails.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet};
+use std::time::Duration;
+
+use coordinator::protocol::Protocol;
+use proto::v1;
+use runtime::grid::Grid;
+use runtime::rng::Rng;
+
+use super::fence::{Fence, Renewal};
+use super::ownership::{Ownership, claims, quorum_back};
+use super::replicate::View;
+
+mod checks;
+
+/// The node lease (simulated ms).
+const LEASE: u64 = 300;
+/// Between two heartbeats of a node.
+const BEAT: u64 = 50;
+/// Between two push rounds of a node.
+const ROUND: u64 = 10;
+/// Pushes per node and round.
+const PUSHES: usize = 3;
+/// The coordinator's nonce.
+const NONCE: u64 = 7;
+
+/// Which fixes are in force (all, except in the mutation checks).
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    /// A node's first heartbeat answer since it started fences it a lease (`bench chaos`
+    /// seed 44121).
+    pub start_fence: bool,
+    /// An origin back leaves out of its outbox what its heir adopted.
+    pub learn_adopted: bool,
+    /// A relearn after a lapse gives up the objects this node adopted that another adopted
+    /// or finished meanwhile.
+    pub adopted_by_others: bool,
+    /// A holder catching up keeps the copies its origin handed over to a member that
+    /// adopted them (found by this harness).
+    pub keep_handed: bool,
+    /// An origin relearns (fenced) when a member of its quorum is alive again (found by
+    /// this harness).
+    pub relearn_on_return: bool,
+}
+
+impl Rules {
+    pub const FIXED: Rules = Rules {
+        start_fence: true,
+        learn_adopted: true,
+        adopted_by_others: true,
+        keep_handed: true,
+        relearn_on_return: true,
+    };
+}
+
+/// What the oracle found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// An object pushed a second time (QoS 2), by `by`, at `at` ms.
+    Duplicate {
+        origin: u32,
+        seq: u64,
+        by: u32,
+        at: u64,
+    },
+    /// An acknowledged object nobody pushed.
+    Lost { origin: u32, seq: u64 },
+}
+
+/// A schedule's figures.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub acknowledged: u64,
+    pub kills: u64,
+    pub pauses: u64,
+    pub stalls: u64,
+    pub adopted: u64,
+    pub events: u64,
+    pub violations: Vec<Violation>,
+}
+
+/// Simulated milliseconds, the fence's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct At(u64);
+
+impl std::ops::Add<Duration> for At {
+    type Output = At;
+    fn add(self, d: Duration) -> At {
+        At(self.0 + d.as_millis() as u64)
+    }
+}
+
+impl std::ops::Sub for At {
+    type Output = Duration;
+    fn sub(self, earlier: At) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+}
+
+/// A copy of another origin's object, at a holder (on its disk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Copy {
+    finished: bool,
+    /// Claimed by this holder's takeover (`Store::adopt`): it disseminates the object.
+    adopted: bool,
+}
+
+type Id = (u32, u64);
+
+/// A simulated node daemon.
+#[derive(Debug)]
+struct Node {
+    id: u32,
+    /// Bumped at each kill: events of an earlier process are dropped.
+    inc: u64,
+    up: bool,
+    paused_until: u64,
+    // on its disk
+    outbox: BTreeSet<u64>,
+    next_seq: u64,
+    copies: BTreeMap<Id, Copy>,
+    // in its memory
+    view: View,
+    ownership: Ownership,
+    fence: Fence<At>,
+    registered: bool,
+    caught_up: bool,
+    /// Own objects put by this process before it caught up (pushed without waiting).
+    fresh: HashSet<u64>,
+    /// Finished marks a holder did not take yet: (holder, object).
+    unsent: Vec<(u32, Id)>,
+}
+
+impl Node {
+    fn new(id: u32) -> Node {
+        Node {
+            id,
+            inc: 0,
+            up: true,
+            paused_until: 0,
+            outbox: BTreeSet::new(),
+            next_seq: 1,
+            copies: BTreeMap::new(),
+            view: View::from_proto(&v1::Membership::default()),
+            ownership: Ownership::default(),
+            fence: Fence::default(),
+            registered: false,
+            caught_up: false,
+            fresh: HashSet::new(),
+            unsent: Vec::new(),
+        }
+    }
+
+    /// The process is gone: its memory with it.
+    fn kill(&mut self) {
+        self.inc += 1;
+        self.up = false;
+        self.paused_until = 0;
+        self.view = View::from_proto(&v1::Membership::default());
+        self.ownership = Ownership::default();
+        self.fence = Fence::default();
+        self.registered = false;
+        self.caught_up = false;
+        self.fresh.clear();
+        self.unsent.clear();
+    }
+
+    /// Answers calls (not down, not paused).
+    fn answers(&self, now: u64) -> bool {
+        self.up && self.paused_until <= now
+    }
+
+    /// The objects it disseminates now: its own, and those it adopted.
+    fn owned(&self) -> Vec<Id> {
+        let mut v: Vec<Id> = self
+            .outbox
+            .iter()
+            .filter(|s| self.caught_up || self.fresh.contains(s))
+            .map(|&s| (self.id, s))
+            .collect();
+        if self.caught_up {
+            v.extend(
+                self.copies
+                    .iter()
+                    .filter(|(_, c)| c.adopted && !c.finished)
+                    .map(|(id, _)| *id),
+            );
+        }
+        v
+    }
+
+    /// Its copies of `origin`'s objects in a state.
+    fn seqs(&self, origin: u32, f: impl Fn(&Copy) -> bool) -> HashSet<u64> {
+        self.copies
+            .range((origin, 0)..=(origin, u64::MAX))
+            .filter(|(_, c)| f(c))
+            .map(|(id, _)| id.1)
+            .collect()
+    }
+}
+
+/// What happens, in time order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A node sends a heartbeat (or registers).
+    Beat {
+        node: u32,
+        inc: u64,
+    },
+    /// The coordinator hears it.
+    Heard {
+        node: u32,
+        inc: u64,
+        sent: u64,
+        register: bool,
+    },
+    /// The node hears the answer (`answers[answer]`).
+    Answer {
+        node: u32,
+        inc: u64,
+        sent: u64,
+        answer: usize,
+    },
+    /// A node pushes what it owns and may push.
+    Round {
+        node: u32,
+        inc: u64,
+    },
+    /// A node's catch-up at registration is done.
+    CatchUp {
+        node: u32,
+        inc: u64,
+    },
+    /// A takeover's pulls are done: it adopts.
+    TakeOver {
+        node: u32,
+        inc: u64,
+        origin: u32,
+        below: u64,
+    },
+    /// A relearn starts a lease after a lapse.
+    Relearn {
+        node: u32,
+        inc: u64,
+    },
+    /// It is done.
+    Relearned {
+        node: u32,
+        inc: u64,
+        lapses: u64,
+    },
+    /// A finished mark reaches a holder.
+    Finished {
+        from: u32,
+        inc: u64,
+        to: u32,
+        id: Id,
+    },
+    /// A writer puts an object through a node.
+    Put {
+        node: u32,
+    },
+    Kill {
+        node: u32,
+        down: u64,
+    },
+    Start {
+        node: u32,
+    },
+    Pause {
+        node: u32,
+        ms: u64,
+    },
+    /// The subscriber is down: nothing is pushed for a while, and objects pile up.
+    Stall {
+        ms: u64,
+    },
+}
+
+impl Event {
+    /// The node whose process the event runs in (deferred while it is paused), and the
+    /// process it was meant for.
+    fn process(&self) -> Option<(u32, u64)> {
+        match *self {
+            Event::Beat { node, inc }
+            | Event::Answer { node, inc, .. }
+            | Event::Round { node, inc }
+            | Event::CatchUp { node, inc }
+            | Event::TakeOver { node, inc, .. }
+            | Event::Relearn { node, inc }
+            | Event::Relearned { node, inc, .. } => Some((node, inc)),
+            _ => None,
+        }
+    }
+}
+
+/// The simulated cluster.
+struct Cluster {
+    rules: Rules,
+    rng: Rng,
+    now: u64,
+    order: u64,
+    queue: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    coord: Protocol,
+    grid: Grid,
+    nodes: Vec<Node>,
+    pushed: BTreeMap<Id, u32>,
+    /// The subscriber takes no pushes until then.
+    stalled_until: u64,
+    /// The membership answers sent (events name them by index).
+    answers: Vec<v1::Membership>,
+    acknowledged: Vec<Id>,
+    out: Outcome,
+    trace: bool,
+}
+
+impl Cluster {
+    fn new(seed: u64, rules: Rules) -> Cluster {
+        let grid = Grid::new(3, 3).unwrap_or_else(|e| panic!("a 3x3 grid: {e}"));
+        let cfg = coordinator::Config {
+            lease_ms: LEASE,
+            ..coordinator::Config::default()
+        };
+        let mut coord = Protocol::new(cfg, NONCE, 5, 0);
+        coord.set_grid(Some(grid));
+        Cluster {
+            rules,
+            rng: Rng::new(seed),
+            now: 0,
+            order: 0,
+            queue: BinaryHeap::new(),
+            coord,
+            grid,
+            nodes: (0..grid.len()).map(Node::new).collect(),
+            pushed: BTreeMap::new(),
+            stalled_until: 0,
+            answers: Vec::new(),
+            acknowledged: Vec::new(),
+            out: Outcome::default(),
+            trace: std::env::var_os("DISSEM_SIM_TRACE").is_some(),
+        }
+    }
+
+    fn at(&mut self, when: u64, e: Event) {
+        self.order += 1;
+        self.queue.push(Reverse((when, self.order, e)));
+    }
+
+    /// A line of the trace (`DISSEM_SIM_TRACE`).
+    fn note(&self, line: impl FnOnce() -> String) {
+        if self.trace {
+            eprintln!("{:>6}   {}", self.now, line());
+        }
+    }
+
+    /// A network delay.
+    fn delay(&mut self) -> u64 {
+        1 + self.rng.below(15)
+    }
+
+    fn step(&mut self, e: Event) {
+        if let Some((n, inc)) = e.process() {
+            let node = &self.nodes[n as usize];
+            if node.inc != inc || !node.up {
+                return; // meant for a process that is gone
+            }
+            if node.paused_until > self.now {
+                let until = node.paused_until;
+                self.at(until, e); // a stopped process runs it once continued
+                return;
+            }
+        }
+        self.out.events += 1;
+        if self.trace
+            && !matches!(
+                e,
+                Event::Round { .. }
+                    | Event::Beat { .. }
+                    | Event::Heard { .. }
+                    | Event::Answer { .. }
+            )
+        {
+            eprintln!("{:>6} {e:?}", self.now);
+        }
+        match e {
+            Event::Beat { node, inc } => {
+                let register = !self.nodes[node as usize].registered;
+                let d = self.delay();
+                let sent = self.now;
+                self.at(
+                    sent + d,
+                    Event::Heard {
+                        node,
+                        inc,
+                        sent,
+                        register,
+                    },
+                );
+                self.at(sent + BEAT, Event::Beat { node, inc });
+            }
+            Event::Heard {
+                node,
+                inc,
+                sent,
+                register,
+            } => {
+                if register {
+                    let r = v1::RegisterRequest {
+                        node,
+                        endpoint: format!("http://n{node}"),
+                        workers: Vec::new(),
+                        owns_from: 1,
+                    };
+                    self.coord.register(self.now, &r);
+                } else {
+                    let h = v1::HeartbeatRequest {
+                        node,
+                        nonce: NONCE,
+                        ..v1::HeartbeatRequest::default()
+                    };
+                    self.coord.heartbeat(self.now, &h);
+                }
+                self.answers.push(self.coord.membership(self.now));
+                let answer = self.answers.len() - 1;
+                let d = self.delay();
+                self.at(
+                    self.now + d,
+                    Event::Answer {
+                        node,
+                        inc,
+                        sent,
+                        answer,
+                    },
+                );
+            }
+            Event::Answer {
+                node,
+                inc,
+                sent,
+                answer,
+            } => self.answer(node, inc, sent, answer),
+            Event::Round { node, inc } => {
+                self.round(node);
+                self.at(self.now + ROUND, Event::Round { node, inc });
+            }
+            Event::CatchUp { node, inc: _ } => self.catch_up(node),
+            Event::TakeOver {
+                node,
+                inc: _,
+                origin,
+                below,
+            } => self.take_over(node, origin, below),
+            Event::Relearn { node, inc } => {
+                let lapses = self.nodes[node as usize].fence.lapses();
+                let d = 5 + self.rng.below(40);
+                self.at(self.now + d, Event::Relearned { node, inc, lapses });
+            }
+            Event::Relearned { node, inc, lapses } => {
+                self.learn_finished(node);
+                if self.rules.adopted_by_others {
+                    self.adopted_by_others(node);
+                }
+                let now = At(self.now);
+                if let Some(wait) = self.nodes[node as usize].fence.relearned(now, lapses) {
+                    self.at(
+                        self.now + wait.as_millis() as u64,
+                        Event::Relearn { node, inc },
+                    );
+                }
+            }
+            Event::Finished { from, inc, to, id } => {
+                if self.nodes[to as usize].answers(self.now) {
+                    let c = self.nodes[to as usize].copies.entry(id).or_insert(Copy {
+                        finished: true,
+                        adopted: false,
+                    });
+                    c.finished = true;
+                    c.adopted = false;
+                } else {
+                    // kept for the holder while the sender lives (`daemon/unsent.rs`)
+                    let f = &mut self.nodes[from as usize];
+                    if f.inc == inc && f.up {
+                        f.unsent.push((to, id));
+                    }
+                }
+            }
+            Event::Put { node } => self.put(node),
+            Event::Kill { node, down } => {
+                if self.nodes[node as usize].up {
+                    self.out.kills += 1;
+                    self.nodes[node as usize].kill();
+                    self.at(self.now + down, Event::Start { node });
+                }
+            }
+            Event::Start { node } => self.start(node),
+            Event::Stall { ms } => {
+                self.out.stalls += 1;
+                self.stalled_until = self.stalled_until.max(self.now + ms);
+            }
+            Event::Pause { node, ms } => {
+                let n = &mut self.nodes[node as usize];
+                if n.up && n.paused_until <= self.now {
+                    self.out.pauses += 1;
+                    n.paused_until = self.now + ms;
+                }
+            }
+        }
+    }
+
+    fn start(&mut self, node: u32) {
+        let n = &mut self.nodes[node as usize];
+        n.up = true;
+        let inc = n.inc;
+        let d = self.rng.below(BEAT);
+        self.at(self.now + d, Event::Beat { node, inc });
+        self.at(self.now + d, Event::Round { node, inc });
+    }
+
+    fn answer(&mut self, node: u32, inc: u64, sent: u64, answer: usize) {
+        let new = View::from_proto(&self.answers[answer]);
+        let now = self.now;
+        let rules = self.rules;
+        let n = &mut self.nodes[node as usize];
+        let first = !n.registered;
+        n.registered = true;
+        let old = std::mem::replace(&mut n.view, new);
+        let takeovers = n.ownership.view_changed(node, &old, &n.view);
+        let back = quorum_back(node, &old, &n.view);
+        if rules.relearn_on_return && !back.is_empty() && n.fence.member_back() {
+            self.at(now, Event::Relearn { node, inc });
+        }
+        let n = &mut self.nodes[node as usize];
+        let lease = Duration::from_millis(LEASE);
+        let renewal = n.fence.renewed(At(now), At(sent), lease);
+        if let Renewal::Lapsed { started } = renewal {
+            if started && !rules.start_fence {
+                // the code before the fix: no fence at start
+                let l = n.fence.lapses();
+                let _ = n.fence.relearned(At(now + LEASE), l);
+            } else {
+                self.at(now + LEASE, Event::Relearn { node, inc });
+            }
+        }
+        for t in takeovers {
+            let d = 5 + self.rng.below(80);
+            self.at(
+                now + d,
+                Event::TakeOver {
+                    node,
+                    inc,
+                    origin: t.origin,
+                    below: t.below,
+                },
+            );
+        }
+        if first {
+            let d = 5 + self.rng.below(50);
+            self.at(now + d, Event::CatchUp { node, inc });
+        }
+    }
+
+    /// Live in `node`'s view and answering: the members it hears from.
+    fn reachable(&self, node: u32, among: Vec<u32>, skip: &[u32]) -> Vec<u32> {
+        let v = &self.nodes[node as usize].view;
+        among
+            .into_iter()
+            .filter(|m| !skip.contains(m) && v.alive(*m))
+            .filter(|m| self.nodes[*m as usize].answers(self.now))
+            .collect()
+    }
+
+    fn put(&mut self, origin: u32) {
+        let now = self.now;
+        let o = &self.nodes[origin as usize];
+        if !o.answers(now) || !o.registered {
+            return;
+        }
+        let holders: Vec<u32> = self
+            .grid
+            .object_quorum(origin, false)
+            .into_iter()
+            .filter(|&h| h != origin && self.nodes[h as usize].answers(now))
+            .collect();
+        let o = &mut self.nodes[origin as usize];
+        let seq = o.next_seq;
+        o.next_seq += 1;
+        o.outbox.insert(seq);
+        if !o.caught_up {
+            o.fresh.insert(seq);
+        }
+        for h in holders {
+            self.nodes[h as usize].copies.insert(
+                (origin, seq),
+                Copy {
+                    finished: false,
+                    adopted: false,
+                },
+            );
+        }
+        self.acknowledged.push((origin, seq));
+    }
+
+    /// Sends the finished mark of `id` from `from` (process `inc`) to holder `to`.
+    fn send_finished(&mut self, from: u32, inc: u64, to: u32, id: Id) {
+        let d = self.delay();
+        let e = Event::Finished { from, inc, to, id };
+        self.at(self.now + d, e);
+    }
+
+    /// Pushes what the node owns (QoS 2: only while not fenced), and resends unsent marks.
+    fn round(&mut self, node: u32) {
+        let now = self.now;
+        let unsent = std::mem::take(&mut self.nodes[node as usize].unsent);
+        let inc = self.nodes[node as usize].inc;
+        for (to, id) in unsent {
+            self.send_finished(node, inc, to, id);
+        }
+        let n = &self.nodes[node as usize];
+        if !n.registered
+            || now < self.stalled_until
+            || n.fence.fenced(At(now), Duration::from_millis(LEASE))
+        {
+            return;
+        }
+        let owned: Vec<Id> = n.owned().into_iter().take(PUSHES).collect();
+        for id in owned {
+            self.note(|| format!("node {node} pushes {id:?}"));
+            let count = self.pushed.entry(id).or_default();
+            *count += 1;
+            if *count > 1 {
+                self.out.violations.push(Violation::Duplicate {
+                    origin: id.0,
+                    seq: id.1,
+                    by: node,
+                    at: now,
+                });
+            }
+            let n = &mut self.nodes[node as usize];
+            if id.0 == node {
+                n.outbox.remove(&id.1);
+            } else if let Some(c) = n.copies.get_mut(&id) {
+                c.finished = true;
+                c.adopted = false;
+            }
+            let targets: Vec<u32> = self
+                .grid
+                .xs_quorum(id.0)
+                .into_iter()
+                .filter(|&h| h != node && h != id.0)
+                .collect();
+            for to in targets {
+                self.send_finished(node, inc, to, id);
+            }
+        }
+    }
+
+    /// At registration: copies of the origins it holds for that it lacks, and the end of
+    /// those their origins finished (`Daemon::catch_up`); then its own finished or adopted
+    /// objects leave its outbox.
+    fn catch_up(&mut self, node: u32) {
+        let origins = self.reachable(node, self.grid.origins_held_by(node), &[]);
+        for origin in origins {
+            // what a member adopted was handed over by the origin, not finished: it is
+            // asked of every member, and nothing is ended while one does not answer
+            let mut taken = HashSet::new();
+            let members: Vec<u32> = self
+                .grid
+                .xs_quorum(origin)
+                .into_iter()
+                .filter(|m| *m != node && *m != origin)
+                .collect();
+            let answered = self.reachable(node, members.clone(), &[]);
+            let whole = answered.len() == members.len();
+            if self.rules.keep_handed {
+                for m in answered {
+                    taken.extend(self.nodes[m as usize].seqs(origin, |c| c.adopted && !c.finished));
+                }
+            }
+            let o = &self.nodes[origin as usize];
+            let held: Vec<u64> = o.outbox.iter().copied().collect();
+            let top = o.next_seq;
+            let n = &mut self.nodes[node as usize];
+            for &seq in &held {
+                n.copies.entry((origin, seq)).or_insert(Copy {
+                    finished: false,
+                    adopted: false,
+                });
+            }
+            if self.rules.keep_handed && !whole {
+                continue;
+            }
+            // `drop_finished`: what the origin no longer holds was finished (or handed over)
+            for (id, c) in n.copies.range_mut((origin, 0)..=(origin, u64::MAX)) {
+                if id.1 < top && !held.contains(&id.1) && !c.adopted && !taken.contains(&id.1) {
+                    c.finished = true;
+                }
+            }
+        }
+        self.learn_finished(node);
+        self.nodes[node as usize].caught_up = true;
+    }
+
+    /// Its own objects that live members of its quorum hold finished, or adopted, leave its
+    /// outbox (`Daemon::learn_finished`).
+    fn learn_finished(&mut self, node: u32) {
+        let members = self.reachable(node, self.grid.xs_quorum(node), &[node]);
+        let mut handed = HashSet::new();
+        for m in members {
+            let adopted = self.rules.learn_adopted;
+            handed.extend(
+                self.nodes[m as usize].seqs(node, |c| c.finished || (adopted && c.adopted)),
+            );
+        }
+        let n = &mut self.nodes[node as usize];
+        let handed: Vec<u64> = handed.into_iter().filter(|s| n.outbox.remove(s)).collect();
+        if !handed.is_empty() {
+            self.note(|| format!("node {node} leaves its {handed:?} to others"));
+        }
+    }
+
+    /// The objects it adopted that another live member of their quorum adopted or finished
+    /// give up their claim here (`Daemon::adopted_by_others`).
+    fn adopted_by_others(&mut self, node: u32) {
+        let mine: Vec<Id> = self.nodes[node as usize]
+            .copies
+            .iter()
+            .filter(|(_, c)| c.adopted && !c.finished)
+            .map(|(id, _)| *id)
+            .collect();
+        let origins: BTreeSet<u32> = mine.iter().map(|id| id.0).collect();
+        for origin in origins {
+            let members = self.reachable(node, self.grid.xs_quorum(origin), &[node, origin]);
+            let mut elsewhere = HashSet::new();
+            for m in members {
+                elsewhere.extend(self.nodes[m as usize].seqs(origin, |c| c.adopted || c.finished));
+            }
+            let n = &mut self.nodes[node as usize];
+            let mut given = Vec::new();
+            for seq in elsewhere {
+                if let Some(c) = n.copies.get_mut(&(origin, seq))
+                    && c.adopted
+                {
+                    c.adopted = false;
+                    given.push(seq);
+                }
+            }
+            if !given.is_empty() {
+                self.note(|| format!("node {node} gives up {origin}:{given:?}, adopted elsewhere"));
+            }
+        }
+    }
+
+    /// A takeover's pulls are done: it adopts by [`claims`] (`Daemon::take_over`).
+    fn take_over(&mut self, node: u32, origin: u32, below: u64) {
+        if !self.nodes[node as usize]
+            .ownership
+            .still_taking(origin, below)
+        {
+            return;
+        }
+        let holders = self.reachable(node, self.grid.xs_quorum(origin), &[node, origin]);
+        let mut pulled = BTreeSet::new();
+        let mut taken = HashSet::new();
+        let mut finished = HashSet::new();
+        for h in holders {
+            let h = &self.nodes[h as usize];
+            pulled.extend(h.seqs(origin, |c| !c.finished));
+            taken.extend(h.seqs(origin, |c| c.adopted && !c.finished));
+            finished.extend(h.seqs(origin, |c| c.finished));
+        }
+        let n = &mut self.nodes[node as usize];
+        for seq in pulled {
+            n.copies.entry((origin, seq)).or_insert(Copy {
+                finished: false,
+                adopted: false,
+            });
+        }
+        for &seq in &finished {
+            if let Some(c) = n.copies.get_mut(&(origin, seq)) {
+                c.finished = true;
+                c.adopted = false;
+            }
+        }
+        let mut adopted = Vec::new();
+        for (id, c) in n.copies.range_mut((origin, 0)..=(origin, u64::MAX)) {
+            if !c.finished && !c.adopted && claims(id.1, below, &taken, &finished) {
+                c.adopted = true;
+                adopted.push(id.1);
+            }
+        }
+        self.note(|| format!("node {node} adopts {origin}:{adopted:?}"));
+        self.out.adopted += adopted.len() as u64;
+    }
+}
+
+/// Runs the schedule of `seed` under `rules`.
+pub fn run(seed: u64, rules: Rules) -> Outcome {
+    let mut c = Cluster::new(seed, rules);
+    for node in 0..c.grid.len() {
+        c.start(node);
+    }
+    // writers throughout; faults after the cluster formed
+    let span = 2_000 + c.rng.below(2_000);
+    let mut t = 200;
+    while t < span {
+        let node = c.rng.below(u64::from(c.grid.len())) as u32;
+        c.at(t, Event::Put { node });
+        t += 2 + c.rng.below(12);
+    }
+    let faults = 1 + c.rng.below(5);
+    for _ in 0..faults {
+        let when = 300 + c.rng.below(span - 300);
+        let node = c.rng.below(u64::from(c.grid.len())) as u32;
+        // the subscriber down first, now and then: kills and pauses then meet a backlog
+        if c.rng.chance(0.5) {
+            let ms = 100 + c.rng.below(4 * LEASE);
+            let before = c.rng.below(ms);
+            c.at(when.saturating_sub(before), Event::Stall { ms });
+        }
+        if c.rng.chance(0.6) {
+            let down = 20 + c.rng.below(3 * LEASE);
+            c.at(when, Event::Kill { node, down });
+        } else {
+            let ms = 50 + c.rng.below(3 * LEASE);
+            c.at(when, Event::Pause { node, ms });
+        }
+    }
+    // every process is back by then; quiet until every object could be pushed
+    let end = span + 4 * LEASE + 2_000;
+    while let Some(Reverse((when, _, e))) = c.queue.pop() {
+        if when > end {
+            break;
+        }
+        c.now = when;
+        c.step(e);
+    }
+    c.out.acknowledged = c.acknowledged.len() as u64;
+    for &(origin, seq) in &c.acknowledged {
+        if !c.pushed.contains_key(&(origin, seq)) {
+            c.out.violations.push(Violation::Lost { origin, seq });
+        }
+    }
+    c.out
+}
+
+/// The first of `count` schedules from `base` that fails under `rules`, with what failed.
+pub fn first_failure(base: u64, count: u64, rules: Rules) -> Option<(u64, Vec<Violation>)> {
+    (base..base + count).find_map(|seed| {
+        let o = run(seed, rules);
+        (!o.violations.is_empty()).then_some((seed, o.violations))
+    })
+}
