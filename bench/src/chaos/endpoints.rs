@@ -1,16 +1,20 @@
 //! The HTTP and stream subscribers of `dissem bench chaos`, beside the gRPC ones of the
 //! failover traffic: a QoS 1 webhook of every object pushing signed CloudEvents to an
 //! endpoint on loopback (the demo's receiver, which checks each signature), and a QoS 1
-//! stream subscriber that attaches to a node, acks every delivery, and attaches to the next
-//! node whenever its stream ends (its node killed), as a client of a cluster would. The
-//! oracle asks both for every acknowledged object, so the HTTP push path and the relayed
-//! streams survive the faults too. A subscriber crash takes both down with the gRPC ones:
-//! the webhook's relay breaks every connection, and the stream's client drops its stream
-//! mid-flight (unacked deliveries with it) and attaches again once the crash is over.
+//! stream subscriber, a `dissem sub --durable` process, that attaches to a node, acks every
+//! delivery, and is started against the next node whenever its stream ends (its node
+//! killed), as a user of a cluster would run it. The oracle asks both for every
+//! acknowledged object, so the HTTP push path and the relayed streams survive the faults
+//! too. A subscriber crash takes both down with the gRPC ones: the webhook's relay breaks
+//! every connection, and the stream's process is SIGKILLed mid-stream (unacked deliveries
+//! with it) and started again once the crash is over.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use anyhow::Context;
 
 use proto::v1;
 use storage::ObjectId;
@@ -18,7 +22,7 @@ use storage::ObjectId;
 use crate::cut::Cut;
 use crate::demo::{self, Shared};
 use crate::failoverbench::Numbers;
-use crate::procs::{channel, try_wait_for};
+use crate::procs::try_wait_for;
 
 /// The stream the stream subscriber attaches to.
 const STREAM: &str = "chaos";
@@ -108,60 +112,67 @@ impl Hook {
     }
 }
 
-/// The stream subscription and its client, attached to one node at a time.
+/// The stream subscriber: a `dissem sub --durable` process attached to one node at a time,
+/// as a user would run it. It creates the stream's subscription itself, prints each
+/// delivery as a JSON line (read here) and acks it once printed. Crashed, it is SIGKILLed
+/// (its unacked deliveries with it) and started again once the crash is over; it resumes
+/// the same durable subscription. When its node dies its stream ends and it exits: it is
+/// started again against the next node.
 pub(super) struct StreamSub {
     /// The subscription, and the first object number put after it was created.
     sub: (u64, usize),
     numbers: Numbers,
     seen: Shared,
+    bin: PathBuf,
     nodes: Vec<String>,
     stop: Arc<AtomicBool>,
-    /// The client; none while it is crashed.
+    /// Runs the process (killed with the task); none while it is crashed.
     client: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl StreamSub {
-    /// Subscribes the stream to every object through `nodes[0]` and attaches a client,
-    /// which moves to the next of `nodes` whenever its stream ends.
-    pub(super) async fn start(nodes: Vec<String>, numbers: Numbers) -> anyhow::Result<StreamSub> {
+    /// Starts the subscriber process against `nodes[0]` (it subscribes the stream to every
+    /// object) and keeps it running, moving to the next of `nodes` whenever it exits.
+    pub(super) async fn start(
+        bin: &Path,
+        nodes: Vec<String>,
+        numbers: Numbers,
+    ) -> anyhow::Result<StreamSub> {
         anyhow::ensure!(!nodes.is_empty(), "no node to attach the stream to");
-        let id = subscribe(&nodes[0], v1::target::Kind::Stream(STREAM.into())).await?;
-        let sub = (id, numbers.next.load(Ordering::SeqCst));
-        let stream = StreamSub {
-            sub,
+        let seen = Shared::default();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let first = supervise(bin, nodes.clone(), seen.clone(), stop.clone(), Some(tx));
+        let id = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .ok()
+            .flatten()
+            .context("`dissem sub` did not attach its stream within 60 s")?;
+        Ok(StreamSub {
+            sub: (id, numbers.next.load(Ordering::SeqCst)),
             numbers,
-            seen: Shared::default(),
+            seen,
+            bin: bin.to_path_buf(),
             nodes,
-            stop: Arc::new(AtomicBool::new(false)),
-            client: std::sync::Mutex::new(None),
-        };
-        stream.set_down(false);
-        Ok(stream)
+            stop,
+            client: std::sync::Mutex::new(Some(first)),
+        })
     }
 
-    /// Crashes the client (its stream dropped mid-flight, unacked deliveries with it) or
-    /// starts it again; what it was shown it keeps.
+    /// Crashes the subscriber process (SIGKILL) or starts it again; what it printed before
+    /// is kept.
     pub(super) fn set_down(&self, down: bool) {
         let mut client = runtime::lock(&self.client);
         if let Some(c) = client.take() {
             c.abort();
         }
-        if down {
-            return;
+        if !down {
+            let (s, st) = (self.seen.clone(), self.stop.clone());
+            *client = Some(supervise(&self.bin, self.nodes.clone(), s, st, None));
         }
-        let (nodes, s, st) = (self.nodes.clone(), self.seen.clone(), self.stop.clone());
-        *client = Some(tokio::spawn(async move {
-            for url in nodes.iter().cycle() {
-                if st.load(Ordering::SeqCst) {
-                    return;
-                }
-                attached(url, &s).await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }));
     }
 
-    /// Which of `objects` the stream's client was not shown within `limit`.
+    /// Which of `objects` the stream's subscriber was not shown within `limit`.
     pub(super) async fn missing(&self, objects: &[ObjectId], limit: Duration) -> Vec<ObjectId> {
         unseen(&self.seen, self.sub, &self.numbers, objects, limit).await
     }
@@ -176,40 +187,106 @@ impl Drop for StreamSub {
     }
 }
 
-/// One attachment to the node at `url`: every delivery shown in `seen` and acked, until
-/// the stream ends (or cannot be opened).
-async fn attached(url: &str, seen: &Shared) {
-    let (tx, rx) = tokio::sync::mpsc::channel(1024);
-    let attach = v1::StreamClientMessage {
-        kind: Some(v1::stream_client_message::Kind::Attach(STREAM.into())),
-    };
-    if tx.send(attach).await.is_err() {
-        return;
-    }
-    let opened = v1::stream_client::StreamClient::new(channel(url))
-        .open(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await;
-    let Ok(down) = opened else {
-        return;
-    };
-    let mut down = down.into_inner();
-    while let Ok(Some(d)) = down.message().await {
-        if let Some(o) = d.object_id {
+/// Runs `dissem sub` against each of `nodes` in turn (the next when it exits), recording
+/// what it prints in `seen`; its subscription's id goes to `attached` once known. Aborting
+/// the task kills the process.
+fn supervise(
+    bin: &Path,
+    nodes: Vec<String>,
+    seen: Shared,
+    stop: Arc<AtomicBool>,
+    mut attached: Option<tokio::sync::mpsc::UnboundedSender<u64>>,
+) -> tokio::task::JoinHandle<()> {
+    let bin = bin.to_path_buf();
+    tokio::spawn(async move {
+        for url in nodes.iter().cycle() {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            if let Err(e) = run_sub(&bin, url, &seen, &mut attached).await {
+                eprintln!("the stream subscriber at {url}: {e:#}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+/// One `dissem sub` process attached through the node at `url`, until it exits (an error:
+/// it could not be started or read).
+async fn run_sub(
+    bin: &Path,
+    url: &str,
+    seen: &Shared,
+    attached: &mut Option<tokio::sync::mpsc::UnboundedSender<u64>>,
+) -> anyhow::Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(bin)
+        .args(["sub", "--node-url", url, "--filter", "n >= 0", "--qos", "1"])
+        .args(["--durable", STREAM])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let out = child.stdout.take().context("no stdout")?;
+    let err = child.stderr.take().context("no stderr")?;
+    // "attached: subscription {id} on stream ..." names the subscription it resumed or made
+    let tell = attached.take();
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(err).lines();
+        let mut tell = tell;
+        while let Ok(Some(l)) = lines.next_line().await {
+            let id = l
+                .strip_prefix("attached: subscription ")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse::<u64>().ok());
+            if let (Some(id), Some(t)) = (id, tell.take()) {
+                let _ = t.send(id);
+            }
+        }
+    });
+    let mut lines = tokio::io::BufReader::new(out).lines();
+    while let Some(l) = lines.next_line().await? {
+        if let Some(key) = printed(&l) {
             let now = std::time::Instant::now();
-            let key = (
-                d.subscription_id,
-                ObjectId {
-                    node: o.node,
-                    seq: o.seq,
-                },
-            );
             demo::lock(seen).pairs.entry(key).or_insert((0, now)).0 += 1;
         }
-        let ack = v1::StreamClientMessage {
-            kind: Some(v1::stream_client_message::Kind::Ack(d.delivery_id)),
+    }
+    // it exits when its node dies (its stream ends): started again, against the next
+    child.wait().await?;
+    Ok(())
+}
+
+/// The (subscription, object) of one line `dissem sub` printed.
+fn printed(line: &str) -> Option<(u64, ObjectId)> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let sub = v.get("subscription")?.as_u64()?;
+    let (node, seq) = v.get("subject")?.as_str()?.split_once(':')?;
+    Some((
+        sub,
+        ObjectId {
+            node: node.parse().ok()?,
+            seq: seq.parse().ok()?,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_printed_delivery_names_its_subscription_and_object() {
+        let d = v1::Delivery {
+            delivery_id: "7-1-42".into(),
+            subscription_id: 7,
+            object_id: Some(v1::ObjectId { node: 3, seq: 42 }),
+            ..v1::Delivery::default()
         };
-        if tx.send(ack).await.is_err() {
-            return;
-        }
+        let line = worker::subscriber::delivery_json(&d);
+        assert_eq!(printed(&line), Some((7, ObjectId { node: 3, seq: 42 })));
+        assert_eq!(printed("attached"), None);
+        assert_eq!(printed(r#"{"subscription":7,"subject":"x"}"#), None);
     }
 }

@@ -180,7 +180,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         .await
         .context("creating the webhook subscription")?;
     let urls = c.nodes.iter().map(|n| n.url()).collect();
-    let stream = endpoints::StreamSub::start(urls, traffic.numbers.clone())
+    let stream = endpoints::StreamSub::start(&o.bin, urls, traffic.numbers.clone())
         .await
         .context("creating the stream subscription")?;
     let mut changes = Changes::default();

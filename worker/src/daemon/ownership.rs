@@ -1,7 +1,7 @@
 //! Who disseminates which origin's objects, sans I/O (DESIGN §7): the decisions
-//! [`Daemon::membership_changed`] and a takeover make, as plain state and functions, so that
-//! the daemon and the simulated schedules (`daemon/ownsim`) run the same rules. The daemon
-//! does the I/O around them: the pulls from holders, the adoption on disk, the pushes.
+//! [`super::Daemon::membership_changed`] and a takeover make, as plain state and functions,
+//! so that the daemon and the simulated schedules (`daemon/ownsim`) run the same rules. The
+//! daemon does the I/O around them: the pulls from holders, the adoption on disk, the pushes.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 

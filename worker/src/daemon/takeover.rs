@@ -27,7 +27,7 @@ const PULL_ROUNDS: u32 = 8;
 
 impl Daemon {
     /// Reacts to a changed view: takes over dead origins this node succeeds, gives back
-    /// origins that came back (the rules: [`Ownership::view_changed`]).
+    /// origins that came back (the rules: [`ownership::Ownership::view_changed`]).
     pub(super) fn membership_changed(&self, old: &View, new: &View) {
         let me = self.inner.cfg.node;
         let takeovers = lock(&self.inner.ownership).view_changed(me, old, new);
