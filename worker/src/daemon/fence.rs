@@ -8,7 +8,10 @@
 //! it was sent) stays fenced for one more lease, in which its heir sees it alive again and
 //! stops adopting; then it learns which of the objects it disseminated a live node adopted
 //! or finished meanwhile, leaves those to it, and goes on with the rest. A node that starts
-//! is fenced the same way after its first answer: it may have been down past its lease.
+//! is fenced the same way after its first answer: it may have been down past its lease. A
+//! node also fences itself and relearns at once when a member of its quorum is alive again:
+//! taken for dead, that member may have adopted what this node took back meanwhile. The
+//! state machine ([`Fence`]) is sans I/O, so `daemon/ownsim` runs it too.
 
 use super::*;
 use crate::deliver::Hold;

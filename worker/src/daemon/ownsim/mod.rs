@@ -1,13 +1,15 @@
 //! Randomized schedules over object ownership (DESIGN §7), sans I/O, thousands a minute: a
 //! 3x3 grid of simulated nodes under the real coordinator protocol
 //! ([`coordinator::protocol::Protocol`]: leases, one heir per position), writers putting
-//! QoS 2 objects throughout, and nodes killed (restarted on their disk) and paused past
-//! their lease. Each node runs the daemon's own rules: its view is the real membership
-//! answer ([`View::from_proto`]), takeovers come from [`Ownership::view_changed`] and adopt
-//! by [`claims`], the lease fence is the daemon's [`Fence`]. The I/O between them (pulls,
+//! QoS 2 objects throughout, nodes killed (restarted on their disk) and paused past their
+//! lease, and the subscriber down for a while (a backlog piles up, so that a fault finds
+//! objects to take over). Each node runs the daemon's own rules: its view is the real
+//! membership answer ([`View::from_proto`]), takeovers come from [`Ownership::view_changed`]
+//! and adopt by [`claims`], the lease fence is the daemon's [`Fence`]. The I/O between them (pulls,
 //! the holders' answers, finished marks) follows `takeover.rs` and `fence.rs`: catch-up at
 //! registration learns what holders finished or adopted, a relearn a lease after a lapse
-//! learns the same and what others adopted of the objects this node adopted.
+//! (or at once when a member of the node's quorum is alive again) learns the same and what
+//! others adopted of the objects this node adopted.
 //!
 //! The oracle: no object is pushed twice (QoS 2), and once every node is up and quiet, every
 //! acknowledged object was pushed. A schedule is drawn from its seed alone; a failure names
