@@ -45,6 +45,36 @@ pub(crate) fn when_sled_fails(store: storage::Store, bound: SocketAddr) {
     });
 }
 
+/// Opens the store in `dir` for node `node`. While its disk is full (sled needs room to
+/// open: a start in place after a full disk whose room was taken again, or a start on a
+/// full disk) it tries again every second instead of exiting: until then the node is down,
+/// as if killed, and it comes up once there is room (`bench chaos`, seed 48069: a node
+/// started again in place found the disk full again and exited).
+pub(crate) async fn open_store(dir: &std::path::Path, node: u32) -> anyhow::Result<storage::Store> {
+    let mut said = false;
+    loop {
+        match storage::Store::open(dir, node) {
+            Ok(s) => {
+                if said {
+                    tracing::warn!("the disk has room again: store in {} open", dir.display());
+                }
+                return Ok(s);
+            }
+            Err(e) if e.is_disk_full() => {
+                if !std::mem::replace(&mut said, true) {
+                    tracing::error!(
+                        "opening the store in {}: the disk is full ({e}); trying again every \
+                         second until it has room",
+                        dir.display()
+                    );
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => anyhow::bail!("opening the store in {}: {e}", dir.display()),
+        }
+    }
+}
+
 /// `args` with the listen address set to `bound` (the port a `:0` picked stays this node's).
 fn args_bound_to(mut args: impl Iterator<Item = OsString>, bound: SocketAddr) -> Vec<OsString> {
     let mut out = Vec::new();

@@ -282,8 +282,7 @@ impl UpArgs {
         std::fs::create_dir_all(&self.data).map_err(|e| {
             anyhow::anyhow!("creating the data directory {}: {e}", self.data.display())
         })?;
-        let store = storage::Store::open(&self.data, self.node)
-            .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", self.data.display()))?;
+        let store = crate::reopen::open_store(&self.data, self.node).await?;
         if let Some(mib) = self.disk_reserve_mib {
             store.set_disk_reserve(Some(mib.saturating_mul(1 << 20)));
         }
@@ -409,8 +408,7 @@ pub(super) fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
         std::fs::create_dir_all(&a.data).map_err(|e| {
             anyhow::anyhow!("creating the data directory {}: {e}", a.data.display())
         })?;
-        let store = storage::Store::open(&a.data, 0)
-            .map_err(|e| anyhow::anyhow!("opening the store in {}: {e}", a.data.display()))?;
+        let store = crate::reopen::open_store(&a.data, 0).await?;
         a.listen_flags.check_address(a.listen)?;
         let secret_file = a
             .cluster_secret_file

@@ -5,8 +5,9 @@
 //! damage in its log, starts and serves every other object. In neither case is anything
 //! acknowledged lost, except the record the disk itself damaged. A disk filled to the last
 //! byte that fails sled's own write leaves the node refusing writes until the disk has room,
-//! then it starts again in place; and a QoS 2 delivery whose received phase the disk refused
-//! is never released until it is stored, so a restart shows it once.
+//! then it starts again in place (and one that starts on a full disk waits for room); and a
+//! QoS 2 delivery whose received phase the disk refused is never released until it is
+//! stored, so a restart shows it once.
 //!
 //! The full disk is a small tmpfs mounted for the test (as root, which CI is). Where mounts
 //! are not allowed the test says so and passes, unless `DISSEM_REQUIRE_MOUNT` is set.
@@ -126,6 +127,50 @@ fn a_full_disk_refuses_puts_by_name_keeps_serving_and_recovers_when_freed() {
         // and after a kill, everything acknowledged is there
         node.restart();
         all_read_back(&node.url(), &acked, BYTES).await;
+        drop(node);
+    });
+    drop(fs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A node started on a full disk (sled needs room to open its store) waits, says so in its
+/// log, and comes up once the disk has room, with everything it acknowledged before
+/// (`bench chaos` seed 48069: a node started again in place after a full disk found it full
+/// again, and exited).
+#[test]
+fn a_node_started_on_a_full_disk_waits_for_room_and_comes_up() {
+    let dir = temp_dir("disk-full-start");
+    let Some(fs) = Tmpfs::mount_for_test(&dir.join("mnt"), 48) else {
+        return;
+    };
+    let data = fs.path().join("data");
+    let log = dir.join("node.log");
+    runtime().block_on(async {
+        const BYTES: usize = 32 << 10;
+        let mut acked = Vec::new();
+        let node = up(&data);
+        for n in 0..10 {
+            acked.push((n, put(&node.url(), put_of(n, BYTES)).await.expect("put")));
+        }
+        drop(node);
+        fill(fs.path()).expect("fill the disk");
+        // the disk is freed a while after the node starts
+        let mnt = fs.path().to_path_buf();
+        let freer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(3));
+            free(&mnt)
+        });
+        let node = Logged::up(&data, &log);
+        freer
+            .join()
+            .expect("the freeing thread")
+            .expect("free the disk");
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            said.contains("the disk is full") && said.contains("trying again every second"),
+            "the node says it waits for room: {said}"
+        );
+        all_read_back(&node.url, &acked, BYTES).await;
         drop(node);
     });
     drop(fs);

@@ -9,9 +9,8 @@
 //! every connection, and the stream's process is SIGKILLed mid-stream (unacked deliveries
 //! with it) and started again once the crash is over.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -123,16 +122,16 @@ pub(super) struct StreamSub {
     sub: (u64, usize),
     numbers: Numbers,
     seen: Shared,
-    bin: PathBuf,
-    nodes: Vec<String>,
-    stop: Arc<AtomicBool>,
-    /// Runs the process (killed with the task); none while it is crashed.
-    client: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Whether the subscriber is crashed: its process is killed, and none runs until
+    /// this turns false again.
+    down: tokio::sync::watch::Sender<bool>,
+    /// Runs the processes, one after the other.
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl StreamSub {
     /// Starts the subscriber process against `nodes[0]` (it subscribes the stream to every
-    /// object) and keeps it running, moving to the next of `nodes` whenever it exits.
+    /// object) and keeps one running, moving to the next of `nodes` whenever it exits.
     pub(super) async fn start(
         bin: &Path,
         nodes: Vec<String>,
@@ -141,8 +140,8 @@ impl StreamSub {
         anyhow::ensure!(!nodes.is_empty(), "no node to attach the stream to");
         let seen = Shared::default();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let first = supervise(bin, nodes.clone(), seen.clone(), stop.clone(), Some(tx));
+        let (down, down_rx) = tokio::sync::watch::channel(false);
+        let task = supervise(bin, nodes, seen.clone(), down_rx, tx);
         let id = tokio::time::timeout(Duration::from_secs(60), rx.recv())
             .await
             .ok()
@@ -152,24 +151,15 @@ impl StreamSub {
             sub: (id, numbers.next.load(Ordering::SeqCst)),
             numbers,
             seen,
-            bin: bin.to_path_buf(),
-            nodes,
-            stop,
-            client: std::sync::Mutex::new(Some(first)),
+            down,
+            task,
         })
     }
 
     /// Crashes the subscriber process (SIGKILL) or starts it again; what it printed before
-    /// is kept.
+    /// it died is kept (read to the end of its output, as its reader would have).
     pub(super) fn set_down(&self, down: bool) {
-        let mut client = runtime::lock(&self.client);
-        if let Some(c) = client.take() {
-            c.abort();
-        }
-        if !down {
-            let (s, st) = (self.seen.clone(), self.stop.clone());
-            *client = Some(supervise(&self.bin, self.nodes.clone(), s, st, None));
-        }
+        self.down.send_replace(down);
     }
 
     /// Which of `objects` the stream's subscriber was not shown within `limit`.
@@ -180,30 +170,28 @@ impl StreamSub {
 
 impl Drop for StreamSub {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(c) = runtime::lock(&self.client).take() {
-            c.abort();
-        }
+        self.task.abort(); // the process goes with it (killed on drop)
     }
 }
 
-/// Runs `dissem sub` against each of `nodes` in turn (the next when it exits), recording
-/// what it prints in `seen`; its subscription's id goes to `attached` once known. Aborting
-/// the task kills the process.
+/// Runs `dissem sub` against each of `nodes` in turn (the next when it exits) while `down`
+/// says it is not crashed, recording what it prints in `seen`; its subscription's id goes
+/// to `attached` once known.
 fn supervise(
     bin: &Path,
     nodes: Vec<String>,
     seen: Shared,
-    stop: Arc<AtomicBool>,
-    mut attached: Option<tokio::sync::mpsc::UnboundedSender<u64>>,
+    mut down: tokio::sync::watch::Receiver<bool>,
+    attached: tokio::sync::mpsc::UnboundedSender<u64>,
 ) -> tokio::task::JoinHandle<()> {
     let bin = bin.to_path_buf();
     tokio::spawn(async move {
+        let mut attached = Some(attached);
         for url in nodes.iter().cycle() {
-            if stop.load(Ordering::SeqCst) {
-                return;
+            if down.wait_for(|d| !*d).await.is_err() {
+                return; // the subscriber is gone
             }
-            if let Err(e) = run_sub(&bin, url, &seen, &mut attached).await {
+            if let Err(e) = run_sub(&bin, url, &seen, &mut attached, down.clone()).await {
                 eprintln!("the stream subscriber at {url}: {e:#}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -211,13 +199,15 @@ fn supervise(
     })
 }
 
-/// One `dissem sub` process attached through the node at `url`, until it exits (an error:
-/// it could not be started or read).
+/// One `dissem sub` process attached through the node at `url`, until it exits (killed
+/// when `down` turns true; what it printed is read to the end); an error: it could not be
+/// started or read.
 async fn run_sub(
     bin: &Path,
     url: &str,
     seen: &Shared,
     attached: &mut Option<tokio::sync::mpsc::UnboundedSender<u64>>,
+    mut down: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     use tokio::io::AsyncBufReadExt;
     let mut child = tokio::process::Command::new(bin)
@@ -247,7 +237,18 @@ async fn run_sub(
         }
     });
     let mut lines = tokio::io::BufReader::new(out).lines();
-    while let Some(l) = lines.next_line().await? {
+    let mut killed = false;
+    loop {
+        let line = tokio::select! {
+            l = lines.next_line() => l?,
+            _ = down.wait_for(|d| *d), if !killed => {
+                // crashed: SIGKILL, mid-stream; what it printed before is still in the pipe
+                child.start_kill()?;
+                killed = true;
+                continue;
+            }
+        };
+        let Some(l) = line else { break };
         if let Some(key) = printed(&l) {
             let now = std::time::Instant::now();
             demo::lock(seen).pairs.entry(key).or_insert((0, now)).0 += 1;
