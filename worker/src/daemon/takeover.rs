@@ -456,7 +456,8 @@ impl Daemon {
     /// it no longer holds (finished while this node was down). Left alone: copies below
     /// `owns_from`, the origin's first sequence number (an earlier node's at that position,
     /// its disk lost, which the origin never held: its heir takes them over), and copies
-    /// this node adopted and still disseminates (the origin handed them over). An origin
+    /// this node or another member (`taken`) adopted and still disseminates (the origin
+    /// handed them over). An origin
     /// that holds none of its objects any more ends every copy of them here: a holder killed
     /// before its ends reached its disk kept copies of delivered objects, and once the origin
     /// lost its disk, its heir delivered them again (QoS 2 duplicates, `bench chaos` seed
