@@ -141,6 +141,20 @@ pub fn render(s: &v1::StatsResponse, workers: &[v1::WorkerInfo]) -> String {
         );
         line(
             &mut o,
+            "dissem_objects_handed",
+            "This node's objects another node adopted, held here until that node finished them.",
+            "gauge",
+            &one(s.objects_handed),
+        );
+        line(
+            &mut o,
+            "dissem_objects_taken_back_total",
+            "This node's objects taken back from an adopter lost before it finished them.",
+            "counter",
+            &one(s.objects_taken_back),
+        );
+        line(
+            &mut o,
             "dissem_matches_total",
             "Matches (object, subscription) handed to delivery.",
             "counter",

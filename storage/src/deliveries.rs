@@ -132,6 +132,24 @@ impl Store {
         Ok(out)
     }
 
+    /// Removes every delivery record of the `objects` (a scan of all records: for the rare
+    /// object an origin takes back from a lost adopter, whose records here were closed
+    /// when it handed the object over); the answer is how many went. Not yet durable.
+    pub fn remove_deliveries_of(
+        &self,
+        objects: &std::collections::HashSet<ObjectId>,
+    ) -> Result<usize, StorageError> {
+        let mut gone = 0;
+        for kv in self.deliveries.iter() {
+            let (k, _) = kv?;
+            if delivery_of_key(&k).is_some_and(|(_, obj)| objects.contains(&obj)) {
+                self.deliveries.remove(&k)?;
+                gone += 1;
+            }
+        }
+        Ok(gone)
+    }
+
     /// Where a delivery stands.
     pub fn delivery(&self, sub: u64, obj: ObjectId) -> Result<Option<DeliveryState>, StorageError> {
         match self.deliveries.get(delivery_key(sub, obj))? {

@@ -26,6 +26,7 @@ mod changes;
 mod codec;
 mod deliveries;
 mod fresh;
+mod handed;
 mod images;
 mod links;
 mod newest;
@@ -184,6 +185,10 @@ pub struct Store {
     /// Copies of other nodes' objects this node disseminates now (it took over their dead
     /// origin), durable ones: id -> priority, in memory, loaded from `adoptions` at open.
     adopted: Arc<std::sync::Mutex<std::collections::BTreeMap<ObjectId, u8>>>,
+    /// Objects of the outbox that another node adopted and disseminates ([`Store::hand`]):
+    /// held, not matched here. In memory: at open they are pending again, and the node's
+    /// catch-up learns the adoption again.
+    handed: Arc<std::sync::Mutex<std::collections::BTreeSet<u64>>>,
     /// The adoptions on disk: origin, seq -> priority ([`Store::adopt`]).
     adoptions: sled::Tree,
     /// The floor last written to sled.
@@ -297,6 +302,7 @@ impl Store {
             run_from: reserved,
             outbox: Arc::default(),
             adopted: Arc::default(),
+            handed: Arc::default(),
             outbox_floor_written: Arc::default(),
             repair: Arc::default(),
             commit: Arc::new(Commit::default()),

@@ -96,12 +96,15 @@ impl Store {
         self.adopted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Objects not yet retired, oldest first: (object id, priority), this node's own, then
-    /// the adopted copies ([`Store::adopt`]). Replayed at start.
+    /// Objects not yet retired, oldest first: (object id, priority), this node's own (but
+    /// those handed to an adopter, [`Store::hand`]), then the adopted copies
+    /// ([`Store::adopt`]). Replayed at start, resent while owed.
     pub fn outbox_pending(&self) -> Result<Vec<(ObjectId, u8)>, StorageError> {
-        let mut v: Vec<(ObjectId, u8)> = self
-            .lock_outbox()
+        let outbox = self.lock_outbox();
+        let handed = self.lock_handed();
+        let mut v: Vec<(ObjectId, u8)> = outbox
             .iter()
+            .filter(|(seq, _)| !handed.contains(seq))
             .map(|(&seq, &p)| {
                 (
                     ObjectId {
@@ -112,13 +115,22 @@ impl Store {
                 )
             })
             .collect();
+        drop((handed, outbox));
         v.extend(self.lock_adopted().iter().map(|(&id, &p)| (id, p)));
         Ok(v)
     }
 
-    /// The first `limit` of this node's own objects still in the outbox, in order.
+    /// The first `limit` of this node's own objects still in the outbox, in order, but
+    /// those handed to an adopter (its deliveries are not this node's to order).
     pub fn outbox_head(&self, limit: usize) -> Vec<u64> {
-        self.lock_outbox().keys().take(limit).copied().collect()
+        let outbox = self.lock_outbox();
+        let handed = self.lock_handed();
+        outbox
+            .keys()
+            .filter(|seq| !handed.contains(seq))
+            .take(limit)
+            .copied()
+            .collect()
     }
 
     /// This node's own objects still in the outbox, after sequence `after`, in order, at
@@ -132,7 +144,7 @@ impl Store {
     }
 
     /// Whether `id` is in the outbox (its dissemination is not finished): one of this
-    /// node's objects, or an adopted copy.
+    /// node's objects (handed to an adopter or not), or an adopted copy.
     pub fn in_outbox(&self, id: ObjectId) -> bool {
         if id.node == self.node {
             self.lock_outbox().contains_key(&id.seq)
@@ -150,7 +162,9 @@ impl Store {
     /// it was not there.
     pub fn retire(&self, id: ObjectId) -> Result<bool, StorageError> {
         Ok(if id.node == self.node {
-            self.lock_outbox().remove(&id.seq).is_some()
+            let mut outbox = self.lock_outbox();
+            self.lock_handed().remove(&id.seq);
+            outbox.remove(&id.seq).is_some()
         } else {
             self.adoptions
                 .remove(replicas::replica_key(id.node, id.seq))?;

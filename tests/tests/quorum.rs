@@ -9,7 +9,8 @@
 //! took its objects over and delivered them: it pushes none of them again (the lease fence).
 //! And a node that has not heard from a coordinator since it started acknowledges no put.
 //! And a holder that missed the end of a delivered object while the origin lost its disk
-//! learns it from the other holders, in either order of their returns.
+//! learns it from the other holders, in either order of their returns. And an origin back
+//! from the dead takes back what its heir adopted when the heir then loses its disk.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -104,6 +105,26 @@ async fn wait_delivered(rec: &Recorder, want: &BTreeSet<(u64, ObjectId)>, what: 
         async move { (missing == 0).then_some(()) }
     })
     .await;
+}
+
+/// `n` puts through node 4 (`url4`) while the subscriber refuses, each acknowledged, and
+/// then node 4's deliveries waiting in their retries: (object, temperature) each.
+async fn backlog_on_4(url4: &str, n: usize, tag: &str) -> Vec<(ObjectId, i64)> {
+    let mut acked = Vec::new();
+    for i in 0..n {
+        let t = (i * 7 % 100) as i64;
+        let id = put_once(url4, t, format!("{tag}-{i}"))
+            .await
+            .expect("a put through node 4");
+        acked.push((id, t));
+    }
+    wait_for(
+        "node 4's deliveries waiting",
+        Duration::from_secs(30),
+        || async move { (stats(url4).await.ok()?.delivery_failures > 0).then_some(()) },
+    )
+    .await;
+    acked
 }
 
 /// A coordinator with a 3x3 grid and a 1.5 s node lease, and nine nodes.
@@ -347,29 +368,13 @@ fn a_node_paused_past_its_lease_pushes_nothing_its_heir_took_over() {
         // the subscriber refuses for now: node 4's deliveries wait in their retries
         rec.set_refusing(true);
         let url4 = c.nodes[4].url();
-        let mut acked = Vec::new();
-        for i in 0..30 {
-            let t = (i * 7 % 100) as i64;
-            let id = put_once(&url4, t, format!("paused-{i}"))
-                .await
-                .expect("a put through node 4");
-            acked.push((id, t));
-        }
+        let acked = backlog_on_4(&url4, 30, "paused").await;
         let want = expected(&subs, &acked);
         let qos2: BTreeSet<u64> = subs.iter().filter(|s| s.3).map(|s| s.0).collect();
         assert!(
             want.iter().any(|(s, _)| qos2.contains(s)),
             "no QoS 2 delivery owed: the test would show nothing"
         );
-        wait_for(
-            "node 4's deliveries waiting",
-            Duration::from_secs(30),
-            || {
-                let url4 = url4.clone();
-                async move { (stats(&url4).await.ok()?.delivery_failures > 0).then_some(()) }
-            },
-        )
-        .await;
 
         c.nodes[4].signal("STOP");
         let others: Vec<String> = (0..9)
@@ -640,6 +645,107 @@ fn a_holder_that_missed_an_end_learns_it_from_the_other_holders_once_the_origin_
         rec.extra_shows(|s| qos2.contains(&s)),
         0,
         "QoS 2 duplicates"
+    );
+    drop(c);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits until some node of `urls` took objects over; the answer is its index.
+async fn heir_of(urls: &[String]) -> usize {
+    wait_for(
+        "the heir took the objects over",
+        Duration::from_secs(30),
+        || {
+            let urls = urls.to_vec();
+            async move {
+                for (k, u) in urls.iter().enumerate() {
+                    if stats(u).await.ok()?.objects_taken_over > 0 {
+                        return Some(k);
+                    }
+                }
+                None
+            }
+        },
+    )
+    .await
+}
+
+/// Node 4's backlog (the subscriber refusing) is taken over by its heir while node 4 is
+/// down; node 4 comes back and learns its heir adopted the backlog: those objects stay in its
+/// outbox, handed to the heir. Then the heir loses its disk before it delivered them. Node 4
+/// takes them back and delivers them itself: every acknowledged object reaches every
+/// matching subscriber, none twice at QoS 2. Before, node 4 had let them go from its outbox,
+/// and nobody delivered them (found by the ownership simulation, `worker/src/daemon/ownsim`).
+#[test]
+fn an_origin_takes_back_what_its_heir_adopted_when_the_heir_loses_its_disk() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = temp_dir("quorum-taken-back");
+    let mut c = start_3x3(&dir);
+    let rt = runtime();
+    let coord = c.coordinator.url();
+    let url4 = c.nodes[4].url();
+    let urls: Vec<String> = (0..9).map(|k| c.nodes[k].url()).collect();
+    let (rec, subs, want) = rt.block_on(async {
+        registered(&coord).await;
+        let (rec, target) = Recorder::start().await.expect("recorder");
+        let subs = create_subscriptions(&c.nodes[0].url(), &target, &rec).await;
+        published(&coord).await;
+        // the subscriber refuses: node 4's deliveries wait, a backlog to take over
+        rec.set_refusing(true);
+        let acked = backlog_on_4(&url4, 20, "taken-back").await;
+        let want = expected(&subs, &acked);
+        assert!(
+            !want.is_empty(),
+            "no delivery owed: the test would show nothing"
+        );
+        (rec, subs, want)
+    });
+    c.nodes[4].kill();
+    let heir = rt.block_on(heir_of(&urls));
+    assert_ne!(heir, 4);
+    c.nodes[4].restart();
+    rt.block_on(async {
+        wait_for(
+            "node 4 back, holding what its heir adopted",
+            Duration::from_secs(60),
+            || {
+                let url4 = url4.clone();
+                async move { (stats(&url4).await.ok()?.objects_handed > 0).then_some(()) }
+            },
+        )
+        .await;
+    });
+    // the heir loses its disk before the subscriber takes anything
+    c.nodes[heir].kill();
+    std::fs::remove_dir_all(c.node_data(heir)).expect("wiping the heir");
+    rt.block_on(async {
+        wait_for(
+            "node 4 took its objects back from the lost heir",
+            Duration::from_secs(60),
+            || {
+                let url4 = url4.clone();
+                async move {
+                    let s = stats(&url4).await.ok()?;
+                    (s.objects_taken_back > 0 && s.objects_handed == 0).then_some(())
+                }
+            },
+        )
+        .await;
+    });
+    c.nodes[heir].restart();
+    let qos2: BTreeSet<u64> = subs.iter().filter(|s| s.3).map(|s| s.0).collect();
+    rt.block_on(async {
+        rec.set_refusing(false);
+        wait_delivered(&rec, &want, "node 4 delivered what it took back").await;
+    });
+    assert_eq!(
+        rec.extra_shows(|s| qos2.contains(&s)),
+        0,
+        "QoS 2 duplicates"
+    );
+    eprintln!(
+        "{} deliveries owed, all delivered after the heir {heir} lost its disk",
+        want.len()
     );
     drop(c);
     let _ = std::fs::remove_dir_all(&dir);

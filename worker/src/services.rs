@@ -513,6 +513,8 @@ impl v1::admin_server::Admin for Node {
             copies_finished: copies.finished as u64,
             copies_forwarding: copies.forwarding as u64,
             objects_taken_over: cluster(|d| d.counters().taken_over.load(Ordering::Relaxed)),
+            objects_handed: self.store.handed_seqs().len() as u64,
+            objects_taken_back: cluster(|d| d.counters().taken_back.load(Ordering::Relaxed)),
             copies_pulled: cluster(|d| d.counters().copies_pulled.load(Ordering::Relaxed)),
             image_loaded: cluster(|d| d.image_loaded()),
             images_compiled: cluster(|d| d.counters().images_compiled.load(Ordering::Relaxed)),

@@ -237,6 +237,18 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
                     "objects",
                 ),
                 (
+                    "objects_handed",
+                    "handed to an adopter",
+                    json!(s.objects_handed),
+                    "objects",
+                ),
+                (
+                    "objects_taken_back",
+                    "taken back from a lost adopter",
+                    json!(s.objects_taken_back),
+                    "objects",
+                ),
+                (
                     "copies_pulled",
                     "copies pulled at catch-ups",
                     json!(s.copies_pulled),

@@ -17,6 +17,9 @@ use super::*;
 use crate::deliver::Hold;
 use replicate::View;
 
+/// Between two tries of a relearn that a live member of the quorum did not answer.
+const RELEARN_RETRY: Duration = Duration::from_millis(500);
+
 /// The fence's state, sans I/O: time is passed in (`T` is [`Instant`] in the daemon, the
 /// simulated clock in `daemon/ownsim`).
 #[derive(Debug)]
@@ -201,12 +204,16 @@ impl Daemon {
     }
 
     /// After a lapse: the objects this node disseminated that a live node adopted or
-    /// finished meanwhile leave its outbox and its delivery queues; then the fence lifts.
+    /// finished meanwhile leave its outbox and its delivery queues; then the fence lifts,
+    /// once every member alive in its view answered (a paused heir that did not answer kept
+    /// pushing what it adopted when continued, and so did its origin; found by
+    /// `daemon/ownsim`): else it asks again, fenced.
     async fn relearn(&self, lease: Duration) {
         let lapses = lock(&self.inner.lease).lapses();
         let view = self.view();
-        let mut handed = self.learn_finished(&view).await;
-        handed.extend(self.adopted_by_others(&view).await);
+        let (mut handed, whole) = self.learn_finished(&view).await;
+        let (others, whole_others) = self.adopted_by_others(&view).await;
+        handed.extend(others);
         if !handed.is_empty() {
             tracing::info!(
                 "after the lapse: {} objects are another node's now",
@@ -214,6 +221,11 @@ impl Daemon {
             );
         }
         self.hand_over(handed);
+        if !(whole && whole_others) {
+            tracing::debug!("relearning: a live member of the quorum did not answer; again");
+            self.relearn_after(RELEARN_RETRY, lease);
+            return;
+        }
         let again = lock(&self.inner.lease).relearned(Instant::now(), lapses);
         if let Some(wait) = again {
             // it lapsed again meanwhile (what its heir took since is learnt too), or a
@@ -224,10 +236,14 @@ impl Daemon {
 
     /// The objects this node adopted from other origins that a live member of their quorum
     /// adopted too (its heir while this node's lease had lapsed), or holds as delivered
-    /// (finished or forwarding); they leave this node.
-    async fn adopted_by_others(&self, view: &View) -> HashSet<ObjectId> {
+    /// (finished or forwarding); they leave this node. And whether every live member
+    /// answered in full.
+    async fn adopted_by_others(&self, view: &View) -> (HashSet<ObjectId>, bool) {
         let mut out = HashSet::new();
-        let Some(g) = view.grid else { return out };
+        let Some(g) = view.grid else {
+            return (out, true);
+        };
+        let mut whole = true;
         let me = self.inner.cfg.node;
         let mine = self.inner.store.adopted_ids();
         let origins: std::collections::BTreeSet<u32> = mine.iter().map(|id| id.node).collect();
@@ -246,7 +262,11 @@ impl Daemon {
                     v1::ReplicaSet::Finished,
                     v1::ReplicaSet::Forwarding,
                 ] {
-                    for seq in self.seqs_of(&ep, origin, set, from.saturating_sub(1)).await {
+                    let (seqs, answered) = self
+                        .replica_seqs(&ep, origin, set, from.saturating_sub(1))
+                        .await;
+                    whole &= answered;
+                    for seq in seqs {
                         let id = ObjectId { node: origin, seq };
                         if mine.contains(&id) {
                             let _ = self.inner.store.retire(id);
@@ -256,7 +276,7 @@ impl Daemon {
                 }
             }
         }
-        out
+        (out, whole)
     }
 
     /// Objects another node disseminates now: their pushes still queued here are dropped.

@@ -49,6 +49,7 @@ mod ownership;
 mod ownsim;
 mod placement;
 mod presence;
+mod reclaim;
 mod relay;
 mod repair;
 mod replicate;
@@ -79,6 +80,8 @@ pub struct DaemonCounters {
     pub workers_terminated: AtomicU64,
     /// Objects of dead nodes adopted by takeovers.
     pub taken_over: AtomicU64,
+    /// This node's objects taken back from an adopter lost before it finished them.
+    pub taken_back: AtomicU64,
     /// Object and subscription copies pulled from other nodes at catch-ups.
     pub copies_pulled: AtomicU64,
     /// Image versions compiled, and versions served by an image compiled before (the same
@@ -149,6 +152,9 @@ struct Inner {
     handed: Mutex<HashSet<ObjectId>>,
     /// This node's objects another node adopted: their closure here ends no copy.
     adopted_away: Mutex<HashSet<ObjectId>>,
+    /// This node's objects handed to an adopter (`Store::hand`), by sequence number: whom
+    /// to take them back from ([`Daemon::reclaim`]).
+    handed_to: Mutex<HashMap<u64, ownership::Adopter>>,
     /// Draining (puts refused): asked by `dissem node drain`, or leaving the grid.
     drain: Arc<crate::drain::Drain>,
     /// This node's part in an online grid resize.
@@ -258,6 +264,7 @@ impl Daemon {
                 lease: Mutex::new(fence::Fence::default()),
                 handed: Mutex::new(HashSet::new()),
                 adopted_away: Mutex::new(HashSet::new()),
+                handed_to: Mutex::new(HashMap::new()),
                 drain: Arc::default(),
                 resize: Mutex::default(),
             }),

@@ -130,3 +130,48 @@ pub(super) fn quorum_back(me: u32, old: &View, new: &View) -> Vec<u32> {
         .filter(|&m| m != me && old.dead(m) && new.alive(m))
         .collect()
 }
+
+/// A member of this node's quorum that adopted some of this node's objects, as the view
+/// showed it when this node learnt so: the objects stay in this node's outbox, not pushed
+/// here, until they are finished or the adopter loses them ([`Adopter::lost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct Adopter {
+    pub(super) node: u32,
+    /// The first sequence number its store had handed out (another on a fresh disk).
+    pub(super) owns_from: u64,
+}
+
+impl Adopter {
+    /// Member `node` as `view` shows it.
+    pub(super) fn in_view(node: u32, view: &View) -> Adopter {
+        Adopter {
+            node,
+            owns_from: view.owns_from.get(&node).copied().unwrap_or(0),
+        }
+    }
+
+    /// Whether `view` says the adopter may have lost what it adopted: dead (its lease ran
+    /// out: fenced, it pushes no QoS 2 until it relearnt), or alive on a fresh disk. Its
+    /// origin then takes the objects back (found by `daemon/ownsim`: an heir's disk lost
+    /// after its origin came back and handed it the backlog lost the backlog).
+    pub(super) fn lost(&self, view: &View) -> bool {
+        view.dead(self.node)
+            || view
+                .owns_from
+                .get(&self.node)
+                .is_some_and(|&f| f != self.owns_from)
+    }
+}
+
+/// The adopters among `adopters` that `new` shows lost and `old` did not: the origin takes
+/// back what it handed them.
+pub(super) fn adopters_lost(
+    adopters: impl IntoIterator<Item = Adopter>,
+    old: &View,
+    new: &View,
+) -> BTreeSet<Adopter> {
+    adopters
+        .into_iter()
+        .filter(|a| a.lost(new) && !a.lost(old))
+        .collect()
+}

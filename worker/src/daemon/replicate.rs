@@ -527,6 +527,23 @@ impl Daemon {
             // a takeover of this object is over too
             self.inner.store.retire(*id)?;
         }
+        // this node's own objects it handed to their adopter, which delivered them: they
+        // leave the outbox (the rest of its own are its to end)
+        for id in req.finished.iter().chain(&req.forwarding) {
+            let id = ObjectId {
+                node: id.node,
+                seq: id.seq,
+            };
+            if self.inner.store.is_handed(id) {
+                tracing::debug!(
+                    "handed object {}:{} delivered by its adopter",
+                    id.node,
+                    id.seq
+                );
+                self.inner.store.retire(id)?;
+                lock(&self.inner.handed_to).remove(&id.seq);
+            }
+        }
         if !copies.is_empty() || !marks.is_empty() || !forwarding.is_empty() || subs_changed {
             self.inner.store.commit().await?;
         }

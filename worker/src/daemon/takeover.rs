@@ -16,7 +16,7 @@
 //! origin never held, and are its heir's to take over.
 
 use super::*;
-use ownership::{TakeOver, claims, quorum_back};
+use ownership::{Adopter, TakeOver, adopters_lost, claims, quorum_back};
 use replicate::{View, replica_from_proto};
 
 /// Objects per `Daemon.Replicas` page.
@@ -39,11 +39,22 @@ impl Daemon {
         if !back.is_empty() {
             self.members_back(&back);
         }
+        // what this node handed to an adopter that is lost now, it takes back
+        let adopters: Vec<Adopter> = lock(&self.inner.handed_to).values().copied().collect();
+        for adopter in adopters_lost(adopters, old, new) {
+            let me = self.clone();
+            tokio::spawn(async move { me.reclaim(adopter).await });
+        }
     }
 
     /// Pulls `origin`'s unfinished objects from `from` after `after`, one page (their received
     /// marks are stored here).
-    async fn pull(&self, from: &str, origin: u32, after: u64) -> Result<Pulled, ServiceError> {
+    pub(super) async fn pull(
+        &self,
+        from: &str,
+        origin: u32,
+        after: u64,
+    ) -> Result<Pulled, ServiceError> {
         let mut c = self.peer(from)?;
         let r = c
             .replicas(v1::ReplicasRequest {
@@ -418,7 +429,9 @@ impl Daemon {
             tracing::info!("caught up: {subs} subscription copies this position holds");
         }
         self.pull_subscriptions_until_whole();
-        let handed = self.learn_finished(&view).await;
+        // a member that does not answer now is asked again by the relearn before the fence
+        // lifts (the fence at start)
+        let (handed, _) = self.learn_finished(&view).await;
         if pulled + handed.len() > 0 {
             tracing::info!(
                 "caught up: {pulled} unfinished objects of other nodes; {} of this node's \
@@ -517,13 +530,18 @@ impl Daemon {
     }
 
     /// This node's objects that others finished while it was down, or took over and still
-    /// disseminate, leave its outbox and its delivery loop (exactly one owner per object):
-    /// the live members of its quorum hold tombstones of the finished ones and forwarding
-    /// copies of the delivered ones a link still owes, and its successor the adopted ones.
-    /// The answer is those objects.
-    pub(super) async fn learn_finished(&self, view: &View) -> HashSet<ObjectId> {
+    /// disseminate, leave its delivery loop (exactly one owner per object): the live members
+    /// of its quorum hold tombstones of the finished ones and forwarding copies of the
+    /// delivered ones a link still owes (those leave the outbox), and its successor the
+    /// adopted ones, which stay in the outbox handed to it ([`storage::Store::hand`]): held,
+    /// not pushed, taken back if the adopter is lost before it finished them
+    /// ([`Daemon::reclaim`]). The answer is those objects, and whether every live member
+    /// answered in full.
+    pub(super) async fn learn_finished(&self, view: &View) -> (HashSet<ObjectId>, bool) {
         let mut handed = HashSet::new();
-        let Some(g) = view.grid else { return handed };
+        let Some(g) = view.grid else {
+            return (handed, true);
+        };
         let me = self.inner.cfg.node;
         let oldest_record = self
             .inner
@@ -535,9 +553,17 @@ impl Daemon {
             .map(|o| o.seq);
         let oldest_outbox = self.inner.store.own_pending_after(0, 1).first().copied();
         let Some(from) = [oldest_record, oldest_outbox].into_iter().flatten().min() else {
-            return handed;
+            return (handed, true);
         };
-        for (_, ep) in view.live_endpoints(g.xs_quorum(me), &[me]) {
+        let mut whole = true;
+        // records not resumed yet are open on disk only
+        let on_disk = if self.inner.resumed.load(Ordering::Acquire) {
+            HashSet::new()
+        } else {
+            self.open_on_disk()
+        };
+        for (member, ep) in view.live_endpoints(g.xs_quorum(me), &[me]) {
+            let adopter = Adopter::in_view(member, view);
             // delivered elsewhere too when a link still owes it (forwarding): left out of
             // these two sets, it was pushed again (found by `bench chaos`, seed 33)
             for set in [
@@ -545,30 +571,40 @@ impl Daemon {
                 v1::ReplicaSet::Adopted,
                 v1::ReplicaSet::Forwarding,
             ] {
-                for seq in self.seqs_of(&ep, me, set, from.saturating_sub(1)).await {
+                let (seqs, answered) = self
+                    .replica_seqs(&ep, me, set, from.saturating_sub(1))
+                    .await;
+                whole &= answered;
+                for seq in seqs {
                     let id = ObjectId { node: me, seq };
                     // which member answered what: the evidence when an object was closed
                     // here that nobody delivered (`bench chaos --quick`, seeds 31 and 32)
                     if !handed.contains(&id) {
                         tracing::debug!("{me}:{seq} is {set:?} at {ep}: leaves this node");
                     }
-                    let _ = self.inner.store.retire(id);
                     if set == v1::ReplicaSet::Adopted {
+                        // held for the holders, not pushed here (before, it left the outbox,
+                        // and an adopter whose disk was lost then lost it; `daemon/ownsim`)
+                        let open = self.inner.deliverer.is_open(id) || on_disk.contains(&id);
+                        self.hand(id, adopter, open);
                         self.adopted_away(id);
+                    } else {
+                        let _ = self.inner.store.retire(id);
+                        lock(&self.inner.handed_to).remove(&seq);
                     }
                     handed.insert(id);
                 }
             }
         }
-        handed
+        (handed, whole)
     }
 }
 
 /// One page of [`Daemon::pull`].
-struct Pulled {
-    page: Vec<storage::StoredObject>,
+pub(super) struct Pulled {
+    pub(super) page: Vec<storage::StoredObject>,
     /// More follow after the page.
-    more: bool,
+    pub(super) more: bool,
     /// (When the answer is the origin's) the first sequence number its store handed out.
     owns_from: u64,
     /// (When the answer is the origin's) the next one it hands out, read before the page.

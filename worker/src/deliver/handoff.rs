@@ -155,6 +155,7 @@ impl Deliverer {
     /// `obj` left the outbox: it is never matched again.
     pub(super) fn retired(&self, obj: ObjectId) {
         lock(&self.inner.qos0_started).remove(&obj);
+        lock(&self.inner.reclaimed).remove(&obj);
         self.maybe_finished(obj);
     }
 
@@ -207,7 +208,8 @@ impl Deliverer {
         for (id, subs) in objects {
             let n = subs.len() as u64;
             acc.handed += n;
-            if !store.in_outbox(id) || self.owes(id) {
+            // handed to an adopter (`Store::hand`): a stale match, the adopter's to deliver
+            if !store.in_outbox(id) || self.owes(id) || store.is_handed(id) {
                 tracing::debug!(
                     "matches of {}:{} to {subs:?}: a repeat (in the outbox: {}, pushes in memory: {})",
                     id.node,
@@ -256,7 +258,9 @@ impl Deliverer {
                 self.opened(s, id);
                 // a copy taken over whose QoS 2 delivery a subscriber has "received" from
                 // the dead owner: only its release is owed
-                if id.node != me && store.received_marks(id)?.contains(&s) {
+                if (id.node != me || self.is_reclaimed(id))
+                    && store.received_marks(id)?.contains(&s)
+                {
                     let state = DeliveryState::Received {
                         attempts: 1,
                         next_attempt_unix_ms: self.now_ms(),
@@ -298,5 +302,28 @@ impl Deliverer {
         // the matched frontier moved: ordered deliveries waiting for it may go
         self.resequence();
         (acc, Ok(()))
+    }
+}
+
+impl Deliverer {
+    /// This node takes its `objects` back from an adopter that lost them (they were handed
+    /// over, their records here closed): their records go, so that their next match
+    /// records and pushes them afresh, and a subscriber's "received" mark (pulled from the
+    /// holders) leaves only the release owed. The answer is how many records went, not yet
+    /// durable.
+    pub async fn reclaim(
+        &self,
+        objects: std::collections::HashSet<ObjectId>,
+    ) -> Result<usize, storage::StorageError> {
+        lock(&self.inner.reclaimed).extend(objects.iter().copied());
+        let store = self.inner.store.clone();
+        // a scan of every record: off the async threads
+        tokio::task::spawn_blocking(move || store.remove_deliveries_of(&objects))
+            .await
+            .map_err(|_| storage::StorageError::Flusher)?
+    }
+
+    fn is_reclaimed(&self, obj: ObjectId) -> bool {
+        lock(&self.inner.reclaimed).contains(&obj)
     }
 }

@@ -118,6 +118,9 @@ struct Inner {
     /// Objects whose QoS 0 deliveries were started from memory (no record), until they leave
     /// the outbox: a repeated match of one drops its QoS 0 deliveries (at most once).
     qos0_started: Mutex<std::collections::HashSet<ObjectId>>,
+    /// This node's objects taken back from a lost adopter ([`Deliverer::reclaim`]): their
+    /// subscribers' "received" marks count, as for an adopted copy.
+    reclaimed: Mutex<std::collections::HashSet<ObjectId>>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
     /// Stream deliveries waiting for a subscriber to attach (durable streams).
@@ -234,6 +237,7 @@ impl Deliverer {
                 batch_support: Mutex::new(HashMap::new()),
                 owed: Mutex::new(HashMap::new()),
                 qos0_started: Mutex::default(),
+                reclaimed: Mutex::default(),
                 queues: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
                 backlog: Mutex::default(),

@@ -7,6 +7,9 @@ use super::*;
 /// Schedules in CI (each a few simulated seconds).
 const SCHEDULES: u64 = 2_000;
 
+/// Schedules a mutation check tries at most (it stops at the first that fails).
+const SEARCH: u64 = 10_000;
+
 fn base_seed() -> u64 {
     runtime::rng::sim_seed(0x0a3e_0000)
 }
@@ -15,6 +18,7 @@ fn base_seed() -> u64 {
 fn schedules_of_kills_and_pauses_push_every_object_once() {
     let base = base_seed();
     let (mut acked, mut kills, mut pauses, mut adopted, mut events) = (0, 0, 0, 0, 0);
+    let (mut wipes, mut reclaimed) = (0, 0);
     let started = std::time::Instant::now();
     for seed in base..base + SCHEDULES {
         let o = run(seed, Rules::FIXED);
@@ -25,15 +29,20 @@ fn schedules_of_kills_and_pauses_push_every_object_once() {
         );
         acked += o.acknowledged;
         kills += o.kills;
+        wipes += o.wipes;
+        reclaimed += o.reclaimed;
         pauses += o.pauses;
         adopted += o.adopted;
         events += o.events;
     }
     assert!(kills >= SCHEDULES, "{kills} kills");
     assert!(adopted >= SCHEDULES, "{adopted} objects adopted");
+    assert!(wipes >= SCHEDULES / 20, "{wipes} disks lost");
+    assert!(reclaimed > 0, "nothing taken back from a lost adopter");
     eprintln!(
         "{SCHEDULES} schedules from seed {base} in {:?}: {acked} objects acknowledged, \
-         {kills} kills, {pauses} pauses, {adopted} objects adopted, {events} events",
+         {kills} kills ({wipes} with the disk), {pauses} pauses, {adopted} objects adopted, \
+         {reclaimed} taken back from lost adopters, {events} events",
         started.elapsed()
     );
 }
@@ -43,15 +52,29 @@ fn a_schedule_is_drawn_from_its_seed_alone() {
     for seed in [1, 2, 99] {
         let (a, b) = (run(seed, Rules::FIXED), run(seed, Rules::FIXED));
         assert_eq!(
-            (a.acknowledged, a.kills, a.pauses, a.adopted, a.events),
-            (b.acknowledged, b.kills, b.pauses, b.adopted, b.events)
+            (
+                a.acknowledged,
+                a.kills,
+                a.wipes,
+                a.pauses,
+                a.adopted,
+                a.events
+            ),
+            (
+                b.acknowledged,
+                b.kills,
+                b.wipes,
+                b.pauses,
+                b.adopted,
+                b.events
+            )
         );
     }
 }
 
 /// Finds a failing schedule under `rules`, which must show a violation `kind` accepts.
 fn fails_with(rules: Rules, what: &str, kind: fn(&Violation) -> bool) {
-    let found = first_failure(base_seed(), SCHEDULES, rules);
+    let found = first_failure(base_seed(), SEARCH, rules);
     let (seed, v) = found.unwrap_or_else(|| panic!("{what}: every schedule passed"));
     assert!(v.iter().any(kind), "{what}, seed {seed}: {v:?}");
 }
@@ -93,11 +116,14 @@ fn without_giving_up_what_others_adopted_a_schedule_fails() {
 }
 
 /// Mutation check: a holder catching up ends the copies its origin handed over to its heir
-/// (taken for finished), and the heir's next takeover ends its adopted copy with them.
+/// (taken for finished), and the heir's next takeover ends its adopted copy with them. An
+/// origin that keeps what it handed in its outbox (`reclaim`) answers them held, which
+/// covers this too: both are undone.
 #[test]
 fn without_keeping_what_was_handed_over_a_schedule_fails() {
     let rules = Rules {
         keep_handed: false,
+        reclaim: false,
         ..Rules::FIXED
     };
     fails_with(rules, "handed-over copies ended", |v| {
@@ -114,4 +140,28 @@ fn without_relearning_when_a_member_returns_a_schedule_fails() {
         ..Rules::FIXED
     };
     fails_with_a_duplicate(rules, "no relearn when a member returns");
+}
+
+/// Mutation check: an origin back hands what its heir adopted over for good (out of its
+/// outbox); the heir's disk lost before it pushed them loses them.
+#[test]
+fn without_taking_back_from_a_lost_adopter_a_schedule_fails() {
+    let rules = Rules {
+        reclaim: false,
+        ..Rules::FIXED
+    };
+    fails_with(rules, "nothing taken back from a lost adopter", |v| {
+        matches!(v, Violation::Lost { .. })
+    });
+}
+
+/// Mutation check: a relearn lifts the fence though a member alive in the view (the heir,
+/// paused) did not answer; the origin pushes what the heir adopted, and so does the heir.
+#[test]
+fn without_a_whole_relearn_a_schedule_fails() {
+    let rules = Rules {
+        relearn_whole: false,
+        ..Rules::FIXED
+    };
+    fails_with_a_duplicate(rules, "a relearn with a member silent");
 }

@@ -1,15 +1,17 @@
 //! Randomized schedules over object ownership (DESIGN §7), sans I/O, thousands a minute: a
 //! 3x3 grid of simulated nodes under the real coordinator protocol
 //! ([`coordinator::protocol::Protocol`]: leases, one heir per position), writers putting
-//! QoS 2 objects throughout, nodes killed (restarted on their disk) and paused past their
-//! lease, and the subscriber down for a while (a backlog piles up, so that a fault finds
-//! objects to take over). Each node runs the daemon's own rules: its view is the real
+//! QoS 2 objects throughout, nodes killed (restarted on their disk, or now and then on a
+//! fresh one: the disk lost, one at a time) and paused past their lease, and the subscriber
+//! down for a while (a backlog piles up, so that a fault finds objects to take over). Each node runs the daemon's own rules: its view is the real
 //! membership answer ([`View::from_proto`]), takeovers come from [`Ownership::view_changed`]
 //! and adopt by [`claims`], the lease fence is the daemon's [`Fence`]. The I/O between them (pulls,
 //! the holders' answers, finished marks) follows `takeover.rs` and `fence.rs`: catch-up at
-//! registration learns what holders finished or adopted, a relearn a lease after a lapse
-//! (or at once when a member of the node's quorum is alive again) learns the same and what
-//! others adopted of the objects this node adopted.
+//! registration learns what holders finished or adopted (the adopted ones stay in the
+//! origin's outbox, handed), a relearn a lease after a lapse (or at once when a member of the
+//! node's quorum is alive again) learns the same and what others adopted of the objects this
+//! node adopted, and lifts the fence only once every live member answered; an origin takes
+//! back what it handed to an adopter that is lost (`reclaim.rs`).
 //!
 //! The oracle: no object is pushed twice (QoS 2), and once every node is up and quiet, every
 //! acknowledged object was pushed. A schedule is drawn from its seed alone; a failure names
@@ -27,7 +29,7 @@ use runtime::grid::Grid;
 use runtime::rng::Rng;
 
 use super::fence::{Fence, Renewal};
-use super::ownership::{Ownership, claims, quorum_back};
+use super::ownership::{Adopter, Ownership, adopters_lost, claims, quorum_back};
 use super::replicate::View;
 
 mod checks;
@@ -61,6 +63,14 @@ pub struct Rules {
     /// An origin relearns (fenced) when a member of its quorum is alive again (found by
     /// this harness).
     pub relearn_on_return: bool,
+    /// An origin keeps what it handed to an adopter in its outbox (answered as held, not
+    /// pushed) and takes it back when the adopter is lost (found by this harness: an
+    /// heir's disk lost after its origin came back and handed it the backlog).
+    pub reclaim: bool,
+    /// A relearn lifts the fence only when every member alive in the node's view answered
+    /// (found by this harness: an heir paused during its origin's relearn; both pushed
+    /// what it had adopted).
+    pub relearn_whole: bool,
 }
 
 impl Rules {
@@ -70,6 +80,8 @@ impl Rules {
         adopted_by_others: true,
         keep_handed: true,
         relearn_on_return: true,
+        reclaim: true,
+        relearn_whole: true,
     };
 }
 
@@ -94,7 +106,9 @@ pub struct Outcome {
     pub kills: u64,
     pub pauses: u64,
     pub stalls: u64,
+    pub wipes: u64,
     pub adopted: u64,
+    pub reclaimed: u64,
     pub events: u64,
     pub violations: Vec<Violation>,
 }
@@ -138,9 +152,14 @@ struct Node {
     // on its disk
     outbox: BTreeSet<u64>,
     next_seq: u64,
+    /// The first sequence number this disk handed out (copies of lower ones at holders are
+    /// an earlier disk's at this position).
+    owns_from: u64,
     copies: BTreeMap<Id, Copy>,
     // in its memory
     view: View,
+    /// Its own objects a member adopted (`Daemon::handed_to`): in the outbox, not pushed.
+    handed: BTreeMap<u64, Adopter>,
     ownership: Ownership,
     fence: Fence<At>,
     registered: bool,
@@ -160,8 +179,10 @@ impl Node {
             paused_until: 0,
             outbox: BTreeSet::new(),
             next_seq: 1,
+            owns_from: 1,
             copies: BTreeMap::new(),
             view: View::from_proto(&v1::Membership::default()),
+            handed: BTreeMap::new(),
             ownership: Ownership::default(),
             fence: Fence::default(),
             registered: false,
@@ -183,6 +204,16 @@ impl Node {
         self.caught_up = false;
         self.fresh.clear();
         self.unsent.clear();
+        self.handed.clear();
+    }
+
+    /// Its disk is lost: it starts on a fresh one, whose sequence numbers begin above
+    /// every earlier one.
+    fn wipe(&mut self) {
+        self.outbox.clear();
+        self.copies.clear();
+        self.owns_from = self.next_seq + 1_000;
+        self.next_seq = self.owns_from;
     }
 
     /// Answers calls (not down, not paused).
@@ -196,6 +227,7 @@ impl Node {
             .outbox
             .iter()
             .filter(|s| self.caught_up || self.fresh.contains(s))
+            .filter(|s| !self.handed.contains_key(s))
             .map(|&s| (self.id, s))
             .collect();
         if self.caught_up {
@@ -258,6 +290,12 @@ enum Event {
         origin: u32,
         below: u64,
     },
+    /// An origin takes back what it handed to `adopter`, lost in its view.
+    Reclaim {
+        node: u32,
+        inc: u64,
+        adopter: Adopter,
+    },
     /// A relearn starts a lease after a lapse.
     Relearn {
         node: u32,
@@ -280,9 +318,11 @@ enum Event {
     Put {
         node: u32,
     },
+    /// A node's process killed; `wiped`: its disk lost with it (it starts on a fresh one).
     Kill {
         node: u32,
         down: u64,
+        wiped: bool,
     },
     Start {
         node: u32,
@@ -307,6 +347,7 @@ impl Event {
             | Event::Round { node, inc }
             | Event::CatchUp { node, inc }
             | Event::TakeOver { node, inc, .. }
+            | Event::Reclaim { node, inc, .. }
             | Event::Relearn { node, inc }
             | Event::Relearned { node, inc, .. } => Some((node, inc)),
             _ => None,
@@ -429,7 +470,7 @@ impl Cluster {
                         node,
                         endpoint: format!("http://n{node}"),
                         workers: Vec::new(),
-                        owns_from: 1,
+                        owns_from: self.nodes[node as usize].owns_from,
                     };
                     self.coord.register(self.now, &r);
                 } else {
@@ -470,15 +511,22 @@ impl Cluster {
                 origin,
                 below,
             } => self.take_over(node, origin, below),
+            Event::Reclaim { node, inc, adopter } => self.reclaim(node, inc, adopter),
             Event::Relearn { node, inc } => {
                 let lapses = self.nodes[node as usize].fence.lapses();
                 let d = 5 + self.rng.below(40);
                 self.at(self.now + d, Event::Relearned { node, inc, lapses });
             }
             Event::Relearned { node, inc, lapses } => {
-                self.learn_finished(node);
+                let mut whole = self.learn_finished(node);
                 if self.rules.adopted_by_others {
-                    self.adopted_by_others(node);
+                    whole &= self.adopted_by_others(node);
+                }
+                if self.rules.relearn_whole && !whole {
+                    // a member alive in its view did not answer: fenced, it asks again
+                    let d = 20 + self.rng.below(40);
+                    self.at(self.now + d, Event::Relearn { node, inc });
+                    return;
                 }
                 let now = At(self.now);
                 if let Some(wait) = self.nodes[node as usize].fence.relearned(now, lapses) {
@@ -489,7 +537,14 @@ impl Cluster {
                 }
             }
             Event::Finished { from, inc, to, id } => {
-                if self.nodes[to as usize].answers(self.now) {
+                if to == id.0 {
+                    // at the origin: a handed object is done (`Daemon::take_copies`); its
+                    // own are its to end, and a mark missed is learnt at its catch-up
+                    let o = &mut self.nodes[to as usize];
+                    if o.answers(self.now) && o.handed.remove(&id.1).is_some() {
+                        o.outbox.remove(&id.1);
+                    }
+                } else if self.nodes[to as usize].answers(self.now) {
                     let c = self.nodes[to as usize].copies.entry(id).or_insert(Copy {
                         finished: true,
                         adopted: false,
@@ -505,10 +560,24 @@ impl Cluster {
                 }
             }
             Event::Put { node } => self.put(node),
-            Event::Kill { node, down } => {
+            Event::Kill { node, down, wiped } => {
                 if self.nodes[node as usize].up {
                     self.out.kills += 1;
-                    self.nodes[node as usize].kill();
+                    // one disk lost at a time, the rest of the grid up and caught up
+                    // (a put refused nothing while another was down: its copies are on
+                    // fewer nodes until they catch up)
+                    let now = self.now;
+                    let wiped = wiped
+                        && self
+                            .nodes
+                            .iter()
+                            .all(|m| m.id == node || (m.answers(now) && m.caught_up));
+                    let n = &mut self.nodes[node as usize];
+                    n.kill();
+                    if wiped {
+                        self.out.wipes += 1;
+                        n.wipe();
+                    }
                     self.at(self.now + down, Event::Start { node });
                 }
             }
@@ -546,6 +615,14 @@ impl Cluster {
         let old = std::mem::replace(&mut n.view, new);
         let takeovers = n.ownership.view_changed(node, &old, &n.view);
         let back = quorum_back(node, &old, &n.view);
+        let lost = adopters_lost(n.handed.values().copied(), &old, &n.view);
+        if rules.reclaim {
+            for adopter in lost {
+                let d = 5 + self.rng.below(40);
+                self.at(now + d, Event::Reclaim { node, inc, adopter });
+            }
+        }
+        let n = &mut self.nodes[node as usize];
         if rules.relearn_on_return && !back.is_empty() && n.fence.member_back() {
             self.at(now, Event::Relearn { node, inc });
         }
@@ -615,8 +692,15 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
             c.at(when.saturating_sub(before), Event::Stall { ms });
         }
         if c.rng.chance(0.6) {
-            let down = 20 + c.rng.below(3 * LEASE);
-            c.at(when, Event::Kill { node, down });
+            // a lost disk now and then, down past its lease (the grid tolerates one disk
+            // lost at a time: its copies are elsewhere)
+            let wiped = c.rng.chance(0.25);
+            let down = if wiped {
+                2 * LEASE + c.rng.below(2 * LEASE)
+            } else {
+                20 + c.rng.below(3 * LEASE)
+            };
+            c.at(when, Event::Kill { node, down, wiped });
         } else {
             let ms = 50 + c.rng.below(3 * LEASE);
             c.at(when, Event::Pause { node, ms });

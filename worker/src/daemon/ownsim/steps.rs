@@ -21,6 +21,9 @@ impl Cluster {
             .into_iter()
             .filter(|&h| h != origin && self.nodes[h as usize].answers(now))
             .collect();
+        if holders.is_empty() {
+            return; // refused: no copy could be placed, nothing acknowledged
+        }
         let o = &mut self.nodes[origin as usize];
         let seq = o.next_seq;
         o.next_seq += 1;
@@ -82,11 +85,12 @@ impl Cluster {
                 c.finished = true;
                 c.adopted = false;
             }
+            // the origin too (`Daemon::end_copies`): what it handed over leaves its outbox
             let targets: Vec<u32> = self
                 .grid
                 .xs_quorum(id.0)
                 .into_iter()
-                .filter(|&h| h != node && h != id.0)
+                .filter(|&h| h != node)
                 .collect();
             for to in targets {
                 self.send_finished(node, inc, to, id);
@@ -118,7 +122,7 @@ impl Cluster {
             }
             let o = &self.nodes[origin as usize];
             let held: Vec<u64> = o.outbox.iter().copied().collect();
-            let top = o.next_seq;
+            let (top, owns_from) = (o.next_seq, o.owns_from);
             let n = &mut self.nodes[node as usize];
             for &seq in &held {
                 n.copies.entry((origin, seq)).or_insert(Copy {
@@ -131,7 +135,13 @@ impl Cluster {
             }
             // `drop_finished`: what the origin no longer holds was finished (or handed over)
             for (id, c) in n.copies.range_mut((origin, 0)..=(origin, u64::MAX)) {
-                if id.1 < top && !held.contains(&id.1) && !c.adopted && !taken.contains(&id.1) {
+                // below `owns_from`: an earlier disk's, which its heir takes over
+                if id.1 < top
+                    && id.1 >= owns_from
+                    && !held.contains(&id.1)
+                    && !c.adopted
+                    && !taken.contains(&id.1)
+                {
                     c.finished = true;
                 }
             }
@@ -140,27 +150,112 @@ impl Cluster {
         self.nodes[node as usize].caught_up = true;
     }
 
-    /// Its own objects that live members of its quorum hold finished, or adopted, leave its
-    /// outbox (`Daemon::learn_finished`).
-    pub(super) fn learn_finished(&mut self, node: u32) {
-        let members = self.reachable(node, self.grid.xs_quorum(node), &[node]);
-        let mut handed = HashSet::new();
+    /// Its own objects that live members of its quorum hold finished leave its outbox;
+    /// those a member adopted stay in it, handed to that member: not pushed here, answered
+    /// as held (`Daemon::learn_finished`). The answer: whether every member alive in its
+    /// view answered.
+    pub(super) fn learn_finished(&mut self, node: u32) -> bool {
+        let live = self.live_members(node, node);
+        let members = self.reachable(node, live.clone(), &[]);
+        let whole = members.len() == live.len();
+        let mut finished = HashSet::new();
+        let mut adopted = Vec::new();
         for m in members {
-            let adopted = self.rules.learn_adopted;
-            handed.extend(
-                self.nodes[m as usize].seqs(node, |c| c.finished || (adopted && c.adopted)),
-            );
+            let mm = &self.nodes[m as usize];
+            finished.extend(mm.seqs(node, |c| c.finished));
+            if self.rules.learn_adopted {
+                let a = Adopter::in_view(m, &self.nodes[node as usize].view);
+                adopted.extend(mm.seqs(node, |c| c.adopted).into_iter().map(|s| (s, a)));
+            }
+        }
+        let reclaim = self.rules.reclaim;
+        let n = &mut self.nodes[node as usize];
+        let mut left = Vec::new();
+        for seq in finished {
+            n.handed.remove(&seq);
+            if n.outbox.remove(&seq) {
+                left.push(seq);
+            }
+        }
+        for (seq, a) in adopted {
+            if !n.outbox.contains(&seq) {
+                continue;
+            }
+            if reclaim {
+                n.handed.insert(seq, a);
+            } else {
+                n.outbox.remove(&seq); // the code before the fix
+            }
+            left.push(seq);
+        }
+        if !left.is_empty() {
+            self.note(|| format!("node {node} leaves its {left:?} to others"));
+        }
+        whole
+    }
+
+    /// The members of `origin`'s quorum alive in `node`'s view, but `node` and `origin`.
+    fn live_members(&self, node: u32, origin: u32) -> Vec<u32> {
+        let v = &self.nodes[node as usize].view;
+        self.grid
+            .xs_quorum(origin)
+            .into_iter()
+            .filter(|&m| m != node && m != origin && v.alive(m))
+            .collect()
+    }
+
+    /// An origin takes back what it handed to `adopter`, lost in its view
+    /// (`Daemon::reclaim`): what a live holder knows finished leaves its outbox, the rest
+    /// it pushes itself. Every live member of its quorum must answer; else it tries again.
+    pub(super) fn reclaim(&mut self, node: u32, inc: u64, adopter: Adopter) {
+        let n = &self.nodes[node as usize];
+        if !adopter.lost(&n.view) {
+            return; // back meanwhile, on its disk: still its
+        }
+        let seqs: Vec<u64> = n
+            .handed
+            .iter()
+            .filter(|(_, a)| **a == adopter)
+            .map(|(s, _)| *s)
+            .collect();
+        if seqs.is_empty() {
+            return;
+        }
+        let members: Vec<u32> = self
+            .grid
+            .xs_quorum(node)
+            .into_iter()
+            .filter(|&m| m != node && m != adopter.node && n.view.alive(m))
+            .collect();
+        let answered = self.reachable(node, members.clone(), &[]);
+        if answered.len() < members.len() {
+            let d = 100 + self.rng.below(100);
+            self.at(self.now + d, Event::Reclaim { node, inc, adopter });
+            return;
+        }
+        let mut finished = HashSet::new();
+        for m in answered {
+            finished.extend(self.nodes[m as usize].seqs(node, |c| c.finished));
         }
         let n = &mut self.nodes[node as usize];
-        let handed: Vec<u64> = handed.into_iter().filter(|s| n.outbox.remove(s)).collect();
-        if !handed.is_empty() {
-            self.note(|| format!("node {node} leaves its {handed:?} to others"));
+        let mut back = Vec::new();
+        for seq in seqs {
+            n.handed.remove(&seq);
+            if finished.contains(&seq) {
+                n.outbox.remove(&seq);
+            } else {
+                back.push(seq);
+            }
         }
+        self.out.reclaimed += back.len() as u64;
+        self.note(|| format!("node {node} takes back {back:?} from lost {adopter:?}"));
     }
 
     /// The objects it adopted that another live member of their quorum adopted or finished
-    /// give up their claim here (`Daemon::adopted_by_others`).
-    pub(super) fn adopted_by_others(&mut self, node: u32) {
+    /// give up their claim here (`Daemon::adopted_by_others`). The answer: whether every
+    /// member alive in its view answered.
+    pub(super) fn adopted_by_others(&mut self, node: u32) -> bool {
+        let mut whole = true;
         let mine: Vec<Id> = self.nodes[node as usize]
             .copies
             .iter()
@@ -169,7 +264,9 @@ impl Cluster {
             .collect();
         let origins: BTreeSet<u32> = mine.iter().map(|id| id.0).collect();
         for origin in origins {
-            let members = self.reachable(node, self.grid.xs_quorum(origin), &[node, origin]);
+            let live = self.live_members(node, origin);
+            let members = self.reachable(node, live.clone(), &[]);
+            whole &= members.len() == live.len();
             let mut elsewhere = HashSet::new();
             for m in members {
                 elsewhere.extend(self.nodes[m as usize].seqs(origin, |c| c.adopted || c.finished));
@@ -188,6 +285,7 @@ impl Cluster {
                 self.note(|| format!("node {node} gives up {origin}:{given:?}, adopted elsewhere"));
             }
         }
+        whole
     }
 
     /// A takeover's pulls are done: it adopts by [`claims`] (`Daemon::take_over`).
