@@ -186,9 +186,10 @@ pub struct Store {
     /// origin), durable ones: id -> priority, in memory, loaded from `adoptions` at open.
     adopted: Arc<std::sync::Mutex<std::collections::BTreeMap<ObjectId, u8>>>,
     /// Objects of the outbox that another node adopted and disseminates ([`Store::hand`]):
-    /// held, not matched here. In memory: at open they are pending again, and the node's
-    /// catch-up learns the adoption again.
+    /// held, not matched here; loaded from `handings` at open.
     handed: Arc<std::sync::Mutex<std::collections::BTreeSet<u64>>>,
+    /// The handed objects on disk: seq -> their adopter and its priority.
+    handings: sled::Tree,
     /// The adoptions on disk: origin, seq -> priority ([`Store::adopt`]).
     adoptions: sled::Tree,
     /// The floor last written to sled.
@@ -292,6 +293,7 @@ impl Store {
             standby: db.open_tree("standby")?,
             spilled: db.open_tree("spilled")?,
             adoptions: db.open_tree("adopted")?,
+            handings: db.open_tree("handed")?,
             meta,
             db,
             dir: Arc::new(path.to_path_buf()),
@@ -311,6 +313,7 @@ impl Store {
         store.load_repair()?;
         store.load_outbox()?;
         store.load_adopted()?;
+        store.load_handed()?;
         let damaged = store.log.damaged_at_open();
         store.note_damaged(&damaged)?;
         Ok(store)

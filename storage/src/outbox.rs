@@ -163,7 +163,9 @@ impl Store {
     pub fn retire(&self, id: ObjectId) -> Result<bool, StorageError> {
         Ok(if id.node == self.node {
             let mut outbox = self.lock_outbox();
-            self.lock_handed().remove(&id.seq);
+            if self.lock_handed().remove(&id.seq) {
+                self.handings.remove(id.seq.to_be_bytes())?;
+            }
             outbox.remove(&id.seq).is_some()
         } else {
             self.adoptions

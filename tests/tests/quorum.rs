@@ -672,7 +672,8 @@ async fn heir_of(urls: &[String]) -> usize {
 
 /// Node 4's backlog (the subscriber refusing) is taken over by its heir while node 4 is
 /// down; node 4 comes back and learns its heir adopted the backlog: those objects stay in its
-/// outbox, handed to the heir. Then the heir loses its disk before it delivered them. Node 4
+/// outbox, handed to the heir (on its disk: it is killed and started again once more). Then
+/// the heir loses its disk before it delivered them. Node 4
 /// takes them back and delivers them itself: every acknowledged object reaches every
 /// matching subscriber, none twice at QoS 2. Before, node 4 had let them go from its outbox,
 /// and nobody delivered them (found by the ownership simulation, `worker/src/daemon/ownsim`).
@@ -703,18 +704,23 @@ fn an_origin_takes_back_what_its_heir_adopted_when_the_heir_loses_its_disk() {
     c.nodes[4].kill();
     let heir = rt.block_on(heir_of(&urls));
     assert_ne!(heir, 4);
-    c.nodes[4].restart();
-    rt.block_on(async {
-        wait_for(
-            "node 4 back, holding what its heir adopted",
-            Duration::from_secs(60),
-            || {
+    let holding = |what: &'static str| {
+        let url4 = url4.clone();
+        async move {
+            wait_for(what, Duration::from_secs(60), || {
                 let url4 = url4.clone();
                 async move { (stats(&url4).await.ok()?.objects_handed > 0).then_some(()) }
-            },
-        )
-        .await;
-    });
+            })
+            .await
+        }
+    };
+    c.nodes[4].restart();
+    rt.block_on(holding("node 4 back, holding what its heir adopted"));
+    // the marks are on its disk: killed and started again, it holds them at once (its
+    // records of them closed, its outbox floor past some of them)
+    c.nodes[4].kill();
+    c.nodes[4].restart();
+    rt.block_on(holding("node 4 restarted, holding them again"));
     // the heir loses its disk before the subscriber takes anything
     c.nodes[heir].kill();
     std::fs::remove_dir_all(c.node_data(heir)).expect("wiping the heir");

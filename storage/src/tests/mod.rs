@@ -5,6 +5,7 @@ use super::objects::Entry;
 use super::*;
 
 mod changes;
+mod handed;
 mod lost;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

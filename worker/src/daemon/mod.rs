@@ -222,6 +222,12 @@ impl Daemon {
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
         deliverer.on_finished(finished_tx);
         let (links_acked, links_acked_rx) = mpsc::unbounded_channel();
+        // what this node had handed to adopters when it stopped (taken back if they are lost)
+        let handed_to: HashMap<u64, ownership::Adopter> = store
+            .handings()?
+            .into_iter()
+            .map(|(seq, node, owns_from)| (seq, ownership::Adopter { node, owns_from }))
+            .collect();
         let d = Daemon {
             inner: Arc::new(Inner {
                 coord,
@@ -264,7 +270,7 @@ impl Daemon {
                 lease: Mutex::new(fence::Fence::default()),
                 handed: Mutex::new(HashSet::new()),
                 adopted_away: Mutex::new(HashSet::new()),
-                handed_to: Mutex::new(HashMap::new()),
+                handed_to: Mutex::new(handed_to),
                 drain: Arc::default(),
                 resize: Mutex::default(),
             }),

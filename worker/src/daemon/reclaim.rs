@@ -36,8 +36,12 @@ impl Daemon {
         } else {
             None
         };
-        if store.hand(id.seq, priority) {
-            lock(&self.inner.handed_to).insert(id.seq, adopter);
+        match store.hand(id.seq, priority, (adopter.node, adopter.owns_from)) {
+            Ok(true) => {
+                lock(&self.inner.handed_to).insert(id.seq, adopter);
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!("handing {}:{} over: {e}", id.node, id.seq),
         }
     }
 
@@ -155,7 +159,9 @@ impl Daemon {
             tracing::warn!("taking back {n} objects: {e}");
         }
         for id in &ids {
-            store.take_back(id.seq);
+            if let Err(e) = store.take_back(id.seq) {
+                tracing::warn!("taking {}:{} back: {e}", id.node, id.seq);
+            }
             lock(&self.inner.handed).remove(id);
             lock(&self.inner.adopted_away).remove(id);
         }

@@ -156,10 +156,10 @@ struct Node {
     /// an earlier disk's at this position).
     owns_from: u64,
     copies: BTreeMap<Id, Copy>,
+    /// Its own objects a member adopted (`Store::hand`): in the outbox, not pushed.
+    handed: BTreeMap<u64, Adopter>,
     // in its memory
     view: View,
-    /// Its own objects a member adopted (`Daemon::handed_to`): in the outbox, not pushed.
-    handed: BTreeMap<u64, Adopter>,
     ownership: Ownership,
     fence: Fence<At>,
     registered: bool,
@@ -204,7 +204,6 @@ impl Node {
         self.caught_up = false;
         self.fresh.clear();
         self.unsent.clear();
-        self.handed.clear();
     }
 
     /// Its disk is lost: it starts on a fresh one, whose sequence numbers begin above
@@ -212,6 +211,7 @@ impl Node {
     fn wipe(&mut self) {
         self.outbox.clear();
         self.copies.clear();
+        self.handed.clear();
         self.owns_from = self.next_seq + 1_000;
         self.next_seq = self.owns_from;
     }
