@@ -33,7 +33,10 @@ use super::ownership::{Adopter, Ownership, adopters_lost, claims, quorum_back};
 use super::replicate::View;
 
 mod checks;
+mod schedule;
 mod steps;
+
+pub use schedule::{first_failure, run};
 
 /// The node lease (simulated ms).
 const LEASE: u64 = 300;
@@ -563,9 +566,9 @@ impl Cluster {
             Event::Kill { node, down, wiped } => {
                 if self.nodes[node as usize].up {
                     self.out.kills += 1;
-                    // one disk lost at a time, the rest of the grid up and caught up
-                    // (a put refused nothing while another was down: its copies are on
-                    // fewer nodes until they catch up)
+                    // one disk lost at a time, the rest of the grid up and caught up (a
+                    // put while a node was down has its copies on fewer nodes until that
+                    // node caught up)
                     let now = self.now;
                     let wiped = wiped
                         && self
@@ -665,69 +668,4 @@ impl Cluster {
             .filter(|m| self.nodes[*m as usize].answers(self.now))
             .collect()
     }
-}
-
-/// Runs the schedule of `seed` under `rules`.
-pub fn run(seed: u64, rules: Rules) -> Outcome {
-    let mut c = Cluster::new(seed, rules);
-    for node in 0..c.grid.len() {
-        c.start(node);
-    }
-    // writers throughout; faults after the cluster formed
-    let span = 2_000 + c.rng.below(2_000);
-    let mut t = 200;
-    while t < span {
-        let node = c.rng.below(u64::from(c.grid.len())) as u32;
-        c.at(t, Event::Put { node });
-        t += 2 + c.rng.below(12);
-    }
-    let faults = 1 + c.rng.below(5);
-    for _ in 0..faults {
-        let when = 300 + c.rng.below(span - 300);
-        let node = c.rng.below(u64::from(c.grid.len())) as u32;
-        // the subscriber down first, now and then: kills and pauses then meet a backlog
-        if c.rng.chance(0.5) {
-            let ms = 100 + c.rng.below(4 * LEASE);
-            let before = c.rng.below(ms);
-            c.at(when.saturating_sub(before), Event::Stall { ms });
-        }
-        if c.rng.chance(0.6) {
-            // a lost disk now and then, down past its lease (the grid tolerates one disk
-            // lost at a time: its copies are elsewhere)
-            let wiped = c.rng.chance(0.25);
-            let down = if wiped {
-                2 * LEASE + c.rng.below(2 * LEASE)
-            } else {
-                20 + c.rng.below(3 * LEASE)
-            };
-            c.at(when, Event::Kill { node, down, wiped });
-        } else {
-            let ms = 50 + c.rng.below(3 * LEASE);
-            c.at(when, Event::Pause { node, ms });
-        }
-    }
-    // every process is back by then; quiet until every object could be pushed
-    let end = span + 4 * LEASE + 2_000;
-    while let Some(Reverse((when, _, e))) = c.queue.pop() {
-        if when > end {
-            break;
-        }
-        c.now = when;
-        c.step(e);
-    }
-    c.out.acknowledged = c.acknowledged.len() as u64;
-    for &(origin, seq) in &c.acknowledged {
-        if !c.pushed.contains_key(&(origin, seq)) {
-            c.out.violations.push(Violation::Lost { origin, seq });
-        }
-    }
-    c.out
-}
-
-/// The first of `count` schedules from `base` that fails under `rules`, with what failed.
-pub fn first_failure(base: u64, count: u64, rules: Rules) -> Option<(u64, Vec<Violation>)> {
-    (base..base + count).find_map(|seed| {
-        let o = run(seed, rules);
-        (!o.violations.is_empty()).then_some((seed, o.violations))
-    })
 }
