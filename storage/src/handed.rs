@@ -2,8 +2,8 @@
 //! the heir that took its objects over while it was down still disseminates some of them,
 //! those stay in its outbox, marked handed. A handed object is held (answered as unfinished
 //! to a holder catching up, so no copy of it ends) but not matched here: not replayed, not
-//! resent, its stale matches repeats. If the adopter is lost before it delivered them (its
-//! disk gone), the origin takes them back ([`Store::take_back`]) and disseminates them
+//! resent, and a stale match of it is a repeat. If the adopter is lost before it delivered
+//! them (its disk gone), the origin takes them back ([`Store::take_back`]) and disseminates them
 //! itself; before, they had left the outbox, and nobody delivered them (found by the
 //! ownership simulation, `worker/src/daemon/ownsim`). The marks are on disk, with their
 //! adopter: an origin restarted after it handed objects over holds them again at open
