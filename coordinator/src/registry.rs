@@ -45,6 +45,9 @@ pub struct Registry {
     changes: Arc<AtomicU64>,
     /// The change count the newest published version holds.
     in_force: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Publications that failed on a full disk so far, and the last one's error (naming
+    /// the disk): a change waiting to be in force is refused at the next one.
+    disk_full: Arc<tokio::sync::watch::Sender<(u64, String)>>,
     /// Wakes the publisher (a permit is kept when it is busy).
     wake: Arc<tokio::sync::Notify>,
     published: Arc<RwLock<Published>>,
@@ -103,6 +106,7 @@ impl Registry {
             subs: Arc::new(Mutex::new(subs)),
             changes: Arc::new(AtomicU64::new(0)),
             in_force: Arc::new(tokio::sync::watch::Sender::new(0)),
+            disk_full: Arc::new(tokio::sync::watch::Sender::new((0, String::new()))),
             wake: Arc::new(tokio::sync::Notify::new()),
             published: Arc::new(RwLock::new(Published::default())),
             images: Arc::default(),
@@ -131,15 +135,31 @@ impl Registry {
 
     /// Waits until every change made before the call is in a published version; a
     /// publication that keeps failing makes it `Unavailable` after [`IN_FORCE_WAIT`] (the
-    /// change is stored and takes effect once a publication succeeds).
+    /// change is stored and takes effect once a publication succeeds), and one that fails
+    /// on a full disk `RESOURCE_EXHAUSTED` at once, naming the disk (before, a Create on a
+    /// full disk hung past its caller's deadline).
     pub async fn in_force(&self) -> Result<(), ServiceError> {
         let want = self.changes.load(Ordering::SeqCst);
         let mut rx = self.in_force.subscribe();
-        match tokio::time::timeout(IN_FORCE_WAIT, rx.wait_for(|&v| v >= want)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) | Err(_) => Err(ServiceError::Unavailable(
-                "the change is stored but no image holding it could be published yet".into(),
-            )),
+        let mut full = self.disk_full.subscribe();
+        let seen = full.borrow().0;
+        let refused = async {
+            let why = full.wait_for(|(n, _)| *n > seen).await.map(|f| f.1.clone());
+            match why {
+                Ok(why) => why,
+                Err(_) => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = tokio::time::timeout(IN_FORCE_WAIT, rx.wait_for(|&v| v >= want)) => match r {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(_)) | Err(_) => Err(ServiceError::Unavailable(
+                    "the change is stored but no image holding it could be published yet".into(),
+                )),
+            },
+            why = refused => Err(ServiceError::Quota(format!(
+                "the change is stored, but no image holding it can be published: {why}"
+            ))),
         }
     }
 
@@ -238,6 +258,13 @@ impl Registry {
                 Ok(_) => pause = std::time::Duration::from_millis(50),
                 Err(e) => {
                     tracing::warn!("publishing the shard image: {e}");
+                    if matches!(&e, ServiceError::Storage(s) if s.is_disk_full()) {
+                        let why = e.to_string();
+                        self.disk_full.send_modify(|(n, m)| {
+                            *n += 1;
+                            *m = why;
+                        });
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(std::time::Duration::from_secs(2));
                 }

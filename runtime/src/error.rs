@@ -17,7 +17,8 @@ pub enum ServiceError {
         "this connection exceeds {0} requests per second; slow down or open another connection"
     )]
     RateLimited(u32),
-    /// A tenant's quota (subscriptions, puts per second) is used up.
+    /// A tenant's quota (subscriptions, puts per second) is used up, or the disk a change
+    /// needs is full (the message names it).
     #[error("{0}")]
     Quota(String),
     #[error(transparent)]

@@ -412,14 +412,18 @@ fn a_qos2_delivery_is_not_released_while_a_full_disk_refuses_its_received_phase(
 }
 
 /// Creates subscriptions (no object matches them) through the node at `url` until one is
-/// refused: on a full disk, once sled's own write to it failed.
+/// refused: on a full disk, once sled's own write to it failed. The refusal is
+/// `RESOURCE_EXHAUSTED`, naming the disk, within the call's deadline (before, the Create
+/// waited for an image that could not be written, past the caller's deadline).
 async fn sled_fails(url: &str) {
     for i in 0..50 {
         let s = bench::procs::grpc_subscription(
             &format!("temp > {}", 1_000_000 + i),
             "http://127.0.0.1:9",
         );
-        if bench::procs::create_subscription(url, s).await.is_err() {
+        if let Err(e) = bench::procs::create_subscription(url, s).await {
+            assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+            assert!(e.message().contains("is full"), "{e}");
             return;
         }
     }
