@@ -152,9 +152,6 @@ struct Inner {
     handed: Mutex<HashSet<ObjectId>>,
     /// This node's objects another node adopted: their closure here ends no copy.
     adopted_away: Mutex<HashSet<ObjectId>>,
-    /// This node's objects handed to an adopter (`Store::hand`), by sequence number: whom
-    /// to take them back from ([`Daemon::reclaim`]).
-    handed_to: Mutex<HashMap<u64, ownership::Adopter>>,
     /// Draining (puts refused): asked by `dissem node drain`, or leaving the grid.
     drain: Arc<crate::drain::Drain>,
     /// This node's part in an online grid resize.
@@ -222,12 +219,6 @@ impl Daemon {
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
         deliverer.on_finished(finished_tx);
         let (links_acked, links_acked_rx) = mpsc::unbounded_channel();
-        // what this node had handed to adopters when it stopped (taken back if they are lost)
-        let handed_to: HashMap<u64, ownership::Adopter> = store
-            .handings()?
-            .into_iter()
-            .map(|(seq, node, owns_from)| (seq, ownership::Adopter { node, owns_from }))
-            .collect();
         let d = Daemon {
             inner: Arc::new(Inner {
                 coord,
@@ -270,7 +261,6 @@ impl Daemon {
                 lease: Mutex::new(fence::Fence::default()),
                 handed: Mutex::new(HashSet::new()),
                 adopted_away: Mutex::new(HashSet::new()),
-                handed_to: Mutex::new(handed_to),
                 drain: Arc::default(),
                 resize: Mutex::default(),
             }),

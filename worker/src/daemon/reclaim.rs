@@ -36,12 +36,22 @@ impl Daemon {
         } else {
             None
         };
-        match store.hand(id.seq, priority, (adopter.node, adopter.owns_from)) {
-            Ok(true) => {
-                lock(&self.inner.handed_to).insert(id.seq, adopter);
+        if let Err(e) = store.hand(id.seq, priority, (adopter.node, adopter.owns_from)) {
+            tracing::warn!("handing {}:{} over: {e}", id.node, id.seq);
+        }
+    }
+
+    /// This node's handed objects with their adopters (the store's marks).
+    pub(super) fn handings(&self) -> Vec<(u64, Adopter)> {
+        match self.inner.store.handings() {
+            Ok(h) => h
+                .into_iter()
+                .map(|(seq, node, owns_from)| (seq, Adopter { node, owns_from }))
+                .collect(),
+            Err(e) => {
+                tracing::warn!("reading the handed objects: {e}");
+                Vec::new()
             }
-            Ok(false) => {}
-            Err(e) => tracing::warn!("handing {}:{} over: {e}", id.node, id.seq),
         }
     }
 
@@ -54,12 +64,13 @@ impl Daemon {
                 return; // back meanwhile, on its disk: still its
             }
             let Some(g) = view.grid else { return };
-            let mut seqs: Vec<u64> = lock(&self.inner.handed_to)
-                .iter()
-                .filter(|(_, a)| **a == adopter)
-                .map(|(s, _)| *s)
+            // in order (the store's)
+            let seqs: Vec<u64> = self
+                .handings()
+                .into_iter()
+                .filter(|(_, a)| *a == adopter)
+                .map(|(s, _)| s)
                 .collect();
-            seqs.sort_unstable();
             let Some(&first) = seqs.first() else { return };
             let after = first.saturating_sub(1);
             // every live member of the quorum answers, or nothing is taken back this time
@@ -95,20 +106,20 @@ impl Daemon {
                 return;
             }
             let mut back = HashSet::new();
-            {
-                let store = &self.inner.store;
-                let mut handed_to = lock(&self.inner.handed_to);
-                for seq in seqs {
-                    let id = ObjectId { node: me, seq };
-                    if finished.contains(&seq) {
-                        let _ = store.retire(id);
-                        handed_to.remove(&seq);
-                    } else if let Some(a) = elsewhere.get(&seq) {
-                        handed_to.insert(seq, *a); // another member has it now
-                    } else {
-                        handed_to.remove(&seq);
-                        back.insert(id);
-                    }
+            let store = &self.inner.store;
+            for seq in seqs {
+                let id = ObjectId { node: me, seq };
+                let r = if finished.contains(&seq) {
+                    store.retire(id).map(|_| ())
+                } else if let Some(a) = elsewhere.get(&seq) {
+                    // another member has it now
+                    store.hand(seq, None, (a.node, a.owns_from)).map(|_| ())
+                } else {
+                    back.insert(id);
+                    Ok(())
+                };
+                if let Err(e) = r {
+                    tracing::warn!("taking {}:{} back: {e}", id.node, id.seq);
                 }
             }
             return self.take_back(adopter, back).await;
@@ -147,10 +158,6 @@ impl Daemon {
             Err(e) => {
                 // the objects stay handed: a later view change tries again
                 tracing::warn!("taking back {n} objects: {e}");
-                let mut handed_to = lock(&self.inner.handed_to);
-                for id in &ids {
-                    handed_to.insert(id.seq, adopter);
-                }
                 return;
             }
         };

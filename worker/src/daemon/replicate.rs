@@ -541,7 +541,6 @@ impl Daemon {
                     id.seq
                 );
                 self.inner.store.retire(id)?;
-                lock(&self.inner.handed_to).remove(&id.seq);
             }
         }
         if !copies.is_empty() || !marks.is_empty() || !forwarding.is_empty() || subs_changed {

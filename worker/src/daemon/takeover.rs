@@ -40,7 +40,7 @@ impl Daemon {
             self.members_back(&back);
         }
         // what this node handed to an adopter that is lost now, it takes back
-        let adopters: Vec<Adopter> = lock(&self.inner.handed_to).values().copied().collect();
+        let adopters = self.handings().into_iter().map(|(_, a)| a);
         for adopter in adopters_lost(adopters, old, new) {
             let me = self.clone();
             tokio::spawn(async move { me.reclaim(adopter).await });
@@ -590,7 +590,6 @@ impl Daemon {
                         self.adopted_away(id);
                     } else {
                         let _ = self.inner.store.retire(id);
-                        lock(&self.inner.handed_to).remove(&seq);
                     }
                     handed.insert(id);
                 }
