@@ -21,6 +21,7 @@ mod elected;
 mod embedded;
 mod etcdtrust;
 mod links;
+mod receive;
 mod reopen;
 mod serve;
 
@@ -69,6 +70,10 @@ enum Command {
     /// Subscribes on the command line: prints each delivery as a JSON line on stdout, acks it,
     /// and deletes the subscription at the end (Ctrl-C, --count) unless --durable.
     Sub(client::SubArgs),
+    /// Serves a gRPC push endpoint that keeps each delivery in a journal file, durably,
+    /// before it acknowledges it; QoS 2 subscriptions named with --exactly-once are shown
+    /// once across kills and restarts.
+    Receive(receive::ReceiveArgs),
     /// Shows one subscription.
     Get {
         #[command(flatten)]
@@ -328,6 +333,7 @@ fn main() -> ExitCode {
         Command::Put(a) => client::put(a),
         Command::Subscribe(a) => client::subscribe(a),
         Command::Sub(a) => client::sub(a),
+        Command::Receive(a) => receive::receive(a),
         Command::TestPattern(a) => client::test_pattern(a),
         Command::Get { node, id } => client(&node, |ch| async move {
             let s = worker::client::get(ch, id).await?;

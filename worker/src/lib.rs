@@ -16,6 +16,7 @@ pub mod federation;
 pub mod lanes;
 pub mod proxy;
 pub mod push_http;
+pub mod receiver;
 pub mod regulate;
 pub mod s3events;
 pub mod services;

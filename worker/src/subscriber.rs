@@ -39,6 +39,11 @@ pub struct SubEnd {
 /// One delivery as the JSON line `dissem sub` prints: ids, subject, metadata, and the data
 /// as text when it is UTF-8, else base64 (`data_base64`).
 pub fn delivery_json(d: &v1::Delivery) -> String {
+    serde_json::Value::Object(delivery_map(d)).to_string()
+}
+
+/// The fields of [`delivery_json`].
+pub fn delivery_map(d: &v1::Delivery) -> serde_json::Map<String, serde_json::Value> {
     let o = d.object_id.unwrap_or_default();
     let mut m = serde_json::Map::new();
     m.insert("delivery_id".into(), d.delivery_id.clone().into());
@@ -56,7 +61,7 @@ pub fn delivery_json(d: &v1::Delivery) -> String {
             Err(_) => m.insert("data_base64".into(), crate::deliver::base64(&d.data).into()),
         };
     }
-    serde_json::Value::Object(m).to_string()
+    m
 }
 
 /// The stream of a `dissem sub` without `--durable`: unique per run.
