@@ -125,6 +125,51 @@ struct Commit {
     /// A flush of sled's failed: sled keeps its first I/O error for good and refuses every
     /// operation after it, until the store is opened again.
     sled_failed: std::sync::atomic::AtomicBool,
+    /// The flushes that failed, by number, with their error (the latest [`FAILED_KEPT`]): a
+    /// writer whose flush failed is told so, though it was not the one that ran it.
+    failed: std::sync::Mutex<std::collections::BTreeMap<u64, (std::io::ErrorKind, String)>>,
+    /// Tests: the next flush fails as a full disk would.
+    #[cfg(test)]
+    fail_next: std::sync::atomic::AtomicBool,
+    /// Tests: writers that have waited for a flush.
+    #[cfg(test)]
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+/// Failed flushes remembered; a writer waiting on an older one is answered as failed.
+const FAILED_KEPT: usize = 1024;
+
+impl Commit {
+    /// Notes that flush `n` failed with `e`.
+    fn failed(&self, n: u64, e: &StorageError) {
+        let kind = match e {
+            StorageError::Log(io) | StorageError::Sled(sled::Error::Io(io)) => io.kind(),
+            StorageError::DiskFull { source, .. } => source.kind(),
+            _ => std::io::ErrorKind::Other,
+        };
+        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        f.insert(n, (kind, e.to_string()));
+        while f.len() > FAILED_KEPT {
+            f.pop_first();
+        }
+    }
+
+    /// The error of flush `n`, if it failed (or is too old to tell, among many failures).
+    fn failure_of(&self, n: u64) -> Option<StorageError> {
+        let f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        let (kind, msg) = match f.get(&n) {
+            Some(e) => e.clone(),
+            None if f.len() >= FAILED_KEPT && f.keys().next().is_some_and(|&first| n < first) => (
+                std::io::ErrorKind::Other,
+                "one of many failed flushes".into(),
+            ),
+            None => return None,
+        };
+        Some(StorageError::Log(std::io::Error::new(
+            kind,
+            format!("the flush this write waited for failed: {msg}"),
+        )))
+    }
 }
 
 /// The node's store.
@@ -374,11 +419,28 @@ impl Store {
     async fn commit_inner(&self) -> Result<(), StorageError> {
         // the flush we need is one that starts after now
         let needed = self.commit.started.load(Ordering::SeqCst) + 1;
+        #[cfg(test)]
+        let mut counted = false;
         loop {
             if self.commit.finished.load(Ordering::SeqCst) >= needed {
-                return Ok(());
+                // the flush that covers this writer's writes may have failed, run by another
+                // writer: before, every waiter but the one that ran it was answered Ok, so a
+                // put was acknowledged and a QoS 2 "received" phase released on a write that
+                // never reached the disk (`bench chaos` seed 32: a full disk, the node started
+                // again in place, and deliveries released before went out again)
+                return match self.commit.failure_of(needed) {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                };
             }
             let notified = self.commit.done.notified();
+            tokio::pin!(notified);
+            #[cfg(test)]
+            if !std::mem::replace(&mut counted, true) {
+                // registered for the wake-up before it is counted
+                notified.as_mut().enable();
+                self.commit.waiting.fetch_add(1, Ordering::SeqCst);
+            }
             if let Ok(guard) = self.commit.running.try_lock() {
                 // become the flusher for everyone waiting; first let writers that are ready
                 // to run finish their in-memory writes, so this flush covers them too
@@ -407,6 +469,13 @@ impl Store {
                         "flush {n}: the object log synced in {a:?}, sled flushed in {b:?}"
                     );
                 }
+                #[cfg(test)]
+                let flushed = if self.commit.fail_next.swap(false, Ordering::SeqCst) {
+                    let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+                    Ok((Err(sled::Error::Io(full)), std::time::Duration::ZERO))
+                } else {
+                    flushed
+                };
                 let r = match (synced.map(|x| x.0), flushed.map(|x| x.0)) {
                     (Ok(Ok(())), Ok(Ok(_))) => Ok(()),
                     (Ok(Err(e)), _) => Err(StorageError::Log(e)),
@@ -416,6 +485,9 @@ impl Store {
                     }
                     _ => Err(StorageError::Flusher),
                 };
+                if let Err(e) = &r {
+                    self.commit.failed(n, e);
+                }
                 self.commit.finished.fetch_max(n, Ordering::SeqCst);
                 drop(guard);
                 self.commit.done.notify_waiters();

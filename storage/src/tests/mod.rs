@@ -789,3 +789,56 @@ async fn an_answer_of_own_objects_names_the_first_one_handed_out_but_not_yet_wri
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every writer whose writes a failed flush covered is told it failed, not only the writer
+/// that ran the flush: a put is never acknowledged, and a QoS 2 "received" phase never taken
+/// as stored, on a write that did not reach the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_writer_of_a_failed_flush_is_told_it_failed() {
+    let dir = temp_dir("failed-flush");
+    let s = Store::open(&dir, 4).expect("open");
+    const WRITERS: usize = 16;
+    // a flush is running: every writer waits for the next one, which all of them share
+    let running = s.commit.running.lock().await;
+    let mut tasks = Vec::new();
+    for i in 0..WRITERS as u64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let state = DeliveryState::Received {
+                attempts: 0,
+                next_attempt_unix_ms: 0,
+            };
+            s.set_delivery(7, ObjectId { node: 4, seq: i }, &state)
+                .await
+        }));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.commit.waiting.load(Ordering::SeqCst) < WRITERS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writers did not wait"
+        );
+        tokio::task::yield_now().await;
+    }
+    // the shared flush fails as on a full disk
+    s.commit.fail_next.store(true, Ordering::SeqCst);
+    drop(running);
+    s.commit.done.notify_waiters();
+    for t in tasks {
+        let e = t
+            .await
+            .expect("join")
+            .expect_err("a writer of the failed flush was answered Ok");
+        assert!(e.is_disk_full(), "named as a full disk: {e}");
+    }
+    // the next flush succeeds, and so do its writers
+    s.set_delivery(
+        7,
+        ObjectId { node: 4, seq: 99 },
+        &DeliveryState::Acked { at_unix_ms: 1 },
+    )
+    .await
+    .expect("a later write");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
