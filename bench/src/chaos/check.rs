@@ -26,10 +26,12 @@ pub(super) async fn peer_missing(
         .collect()
 }
 
-/// The QoS 2 pairs shown more than once that were not named yet, with the subscriber's calls
-/// of each (when, relative to the first; what; from which port): where a replay starts.
+/// The QoS 2 pairs shown more than once that were not named yet, with the in-process
+/// subscriber's calls of each (when, relative to the first; what; from which port): where a
+/// replay starts; and the receiver process's.
 pub(super) fn duplicated(
     t: &Traffic,
+    receiver: &super::receiver::Receiver,
     reported: &mut std::collections::BTreeSet<(u64, ObjectId)>,
 ) -> String {
     let mut out = Vec::new();
@@ -57,6 +59,15 @@ pub(super) fn duplicated(
             pair.1.seq,
             calls.join(", ")
         ));
+    }
+    for pair in receiver.duplicated() {
+        if reported.insert(pair) {
+            out.push(format!(
+                "object {}:{} at the receiver process (its journal's `shown` lines name the \
+                 deliveries)",
+                pair.1.node, pair.1.seq
+            ));
+        }
     }
     out.join("; ")
 }

@@ -7,7 +7,8 @@
 //! acknowledged object, so the HTTP push path and the relayed streams survive the faults
 //! too. A subscriber crash takes both down with the gRPC ones: the webhook's relay breaks
 //! every connection, and the stream's process is SIGKILLed mid-stream (unacked deliveries
-//! with it) and started again once the crash is over.
+//! with it) and started again once the crash is over. The gRPC subscriber that runs as a
+//! process of its own is in `receiver`.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -41,7 +42,7 @@ async fn subscribe(via: &str, target: v1::target::Kind) -> Result<u64, tonic::St
 /// Which of `objects` subscription `sub` was not shown (in `seen`) within `limit`, of
 /// those put after it was created (numbers from `from` on: one put while the Create was
 /// under way is not owed to it).
-async fn unseen(
+pub(super) async fn unseen(
     seen: &Shared,
     sub: (u64, usize),
     numbers: &Numbers,
@@ -261,7 +262,12 @@ async fn run_sub(
 
 /// The (subscription, object) of one line `dissem sub` printed.
 fn printed(line: &str) -> Option<(u64, ObjectId)> {
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    pair_of(&serde_json::from_str(line).ok()?)
+}
+
+/// The (subscription, object) of a delivery's JSON fields (a `dissem sub` line, a
+/// `dissem receive` journal line).
+pub(super) fn pair_of(v: &serde_json::Value) -> Option<(u64, ObjectId)> {
     let sub = v.get("subscription")?.as_u64()?;
     let (node, seq) = v.get("subject")?.as_str()?.split_once(':')?;
     Some((

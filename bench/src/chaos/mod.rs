@@ -2,8 +2,9 @@
 //! processes, and an oracle after each. The cluster is etcd, two coordinators (one leads)
 //! and a grid of nodes (3x3 by default), with a QoS 1 and a QoS 2 subscriber on a recording
 //! gRPC endpoint, a QoS 1 webhook and a QoS 1 stream subscriber that moves to another node
-//! when its own dies (`endpoints`), and a writer putting numbered objects through every node
-//! throughout.
+//! when its own dies (`endpoints`), a `dissem receive` process with a QoS 1 and a QoS 2
+//! subscription whose journal the oracle reads (`receiver`), and a writer putting numbered
+//! objects through every node throughout.
 //!
 //! A schedule is drawn from its seed alone: a few faults, each one of SIGKILL and restart of
 //! a node (with its disk, or with its data directory deleted), SIGSTOP past the lease then
@@ -38,6 +39,10 @@
 //!
 //! After every schedule each process the benchmark started must still run, unless a fault
 //! of the schedule stopped it (`crashed` otherwise; it is started again).
+//!
+//! A run that fails keeps its folder (the receiver's journal, etcd, the coordinators' and
+//! untouched nodes' stores) and says where; with `DISSEM_CHAOS_KEEP_STORES` set it also
+//! copies the nodes' tmpfs disks beside it before they are unmounted.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -49,6 +54,7 @@ use serde::Serialize;
 mod calls;
 mod check;
 mod endpoints;
+mod receiver;
 mod schedule;
 
 pub use schedule::{Fault, schedule};
@@ -183,6 +189,10 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let stream = endpoints::StreamSub::start(&o.bin, urls, traffic.numbers.clone())
         .await
         .context("creating the stream subscription")?;
+    let receiver =
+        receiver::Receiver::start(&o.bin, &live_node(&c, None), traffic.numbers.clone(), &dir)
+            .await
+            .context("starting the receiver process")?;
     let mut changes = Changes::default();
     let mut faults: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut violations = Vec::new();
@@ -231,6 +241,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 traffic: &traffic,
                 hook: &hook,
                 stream: &stream,
+                receiver: &receiver,
             };
             apply(&mut on, &mut changes, &mut victim, *f, o.lease_ttl)
                 .await
@@ -259,14 +270,16 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         // every later schedule by the whole minute)
         let acked = traffic.acked();
         let check = not_in(&acked, &known_lost);
-        let (missing, by_hook, by_stream) = undelivered(&traffic, &hook, &stream, &check).await;
+        let (missing, by_hook, by_stream, by_receiver) =
+            undelivered(&traffic, &hook, &stream, &receiver, &check).await;
         if !missing.is_empty() {
             violations.push(Violation {
                 seed,
                 invariant: "lost",
                 detail: format!(
                     "{} acknowledged objects ({} not shown to the QoS 1 subscriber, {} not to \
-                     the QoS 2 one, {} not to the webhook, {} not to the stream), e.g. {:?}",
+                     the QoS 2 one, {} not to the webhook, {} not to the stream, {} not to \
+                     the receiver process), e.g. {:?}",
                     missing.len(),
                     missing
                         .iter()
@@ -278,6 +291,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                         .count(),
                     by_hook,
                     by_stream,
+                    by_receiver,
                     &missing[..missing.len().min(3)]
                 ),
             });
@@ -299,7 +313,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         }
         known_fed.extend(at_peer.iter().map(|(_, id)| *id));
         fed_missing = known_fed.len();
-        let (now_dups, _) = traffic.repeats();
+        let (now_dups, _) = repeats(&traffic, &receiver);
         if now_dups > dups {
             violations.push(Violation {
                 seed,
@@ -307,7 +321,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 detail: format!(
                     "{} QoS 2 deliveries shown twice: {}",
                     now_dups - dups,
-                    duplicated(&traffic, &mut reported)
+                    duplicated(&traffic, &receiver, &mut reported)
                 ),
             });
         }
@@ -337,12 +351,13 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 violations: violations.clone(),
             };
             // not finished: no pass yet
-            crate::write_json(path, &report(o, t, &traffic, &changes, started, false))?;
+            let r = report(o, t, (&traffic, &receiver), &changes, started, false);
+            crate::write_json(path, &r)?;
         }
     }
     let acked = traffic.stop().await?;
     let check = not_in(&acked, &known_lost);
-    let (missing, _, _) = undelivered(&traffic, &hook, &stream, &check).await;
+    let (missing, ..) = undelivered(&traffic, &hook, &stream, &receiver, &check).await;
     if !missing.is_empty() {
         violations.push(Violation {
             seed: o.seed,
@@ -364,7 +379,7 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         });
     }
     let fed_missing = fed_missing + at_peer.len();
-    let (qos2_duplicates, _) = traffic.repeats();
+    let (qos2_duplicates, _) = repeats(&traffic, &receiver);
     if qos2_duplicates > dups {
         violations.push(Violation {
             seed: o.seed,
@@ -396,10 +411,22 @@ async fn run_async(o: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         fed_missing,
         violations,
     };
-    let report = report(o, t, &traffic, &changes, started, pass);
+    let report = report(o, t, (&traffic, &receiver), &changes, started, pass);
     drop(c);
+    if !pass && std::env::var_os("DISSEM_CHAOS_KEEP_STORES").is_some() {
+        let _ = std::process::Command::new("cp")
+            .args(["-a"])
+            .arg(&dir)
+            .arg(format!("{}-stores", dir.display()))
+            .status();
+    }
     drop(disks);
-    let _ = std::fs::remove_dir_all(&dir);
+    if pass {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        // the receiver's journal and the nodes' stores, to read what went wrong
+        eprintln!("kept {} for inspection", dir.display());
+    }
     Ok(report)
 }
 
@@ -418,12 +445,12 @@ struct Tally {
 fn report(
     o: &ChaosOptions,
     t: Tally,
-    traffic: &Traffic,
+    (traffic, receiver): (&Traffic, &receiver::Receiver),
     changes: &Changes,
     started: Instant,
     pass: bool,
 ) -> ChaosReport {
-    let (qos2_duplicates, qos1_repeats) = traffic.repeats();
+    let (qos2_duplicates, qos1_repeats) = repeats(traffic, receiver);
     ChaosReport {
         seed: o.seed,
         grid: format!("{}x{}", o.grid.0, o.grid.1),
@@ -443,14 +470,24 @@ fn report(
     }
 }
 
-/// Which of `objects` a subscriber (gRPC QoS 1, QoS 2, the webhook or the stream) was not
-/// shown within a minute, and how many of those the webhook and the stream were not.
+/// QoS 2 deliveries shown more than once, and QoS 1 ones shown again, by the in-process gRPC
+/// subscribers and the receiver process together.
+fn repeats(traffic: &Traffic, receiver: &receiver::Receiver) -> (u64, u64) {
+    let (a2, a1) = traffic.repeats();
+    let (b2, b1) = receiver.repeats();
+    (a2 + b2, a1 + b1)
+}
+
+/// Which of `objects` a subscriber (gRPC QoS 1, QoS 2, the webhook, the stream or the
+/// receiver process) was not shown within a minute, and how many of those the webhook, the
+/// stream and the receiver were not.
 async fn undelivered(
     traffic: &Traffic,
     hook: &endpoints::Hook,
     stream: &endpoints::StreamSub,
+    receiver: &receiver::Receiver,
     objects: &[ObjectId],
-) -> (Vec<ObjectId>, usize, usize) {
+) -> (Vec<ObjectId>, usize, usize, usize) {
     let limit = Duration::from_secs(60);
     let mut missing = traffic.undelivered(objects, limit).await;
     // the gRPC subscribers' wait is the others' too, unless it already ran out
@@ -461,10 +498,17 @@ async fn undelivered(
     };
     let by_hook = hook.missing(objects, rest).await;
     let by_stream = stream.missing(objects, rest).await;
-    missing.extend(by_hook.iter().chain(&by_stream).copied());
+    let by_receiver = receiver.missing(objects, rest).await;
+    missing.extend(
+        by_hook
+            .iter()
+            .chain(&by_stream)
+            .chain(&by_receiver)
+            .copied(),
+    );
     missing.sort_unstable();
     missing.dedup();
-    (missing, by_hook.len(), by_stream.len())
+    (missing, by_hook.len(), by_stream.len(), by_receiver.len())
 }
 
 /// The size of each node's tmpfs: a run of hours at the default rate fills a few MiB of it.
@@ -504,6 +548,7 @@ struct Targets<'a> {
     traffic: &'a Traffic,
     hook: &'a endpoints::Hook,
     stream: &'a endpoints::StreamSub,
+    receiver: &'a receiver::Receiver,
 }
 
 async fn apply(
@@ -556,16 +601,19 @@ async fn apply(
             c.kill_leader().await?;
         }
         Fault::SubscriberDown { down_ms } if down_ms % 2 == 0 => {
-            // every subscriber crashed: each connection to the gRPC and webhook endpoints
-            // broken mid-call and new ones closed, the stream's client gone
+            // every subscriber crashed: each connection to the in-process gRPC and webhook
+            // endpoints broken mid-call and new ones closed, the stream's client and the
+            // receiver's process SIGKILLed
             let crash = |down| {
                 traffic.relay.set_down(down);
                 on.hook.set_down(down);
                 on.stream.set_down(down);
             };
             crash(true);
+            on.receiver.set_down(true).await?;
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
             crash(false);
+            on.receiver.set_down(false).await?;
         }
         Fault::SubscriberDown { down_ms } => {
             traffic.rec.set_refusing(true);
