@@ -37,29 +37,62 @@ pub(super) fn delivery_of_key(k: &[u8]) -> Option<(u64, ObjectId)> {
     Some((sub, ObjectId { node, seq }))
 }
 
+impl DeliveryState {
+    /// How far a delivery has come. A record only moves forward ([`Store::set_delivery`]):
+    /// pending, then received (QoS 2), then dead-lettered or acknowledged.
+    fn rank(&self) -> u8 {
+        match self {
+            DeliveryState::Pending { .. } => 0,
+            DeliveryState::Received { .. } => 1,
+            DeliveryState::DeadLetter { .. } => 2,
+            DeliveryState::Acked { .. } => 3,
+        }
+    }
+}
+
 impl Store {
-    /// Records where a delivery stands (durably).
+    /// Records where a delivery stands (durably); see [`Store::set_delivery_unflushed`].
     pub async fn set_delivery(
         &self,
         sub: u64,
         obj: ObjectId,
         state: &DeliveryState,
-    ) -> Result<(), StorageError> {
-        self.set_delivery_unflushed(sub, obj, state)?;
-        self.commit().await
+    ) -> Result<bool, StorageError> {
+        let applied = self.set_delivery_unflushed(sub, obj, state)?;
+        self.commit().await?;
+        Ok(applied)
     }
 
     /// Records where a delivery stands without waiting for a flush (it reaches disk with the
-    /// next one): for states whose loss in a crash only means one more attempt.
+    /// next one): for states whose loss in a crash only means one more attempt. A record
+    /// never moves back: a state behind the one stored (a pending over a "received" or an
+    /// acknowledged one, written by an attempt that read the record before another attempt
+    /// moved it on) leaves it as it is, and the answer is `false`. Only a redrive takes a
+    /// dead letter back to pending ([`Store::redrive`]). Before, a stale attempt's pending
+    /// state could overwrite a QoS 2 delivery's "received" phase, and the delivery went out
+    /// again from the start after its release.
     pub fn set_delivery_unflushed(
         &self,
         sub: u64,
         obj: ObjectId,
         state: &DeliveryState,
-    ) -> Result<(), StorageError> {
+    ) -> Result<bool, StorageError> {
+        let new = codec::encode_delivery(state);
+        let mut applied = false;
         self.deliveries
-            .insert(delivery_key(sub, obj), codec::encode_delivery(state))?;
-        Ok(())
+            .fetch_and_update(delivery_key(sub, obj), |old| {
+                // an undecodable record is overwritten
+                let ahead = old
+                    .and_then(|b| codec::decode_delivery(b).ok())
+                    .is_some_and(|o| o.rank() > state.rank());
+                applied = !ahead;
+                if ahead {
+                    old.map(<[u8]>::to_vec)
+                } else {
+                    Some(new.clone())
+                }
+            })?;
+        Ok(applied)
     }
 
     /// Records a pending delivery, due now, for each (subscription, object) that has no
@@ -231,15 +264,14 @@ impl Store {
     ) -> Result<bool, StorageError> {
         match self.delivery(sub, obj)? {
             Some(DeliveryState::DeadLetter { .. }) => {
-                self.set_delivery(
-                    sub,
-                    obj,
-                    &DeliveryState::Pending {
-                        attempts: 0,
-                        next_attempt_unix_ms: now_unix_ms,
-                    },
-                )
-                .await?;
+                // the one move back a record makes
+                let pending = DeliveryState::Pending {
+                    attempts: 0,
+                    next_attempt_unix_ms: now_unix_ms,
+                };
+                self.deliveries
+                    .insert(delivery_key(sub, obj), codec::encode_delivery(&pending))?;
+                self.commit().await?;
                 Ok(true)
             }
             _ => Ok(false),

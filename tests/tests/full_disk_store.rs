@@ -44,7 +44,7 @@ async fn write(s: Store, w: u64, acked: Arc<Mutex<Acked>>) {
             };
             s.set_delivery(w, ObjectId { node: 1, seq: i }, &st)
                 .await
-                .map(|()| lock(&acked).records.push((w, i)))
+                .map(|_| lock(&acked).records.push((w, i)))
         };
         if r.is_err() {
             refused += 1;

@@ -842,3 +842,44 @@ async fn every_writer_of_a_failed_flush_is_told_it_failed() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A delivery record only moves forward: a stale attempt's pending state does not undo a
+/// "received" phase or an acknowledgement, and only a redrive takes a dead letter back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_record_never_moves_back() {
+    let dir = temp_dir("forward");
+    let s = Store::open(&dir, 1).expect("open");
+    let o = ObjectId { node: 1, seq: 5 };
+    let pending = DeliveryState::Pending {
+        attempts: 0,
+        next_attempt_unix_ms: 0,
+    };
+    let received = DeliveryState::Received {
+        attempts: 1,
+        next_attempt_unix_ms: 0,
+    };
+    let acked = DeliveryState::Acked { at_unix_ms: 9 };
+    let dead = DeliveryState::DeadLetter {
+        reason: "r".into(),
+        at_unix_ms: 9,
+    };
+    assert!(s.set_delivery(1, o, &pending).await.expect("pending"));
+    assert!(s.set_delivery(1, o, &received).await.expect("received"));
+    assert!(!s.set_delivery(1, o, &pending).await.expect("stale pending"));
+    assert_eq!(s.delivery(1, o).expect("read"), Some(received.clone()));
+    assert!(s.set_delivery_unflushed(1, o, &acked).expect("acked"));
+    for stale in [&pending, &received, &dead] {
+        assert!(!s.set_delivery_unflushed(1, o, stale).expect("stale"));
+    }
+    assert_eq!(s.delivery(1, o).expect("read"), Some(acked));
+    // a dead letter goes back to pending by a redrive only
+    assert!(s.set_delivery(2, o, &dead).await.expect("dead"));
+    assert!(!s.set_delivery(2, o, &pending).await.expect("stale pending"));
+    assert!(s.redrive(2, o, 7).await.expect("redrive"));
+    assert!(matches!(
+        s.delivery(2, o).expect("read"),
+        Some(DeliveryState::Pending { .. })
+    ));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

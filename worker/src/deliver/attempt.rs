@@ -413,6 +413,27 @@ impl Deliverer {
                 if exactly_once && self.inner.store.sled_failed() {
                     return Ok(Outcome::Postponed { received });
                 }
+                // one attempt at a time per QoS 2 delivery, on the record as it stands now:
+                // two attempts that both read it pending (a record queued twice, by a resume
+                // and a repeated match) would each send the first phase, the second after the
+                // first one's release, and the subscriber showed the delivery twice
+                let _attempt = match (exactly_once, obj) {
+                    (true, Some(o)) => match Attempting::take(self, sub, o) {
+                        Some(a) => Some(a),
+                        None => return Ok(Outcome::Postponed { received }),
+                    },
+                    _ => None,
+                };
+                let received = match (exactly_once, obj) {
+                    (true, Some(o)) => match self.inner.store.delivery(sub, o) {
+                        Ok(Some(DeliveryState::Pending { .. })) => received,
+                        Ok(Some(DeliveryState::Received { .. })) => true,
+                        // finished meanwhile by another attempt: its record says so
+                        Ok(_) => return Ok(Outcome::Postponed { received }),
+                        Err(e) => return Err(format!("reading delivery {id}: {e}")),
+                    },
+                    _ => received,
+                };
                 if !received {
                     // the lease may have lapsed since the attempt was prepared (a paused
                     // process): a QoS 2 delivery its heir may have released goes out never
@@ -496,5 +517,29 @@ impl Deliverer {
             }
             v1::target::Kind::Stream(name) => self.to_stream(&stream_key(&s.tenant, name), d).await,
         }
+    }
+}
+
+/// A QoS 2 delivery's attempt under way (released when dropped).
+pub(super) struct Attempting {
+    d: Deliverer,
+    key: (u64, ObjectId),
+}
+
+impl Attempting {
+    /// The attempt of (sub, obj), unless another is under way.
+    pub(super) fn take(d: &Deliverer, sub: u64, obj: ObjectId) -> Option<Attempting> {
+        lock(&d.inner.attempting)
+            .insert((sub, obj))
+            .then(|| Attempting {
+                d: d.clone(),
+                key: (sub, obj),
+            })
+    }
+}
+
+impl Drop for Attempting {
+    fn drop(&mut self) {
+        lock(&self.d.inner.attempting).remove(&self.key);
     }
 }

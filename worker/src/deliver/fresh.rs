@@ -3,7 +3,8 @@
 //! and fresh matches of objects still in the outbox (the new leader matches them again).
 //! A fresh match writes a record only where none exists, but a record it writes *before*
 //! the resume reads the store would be pushed by both, and a QoS 2 subscriber shown the
-//! delivery twice (found by `bench chaos`, seeds 9090 and 10043).
+//! delivery twice (found by `bench chaos`, seeds 9090 and 10043). A QoS 2 attempt also runs
+//! alone on its delivery (`attempt::Attempting`).
 //!
 //! So until the resume, a fresh match registers the pairs it is about to record
 //! ([`Deliverer::claim_fresh`]); the resume takes the registered pairs and reads the store
@@ -128,6 +129,24 @@ mod tests {
         let late = d.claim_fresh(&[pair(3)]);
         assert!(late.is_none());
         assert!(d.settle_fresh(&late, &[pair(3)]).is_empty());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn one_attempt_at_a_time_per_qos2_delivery() {
+        let (d, dir) = deliverer("attempting");
+        let o = ObjectId { node: 1, seq: 3 };
+        let first = super::super::attempt::Attempting::take(&d, 7, o).expect("the first");
+        let again = super::super::attempt::Attempting::take(&d, 7, o);
+        assert!(again.is_none(), "a second attempt of the delivery waits");
+        let other = super::super::attempt::Attempting::take(&d, 8, o);
+        assert!(
+            other.is_some(),
+            "another subscription's delivery is its own"
+        );
+        drop(first);
+        let later = super::super::attempt::Attempting::take(&d, 7, o);
+        assert!(later.is_some(), "free again once the first ended");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -121,6 +121,8 @@ struct Inner {
     /// This node's objects taken back from a lost adopter ([`Deliverer::reclaim`]): their
     /// subscribers' "received" marks count, as for an adopted copy.
     reclaimed: Mutex<std::collections::HashSet<ObjectId>>,
+    /// QoS 2 deliveries with an attempt under way: one at a time each (`attempt.rs`).
+    attempting: Mutex<std::collections::HashSet<(u64, ObjectId)>>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
     /// Stream deliveries waiting for a subscriber to attach (durable streams).
@@ -238,6 +240,7 @@ impl Deliverer {
                 owed: Mutex::new(HashMap::new()),
                 qos0_started: Mutex::default(),
                 reclaimed: Mutex::default(),
+                attempting: Mutex::default(),
                 queues: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
                 backlog: Mutex::default(),

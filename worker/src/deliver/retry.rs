@@ -44,7 +44,7 @@ impl Deliverer {
             let acked = matches!(state, DeliveryState::Acked { .. });
             let durable = matches!(state, DeliveryState::Received { .. }) || in_memory;
             let r = if in_memory && acked {
-                Ok(())
+                Ok(true)
             } else if durable {
                 me.inner.store.set_delivery(sub, obj, &state).await
             } else {
@@ -55,7 +55,19 @@ impl Deliverer {
                 DeliveryState::Pending { .. } | DeliveryState::Received { .. }
             );
             match r {
-                Ok(()) => {
+                Ok(false) => {
+                    // another attempt moved the record on since this one read it: left as
+                    // it is (never back to pending under a released QoS 2 delivery)
+                    tracing::debug!(
+                        "delivery {}: a stale {state:?} left the record where it stands",
+                        delivery_id(sub, obj)
+                    );
+                    if in_memory {
+                        me.release(obj);
+                    }
+                    true
+                }
+                Ok(true) => {
                     if open {
                         me.opened(sub, obj);
                     } else {
