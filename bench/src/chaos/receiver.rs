@@ -4,6 +4,7 @@
 //! journal (its `shown` lines), the receiver's output that survives its kills, so a loss or
 //! a QoS 2 delivery shown twice is the cluster's or the receiver's, never the benchmark's.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,8 @@ pub(super) struct Receiver {
     proc: Arc<Mutex<Option<Proc>>>,
     args: Vec<String>,
     bin: PathBuf,
+    /// Where it listens, every run.
+    at: SocketAddr,
     /// Reads the journal's new lines into `seen`.
     tail: tokio::task::JoinHandle<()>,
 }
@@ -63,7 +66,7 @@ impl Receiver {
             q2.to_string(),
         ]
         .to_vec();
-        let proc = spawn(bin.to_path_buf(), args.clone()).await?;
+        let proc = spawn(bin.to_path_buf(), args.clone(), at).await?;
         let seen = Shared::default();
         let tail = tokio::spawn(tail(journal, seen.clone()));
         Ok(Receiver {
@@ -74,6 +77,7 @@ impl Receiver {
             proc: Arc::new(Mutex::new(Some(proc))),
             args,
             bin: bin.to_path_buf(),
+            at,
             tail,
         })
     }
@@ -89,7 +93,7 @@ impl Receiver {
         }
         let p = match was {
             Some(p) => p,
-            None => spawn(self.bin.clone(), self.args.clone()).await?,
+            None => spawn(self.bin.clone(), self.args.clone(), self.at).await?,
         };
         *demo::lock(&self.proc) = Some(p);
         Ok(())
@@ -139,13 +143,12 @@ impl Drop for Receiver {
     }
 }
 
-/// `dissem receive` with `args`, once it says where it listens.
-async fn spawn(bin: PathBuf, args: Vec<String>) -> anyhow::Result<Proc> {
-    let addr = args.get(2).cloned().unwrap_or_default();
+/// `dissem receive` with `args` (listening on `addr`), once it says where it listens.
+async fn spawn(bin: PathBuf, args: Vec<String>, addr: SocketAddr) -> anyhow::Result<Proc> {
     tokio::task::spawn_blocking(move || {
         // the port of a receiver killed a moment ago may linger
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while std::net::TcpListener::bind(&addr).is_err() && std::time::Instant::now() < deadline {
+        while std::net::TcpListener::bind(addr).is_err() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
         Proc::start(&bin, &args)
