@@ -138,12 +138,17 @@ impl Journal {
         ))
     }
 
+    /// Appends one line; the answer, for a `shown` one, is the line the application is
+    /// shown (without its `event`).
     fn append(
         &mut self,
         event: Event,
         mut m: serde_json::Map<String, serde_json::Value>,
-    ) -> Result<String, ReceiveError> {
-        let shown = serde_json::Value::Object(m.clone()).to_string();
+    ) -> Result<Option<String>, ReceiveError> {
+        let shown = (event == Event::Shown)
+            .then(|| serde_json::to_string(&m))
+            .transpose()
+            .map_err(|e| self.failed(std::io::Error::other(e)))?;
         m.insert("event".into(), event.name().into());
         let mut line = serde_json::Value::Object(m).to_string();
         line.push('\n');
@@ -179,7 +184,7 @@ impl Journal {
     pub fn deliver(&mut self, d: &v1::Delivery) -> Result<Option<String>, ReceiveError> {
         let m = crate::subscriber::delivery_map(d);
         if !self.exactly_once.contains(&d.subscription_id) {
-            return self.append(Event::Shown, m).map(Some);
+            return self.append(Event::Shown, m);
         }
         if self.held.contains_key(&d.delivery_id) {
             return Ok(None); // a repeated first phase
@@ -200,7 +205,7 @@ impl Journal {
             return Ok(None);
         };
         match self.append(Event::Shown, m.clone()) {
-            Ok(line) => Ok(Some(line)),
+            Ok(line) => Ok(line),
             Err(e) => {
                 self.held.insert(delivery_id.to_string(), m);
                 Err(e)
@@ -293,6 +298,14 @@ impl Receiver {
     }
 }
 
+/// One call's outcome for [`Receiver::with_journal`]: its result and the line it showed.
+fn one(r: Result<Option<String>, ReceiveError>) -> (Result<(), ReceiveError>, Vec<String>) {
+    match r {
+        Ok(l) => (Ok(()), l.into_iter().collect()),
+        Err(e) => (Err(e), Vec::new()),
+    }
+}
+
 #[tonic::async_trait]
 impl v1::subscriber_server::Subscriber for Receiver {
     async fn deliver(
@@ -300,11 +313,7 @@ impl v1::subscriber_server::Subscriber for Receiver {
         request: Request<v1::Delivery>,
     ) -> Result<Response<v1::DeliverAck>, Status> {
         let d = request.into_inner();
-        self.with_journal(move |j| match j.deliver(&d) {
-            Ok(l) => (Ok(()), l.into_iter().collect()),
-            Err(e) => (Err(e), vec![]),
-        })
-        .await??;
+        self.with_journal(move |j| one(j.deliver(&d))).await??;
         Ok(Response::new(v1::DeliverAck {}))
     }
 
@@ -337,11 +346,7 @@ impl v1::subscriber_server::Subscriber for Receiver {
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseAck>, Status> {
         let id = request.into_inner().delivery_id;
-        self.with_journal(move |j| match j.release(&id) {
-            Ok(l) => (Ok(()), l.into_iter().collect()),
-            Err(e) => (Err(e), vec![]),
-        })
-        .await??;
+        self.with_journal(move |j| one(j.release(&id))).await??;
         Ok(Response::new(v1::ReleaseAck {}))
     }
 }

@@ -102,10 +102,13 @@ impl Receiver {
     /// Which of `objects` the receiver's journal does not show to both subscriptions within
     /// `limit`.
     pub(super) async fn missing(&self, objects: &[ObjectId], limit: Duration) -> Vec<ObjectId> {
+        // one wait for both: the second gets what the first left of it
+        let started = std::time::Instant::now();
         let mut out =
             super::endpoints::unseen(&self.seen, self.q2, &self.numbers, objects, limit).await;
+        let rest = limit.saturating_sub(started.elapsed());
         out.extend(
-            super::endpoints::unseen(&self.seen, self.q1, &self.numbers, objects, limit).await,
+            super::endpoints::unseen(&self.seen, self.q1, &self.numbers, objects, rest).await,
         );
         out.sort_unstable();
         out.dedup();
