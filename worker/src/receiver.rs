@@ -150,6 +150,7 @@ impl Journal {
             .transpose()
             .map_err(|e| self.failed(std::io::Error::other(e)))?;
         m.insert("event".into(), event.name().into());
+        m.insert(JOURNALED.into(), runtime::now_ms().into());
         let mut line = serde_json::Value::Object(m).to_string();
         line.push('\n');
         self.unsynced = true;
@@ -234,6 +235,10 @@ impl Event {
     }
 }
 
+/// A journal line's field: when it was appended (Unix ms), to read a journal's order of
+/// events against the nodes' logs. Not part of what the application is shown.
+const JOURNALED: &str = "journaled_unix_ms";
+
 /// One journal line: its event, delivery id and the rest of its fields.
 fn parse(line: &[u8]) -> Option<(Event, String, serde_json::Map<String, serde_json::Value>)> {
     let serde_json::Value::Object(mut m) = serde_json::from_slice(line).ok()? else {
@@ -244,6 +249,7 @@ fn parse(line: &[u8]) -> Option<(Event, String, serde_json::Map<String, serde_js
         "shown" => Event::Shown,
         _ => return None,
     };
+    m.remove(JOURNALED);
     let id = m.get("delivery_id")?.as_str()?.to_string();
     Some((event, id, m))
 }

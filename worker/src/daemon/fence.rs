@@ -270,6 +270,11 @@ impl Daemon {
                         let id = ObjectId { node: origin, seq };
                         if mine.contains(&id) {
                             let _ = self.inner.store.retire(id);
+                            // its deliveries here close as handed over, which is no
+                            // delivery: their closure ends no copy. Before, it told every
+                            // holder the object finished, the member that holds it now
+                            // among them, which then dropped it undelivered
+                            self.adopted_away(id);
                             out.insert(id);
                         }
                     }

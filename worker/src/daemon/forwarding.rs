@@ -122,8 +122,9 @@ impl Daemon {
         }
     }
 
-    /// Notes that another node adopted this node's object `id` (learnt at a catch-up or after
-    /// a lapse): its closure here ends no copy.
+    /// Notes that another node adopted object `id` (this node's, learnt at a catch-up or
+    /// after a lapse; or one this node had adopted and gave up to another claimant): its
+    /// closure here ends no copy.
     pub(super) fn adopted_away(&self, id: ObjectId) {
         let mut a = lock(&self.inner.adopted_away);
         if a.len() >= MAX_ADOPTED_AWAY {

@@ -292,6 +292,7 @@ impl Daemon {
             tokio::spawn(self.clone().presence(etcd));
         }
         tokio::spawn(self.clone().resender());
+        tokio::spawn(self.clone().auditor());
         tokio::spawn(self.clone().regulator());
         tokio::spawn(self.clone().relays());
         tokio::spawn(self.clone().follow_peers());

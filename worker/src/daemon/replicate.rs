@@ -346,13 +346,27 @@ impl Daemon {
         let Some(g) = view.grid.filter(|g| g.contains(me) && g.contains(obj.node)) else {
             return true;
         };
-        let peers: Vec<u32> = g
+        // the holders of its copies, the origin not among them: it keeps no marks of its
+        // own objects. As many must store the mark as a put needs, counted over all of them,
+        // the dead too: counted over the live ones only, an adopter released with one
+        // holder's mark while the others were down, and once its disk was lost and that
+        // holder paused, the origin pushed the object again (`daemon/ownsim`, seed 401930)
+        let holders: Vec<u32> = g
             .xs_quorum(obj.node)
             .into_iter()
-            .filter(|&n| n != me && n != obj.node && !view.dead(n))
-            .chain((obj.node != me && view.alive(obj.node)).then_some(obj.node))
+            .filter(|&n| n != me && n != obj.node)
             .collect();
-        let needed = self.copies_needed(peers.len());
+        let needed = self.copies_needed(holders.len());
+        let peers: Vec<u32> = holders.into_iter().filter(|&n| !view.dead(n)).collect();
+        if peers.len() < needed {
+            tracing::debug!(
+                "received mark of {}:{} for {sub}: {} holders alive, {needed} needed",
+                obj.node,
+                obj.seq,
+                peers.len()
+            );
+            return false;
+        }
         let (tx, rx) = unbounded_channel();
         for &p in &peers {
             self.to_peer(p, PeerMsg::Received(obj, sub, Some(tx.clone())));

@@ -129,6 +129,16 @@ impl v1::daemon_server::Daemon for Daemon {
                                 .into_iter()
                                 .filter(|&s| s > r.after_seq),
                         );
+                        // records not resumed yet after a start are open on disk only (an
+                        // origin's audit would take them back; `Daemon::auditor`)
+                        if !self.inner.resumed.load(Ordering::Acquire) {
+                            v.extend(
+                                self.open_on_disk()
+                                    .into_iter()
+                                    .filter(|id| id.node == r.origin && id.seq > r.after_seq)
+                                    .map(|id| id.seq),
+                            );
+                        }
                         v.sort_unstable();
                         v.dedup();
                         v.truncate(limit + 1);

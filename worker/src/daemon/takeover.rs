@@ -243,6 +243,8 @@ impl Daemon {
             let ids: Vec<(ObjectId, u8)> = claimed.iter().map(|o| (o.id, o.priority)).collect();
             store.adopted(&ids);
             for o in claimed {
+                // given up to another claimant once, perhaps: its own delivery ends copies
+                lock(&self.inner.adopted_away).remove(&o.id);
                 self.arrived(o.id, o.priority, &o.metadata);
                 adopted.push(o);
             }

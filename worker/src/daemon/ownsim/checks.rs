@@ -165,3 +165,39 @@ fn without_a_whole_relearn_a_schedule_fails() {
     };
     fails_with_a_duplicate(rules, "a relearn with a member silent");
 }
+
+/// Mutation check: a node that gives up what it adopted to another claimant closes its
+/// deliveries as handed over, and (the code before the fix) that closure ends the copies:
+/// the claimant, told the object finished, drops it undelivered.
+#[test]
+fn without_giving_up_quietly_a_schedule_fails() {
+    let rules = Rules {
+        give_up_quietly: false,
+        ..Rules::FIXED
+    };
+    fails_at(113, rules, "a give-up that ends the copies", |v| {
+        matches!(v, Violation::Lost { .. })
+    });
+}
+
+/// Mutation check: an origin keeps what it handed to an adopter that gave it up to another
+/// claimant; that one's disk is lost, and the objects with it.
+#[test]
+fn without_auditing_what_was_handed_a_schedule_fails() {
+    let rules = Rules {
+        audit_handed: false,
+        ..Rules::FIXED
+    };
+    fails_at(2_028_786, rules, "no audit of handed objects", |v| {
+        matches!(v, Violation::Lost { .. })
+    });
+}
+
+/// Schedule `seed` passes with every fix and fails under `rules` with a violation `kind`
+/// accepts (a schedule found by a wider search than CI runs).
+fn fails_at(seed: u64, rules: Rules, what: &str, kind: fn(&Violation) -> bool) {
+    let fixed = run(seed, Rules::FIXED).violations;
+    assert!(fixed.is_empty(), "seed {seed} with every fix: {fixed:?}");
+    let v = run(seed, rules).violations;
+    assert!(v.iter().any(kind), "{what}, seed {seed}: {v:?}");
+}

@@ -11,7 +11,11 @@
 //! origin's outbox, handed), a relearn a lease after a lapse (or at once when a member of the
 //! node's quorum is alive again) learns the same and what others adopted of the objects this
 //! node adopted, and lifts the fence only once every live member answered; an origin takes
-//! back what it handed to an adopter that is lost (`reclaim.rs`).
+//! back what it handed to an adopter that is lost (`reclaim.rs`), and every lease settles
+//! what a live adopter no longer claims (`Daemon::auditor`). A push is the QoS 2 delivery:
+//! its "received" mark goes first to the holders (`Daemon::spread_received`), and a pusher
+//! that holds a mark already (pulled at a takeover or a take-back) only releases, which
+//! the subscriber absorbs.
 //!
 //! The oracle: no object is pushed twice (QoS 2), and once every node is up and quiet, every
 //! acknowledged object was pushed. A schedule is drawn from its seed alone; a failure names
@@ -74,6 +78,16 @@ pub struct Rules {
     /// (found by this harness: an heir paused during its origin's relearn; both pushed
     /// what it had adopted).
     pub relearn_whole: bool,
+    /// An origin looks again, every lease, at what it handed to a live adopter: what the
+    /// adopter no longer claims (given up to another claimant, which may since be lost) is
+    /// handed to whoever claims it now, or taken back (found by this harness, seed
+    /// 2028786: two claimants, one of them stale, the other gave up; the stale one's disk
+    /// was lost, and its origin had handed the objects to the other).
+    pub audit_handed: bool,
+    /// An object a node gives up to another claimant closes here as handed over, which
+    /// ends no copy (before, its closure told every holder it finished, the claimant among
+    /// them, which dropped it undelivered).
+    pub give_up_quietly: bool,
 }
 
 impl Rules {
@@ -85,6 +99,8 @@ impl Rules {
         relearn_on_return: true,
         reclaim: true,
         relearn_whole: true,
+        audit_handed: true,
+        give_up_quietly: true,
     };
 }
 
@@ -111,6 +127,8 @@ pub struct Outcome {
     pub stalls: u64,
     pub wipes: u64,
     pub adopted: u64,
+    /// Pushes that were only a release (a holder had the "received" mark).
+    pub releases: u64,
     pub reclaimed: u64,
     pub events: u64,
     pub violations: Vec<Violation>,
@@ -161,6 +179,9 @@ struct Node {
     copies: BTreeMap<Id, Copy>,
     /// Its own objects a member adopted (`Store::hand`): in the outbox, not pushed.
     handed: BTreeMap<u64, Adopter>,
+    /// The QoS 2 "received" marks it holds (`Store::mark_received_unflushed`): a subscriber
+    /// has the object, and whoever pushes it from here only releases it.
+    marks: BTreeSet<Id>,
     // in its memory
     view: View,
     ownership: Ownership,
@@ -186,6 +207,7 @@ impl Node {
             copies: BTreeMap::new(),
             view: View::from_proto(&v1::Membership::default()),
             handed: BTreeMap::new(),
+            marks: BTreeSet::new(),
             ownership: Ownership::default(),
             fence: Fence::default(),
             registered: false,
@@ -215,6 +237,7 @@ impl Node {
         self.outbox.clear();
         self.copies.clear();
         self.handed.clear();
+        self.marks.clear();
         self.owns_from = self.next_seq + 1_000;
         self.next_seq = self.owns_from;
     }
@@ -299,6 +322,11 @@ enum Event {
         inc: u64,
         adopter: Adopter,
     },
+    /// An origin looks again at what it handed to live adopters.
+    Audit {
+        node: u32,
+        inc: u64,
+    },
     /// A relearn starts a lease after a lapse.
     Relearn {
         node: u32,
@@ -351,6 +379,7 @@ impl Event {
             | Event::CatchUp { node, inc }
             | Event::TakeOver { node, inc, .. }
             | Event::Reclaim { node, inc, .. }
+            | Event::Audit { node, inc }
             | Event::Relearn { node, inc }
             | Event::Relearned { node, inc, .. } => Some((node, inc)),
             _ => None,
@@ -515,6 +544,12 @@ impl Cluster {
                 below,
             } => self.take_over(node, origin, below),
             Event::Reclaim { node, inc, adopter } => self.reclaim(node, inc, adopter),
+            Event::Audit { node, inc } => {
+                if self.rules.audit_handed {
+                    self.audit(node);
+                }
+                self.at(self.now + LEASE, Event::Audit { node, inc });
+            }
             Event::Relearn { node, inc } => {
                 let lapses = self.nodes[node as usize].fence.lapses();
                 let d = 5 + self.rng.below(40);
@@ -606,6 +641,7 @@ impl Cluster {
         let d = self.rng.below(BEAT);
         self.at(self.now + d, Event::Beat { node, inc });
         self.at(self.now + d, Event::Round { node, inc });
+        self.at(self.now + d + LEASE, Event::Audit { node, inc });
     }
 
     fn answer(&mut self, node: u32, inc: u64, sent: u64, answer: usize) {

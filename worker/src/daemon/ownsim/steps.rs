@@ -3,7 +3,7 @@
 //! registration, the relearn after a lapse, and the takeover's adoption, each following the
 //! daemon's code it names (`takeover.rs`, `fence.rs`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use super::*;
@@ -67,10 +67,20 @@ impl Cluster {
         }
         let owned: Vec<Id> = n.owned().into_iter().take(PUSHES).collect();
         for id in owned {
-            self.note(|| format!("node {node} pushes {id:?}"));
+            // the "received" phase: the release waits until enough holders stored its mark
+            // (`Daemon::spread_received`); a pusher that holds a mark only releases
+            let Some(release_only) = self.spread_received(node, id) else {
+                continue;
+            };
+            if release_only {
+                self.note(|| format!("node {node} releases {id:?}"));
+                self.out.releases += 1;
+            } else {
+                self.note(|| format!("node {node} pushes {id:?}"));
+            }
             let count = self.pushed.entry(id).or_default();
-            *count += 1;
-            if *count > 1 {
+            *count += u32::from(!release_only);
+            if *count > 1 && !release_only {
                 self.out.violations.push(Violation::Duplicate {
                     origin: id.0,
                     seq: id.1,
@@ -96,6 +106,54 @@ impl Cluster {
                 self.send_finished(node, inc, to, id);
             }
         }
+    }
+
+    /// The QoS 2 marks of `id` pushed by `node`, as `Daemon::spread_received` stores them:
+    /// `None` while too few holders answer (postponed); else whether `node` held a mark
+    /// already (a subscriber has the object: only the release goes out).
+    fn spread_received(&mut self, node: u32, id: Id) -> Option<bool> {
+        let origin = id.0;
+        let v = &self.nodes[node as usize].view;
+        let holders: Vec<u32> = self
+            .grid
+            .xs_quorum(origin)
+            .into_iter()
+            .filter(|&h| h != node && h != origin)
+            .collect();
+        // the origin stores no marks of its own objects: not asked; as many as a put
+        // needs, counted over every holder, the dead too
+        let needed = holders.len().min(2);
+        let asked: Vec<u32> = holders.into_iter().filter(|&h| !v.dead(h)).collect();
+        let now = self.now;
+        let stored: Vec<u32> = asked
+            .into_iter()
+            .filter(|&h| self.nodes[h as usize].answers(now))
+            .collect();
+        if stored.len() < needed {
+            return None;
+        }
+        // an origin holds marks of its own objects only as a reclaim pulled them
+        let known = self.nodes[node as usize].marks.contains(&id);
+        for h in stored {
+            self.nodes[h as usize].marks.insert(id);
+        }
+        Some(known)
+    }
+
+    /// The marks `node` pulls of `origin`'s objects from `from` (`Daemon::pull`): those of
+    /// unfinished copies there.
+    fn pull_marks(&mut self, node: u32, origin: u32, from: &[u32]) {
+        let mut got = Vec::new();
+        for &h in from {
+            let h = &self.nodes[h as usize];
+            got.extend(
+                h.marks
+                    .range((origin, 0)..=(origin, u64::MAX))
+                    .filter(|id| h.copies.get(id).is_some_and(|c| !c.finished))
+                    .copied(),
+            );
+        }
+        self.nodes[node as usize].marks.extend(got);
     }
 
     /// At registration: copies of the origins it holds for that it lacks, and the end of
@@ -233,6 +291,8 @@ impl Cluster {
             self.at(self.now + d, Event::Reclaim { node, inc, adopter });
             return;
         }
+        // with the subscribers' "received" marks (`Daemon::reclaim`)
+        self.pull_marks(node, node, &answered);
         let mut finished = HashSet::new();
         for m in answered {
             finished.extend(self.nodes[m as usize].seqs(node, |c| c.finished));
@@ -249,6 +309,70 @@ impl Cluster {
         }
         self.out.reclaimed += back.len() as u64;
         self.note(|| format!("node {node} takes back {back:?} from lost {adopter:?}"));
+    }
+
+    /// What `node` handed to live adopters that no longer claim it (`Daemon::audit_handed`):
+    /// every live member of its quorum is asked, and the objects go to whoever claims them
+    /// now, leave the outbox when one finished them, or are taken back.
+    pub(super) fn audit(&mut self, node: u32) {
+        let n = &self.nodes[node as usize];
+        if !n.registered || !n.caught_up {
+            return;
+        }
+        let now = self.now;
+        let mut dropped = Vec::new();
+        for (&seq, a) in &n.handed {
+            if a.lost(&n.view) || !n.view.alive(a.node) {
+                continue; // the reclaim's
+            }
+            let am = &self.nodes[a.node as usize];
+            if !am.answers(now) {
+                continue;
+            }
+            if !am
+                .copies
+                .get(&(node, seq))
+                .is_some_and(|c| c.adopted || c.finished)
+            {
+                dropped.push(seq);
+            }
+        }
+        if dropped.is_empty() {
+            return;
+        }
+        let members = self.live_members(node, node);
+        let answered = self.reachable(node, members.clone(), &[]);
+        if answered.len() < members.len() {
+            return; // asked again at the next audit
+        }
+        self.pull_marks(node, node, &answered);
+        let mut finished = HashSet::new();
+        let mut claimed = HashMap::new();
+        for &m in &answered {
+            let mm = &self.nodes[m as usize];
+            finished.extend(mm.seqs(node, |c| c.finished));
+            let a = Adopter::in_view(m, &self.nodes[node as usize].view);
+            for s in mm.seqs(node, |c| c.adopted && !c.finished) {
+                claimed.insert(s, a);
+            }
+        }
+        let n = &mut self.nodes[node as usize];
+        let mut back = Vec::new();
+        for seq in dropped {
+            if finished.contains(&seq) {
+                n.handed.remove(&seq);
+                n.outbox.remove(&seq);
+            } else if let Some(a) = claimed.get(&seq) {
+                n.handed.insert(seq, *a);
+            } else {
+                n.handed.remove(&seq);
+                back.push(seq);
+            }
+        }
+        self.out.reclaimed += back.len() as u64;
+        if !back.is_empty() {
+            self.note(|| format!("node {node} takes back {back:?}, no longer claimed"));
+        }
     }
 
     /// The objects it adopted that another live member of their quorum adopted or finished
@@ -284,6 +408,21 @@ impl Cluster {
             if !given.is_empty() {
                 self.note(|| format!("node {node} gives up {origin}:{given:?}, adopted elsewhere"));
             }
+            if !self.rules.give_up_quietly {
+                // the code before the fix: the closure ended the copies
+                let inc = self.nodes[node as usize].inc;
+                for seq in given {
+                    let id = (origin, seq);
+                    if let Some(c) = self.nodes[node as usize].copies.get_mut(&id) {
+                        c.finished = true;
+                    }
+                    for to in self.grid.xs_quorum(origin) {
+                        if to != node {
+                            self.send_finished(node, inc, to, id);
+                        }
+                    }
+                }
+            }
         }
         whole
     }
@@ -297,6 +436,7 @@ impl Cluster {
             return;
         }
         let holders = self.reachable(node, self.grid.xs_quorum(origin), &[node, origin]);
+        self.pull_marks(node, origin, &holders);
         let mut pulled = BTreeSet::new();
         let mut taken = HashSet::new();
         let mut finished = HashSet::new();
