@@ -15,8 +15,9 @@ pub(super) struct ReceiveArgs {
     /// `http://ADDRESS`); port 0 picks a free one.
     #[arg(long, default_value = "127.0.0.1:50070")]
     listen: SocketAddr,
-    /// The journal: every delivery as a JSON line (`"event": "shown"` or `"received"`),
-    /// durable before it is acknowledged; read back at start.
+    /// The journal: every delivery as a JSON line (`"event": "shown"` or `"received"`, and
+    /// `"journaled_unix_ms"`: when it was appended), durable before it is acknowledged;
+    /// read back at start.
     #[arg(long)]
     journal: PathBuf,
     /// A QoS 2 subscription's id (repeat, or separate with commas): its deliveries are held

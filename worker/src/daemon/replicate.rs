@@ -348,9 +348,11 @@ impl Daemon {
         };
         // the holders of its copies, the origin not among them: it keeps no marks of its
         // own objects. As many must store the mark as a put needs, counted over all of them,
-        // the dead too: counted over the live ones only, an adopter released with one
-        // holder's mark while the others were down, and once its disk was lost and that
-        // holder paused, the origin pushed the object again (`daemon/ownsim`, seed 401930)
+        // the dead too, as a put counts its copies. Counted over the live ones only, a
+        // release could rest on one holder's mark while the others were down (`daemon/ownsim`,
+        // seed 401930, before it modeled the marks: an adopter's delivery known to one
+        // holder, the adopter's disk lost and that holder paused, and the origin pushed the
+        // object again)
         let holders: Vec<u32> = g
             .xs_quorum(obj.node)
             .into_iter()
