@@ -64,8 +64,9 @@ impl Daemon {
     /// Takes back what this node handed to `adopter`, which its view shows lost.
     pub(super) async fn reclaim(self, adopter: Adopter) {
         loop {
-            if !adopter.lost(&self.view()) {
-                return; // back meanwhile, on its disk: still its
+            let view = self.view();
+            if !adopter.lost(&view) || view.grid.is_none() {
+                return; // back meanwhile, on its disk: still its (or no grid: no quorum)
             }
             // in order (the store's)
             let seqs: Vec<u64> = self
