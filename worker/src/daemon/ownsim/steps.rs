@@ -313,7 +313,9 @@ impl Cluster {
 
     /// What `node` handed to live adopters that no longer claim it (`Daemon::audit_handed`):
     /// every live member of its quorum is asked, and the objects go to whoever claims them
-    /// now, leave the outbox when one finished them, or are taken back.
+    /// now, leave the outbox when one finished them, or are taken back. At the first audit
+    /// that finds them unclaimed: the daemon waits for a second, for an adopter's moment
+    /// between its last delivery and its copies' end, which this model has not.
     pub(super) fn audit(&mut self, node: u32) {
         let n = &self.nodes[node as usize];
         if !n.registered || !n.caught_up {
