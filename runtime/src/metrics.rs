@@ -155,6 +155,13 @@ pub fn render(s: &v1::StatsResponse, workers: &[v1::WorkerInfo]) -> String {
         );
         line(
             &mut o,
+            "dissem_store_failed",
+            "1 when the store failed a write to its disk (full): writes are refused until the node starts again in place.",
+            "gauge",
+            &one(u64::from(s.store_failed)),
+        );
+        line(
+            &mut o,
             "dissem_matches_total",
             "Matches (object, subscription) handed to delivery.",
             "counter",

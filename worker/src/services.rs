@@ -515,6 +515,7 @@ impl v1::admin_server::Admin for Node {
             objects_taken_over: cluster(|d| d.counters().taken_over.load(Ordering::Relaxed)),
             objects_handed: self.store.handed_seqs().len() as u64,
             objects_taken_back: cluster(|d| d.counters().taken_back.load(Ordering::Relaxed)),
+            store_failed: self.store.sled_failed(),
             copies_pulled: cluster(|d| d.counters().copies_pulled.load(Ordering::Relaxed)),
             image_loaded: cluster(|d| d.image_loaded()),
             images_compiled: cluster(|d| d.counters().images_compiled.load(Ordering::Relaxed)),

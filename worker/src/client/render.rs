@@ -148,6 +148,12 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
                     "objects",
                 ),
                 (
+                    "store_failed",
+                    "store failed (disk full, writes refused)",
+                    json!(s.store_failed),
+                    "",
+                ),
+                (
                     "puts_accepted",
                     "puts accepted",
                     json!(s.puts_accepted),

@@ -253,19 +253,9 @@ impl Deliverer {
                 }
             }
             let any = !added.is_empty();
-            let me = store.node();
             for (s, id) in added {
                 self.opened(s, id);
-                // a copy taken over whose QoS 2 delivery a subscriber has "received" from
-                // the dead owner: only its release is owed
-                if (id.node != me || self.is_reclaimed(id))
-                    && store.received_marks(id)?.contains(&s)
-                {
-                    let state = DeliveryState::Received {
-                        attempts: 1,
-                        next_attempt_unix_ms: self.now_ms(),
-                    };
-                    store.set_delivery_unflushed(s, id, &state)?;
+                if self.received_elsewhere(s, id)? {
                     self.enqueue(s, id);
                 } else {
                     self.enqueue_new(s, id);
@@ -325,5 +315,33 @@ impl Deliverer {
 
     fn is_reclaimed(&self, obj: ObjectId) -> bool {
         lock(&self.inner.reclaimed).contains(&obj)
+    }
+
+    /// For a pending record just written: when `obj` is a copy taken over (or taken back)
+    /// whose QoS 2 delivery to `sub` a subscriber has "received" from its earlier owner (a
+    /// holder's mark, [`storage::Store::received_marks`]), the record becomes `Received`
+    /// (not yet durable) and `true` says only its release is owed. Every path that writes
+    /// a fresh record asks, the one for subscriptions looked up first too: after a start
+    /// the cache is cold, and an heir restarted just before its takeover sent the first
+    /// phase again to a subscriber that had released the delivery (shown twice, `bench
+    /// chaos` seed 54168).
+    pub(super) fn received_elsewhere(
+        &self,
+        sub: u64,
+        obj: ObjectId,
+    ) -> Result<bool, storage::StorageError> {
+        let store = &self.inner.store;
+        if obj.node == store.node() && !self.is_reclaimed(obj) {
+            return Ok(false);
+        }
+        if !store.received_marks(obj)?.contains(&sub) {
+            return Ok(false);
+        }
+        let state = DeliveryState::Received {
+            attempts: 1,
+            next_attempt_unix_ms: self.now_ms(),
+        };
+        store.set_delivery_unflushed(sub, obj, &state)?;
+        Ok(true)
     }
 }

@@ -105,6 +105,11 @@ impl Deliverer {
             }
             return;
         }
+        // taken over from an owner whose subscriber "received" it: only the release
+        if let Err(e) = self.received_elsewhere(sub, obj) {
+            tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj));
+            return;
+        }
         if let Err(e) = store.commit().await {
             tracing::warn!("recording delivery {}: {e}", delivery_id(sub, obj));
             return;

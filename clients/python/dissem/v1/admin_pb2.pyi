@@ -92,7 +92,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node", "objects_stored", "puts_accepted", "puts_rejected", "outbox_pending", "subscriptions", "role", "matches_handed", "matches_repeated", "deliveries", "deliveries_acked", "delivery_failures", "dead_lettered", "deliveries_queued", "copies_unfinished", "copies_finished", "objects_taken_over", "cluster", "image_loaded", "copies_forwarding", "view", "copies_pulled", "registry_kept", "registry_ready_ms", "images_compiled", "images_kept", "qos0_dropped", "objects_handed", "objects_taken_back")
+    __slots__ = ("node", "objects_stored", "puts_accepted", "puts_rejected", "outbox_pending", "subscriptions", "role", "matches_handed", "matches_repeated", "deliveries", "deliveries_acked", "delivery_failures", "dead_lettered", "deliveries_queued", "copies_unfinished", "copies_finished", "objects_taken_over", "cluster", "image_loaded", "copies_forwarding", "view", "copies_pulled", "registry_kept", "registry_ready_ms", "images_compiled", "images_kept", "qos0_dropped", "objects_handed", "objects_taken_back", "store_failed")
     NODE_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_STORED_FIELD_NUMBER: _ClassVar[int]
     PUTS_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class StatsResponse(_message.Message):
     QOS0_DROPPED_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_HANDED_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_TAKEN_BACK_FIELD_NUMBER: _ClassVar[int]
+    STORE_FAILED_FIELD_NUMBER: _ClassVar[int]
     node: int
     objects_stored: int
     puts_accepted: int
@@ -151,7 +152,8 @@ class StatsResponse(_message.Message):
     qos0_dropped: int
     objects_handed: int
     objects_taken_back: int
-    def __init__(self, node: _Optional[int] = ..., objects_stored: _Optional[int] = ..., puts_accepted: _Optional[int] = ..., puts_rejected: _Optional[int] = ..., outbox_pending: _Optional[int] = ..., subscriptions: _Optional[int] = ..., role: _Optional[str] = ..., matches_handed: _Optional[int] = ..., matches_repeated: _Optional[int] = ..., deliveries: _Optional[int] = ..., deliveries_acked: _Optional[int] = ..., delivery_failures: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., deliveries_queued: _Optional[int] = ..., copies_unfinished: _Optional[int] = ..., copies_finished: _Optional[int] = ..., objects_taken_over: _Optional[int] = ..., cluster: _Optional[_Union[ClusterStats, _Mapping]] = ..., image_loaded: _Optional[int] = ..., copies_forwarding: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., copies_pulled: _Optional[int] = ..., registry_kept: _Optional[bool] = ..., registry_ready_ms: _Optional[int] = ..., images_compiled: _Optional[int] = ..., images_kept: _Optional[int] = ..., qos0_dropped: _Optional[int] = ..., objects_handed: _Optional[int] = ..., objects_taken_back: _Optional[int] = ...) -> None: ...
+    store_failed: bool
+    def __init__(self, node: _Optional[int] = ..., objects_stored: _Optional[int] = ..., puts_accepted: _Optional[int] = ..., puts_rejected: _Optional[int] = ..., outbox_pending: _Optional[int] = ..., subscriptions: _Optional[int] = ..., role: _Optional[str] = ..., matches_handed: _Optional[int] = ..., matches_repeated: _Optional[int] = ..., deliveries: _Optional[int] = ..., deliveries_acked: _Optional[int] = ..., delivery_failures: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., deliveries_queued: _Optional[int] = ..., copies_unfinished: _Optional[int] = ..., copies_finished: _Optional[int] = ..., objects_taken_over: _Optional[int] = ..., cluster: _Optional[_Union[ClusterStats, _Mapping]] = ..., image_loaded: _Optional[int] = ..., copies_forwarding: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., copies_pulled: _Optional[int] = ..., registry_kept: _Optional[bool] = ..., registry_ready_ms: _Optional[int] = ..., images_compiled: _Optional[int] = ..., images_kept: _Optional[int] = ..., qos0_dropped: _Optional[int] = ..., objects_handed: _Optional[int] = ..., objects_taken_back: _Optional[int] = ..., store_failed: _Optional[bool] = ...) -> None: ...
 
 class ClusterView(_message.Message):
     __slots__ = ("rows", "cols", "members", "leader_name", "leader_url", "leader_epoch", "leader_nonce", "lease_ms", "next_rows", "next_cols")
