@@ -136,7 +136,7 @@ async fn run_async(o: &ResizeOptions) -> anyhow::Result<ResizeReport> {
         );
     }
     let seconds = started.elapsed().as_secs_f64();
-    let moved = copies_pulled(&c).await.saturating_sub(before);
+    let moved = pulled_between(&before, &copies_pulled(&c).await);
     eprintln!("{to} in force after {seconds:.1} s ({moved} copies moved)");
     moves.push(Move {
         from: from.to_string(),
@@ -163,7 +163,7 @@ async fn run_async(o: &ResizeOptions) -> anyhow::Result<ResizeReport> {
     );
     wait_done(&c, from.rows, from.cols).await?;
     let seconds = started.elapsed().as_secs_f64();
-    let moved = copies_pulled(&c).await.saturating_sub(before);
+    let moved = pulled_between(&before, &copies_pulled(&c).await);
     for id in old_n..new_n {
         let status = try_wait_for(Duration::from_secs(30), || {
             let s = c.nodes[id].try_wait();
@@ -257,14 +257,29 @@ fn set_targets(t: &Traffic, c: &ElectedCluster, n: usize) {
 }
 
 /// The copies every node that answers received at its catch-ups so far.
-async fn copies_pulled(c: &ElectedCluster) -> u64 {
-    let mut sum = 0;
+/// Each node's count of copies pulled since it started (`None`: it did not answer).
+async fn copies_pulled(c: &ElectedCluster) -> Vec<Option<u64>> {
+    let mut counts = Vec::with_capacity(c.nodes.len());
     for n in &c.nodes {
-        if let Ok(s) = procs::stats(&n.url()).await {
-            sum += s.copies_pulled;
-        }
+        counts.push(procs::stats(&n.url()).await.ok().map(|s| s.copies_pulled));
     }
-    sum
+    counts
+}
+
+/// Copies pulled between two [`copies_pulled`] readings. A node whose count went down was
+/// restarted in between (the move kills one): all it pulled since counts. Summed before and
+/// after instead, the victim's lost count could hide the whole move (0 moved, while the
+/// nodes pulled hundreds; `tests/resize.rs` failed so once).
+fn pulled_between(before: &[Option<u64>], after: &[Option<u64>]) -> u64 {
+    after
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match (before.get(i).copied().flatten(), *a) {
+            (Some(b), Some(a)) if a >= b => a - b,
+            (_, Some(a)) => a,
+            (_, None) => 0,
+        })
+        .sum()
 }
 
 /// Prints the figures.
@@ -293,4 +308,17 @@ pub fn print(r: &ResizeReport) {
         r.qos1_repeats,
         if r.pass { "PASS" } else { "FAIL" }
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pulled_between;
+
+    #[test]
+    fn a_restarted_node_counts_what_it_pulled_since_and_a_new_one_all() {
+        // node 1 restarted (400 -> 30), node 2 did not answer after, node 3 joined
+        let before = [Some(100), Some(400), Some(50)];
+        let after = [Some(180), Some(30), None, Some(70)];
+        assert_eq!(pulled_between(&before, &after), 80 + 30 + 70);
+    }
 }

@@ -24,6 +24,7 @@ mod links;
 mod receive;
 mod reopen;
 mod serve;
+mod thp;
 
 use benches::{
     Bench, bench_chaos, bench_churn, bench_cluster, bench_cost, bench_e2e, bench_failover,
@@ -221,6 +222,7 @@ fn ensure_runtime_dir() {
 }
 
 fn main() -> ExitCode {
+    thp::configure();
     ensure_runtime_dir();
     let command = cli_command();
     let args = match config::apply(std::env::args_os().collect(), &command) {

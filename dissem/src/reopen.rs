@@ -22,7 +22,9 @@ pub(crate) fn when_sled_fails(store: storage::Store, bound: SocketAddr) {
         let mut said = false;
         loop {
             tokio::time::sleep(EVERY).await;
-            if !store.sled_failed() {
+            // while the disk is full, sled may have failed a write of its own that no flush
+            // of ours saw: asked
+            if !store.sled_failed() && (store.has_room() || !store.probe_sled().await) {
                 continue;
             }
             if !store.has_room() {

@@ -115,6 +115,14 @@ impl From<ServiceError> for tonic::Status {
             // the disk is full: the caller's request was not stored, and asking again once
             // space is freed (or at another node) works
             ServiceError::Storage(s) if s.is_disk_full() => {
+                // sled, once it failed on the full disk, refuses every operation with its
+                // bare I/O error: said as a full disk too (`tests/disk.rs` saw "storage I/O:
+                // ... No space left on device" for a subscription's Create)
+                let m = if matches!(s, storage::StorageError::DiskFull { .. }) {
+                    m
+                } else {
+                    format!("the disk is full ({m}): writes are refused until space is freed")
+                };
                 if let Some(unsaid) = DISK_FULL.say() {
                     tracing::warn!("refused: {m}{}", also(unsaid));
                 }
@@ -168,10 +176,9 @@ mod tests {
         let full = ServiceError::Storage(storage::StorageError::Log(
             std::io::Error::from_raw_os_error(28),
         ));
-        assert_eq!(
-            tonic::Status::from(full).code(),
-            tonic::Code::ResourceExhausted
-        );
+        let full = tonic::Status::from(full);
+        assert_eq!(full.code(), tonic::Code::ResourceExhausted);
+        assert!(full.message().contains("is full"), "{}", full.message());
         let q = Quiet::new();
         assert_eq!(q.say(), Some(0));
         assert_eq!(q.say(), None);

@@ -507,6 +507,25 @@ impl Store {
         self.commit.sled_failed.load(Ordering::SeqCst)
     }
 
+    /// Asks sled whether it has failed, with a flush (which answers with the I/O error sled
+    /// keeps), and notes a failure as [`Store::sled_failed`]. sled also writes on its own
+    /// (its background flusher): on a full disk that write can fail with no flush of ours to
+    /// see it, and sled refuses every operation after, while the node took it for healthy
+    /// and never started again once the disk had room (`tests/disk.rs`: deliveries stuck
+    /// after the disk was freed). Cheap when nothing is dirty; the node asks only while its
+    /// disk is full.
+    pub async fn probe_sled(&self) -> bool {
+        if self.sled_failed() {
+            return true;
+        }
+        let db = self.db.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || db.flush()).await {
+            tracing::debug!("sled answered a flush with: {e}");
+            self.commit.sled_failed.store(true, Ordering::SeqCst);
+        }
+        self.sled_failed()
+    }
+
     /// Whether the disk has room above the reserve again.
     pub fn has_room(&self) -> bool {
         self.space.check(now_ms()).is_ok()

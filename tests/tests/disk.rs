@@ -316,7 +316,8 @@ fn a_damaged_log_tail_is_named_at_start_and_everything_else_is_served() {
 /// what its disk holds, once freed; the subscriber shows each object once, across a restart
 /// too. (`bench chaos` seeds 41068/41069 found a node releasing unrecorded on a full disk and
 /// delivering again after a restart; seed 42046 a release on a phase that only sled's memory
-/// held.)
+/// held.) In a run where the full disk was refused by the reserve check and sled kept room of
+/// its own, sled does not fail, and only the second half holds (it says so on stderr).
 #[test]
 fn a_qos2_delivery_is_not_released_while_a_full_disk_refuses_its_received_phase() {
     use bench::recorder::Recorder;
@@ -359,26 +360,27 @@ fn a_qos2_delivery_is_not_released_while_a_full_disk_refuses_its_received_phase(
                 .expect("put");
             ids.push(id);
         }
-        // the deliveries are owed (refused so far); the disk fills and sled fails a write,
-        // then the subscriber takes them: every Deliver's received phase is refused
+        // the deliveries are owed (refused so far); the disk fills and sled (in most runs)
+        // fails a write, then the subscriber takes them: every Deliver's received phase is
+        // refused
         fill(fs.path()).expect("fill the disk");
         sled_fails(&url).await;
         // the refusal came from sled's failed write, or from the reserve check before any
-        // write reached sled; the refused pushes' retries are not flushed, so in the second
-        // case sled fails only once a Deliver is taken and its received phase is not stored
-        // (one run in about ten here)
-        let store_failed = |url: String| async move {
-            bench::procs::stats(&url)
-                .await
-                .ok()
-                .filter(|s| s.store_failed)
-        };
-        let failed_first =
-            bench::procs::try_wait_for(Duration::from_secs(5), || store_failed(url.clone()))
-                .await
-                .is_some();
+        // write reached sled; then sled may fail later, or never (its files keep room they
+        // took before the disk filled; two runs in about thirty here)
+        let failed = bench::procs::try_wait_for(Duration::from_secs(5), || {
+            let url = url.clone();
+            async move {
+                bench::procs::stats(&url)
+                    .await
+                    .ok()
+                    .filter(|s| s.store_failed)
+            }
+        })
+        .await
+        .is_some();
         rec.set_refusing(false);
-        if failed_first {
+        if failed {
             // while the store has failed nothing goes out: no Deliver (its received phase
             // cannot be stored) and no release (`bench chaos` seed 42046: a release on a
             // phase that lived in sled's memory only, then a Deliver again). Three seconds
@@ -396,25 +398,19 @@ fn a_qos2_delivery_is_not_released_while_a_full_disk_refuses_its_received_phase(
                     .collect::<Vec<_>>(),
                 rec.shown()
             );
+            assert_eq!(
+                rec.distinct(),
+                0,
+                "released while the disk refused the received phase"
+            );
         } else {
-            // a Deliver is taken, its received phase fails to reach the disk, and with it
-            // sled: no release may follow
-            wait_for("the store failed", Duration::from_secs(30), || {
-                store_failed(url.clone())
-            })
-            .await;
-            let released = bench::procs::try_wait_for(Duration::from_secs(3), || {
-                let any = rec.distinct() > 0;
-                async move { any.then_some(()) }
-            })
-            .await;
-            assert!(released.is_none(), "released: {:?}", rec.shown());
+            // the deliveries go on while sled has room of its own; what must hold either
+            // way is checked below: each shown once, none again after a restart
+            eprintln!(
+                "note: sled did not fail within 5 s of the refusal; the failed-store path was \
+                 not taken this run"
+            );
         }
-        assert_eq!(
-            rec.distinct(),
-            0,
-            "released while the disk refused the received phase"
-        );
         // space freed: each is released once
         free(fs.path()).expect("free the disk");
         wait_for("every object shown", Duration::from_secs(30), || {

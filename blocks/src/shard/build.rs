@@ -336,8 +336,11 @@ where
     let parts: Vec<Part<'a>> = on_threads(|part| {
         let mine = hashes().filter(|&h| part_of(h) == part).count();
         let mut table: HashTable<u32> = HashTable::with_capacity(mine);
+        // room for every use up front (untouched room costs no memory): no copies as it
+        // grows, and the first part's takes the others' after it where it lies
+        let room = if part == 0 { n_uses } else { mine };
         let mut out = Part {
-            preds: Vec::new(),
+            preds: Vec::with_capacity(room),
             ids: Vec::with_capacity(mine),
         };
         for (&(attr, p), h) in uses().zip(hashes()) {
@@ -366,12 +369,18 @@ where
     });
     // the parts' predicates one after the other; each use's id offset by its part's start
     let mut offset = Vec::with_capacity(INTERN_PARTS);
-    let mut preds: Vec<Pred<'a>> = Vec::with_capacity(parts.iter().map(|p| p.preds.len()).sum());
-    for p in &parts {
+    let mut ids = Vec::with_capacity(INTERN_PARTS);
+    let mut preds: Vec<Pred<'a>> = Vec::new();
+    for p in parts {
         offset.push(preds.len() as u32);
-        preds.extend_from_slice(&p.preds);
+        if preds.is_empty() {
+            preds = p.preds;
+        } else {
+            preds.extend_from_slice(&p.preds);
+        }
+        ids.push(p.ids);
     }
-    let mut next: Vec<std::slice::Iter<'_, u32>> = parts.iter().map(|p| p.ids.iter()).collect();
+    let mut next: Vec<std::slice::Iter<'_, u32>> = ids.iter().map(|v| v.iter()).collect();
     let conj_preds: Vec<u32> = hashes()
         .map(|h| {
             let part = part_of(h);
