@@ -22,9 +22,10 @@ pub(crate) fn when_sled_fails(store: storage::Store, bound: SocketAddr) {
         let mut said = false;
         loop {
             tokio::time::sleep(EVERY).await;
-            // while the disk is full, sled may have failed a write of its own that no flush
-            // of ours saw: asked
-            if !store.sled_failed() && (store.has_room() || !store.probe_sled().await) {
+            // sled may have failed a write of its own that no flush of ours saw (on a disk
+            // full for a moment, perhaps freed since): asked every time, since after such a
+            // failure every write fails before it reaches a flush of ours
+            if !store.probe_sled().await {
                 continue;
             }
             if !store.has_room() {

@@ -512,8 +512,8 @@ impl Store {
     /// (its background flusher): on a full disk that write can fail with no flush of ours to
     /// see it, and sled refuses every operation after, while the node took it for healthy
     /// and never started again once the disk had room (`tests/disk.rs`: deliveries stuck
-    /// after the disk was freed). Cheap when nothing is dirty; the node asks only while its
-    /// disk is full.
+    /// after the disk was freed). Cheap when nothing is dirty (and a busy store flushes many
+    /// times a second anyway); the node asks every 500 ms.
     pub async fn probe_sled(&self) -> bool {
         if self.sled_failed() {
             return true;
