@@ -256,8 +256,8 @@ fn set_targets(t: &Traffic, c: &ElectedCluster, n: usize) {
     *runtime::lock(&t.targets) = c.nodes.iter().take(n).map(|p| p.url()).collect();
 }
 
-/// The copies every node that answers received at its catch-ups so far.
-/// Each node's count of copies pulled since it started (`None`: it did not answer).
+/// Each node's count of copies it received at its catch-ups since it started (`None`: it
+/// did not answer).
 async fn copies_pulled(c: &ElectedCluster) -> Vec<Option<u64>> {
     let mut counts = Vec::with_capacity(c.nodes.len());
     for n in &c.nodes {
