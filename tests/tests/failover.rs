@@ -121,6 +121,18 @@ async fn compiled_everywhere(nodes: &[String], version: u64) {
 }
 
 /// The subscriptions a node at `via` lists, once the leader it follows answers.
+/// A QoS 1 subscription to nowhere, created through the node at `via`.
+async fn create(via: &str, filter: &str) -> Result<u64, tonic::Status> {
+    tests::create_grpc_subscription(
+        via,
+        filter.into(),
+        "http://127.0.0.1:9",
+        v1::Qos::AtLeastOnce,
+        None,
+    )
+    .await
+}
+
 async fn served_through(via: &str) -> Vec<v1::Subscription> {
     wait_for("the new leader's registry", Duration::from_secs(30), || {
         let via = via.to_string();
@@ -331,17 +343,8 @@ fn a_node_down_while_subscriptions_change_brings_no_old_version_back_to_a_new_le
             .await
             .expect("cluster");
         let via = c.nodes[1].url();
-        let create = |filter: &str| {
-            tests::create_grpc_subscription(
-                &via,
-                filter.into(),
-                "http://127.0.0.1:9",
-                v1::Qos::AtLeastOnce,
-                None,
-            )
-        };
-        let deleted = create("n >= 0").await.expect("create");
-        let updated = create("n >= 1").await.expect("create");
+        let deleted = create(&via, "n >= 0").await.expect("create");
+        let updated = create(&via, "n >= 1").await.expect("create");
         let mut subs =
             v1::subscriptions_client::SubscriptionsClient::new(bench::procs::channel(&via));
         let first = subs
@@ -521,4 +524,122 @@ fn a_new_leader_serves_the_registry_it_kept_while_standing_by() {
         drop(c);
         let _ = std::fs::remove_dir_all(&dir);
     });
+}
+
+/// Whether node `of` is alive in the view of the node at `via` (as its coordinator last
+/// described it).
+async fn alive_in_view(via: &str, of: u32) -> Option<bool> {
+    let view = tests::stats(via).await.ok()?.view?;
+    view.members.iter().find(|m| m.node == of).map(|m| m.alive)
+}
+
+/// Node 2's answer to a rebuild, asked `times` times 300 ms apart: whenever it says it
+/// holds every subscription, it must hold `must_hold`.
+async fn never_whole_without(url: &str, dir: &std::path::Path, must_hold: u64, times: usize) {
+    let secret = runtime::cluster_secret::ClusterSecret::load(&dir.join("cluster.secret"))
+        .expect("cluster secret");
+    let mut d =
+        v1::daemon_client::DaemonClient::with_interceptor(tests::channel(url), secret.stamp());
+    for _ in 0..times {
+        let r = d
+            .subscription_copies(v1::SubscriptionCopiesRequest {
+                after_id: 0,
+                limit: 1024,
+                placed_by: (0..3).collect(),
+                ..Default::default()
+            })
+            .await
+            .expect("node 2's subscription copies")
+            .into_inner();
+        let held: Vec<u64> = r.copies.iter().map(|c| c.id).collect();
+        assert!(
+            !r.whole || held.contains(&must_hold),
+            "node 2 says it holds every subscription, but lacks {must_hold}: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A holder of every subscription (node 2 of a 1x3 grid) paused past its lease is taken
+/// for dead and misses a create; it continues without registering again. It must not
+/// answer as whole while it lacks the create: the other holder (node 0) is down, and a
+/// rebuild that trusted node 2 took only the changes of node 1, the one node that holds
+/// the create, and lost it (`bench chaos` seed 56146, node_pause then leader_kill: a
+/// subscription missing at the new leader). With `leader_killed`, the leader is killed
+/// while node 2 is paused, so no heartbeat answer tells node 2 of its lapse before the new
+/// leader rebuilds: node 2 finds the gap itself. A new leader serves both subscriptions.
+fn paused_holder(name: &str, leader_killed: bool) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !have_etcd() {
+        return;
+    }
+    runtime().block_on(async {
+        let dir = temp_dir(name);
+        let mut c = ElectedCluster::start(&dissem_bin(), &dir, 2, 3, 2, &small_node_flags())
+            .await
+            .expect("cluster");
+        let via = c.nodes[1].url();
+        let before = create(&via, "n >= 0").await.expect("create");
+
+        c.nodes[0].kill();
+        c.nodes[2].signal("STOP");
+        wait_for(
+            "nodes 0 and 2 taken for dead",
+            Duration::from_secs(30),
+            || {
+                let via = via.clone();
+                async move {
+                    let dead0 = !alive_in_view(&via, 0).await?;
+                    let dead2 = !alive_in_view(&via, 2).await?;
+                    (dead0 && dead2).then_some(())
+                }
+            },
+        )
+        .await;
+        // stored on node 1 alone: the live member of its column quorum
+        let during = create(&via, "n >= 1")
+            .await
+            .expect("create while nodes 0 and 2 are down");
+        let old = c.wait_leader(Duration::from_secs(5)).await.expect("leader");
+        let k = ElectedCluster::index_of(&old.name).expect("ours");
+        if leader_killed {
+            c.coordinators[k].kill();
+        }
+        c.nodes[2].signal("CONT");
+        let url2 = c.nodes[2].url();
+        if !leader_killed {
+            wait_for("node 2 alive again", Duration::from_secs(30), || {
+                let via = via.clone();
+                async move { alive_in_view(&via, 2).await?.then_some(()) }
+            })
+            .await;
+        }
+        // while node 0 is down node 2 cannot catch up
+        never_whole_without(&url2, &dir, during, 10).await;
+        if !leader_killed {
+            c.coordinators[k].kill();
+        }
+        c.wait_new_leader(old.epoch, Duration::from_secs(15))
+            .await
+            .expect("a new leader");
+        let got = served_through(&via).await;
+        let ids: Vec<u64> = got.iter().map(|s| s.id).collect();
+        assert_eq!(
+            ids,
+            vec![before, during],
+            "the new leader lost the subscription created while node 2 was paused"
+        );
+        drop(c);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+#[test]
+fn a_holder_back_from_a_pause_past_its_lease_is_not_trusted_to_hold_every_subscription() {
+    paused_holder("failover-lapse", false);
+}
+
+#[test]
+fn a_holder_continued_while_the_leader_is_down_finds_its_pause_itself() {
+    paused_holder("failover-stall", true);
 }

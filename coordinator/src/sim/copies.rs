@@ -1,16 +1,18 @@
 //! Randomized schedules over the subscription copies of a grid: creates, updates and
-//! deletes through random nodes while others are down, nodes killed, nodes back (with their
-//! disk or a fresh one) and catching up later (a node is live, and takes new changes, a
-//! while before its catch-up is done), and new leaders rebuilding the registry, thousands
-//! of schedules a second. The placement, catch-up and rebuild follow the daemon's and the
-//! coordinator's rules (`worker::daemon::replicate`, `subcopies`, `coordinator::rebuild`);
-//! every store and the rebuild's merge take copies by the real rule (`storage::replaces`,
+//! deletes through random nodes while others are down, nodes killed or paused past their
+//! lease, nodes back (with their disk or a fresh one; a paused one without registering
+//! again) and catching up later (a node is live, and takes new changes, a while before its
+//! catch-up is done), and new leaders rebuilding the registry, thousands of schedules a
+//! second. The placement, catch-up and rebuild follow the daemon's and the coordinator's
+//! rules (`worker::daemon::replicate`, `subcopies`, `coordinator::rebuild`); every store
+//! and the rebuild's merge take copies by the real rule (`storage::replaces`,
 //! `storage::Newest`).
 //!
 //! After every rebuild the oracle checks: no deleted subscription is alive again, no
 //! updated one serves an older version, and no created one is missing, whenever a node
-//! that was told of the change (and kept its disk) answers the new leader. A schedule is drawn from its seed
-//! alone; a failure names the seed, and `DISSEM_SIM_SEED=S` replays from it.
+//! that was told of the change (and kept its disk) answers the new leader. A schedule is
+//! drawn from its seed alone; a failure names the seed, and `DISSEM_SIM_SEED=S` replays
+//! from it.
 //!
 //! Schedules also resize the grid online (`sim/resize.rs`, the rules of
 //! `coordinator::resize`): nodes learn the move at their heartbeats, place what is created
@@ -21,11 +23,12 @@
 //! peers' feeds once they pulled from them whole (`worker::daemon::subcopies`).
 //!
 //! [`Rules`] can undo each fix (unversioned copies without tombstones, a rebuild that
-//! trusts one holder, a whole holder trusted before it caught up; for resizes, a commit
-//! without the pull step, a move without joint holders, a shrink that drops what departed
-//! placers placed; for the standby, a tail that ignores a node's new disk, and one served
-//! without a whole holder): the mutation checks (`copies/checks.rs`) show that a schedule then
-//! fails. `DISSEM_SIM_TRACE=1` prints every step of the schedules run.
+//! trusts one holder, a whole holder trusted before it caught up or after a lapse; for
+//! resizes, a commit without the pull step, a move without joint holders, a shrink that
+//! drops what departed placers placed; for the standby, a tail that ignores a node's new
+//! disk, and one served without a whole holder): the mutation checks (`copies/checks.rs`)
+//! show that a schedule then fails. `DISSEM_SIM_TRACE=1` prints every step of the
+//! schedules run.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -62,6 +65,10 @@ pub struct Rules {
     /// it (`subcopies::pull_subscriptions`), when the peer's store and the placers are
     /// the same.
     pub catch_up_by_feed: bool,
+    /// A node taken for dead while it still ran (paused, cut off) is not whole when it is
+    /// back: it missed the changes made meanwhile, yet it never registered again, so its
+    /// catch-up of the registration before stood (`bench chaos` seed 56146).
+    pub lapse_not_whole: bool,
 }
 
 impl Rules {
@@ -77,6 +84,7 @@ impl Rules {
         tail_checks_store: true,
         tail_needs_whole: true,
         catch_up_by_feed: true,
+        lapse_not_whole: true,
     };
 }
 
@@ -84,6 +92,9 @@ impl Rules {
 #[derive(Debug, Default, Clone)]
 pub(super) struct Node {
     pub(super) up: bool,
+    /// Taken for dead while it runs on (paused past its lease, cut off): its disk, its
+    /// registration and its catch-up stay as they were.
+    paused: bool,
     /// Pulled what its position must hold since it came back (or learned a new layout).
     pub(super) caught_up: bool,
     /// The layout and resize step it last learned (from a heartbeat or its registration).
@@ -312,9 +323,29 @@ impl Cluster {
         self.nodes[n as usize].up = false;
     }
 
+    /// Node `n` taken for dead while it runs on: nothing reaches it until it is back.
+    fn pause(&mut self, n: u32) {
+        let node = &mut self.nodes[n as usize];
+        node.up = false;
+        node.paused = true;
+    }
+
+    /// A paused node back: live again under the registration it had, having missed what
+    /// changed meanwhile; under the fix its answered heartbeat finds the lapse, and it is
+    /// not whole until it caught up again.
+    fn resume(&mut self, n: u32) {
+        let node = &mut self.nodes[n as usize];
+        node.up = true;
+        node.paused = false;
+        if self.rules.lapse_not_whole {
+            node.caught_up = false;
+        }
+    }
+
     /// A node back (with a fresh disk if `wiped`): live, so it takes new changes, but not
     /// caught up yet.
     fn rejoin(&mut self, n: u32, wiped: bool) {
+        self.nodes[n as usize].paused = false;
         if wiped {
             self.disks += 1;
             self.nodes[n as usize] = Node {
@@ -364,7 +395,8 @@ impl Cluster {
     }
 
     /// The state, one line (for `DISSEM_SIM_TRACE`): the layout, and per position whether
-    /// it is up (U) and caught up (C), the step it reported and its copies (id.rev.placer).
+    /// it is up (U), paused (p) or down (d), and caught up (C), the step it reported and
+    /// its copies (id.rev.placer).
     fn describe(&self) -> String {
         let nodes: Vec<String> = (0..self.layout().len())
             .map(|p| {
@@ -376,7 +408,11 @@ impl Cluster {
                     .collect();
                 format!(
                     "n{p}:{}{}r{}[{}]",
-                    if n.up { "U" } else { "d" },
+                    match (n.up, n.paused) {
+                        (true, _) => "U",
+                        (false, true) => "p",
+                        (false, false) => "d",
+                    },
                     if n.caught_up { "C" } else { "-" },
                     n.reported,
                     copies.join(",")
@@ -581,13 +617,21 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
                 if up.len() > 1
                     && let Some(n) = rng.pick(&up)
                 {
-                    c.kill(n);
+                    if rng.below(3) == 0 {
+                        c.pause(n);
+                    } else {
+                        c.kill(n);
+                    }
                 }
             }
             70..=81 => {
                 if let Some(n) = rng.pick(&down) {
-                    let wiped = rng.below(5) == 0;
-                    c.rejoin(n, wiped);
+                    if c.nodes[n as usize].paused {
+                        c.resume(n);
+                    } else {
+                        let wiped = rng.below(5) == 0;
+                        c.rejoin(n, wiped);
+                    }
                 }
             }
             82..=87 => {

@@ -142,8 +142,10 @@ impl Daemon {
         } else {
             tracing::warn!(
                 "this node's lease may have lapsed (no heartbeat answer for over {lease:?}): \
-                 no QoS 2 pushes until it learned what others took over"
+                 no QoS 2 pushes until it learned what others took over, and its \
+                 subscription copies not whole until it pulled them again"
             );
+            self.subscriptions_lapsed();
         }
         self.relearn_later(lease);
     }
@@ -190,7 +192,7 @@ impl Daemon {
 
     /// The node lease the fence keeps to: `None` without a grid (read on every QoS 2
     /// attempt, so the view is not cloned for it).
-    fn fence_lease(&self) -> Option<Duration> {
+    pub(super) fn fence_lease(&self) -> Option<Duration> {
         let v = lock(&self.inner.view);
         (v.grid.is_some() && !v.lease.is_zero()).then_some(v.lease)
     }

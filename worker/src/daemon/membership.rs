@@ -175,6 +175,7 @@ impl Daemon {
                         self.inner.caught_up.store(false, Ordering::Release);
                         let registration =
                             self.inner.registrations.fetch_add(1, Ordering::AcqRel) + 1;
+                        self.inner.subs_gen.fetch_add(1, Ordering::AcqRel);
                         let me = self.clone();
                         tokio::spawn(async move {
                             // a quorum that answers too slowly does not hold the outbox up

@@ -100,11 +100,18 @@ struct Inner {
     nonce: AtomicU64,
     /// The catch-up after the last registration is done (the outbox resend waits for it).
     caught_up: std::sync::atomic::AtomicBool,
-    /// Registrations so far, and the one after which the subscription copies this
-    /// position must hold were last pulled in full: equal, the node's copies are whole
-    /// (`SubscriptionCopiesResponse.whole`).
+    /// Registrations so far (each starts a catch-up).
     registrations: AtomicU64,
+    /// Registrations and lease lapses so far, and the count at which the subscription
+    /// copies this position must hold were last pulled in full: equal, the node's copies
+    /// are whole (`SubscriptionCopiesResponse.whole`). A lapse counts: taken for dead while
+    /// it ran on, the node missed what changed meanwhile, though it did not register again.
+    subs_gen: AtomicU64,
     subs_pulled_at: AtomicU64,
+    /// When this process last ran its stall watch ([`Daemon::stall_watch`]), in ms since
+    /// `started`: a process paused past its lease finds the gap before any answer comes.
+    ticked_ms: AtomicU64,
+    started: Instant,
     /// Where each peer's change feed stood at this node's last pull from it, and for
     /// which placers: the next catch-up from that peer takes only what changed since.
     sub_cursors: Mutex<std::collections::HashMap<u32, subcopies::PeerCursor>>,
@@ -225,7 +232,10 @@ impl Daemon {
                 nonce: AtomicU64::new(0),
                 caught_up: std::sync::atomic::AtomicBool::new(false),
                 registrations: AtomicU64::new(0),
+                subs_gen: AtomicU64::new(0),
                 subs_pulled_at: AtomicU64::new(u64::MAX),
+                ticked_ms: AtomicU64::new(0),
+                started: Instant::now(),
                 sub_cursors: Mutex::default(),
                 resumed: std::sync::atomic::AtomicBool::new(false),
                 registered_at: Mutex::new(None),
@@ -296,6 +306,7 @@ impl Daemon {
         tokio::spawn(self.clone().regulator());
         tokio::spawn(self.clone().relays());
         tokio::spawn(self.clone().follow_peers());
+        tokio::spawn(self.clone().stall_watch());
         let finished = lock(&self.inner.finished_rx).take();
         let acked = lock(&self.inner.links_acked_rx).take();
         if let (Some(rx), Some(acked)) = (finished, acked) {

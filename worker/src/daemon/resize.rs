@@ -56,6 +56,7 @@ impl Daemon {
     /// change) takes over: the move waits for this node's report.
     fn catch_up_for_layout(&self) {
         let registration = self.inner.registrations.fetch_add(1, Ordering::AcqRel) + 1;
+        self.inner.subs_gen.fetch_add(1, Ordering::AcqRel);
         let me = self.clone();
         tokio::spawn(async move {
             while !me.catch_up_and_report(registration).await

@@ -14,6 +14,9 @@ use replicate::View;
 /// Copies per `Daemon.SubscriptionCopies` page.
 const PAGE: u32 = 512;
 
+/// How often the stall watch notes that this process runs ([`Daemon::stall_watch`]).
+const STALL_TICK: Duration = Duration::from_millis(100);
+
 /// How often a whole node takes what changed in its peers' feeds ([`Daemon::follow_peers`]).
 const FOLLOW_PEERS_EVERY: Duration = Duration::from_secs(5);
 
@@ -61,21 +64,68 @@ impl Daemon {
         })
     }
 
-    /// This node pulled the copies its position must hold since it last registered (until
-    /// then it may lack changes made while it was down or cut off).
+    /// This node pulled the copies its position must hold since it last registered and
+    /// since its lease last lapsed (until then it may lack changes made while it was down,
+    /// paused or cut off).
     pub(crate) fn subscriptions_whole(&self) -> bool {
         let at = self.inner.subs_pulled_at.load(Ordering::Acquire);
-        at == self.inner.registrations.load(Ordering::Acquire)
+        at == self.inner.subs_gen.load(Ordering::Acquire) && self.stalled_for().is_none()
+    }
+
+    /// Milliseconds since this daemon started.
+    fn now_ms(&self) -> u64 {
+        self.inner.started.elapsed().as_millis() as u64
+    }
+
+    /// How long this process did not run, when that was over a lease: paused (SIGSTOP, a
+    /// frozen VM) or starved, it may have been taken for dead meanwhile. Seen by the first
+    /// of the stall watch and an answer that asks: a node continued from a pause answers
+    /// a rebuild before its heartbeat is answered, and with the leader killed meanwhile it
+    /// is not answered at all (`bench chaos` seed 56146: node_pause, then leader_kill).
+    fn stalled_for(&self) -> Option<Duration> {
+        let lease = self.fence_lease()?;
+        let gap = self
+            .now_ms()
+            .saturating_sub(self.inner.ticked_ms.load(Ordering::Acquire));
+        (gap > lease.as_millis() as u64).then(|| Duration::from_millis(gap))
+    }
+
+    /// Notes every [`STALL_TICK`] that this process runs; a gap over a lease counts as a
+    /// lapse for the subscription copies ([`Daemon::subscriptions_lapsed`]).
+    pub(super) async fn stall_watch(self) {
+        loop {
+            if let Some(gap) = self.stalled_for() {
+                tracing::warn!(
+                    "this process did not run for {gap:?} (paused?): it may have been taken \
+                     for dead, so its subscription copies are not whole until it pulled them \
+                     again"
+                );
+                self.subscriptions_lapsed();
+            }
+            self.inner.ticked_ms.store(self.now_ms(), Ordering::Release);
+            tokio::time::sleep(STALL_TICK).await;
+        }
+    }
+
+    /// This node's lease lapsed while it ran on (paused past it, cut off): taken for dead,
+    /// it missed the creates, updates and deletes made meanwhile, and it did not register
+    /// again, so the catch-up of its registration no longer vouches for its copies. Not
+    /// whole (a rebuild or a standby's tail trusting it lost a subscription created
+    /// meanwhile: `bench chaos` seed 56146) until it pulled them again.
+    pub(super) fn subscriptions_lapsed(&self) {
+        self.inner.subs_gen.fetch_add(1, Ordering::AcqRel);
+        self.pull_subscriptions_until_whole();
     }
 
     /// Pulls the subscription copies this node's position must hold, and the tombstones;
     /// the answer is how many copies it took or dropped. From node 0 or node n-1 alone
     /// when one of them is whole; else from every live node, and then this node is whole
     /// only if every other position answered. Whole, it stays so until it registers again
-    /// (`coordinator/src/sim/copies.rs` checks these rules over random schedules).
+    /// or its lease lapses (`coordinator/src/sim/copies.rs` checks these rules over random
+    /// schedules).
     pub(super) async fn catch_up_subscriptions(&self, view: &View) -> usize {
         let Some(g) = view.grid else { return 0 };
-        let registration = self.inner.registrations.load(Ordering::Acquire);
+        let generation = self.inner.subs_gen.load(Ordering::Acquire);
         let me = self.inner.cfg.node;
         let placers = g.placers_held_by(me);
         let full: Vec<u32> = [0, g.len() - 1]
@@ -92,7 +142,7 @@ impl Daemon {
                     if whole {
                         self.inner
                             .subs_pulled_at
-                            .store(registration, Ordering::Release);
+                            .store(generation, Ordering::Release);
                         return stored;
                     }
                     tracing::debug!("node {node} is catching up its subscriptions too");
@@ -115,7 +165,7 @@ impl Daemon {
         if answered + 1 == g.len() as usize {
             self.inner
                 .subs_pulled_at
-                .store(registration, Ordering::Release);
+                .store(generation, Ordering::Release);
         }
         stored
     }

@@ -107,6 +107,20 @@ fn a_holder_trusted_before_it_caught_up_fails_a_schedule() {
     eprintln!("seed {seed}: {v:?}");
 }
 
+/// Mutation check: a holder taken for dead while it ran on (paused past its lease) and
+/// back without registering again, trusted as whole, lacks what was created meanwhile
+/// (`bench chaos` seed 56146: a subscription missing at the new leader).
+#[test]
+fn a_holder_back_from_a_lapse_trusted_as_whole_fails_a_schedule() {
+    let rules = Rules {
+        lapse_not_whole: false,
+        ..Rules::FIXED
+    };
+    let found = first_failure(base_seed(), SCHEDULES, rules);
+    let (seed, v) = found.expect("trusting a holder back from a lapse passed every schedule");
+    eprintln!("seed {seed}: {v:?}");
+}
+
 /// Mutation check: during a move, a subscription created through a node of the new grid
 /// alone goes to its new column only, which lacks the old grid's last node, so a
 /// rebuild that trusts that node loses it.
