@@ -77,20 +77,22 @@ impl Daemon {
         self.inner.started.elapsed().as_millis() as u64
     }
 
-    /// How long this process did not run, when that was over a lease: paused (SIGSTOP, a
-    /// frozen VM) or starved, it may have been taken for dead meanwhile. Seen by the first
-    /// of the stall watch and an answer that asks: a node continued from a pause answers
-    /// a rebuild before its heartbeat is answered, and with the leader killed meanwhile it
-    /// is not answered at all (`bench chaos` seed 56146: node_pause, then leader_kill).
+    /// How long this process did not run, when that was over two thirds of a lease (the
+    /// fence's margin: the coordinator heard the heartbeat before the stall some time after
+    /// it was sent): paused (SIGSTOP, a frozen VM) or starved, it may have been taken for
+    /// dead meanwhile. Seen by the first of the stall watch and an answer that asks: a node
+    /// continued from a pause answers a rebuild before its heartbeat is answered, and with
+    /// the leader killed meanwhile it is not answered at all (`bench chaos` seed 56146:
+    /// node_pause, then leader_kill).
     fn stalled_for(&self) -> Option<Duration> {
         let lease = self.fence_lease()?;
         let gap = self
             .now_ms()
             .saturating_sub(self.inner.ticked_ms.load(Ordering::Acquire));
-        (gap > lease.as_millis() as u64).then(|| Duration::from_millis(gap))
+        (gap > (lease * 2 / 3).as_millis() as u64).then(|| Duration::from_millis(gap))
     }
 
-    /// Notes every [`STALL_TICK`] that this process runs; a gap over a lease counts as a
+    /// Notes every [`STALL_TICK`] that this process runs; a gap near a lease counts as a
     /// lapse for the subscription copies ([`Daemon::subscriptions_lapsed`]).
     pub(super) async fn stall_watch(self) {
         loop {
