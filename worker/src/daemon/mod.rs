@@ -117,7 +117,11 @@ struct Inner {
     sub_cursors: Mutex<std::collections::HashMap<u32, subcopies::PeerCursor>>,
     /// When this node last registered (`None`: not yet).
     registered_at: Mutex<Option<Instant>>,
-    /// Unfinished delivery records were resumed (after the first catch-up).
+    /// The resume of the unfinished delivery records began (it runs once).
+    resuming: std::sync::atomic::AtomicBool,
+    /// Unfinished delivery records were resumed (after the first catch-up): from now on the
+    /// deliverer holds them open in memory. Set only once they are (until then they are
+    /// open on disk only, and every reader looks there).
     resumed: std::sync::atomic::AtomicBool,
     reregister: Notify,
     workers: Mutex<BTreeMap<u64, Slot>>,
@@ -237,6 +241,7 @@ impl Daemon {
                 ticked_ms: AtomicU64::new(0),
                 started: Instant::now(),
                 sub_cursors: Mutex::default(),
+                resuming: std::sync::atomic::AtomicBool::new(false),
                 resumed: std::sync::atomic::AtomicBool::new(false),
                 registered_at: Mutex::new(None),
                 reregister: Notify::new(),
