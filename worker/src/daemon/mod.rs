@@ -108,10 +108,9 @@ struct Inner {
     /// it ran on, the node missed what changed meanwhile, though it did not register again.
     subs_gen: AtomicU64,
     subs_pulled_at: AtomicU64,
-    /// When this process last ran its stall watch ([`Daemon::stall_watch`]), in ms since
-    /// `started`: a process paused past its lease finds the gap before any answer comes.
-    ticked_ms: AtomicU64,
-    started: Instant,
+    /// The clock of the stall watch ([`Daemon::stall_watch`]): a process paused past its
+    /// lease finds the gap before any answer comes.
+    stall: Arc<subcopies::StallClock>,
     /// Where each peer's change feed stood at this node's last pull from it, and for
     /// which placers: the next catch-up from that peer takes only what changed since.
     sub_cursors: Mutex<std::collections::HashMap<u32, subcopies::PeerCursor>>,
@@ -238,8 +237,7 @@ impl Daemon {
                 registrations: AtomicU64::new(0),
                 subs_gen: AtomicU64::new(0),
                 subs_pulled_at: AtomicU64::new(u64::MAX),
-                ticked_ms: AtomicU64::new(0),
-                started: Instant::now(),
+                stall: Arc::new(subcopies::StallClock::new()),
                 sub_cursors: Mutex::default(),
                 resuming: std::sync::atomic::AtomicBool::new(false),
                 resumed: std::sync::atomic::AtomicBool::new(false),
@@ -311,7 +309,7 @@ impl Daemon {
         tokio::spawn(self.clone().regulator());
         tokio::spawn(self.clone().relays());
         tokio::spawn(self.clone().follow_peers());
-        tokio::spawn(self.clone().stall_watch());
+        self.stall_watch();
         let finished = lock(&self.inner.finished_rx).take();
         let acked = lock(&self.inner.links_acked_rx).take();
         if let (Some(rx), Some(acked)) = (finished, acked) {

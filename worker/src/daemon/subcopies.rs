@@ -69,44 +69,47 @@ impl Daemon {
     /// paused or cut off).
     pub(crate) fn subscriptions_whole(&self) -> bool {
         let at = self.inner.subs_pulled_at.load(Ordering::Acquire);
-        at == self.inner.subs_gen.load(Ordering::Acquire) && self.stalled_for().is_none()
+        at == self.inner.subs_gen.load(Ordering::Acquire) && !self.inner.stall.stalled()
     }
 
-    /// Milliseconds since this daemon started.
-    fn now_ms(&self) -> u64 {
-        self.inner.started.elapsed().as_millis() as u64
-    }
-
-    /// How long this process did not run, when that was over two thirds of a lease (the
-    /// fence's margin: the coordinator heard the heartbeat before the stall some time after
-    /// it was sent): paused (SIGSTOP, a frozen VM) or starved, it may have been taken for
-    /// dead meanwhile. Seen by the first of the stall watch and an answer that asks: a node
-    /// continued from a pause answers a rebuild before its heartbeat is answered, and with
-    /// the leader killed meanwhile it is not answered at all (`bench chaos` seed 56146:
-    /// node_pause, then leader_kill).
-    fn stalled_for(&self) -> Option<Duration> {
-        let lease = self.fence_lease()?;
-        let gap = self
-            .now_ms()
-            .saturating_sub(self.inner.ticked_ms.load(Ordering::Acquire));
-        (gap > (lease * 2 / 3).as_millis() as u64).then(|| Duration::from_millis(gap))
-    }
-
-    /// Notes every [`STALL_TICK`] that this process runs; a gap near a lease counts as a
-    /// lapse for the subscription copies ([`Daemon::subscriptions_lapsed`]).
-    pub(super) async fn stall_watch(self) {
-        loop {
-            if let Some(gap) = self.stalled_for() {
-                tracing::warn!(
-                    "this process did not run for {gap:?} (paused?): it may have been taken \
-                     for dead, so its subscription copies are not whole until it pulled them \
-                     again"
-                );
-                self.subscriptions_lapsed();
-            }
-            self.inner.ticked_ms.store(self.now_ms(), Ordering::Release);
-            tokio::time::sleep(STALL_TICK).await;
+    /// Starts the stall watch: an OS thread of its own notes every [`STALL_TICK`] that the
+    /// process runs (a busy async runtime does not hold it up, so only a process that was
+    /// not run at all, paused or frozen, shows a gap), and a task here turns a gap of two
+    /// thirds of a lease (the fence's margin) into a lapse for the subscription copies
+    /// ([`Daemon::subscriptions_lapsed`]). The thread ends with the daemon.
+    pub(super) fn stall_watch(&self) {
+        let clock = self.inner.stall.clone();
+        let started = std::thread::Builder::new()
+            .name("stall-watch".into())
+            .spawn(move || {
+                // the daemon holds the other reference: gone, the watch ends
+                while Arc::strong_count(&clock) > 1 {
+                    std::thread::sleep(STALL_TICK);
+                    clock.tick();
+                }
+            });
+        if let Err(e) = started {
+            tracing::warn!("starting the stall watch: {e}; a pause is found at heartbeats only");
+            return;
         }
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(STALL_TICK).await;
+                let limit = me
+                    .fence_lease()
+                    .map_or(0, |l| (l * 2 / 3).as_millis() as u64);
+                me.inner.stall.limit_ms.store(limit, Ordering::Release);
+                if let Some(gap) = me.inner.stall.take_seen() {
+                    tracing::warn!(
+                        "this process did not run for {gap:?} (paused?): it may have been \
+                         taken for dead, so its subscription copies are not whole until it \
+                         pulled them again"
+                    );
+                    me.subscriptions_lapsed();
+                }
+            }
+        });
     }
 
     /// This node's lease lapsed while it ran on (paused past it, cut off): taken for dead,
@@ -361,6 +364,62 @@ impl Daemon {
     }
 }
 
+/// The stall watch's clock, shared by its thread and the daemon: when the thread last ran
+/// (ms since `started`), the gap that counts as a stall (0: none yet, no lease known), and
+/// a stall seen and not yet taken.
+#[derive(Debug)]
+pub(super) struct StallClock {
+    started: Instant,
+    ticked_ms: AtomicU64,
+    pub(super) limit_ms: AtomicU64,
+    seen_ms: AtomicU64,
+}
+
+impl StallClock {
+    pub(super) fn new() -> StallClock {
+        StallClock {
+            started: Instant::now(),
+            ticked_ms: AtomicU64::new(0),
+            limit_ms: AtomicU64::new(0),
+            seen_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// The gap since the last tick, when it is over the limit.
+    fn gap(&self, now: u64) -> Option<u64> {
+        let limit = self.limit_ms.load(Ordering::Acquire);
+        let gap = now.saturating_sub(self.ticked_ms.load(Ordering::Acquire));
+        (limit > 0 && gap > limit).then_some(gap)
+    }
+
+    /// The thread ran: a gap over the limit is noted as a stall.
+    fn tick(&self) {
+        let now = self.now_ms();
+        if let Some(gap) = self.gap(now) {
+            self.seen_ms.fetch_max(gap, Ordering::AcqRel);
+        }
+        self.ticked_ms.store(now, Ordering::Release);
+    }
+
+    /// A stall not yet taken, or one under way (the thread has not run since: a process
+    /// continued answers before its thread ran again).
+    fn stalled(&self) -> bool {
+        self.seen_ms.load(Ordering::Acquire) > 0 || self.gap(self.now_ms()).is_some()
+    }
+
+    /// The stall seen since the last call, if any.
+    fn take_seen(&self) -> Option<Duration> {
+        match self.seen_ms.swap(0, Ordering::AcqRel) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+}
+
 /// Where a peer's change feed stood at this node's last complete pull from it.
 #[derive(Debug, Clone)]
 pub(super) struct PeerCursor {
@@ -378,5 +437,33 @@ pub(crate) fn copy_proto(c: storage::SubCopy) -> v1::SubscriptionCopy {
         only_if_held: false,
         placed_by: c.placed_by.unwrap_or(0),
         revision: c.revision,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_over_the_limit_is_a_stall_until_taken_and_none_without_a_lease() {
+        let c = StallClock::new();
+        c.tick();
+        assert!(!c.stalled(), "no limit yet (no lease known)");
+        // no lease: a gap is no stall
+        c.ticked_ms.store(0, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(30));
+        c.tick();
+        assert!(!c.stalled() && c.take_seen().is_none());
+        c.limit_ms.store(20, Ordering::Release);
+        c.tick();
+        assert!(!c.stalled(), "ticked just now");
+        // the process not run for a while: seen before the thread runs, and after it
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(c.stalled(), "a gap under way");
+        c.tick();
+        assert!(c.stalled(), "a gap seen and not taken");
+        let gap = c.take_seen().expect("the gap");
+        assert!(gap >= Duration::from_millis(40), "{gap:?}");
+        assert!(!c.stalled() && c.take_seen().is_none(), "taken");
     }
 }
