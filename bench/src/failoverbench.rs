@@ -314,6 +314,9 @@ async fn run_async(o: &FailoverOptions) -> anyhow::Result<FailoverReport> {
     .await?;
     register_extra(&c, o.subs).await?;
     let mut traffic = Traffic::start(&c, o.rate).await?;
+    if o.subs > 0 {
+        wait_compiled(&c).await?;
+    }
     let (rec, q1, q2) = (traffic.rec.clone(), traffic.q1, traffic.q2);
     let mut kills = Vec::new();
     for k in 0..o.kills {
@@ -414,9 +417,15 @@ pub(crate) async fn register_extra(c: &ElectedCluster, n: usize) -> anyhow::Resu
         r??;
     }
     bar.finish_and_clear();
-    // the kills measure an election, not a registration: the nodes compile the registry's
-    // newest image first (a million subscriptions take seconds to compile, and a task that
-    // names a version still compiling waits for it)
+    Ok(())
+}
+
+/// Waits until every node compiled the registry's newest image. The kills measure an
+/// election, not a registration: a million subscriptions take seconds to compile, and a
+/// task that names a version still compiling waits for it. (Waited for before the
+/// traffic's own two subscriptions, the first kill came while the nodes compiled the image
+/// that holds them, and the new leader's image was compiled again: 10 s.)
+pub(crate) async fn wait_compiled(c: &ElectedCluster) -> anyhow::Result<()> {
     let l = c.wait_leader(Duration::from_secs(15)).await?;
     let version = procs::stats(&l.url)
         .await?

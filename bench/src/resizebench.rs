@@ -99,6 +99,9 @@ async fn run_async(o: &ResizeOptions) -> anyhow::Result<ResizeReport> {
     )
     .await?;
     crate::failoverbench::register_extra(&c, o.subs).await?;
+    if o.subs > 0 {
+        crate::failoverbench::wait_compiled(&c).await?;
+    }
     let mut traffic = Traffic::start(&c, o.rate).await?;
     tokio::time::sleep(o.settle).await;
     // a node that stays, killed during each move

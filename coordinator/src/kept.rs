@@ -63,6 +63,11 @@ impl KeptSubscriptions {
         }
     }
 
+    /// The ids registered, in order.
+    pub(crate) fn ids(&self) -> Vec<u64> {
+        self.subs.keys().copied().collect()
+    }
+
     /// How many subscriptions are registered.
     pub(crate) fn len(&self) -> usize {
         self.subs.len()

@@ -5,7 +5,8 @@
 //! column quorum before Create returns (quorum replication), and node 0 and node n-1 belong
 //! to every column quorum, so either holds all of them once it has caught up since it last
 //! registered (it says so: `whole`; one just back may lack what changed while it was down).
-//! The new leader asks both; if neither is whole it takes every member's copies. Every other node that answers
+//! The new leader asks both which is whole and lists that one (listing both cost a
+//! million copies twice); if neither is whole it takes every member's copies. Every other node that answers
 //! gives what changed since a Create: its tombstones (a delete reaches every live node) and
 //! its copies of updated subscriptions (an update reaches every live holder, which may not
 //! include node 0 or n-1 when they are down). What the leader keeps
@@ -21,7 +22,7 @@
 //! yet) before they register themselves, so its first membership answers hold every node
 //! that is up.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use proto::v1;
@@ -200,6 +201,64 @@ async fn pull_each(
     out
 }
 
+/// What a rebuild's pulls found so far.
+#[derive(Default)]
+struct Found {
+    /// Nodes that answered.
+    answered: usize,
+    cursors: BTreeMap<u32, Cursor>,
+    /// Whole holders that listed every copy they hold and said whole throughout.
+    whole: Vec<u32>,
+    /// Nodes that listed every copy they hold (whole or not).
+    listed: BTreeSet<u32>,
+}
+
+impl Found {
+    /// `node` answered `p`; `listed_all`: every copy it holds (else what changed since
+    /// Creates).
+    fn note(&mut self, node: u32, p: Pulled, listed_all: bool) {
+        self.answered += 1;
+        self.cursors.insert(node, p.cursor);
+        if !listed_all {
+            return;
+        }
+        self.listed.insert(node);
+        if p.whole {
+            tracing::info!(
+                "registry: {} copies and tombstones from node {node} (it holds them all)",
+                p.listed
+            );
+            self.whole.push(node);
+        } else {
+            // back from being down and not caught up yet: what it lacks, another has
+            tracing::info!(
+                "registry: {} copies and tombstones from node {node}, which is still \
+                 catching up its subscriptions (not trusted to hold them all)",
+                p.listed
+            );
+        }
+    }
+}
+
+/// Whether the node at `endpoint` says it holds every copy its position must hold (an
+/// empty page).
+async fn says_whole(endpoint: &str, secret: &ClusterSecret) -> Result<bool, ServiceError> {
+    let mut client = DaemonClient::with_interceptor(runtime::channel(endpoint)?, secret.stamp());
+    let page = client.subscription_copies(v1::SubscriptionCopiesRequest {
+        after_id: u64::MAX,
+        limit: 1,
+        placed_by: Vec::new(),
+        changed_only: false,
+        by_change: false,
+        after_change: 0,
+    });
+    let r = tokio::time::timeout(PAGE_TIMEOUT, page)
+        .await
+        .map_err(|_| ServiceError::Unavailable(format!("{endpoint}: no answer")))?
+        .map_err(|s| ServiceError::Unavailable(format!("{endpoint}: {}", s.message())))?;
+    Ok(r.into_inner().whole)
+}
+
 /// What one pull from a node found.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pulled {
@@ -341,71 +400,105 @@ pub async fn rebuild(
         .collect::<std::collections::BTreeSet<u32>>()
         .into_iter()
         .collect();
+    let started = std::time::Instant::now();
     let mut merged = Newest::default();
-    let mut whole = Vec::new();
-    let mut answered = 0;
-    let mut cursors = BTreeMap::new();
-    // the whole holders side by side: at a million subscriptions each listing takes seconds
-    let holders: Vec<&NodeRecord> = full.iter().map(|n| &nodes[n]).collect();
-    for (node, p, m) in pull_each(&holders, secret, max_record, false).await {
+    let mut found = Found::default();
+    // one whole holder's listing holds every subscription: asked first which says so (an
+    // empty page each), only that one is listed in full, and the other holder gives what
+    // changed since Creates like every node. Listing both side by side cost a million
+    // copies twice, seconds of CPU on the nodes and here (a restarted standby was not
+    // ready before the next election, `bench failover` 8.7 s); with none whole, both.
+    let mut listed = Vec::new();
+    for &n in &full {
+        if !matches!(says_whole(&nodes[&n].endpoint, secret).await, Ok(true)) {
+            continue;
+        }
+        listed.push(n);
+        let mut m = Newest::default();
+        let p = pull(&nodes[&n].endpoint, secret, max_record, false, None, &mut m).await;
         merged.absorb(m);
         match p {
-            Ok(p) if p.whole => {
-                answered += 1;
-                cursors.insert(node, p.cursor);
-                tracing::info!(
-                    "registry: {} copies and tombstones from node {node} (it holds them all)",
-                    p.listed
-                );
-                whole.push(node);
-            }
-            // back from being down and not caught up yet: what it lacks, another has
             Ok(p) => {
-                answered += 1;
-                cursors.insert(node, p.cursor);
-                tracing::info!(
-                    "registry: {} copies and tombstones from node {node}, which is still \
-                     catching up its subscriptions (not trusted to hold them all)",
-                    p.listed
-                );
+                let vouched = p.whole;
+                found.note(n, p, true);
+                if vouched {
+                    break;
+                }
             }
+            Err(e) => tracing::warn!("subscription copies from node {n}: {e}"),
+        }
+    }
+    let holders: Vec<&NodeRecord> = full
+        .iter()
+        .filter(|n| !listed.contains(n))
+        .map(|n| &nodes[n])
+        .collect();
+    // Without a whole holder, a leader takes every member's copies (it serves this
+    // registry). A standby keeps the one listing it made as its base and goes on with
+    // changes: a later round in which the holder it listed answers whole vouches for it
+    // (after elections a second apart the holders were rarely whole throughout a listing
+    // of seconds, and listing every node in full took 12 s, `bench failover`).
+    let standby = tail.parse_limits().is_some();
+    let changed_only = !found.whole.is_empty() || (standby && !found.listed.is_empty());
+    for (node, p, m) in pull_each(&holders, secret, max_record, changed_only).await {
+        merged.absorb(m);
+        match p {
+            Ok(p) => found.note(node, p, !changed_only),
             Err(e) => tracing::warn!("subscription copies from node {node}: {e}"),
         }
     }
-    // without a whole holder, every member's copies; else what changed since Creates
-    let changed_only = !whole.is_empty();
     let others: Vec<&NodeRecord> = nodes.values().filter(|r| !full.contains(&r.node)).collect();
     for (node, p, m) in pull_each(&others, secret, max_record, changed_only).await {
         merged.absorb(m);
         match p {
-            Ok(p) => {
-                answered += 1;
-                cursors.insert(node, p.cursor);
-            }
+            Ok(p) => found.note(node, p, false),
             Err(e) => tracing::debug!("subscription copies from node {node}: {e}"),
         }
     }
+    let Found {
+        answered,
+        cursors,
+        whole,
+        listed,
+    } = found;
     if answered == 0 {
         return Err(ServiceError::Unavailable(format!(
             "none of the {} recorded nodes gave its subscription copies",
             nodes.len()
         )));
     }
-    if whole.is_empty() {
+    if whole.is_empty() && !standby {
         tracing::warn!(
             "registry: {} subscriptions from {answered} of {} nodes (node 0 and node {} \
-             hold them all and did not answer)",
+             hold them all, and neither answered whole)",
             merged.len(),
             nodes.len(),
             grid.whole_holders()[1]
         );
     }
+    let pulled = started.elapsed();
     // this disk's own tombstones (an earlier leadership's deletions) are kept by the store
     let (records, deleted) = merged.into_parts();
+    let records = std::sync::Arc::new(records);
+    // a standby parses the filters while the store writes them (seconds each at a million)
+    let parsing = tail.parse_limits().map(|limits| {
+        let records = records.clone();
+        tokio::task::spawn_blocking(move || crate::tail::parse_records(&records, &limits))
+    });
     let held = store.replace_subscriptions(&records, &deleted).await?;
-    // tails go on from here only after a rebuild that a whole holder vouched for
-    if !whole.is_empty() {
-        tail.synced(cursors);
+    tracing::info!(
+        "registry: {held} subscriptions from {answered} nodes, pulled in {} ms, stored in {} ms",
+        pulled.as_millis(),
+        (started.elapsed() - pulled).as_millis()
+    );
+    // tails go on from here; a round a whole holder vouches for makes the registry one to
+    // serve (this rebuild, or a later round)
+    tail.based(cursors, listed, !whole.is_empty());
+    if let Some(p) = parsing {
+        let kept = p
+            .await
+            .map_err(|e| ServiceError::Startup(format!("parsing the registry: {e}")))??;
+        tail.parsed(kept, held, store)?;
     }
     Ok(held)
 }

@@ -6,13 +6,18 @@
 //! The first round is the rebuild an election would run ([`crate::rebuild::rebuild`]),
 //! and it notes where each node's change feed stood (`storage` numbers every write of a
 //! copy or a tombstone). Every later round asks each node only for what changed after
-//! that: node 0 and node n-1 (the whole holders) give every change, the other nodes what
+//! that (also after a rebuild no whole holder vouched for: a round in which one answers
+//! whole vouches for the registry then, as it does after any round that was not vouched;
+//! rebuilding in full again took seconds at a million subscriptions, and an election
+//! just after an election found no standby ready, `bench failover` 13 s): node 0 and node n-1 (the whole holders) give every change, the other nodes what
 //! changed since a Create (tombstones, updated copies), as the rebuild takes them. The
 //! changes go into this store with the rebuild's rule (the newest revision wins, a
 //! deletion is final) and into the parsed registry kept in memory, which the new leader's
 //! registry starts from. An election runs one more round; the tail vouches for the
-//! registry only when a whole holder answered whole in it, and the new leader rebuilds in
-//! full otherwise (rounds without a whole holder still take what the nodes changed). A
+//! registry only when a whole holder answered whole in it, and only a holder whose every
+//! copy the tail took (listed in full from its cursor on: the rebuild lists one holder in
+//! full, the other for what changed since Creates), and the new leader rebuilds in full
+//! otherwise (rounds without a whole holder still take what the nodes changed). A
 //! node on a new disk (another store identity) is pulled whole again. After a leadership
 //! the tail starts over: the leader wrote this store itself, and a subscription it stored
 //! whose Create then failed must not outlive the next rebuild.
@@ -36,12 +41,21 @@ pub struct Preloaded(pub(crate) KeptSubscriptions);
 #[derive(Debug, Default)]
 pub struct Tail {
     cursors: BTreeMap<u32, Cursor>,
+    /// The whole holders whose every copy the store took (listed in full from the cursor
+    /// on): only such a holder answering whole vouches for a round. One listed only for
+    /// what changed since Creates may hold a create the store lacks (made while the holder
+    /// listed in full was down, or during its listing).
+    listed: BTreeSet<u32>,
     /// The store holds a registry a rebuild made, and the cursors say where it stands.
+    based: bool,
+    /// A whole holder vouched for a round (or the rebuild) since then.
     synced: bool,
     /// The store's registry, parsed (loaded at the first round after a rebuild).
     kept: Option<KeptSubscriptions>,
     /// The last rebuild found no node recorded (a new cluster): nothing to follow yet.
     no_nodes: bool,
+    /// Set while a round's rebuild runs: it parses the filters as it stores them.
+    parse_with: Option<Limits>,
 }
 
 /// What one round did.
@@ -56,20 +70,57 @@ pub struct Round {
 impl Tail {
     /// Forgets everything: the next round rebuilds in full.
     pub fn reset(&mut self) {
-        *self = Tail::default();
+        // the rebuild starts with a reset: how it parses is the round's, kept
+        *self = Tail {
+            parse_with: self.parse_with,
+            ..Tail::default()
+        };
     }
 
-    /// A rebuild that a whole holder vouched for left the store at `cursors`.
-    pub(crate) fn synced(&mut self, cursors: BTreeMap<u32, Cursor>) {
+    /// A rebuild left the store at `cursors`, with every copy of the nodes `listed`
+    /// (`vouched`: a whole holder answered whole in it).
+    pub(crate) fn based(
+        &mut self,
+        cursors: BTreeMap<u32, Cursor>,
+        listed: BTreeSet<u32>,
+        vouched: bool,
+    ) {
         self.cursors = cursors;
-        self.synced = true;
+        self.listed = listed;
+        self.based = true;
+        self.synced = vouched;
         self.no_nodes = false;
         self.kept = None;
     }
 
+    /// The limits a rebuild parses the filters with, as it stores them (`None`: it leaves
+    /// them to the store).
+    pub(crate) fn parse_limits(&self) -> Option<Limits> {
+        self.parse_with
+    }
+
+    /// The rebuild's filters, parsed from its `held` records while the store wrote them:
+    /// those the store did not take (this disk's own tombstones) are left out.
+    pub(crate) fn parsed(
+        &mut self,
+        mut kept: KeptSubscriptions,
+        held: usize,
+        store: &Store,
+    ) -> Result<(), ServiceError> {
+        if kept.len() != held {
+            for id in kept.ids() {
+                if store.get_subscription(id)?.is_none() {
+                    kept.remove(id);
+                }
+            }
+        }
+        self.kept = Some(kept);
+        Ok(())
+    }
+
     /// Whether the rounds take only changes (a rebuild was made since the last reset).
-    pub fn is_synced(&self) -> bool {
-        self.synced
+    pub fn is_based(&self) -> bool {
+        self.based
     }
 
     /// The last rebuild found no node recorded in etcd.
@@ -78,7 +129,8 @@ impl Tail {
     }
 
     /// Whether this standby may lead without a full rebuild that a synced standby would
-    /// spare: it is synced, or there is nothing to rebuild from (a new cluster).
+    /// spare: a whole holder vouched for a round since its rebuild, or there is nothing to
+    /// rebuild from (a new cluster).
     pub fn ready(&self) -> bool {
         self.synced || self.no_nodes
     }
@@ -91,7 +143,7 @@ impl Tail {
         kept
     }
 
-    /// One round: the rebuild when the tail is not synced, else what changed at each node
+    /// One round: the rebuild when the tail has no base, else what changed at each node
     /// since the last round. The answer is `Some` when a whole holder answered whole in
     /// this round (the store is a registry a new leader may serve), `None` when not (a new
     /// leader must rebuild in full; the tail goes on: while nodes catch up after an
@@ -105,10 +157,13 @@ impl Tail {
         secret: &ClusterSecret,
         limits: &Limits,
     ) -> Result<Option<Round>, ServiceError> {
-        if !self.synced {
+        if !self.based {
+            self.parse_with = Some(*limits);
             let n =
                 crate::rebuild::rebuild(store, etcd, layout, secret, limits.max_object_bytes, self)
-                    .await?;
+                    .await;
+            self.parse_with = None;
+            let n = n?;
             if !self.synced {
                 return Ok(None);
             }
@@ -119,8 +174,10 @@ impl Tail {
             }));
         }
         let r = self.changes(store, etcd, layout, secret, limits).await;
-        if r.is_err() {
-            self.reset();
+        match &r {
+            Ok(Some(_)) => self.synced = true,
+            Ok(None) => {}
+            Err(_) => self.reset(),
         }
         r
     }
@@ -148,10 +205,13 @@ impl Tail {
             if at.is_none() || matches!(&p, Ok(p) if p.other_store) {
                 // a node new to the tail, or on a new disk: everything it holds
                 p = pull(&r.endpoint, secret, max, !holder, None, &mut merged).await;
+                if holder && p.is_ok() {
+                    self.listed.insert(r.node);
+                }
             }
             match p {
                 Ok(p) => {
-                    vouched |= holder && p.whole;
+                    vouched |= holder && p.whole && self.listed.contains(&r.node);
                     listed += p.listed;
                     cursors.insert(r.node, p.cursor);
                 }
@@ -186,7 +246,8 @@ impl Tail {
         }))
     }
 
-    /// The parsed registry, loaded from the store the first time (off the async threads:
+    /// The parsed registry, loaded from the store the first time (after a rebuild it parsed
+    /// as it stored them, already there) (off the async threads:
     /// a million filters take seconds, and the campaign goes on meanwhile).
     async fn load_kept(
         &mut self,
@@ -207,5 +268,80 @@ impl Tail {
             self.kept = Some(kept);
         }
         Ok(self.kept.get_or_insert_with(KeptSubscriptions::default))
+    }
+}
+
+/// The filters of a rebuild's records (id, revision, record), parsed.
+pub(crate) fn parse_records(
+    records: &[(u64, u64, Vec<u8>)],
+    limits: &Limits,
+) -> Result<KeptSubscriptions, ServiceError> {
+    let started = std::time::Instant::now();
+    let mut kept = KeptSubscriptions::default();
+    for (id, _, record) in records {
+        kept.upsert(*id, validate::stored_filter(*id, record, limits)?);
+    }
+    tracing::info!(
+        "standby registry: {} filters parsed in {} ms",
+        kept.len(),
+        started.elapsed().as_millis()
+    );
+    Ok(kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+    use proto::v1;
+
+    fn record(id: u64, k: u32) -> Vec<u8> {
+        v1::Subscription {
+            id,
+            filter: Some(v1::subscription::Filter::Text(format!("n = {k}"))),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    /// The filters a rebuild parsed while the store wrote them are the store's: a record
+    /// this disk holds a tombstone of is stored by neither.
+    #[test]
+    fn filters_parsed_beside_the_store_leave_out_what_the_store_refused() {
+        let dir = std::env::temp_dir().join(format!(
+            "dissem-tail-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let store = Store::open(&dir, 0).expect("store");
+            store
+                .put_subscription(2, record(2, 2), 1)
+                .await
+                .expect("put");
+            assert!(store.delete_subscription(2).await.expect("delete"));
+            let records: Vec<(u64, u64, Vec<u8>)> =
+                (1..=3).map(|id| (id, 1, record(id, id as u32))).collect();
+            let limits = Limits::default();
+            let parsed = parse_records(&records, &limits).expect("parse");
+            assert_eq!(parsed.len(), 3);
+            let held = store
+                .replace_subscriptions(&records, &[])
+                .await
+                .expect("replace");
+            assert_eq!(held, 2, "the tombstone outlives the rebuild");
+            let mut tail = Tail::default();
+            tail.based(BTreeMap::new(), BTreeSet::new(), true);
+            tail.parsed(parsed, held, &store).expect("parsed");
+            let kept = tail.take_preloaded().expect("kept").0;
+            assert_eq!(kept.ids(), vec![1, 3]);
+        });
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

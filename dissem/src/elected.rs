@@ -213,7 +213,7 @@ async fn lead(
     let mut pause = Duration::from_millis(50);
     // a standby that followed the nodes takes their last changes; else a full rebuild
     let followed = match coordinator::rebuild::layout(etcd, grid).await {
-        Ok(layout) if tail.is_synced() => {
+        Ok(layout) if tail.is_based() => {
             match tail
                 .follow(store, etcd, layout, &base.cluster_secret, limits)
                 .await

@@ -502,8 +502,12 @@ impl Cluster {
             return out;
         }
         let mut merged = Newest::default();
+        // one whole holder listed in full, the other what changed since Creates (both in
+        // full with neither whole)
+        let listed = whole.iter().copied().find(|f| up.contains(f));
         for &f in ends.iter().filter(|f| up.contains(f)) {
-            for c in self.nodes[f as usize].list(false) {
+            let changed_only = listed.is_some_and(|l| l != f);
+            for c in self.nodes[f as usize].list(changed_only) {
                 merged.offer(c);
             }
         }
@@ -646,7 +650,7 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
             }
             88..=99 => {
                 out.rebuilds += 1;
-                // the standby wins half the elections it is synced for
+                // the standby wins half the elections (from its tail when it has a base)
                 let registry = if rules.standby_tail && rng.below(2) == 0 {
                     let (registry, from_tail) = c.standby_leads();
                     out.tail_elections += usize::from(from_tail);

@@ -1,9 +1,10 @@
 //! The standby's tail in the simulated schedules (`coordinator::tail`): a standby that
-//! rebuilt once takes, every round, what changed at each live node since its cursor (the
-//! whole holders' every change, the other nodes' changes since a Create), and when it wins
-//! an election serves that registry if a whole holder answered whole in the last round,
-//! else rebuilds in full. A node on a new disk is pulled whole again. After it led, its
-//! tail starts over. [`Rules`] can undo the store check and the need for a whole holder.
+//! rebuilt once (vouched for or not) takes, every round, what changed at each live node
+//! since its cursor (the whole holders' every change, the other nodes' changes since a
+//! Create), and when it wins an election serves that registry if a whole holder it listed
+//! in full answered whole in the last round, else rebuilds in full. A node on a new disk
+//! is pulled whole again. After it led, its tail starts over. [`Rules`] can undo the store
+//! check and the need for a whole holder.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,9 +15,12 @@ use super::copies::{Cluster, Rules};
 /// The standby's registry and where it stands in each node's feed.
 #[derive(Debug, Default)]
 pub(crate) struct Standby {
-    synced: bool,
+    /// A rebuild was made: the rounds take changes since the cursors.
+    based: bool,
     /// node -> (store identity, last change taken).
     cursors: BTreeMap<u32, (u64, u64)>,
+    /// The whole holders listed in full from their cursors on: only these vouch.
+    listed: BTreeSet<u32>,
     /// id -> revision.
     copies: BTreeMap<u64, u64>,
     tombs: BTreeSet<u64>,
@@ -38,15 +42,22 @@ impl Cluster {
     /// One round of the tail (`Tail::follow`); whether a whole holder vouched for it.
     pub(super) fn standby_round(&mut self) -> bool {
         let rules: Rules = self.rules;
-        if !self.standby.synced {
+        if !self.standby.based {
             // the rebuild: the registry replaced, cursors where each feed stood
             let up = self.up();
             let registry = self.rebuild();
-            let vouched = self
-                .layout()
-                .whole_holders()
-                .into_iter()
-                .any(|f| up.contains(&f) && self.whole(f));
+            let ends = self.layout().whole_holders();
+            // the rebuild lists the first whole holder in full and the other for what
+            // changed since Creates; with neither whole, both in full
+            let first_whole = ends
+                .iter()
+                .copied()
+                .find(|&f| up.contains(&f) && self.whole(f));
+            let vouched = first_whole.is_some();
+            let listed: BTreeSet<u32> = match first_whole {
+                Some(f) => [f].into(),
+                None => ends.into_iter().filter(|f| up.contains(f)).collect(),
+            };
             let cursors = up
                 .iter()
                 .map(|&n| {
@@ -60,8 +71,9 @@ impl Cluster {
                 tombs.extend(self.nodes[n as usize].tombstones().iter().copied());
             }
             self.standby = Standby {
-                synced: vouched,
+                based: true,
                 cursors,
+                listed,
                 copies: registry
                     .into_iter()
                     .filter(|(id, _)| !tombs.contains(id))
@@ -80,12 +92,17 @@ impl Cluster {
                 Some(&(store, at)) if store == node.store || !rules.tail_checks_store => {
                     node.changes(at, !holder)
                 }
-                _ => node.list(!holder),
+                _ => {
+                    if holder {
+                        self.standby.listed.insert(n);
+                    }
+                    node.list(!holder)
+                }
             };
             for c in copies {
                 merged.offer(c);
             }
-            vouched |= holder && self.whole(n);
+            vouched |= holder && self.whole(n) && self.standby.listed.contains(&n);
             self.standby
                 .cursors
                 .insert(n, (node.store, node.last_change()));
@@ -108,14 +125,15 @@ impl Cluster {
     /// a rebuild; its tail starts over (it leads, and writes its store itself). The answer
     /// says whether the registry was the tail's.
     pub(super) fn standby_leads(&mut self) -> (BTreeMap<u64, u64>, bool) {
-        let from_tail = self.standby.synced && self.standby_round();
+        let from_tail = self.standby.based && self.standby_round();
         let registry = if from_tail {
             self.standby.copies.clone()
         } else {
             self.rebuild()
         };
-        self.standby.synced = false;
+        self.standby.based = false;
         self.standby.cursors.clear();
+        self.standby.listed.clear();
         (registry, from_tail)
     }
 }
