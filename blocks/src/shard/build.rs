@@ -7,7 +7,7 @@ use std::hash::{BuildHasher, BuildHasherDefault};
 use hashbrown::HashTable;
 
 use super::layout;
-use super::ranks::{RankedBounds, ranked_rows};
+use super::ranks::{PredFacts, RankedBounds, ranked_rows};
 use super::values::{code_strings, value_indexes, values_code};
 use super::*;
 use crate::Predicate;
@@ -25,6 +25,8 @@ pub(super) struct Interned<'a> {
     pub(super) attr_names: Vec<String>,
     /// (attribute, test, negated) per predicate id.
     pub(super) preds: Vec<Pred<'a>>,
+    /// What the ranking of numeric bounds needs of each predicate (read at interning).
+    pub(super) facts: Vec<PredFacts>,
     pub(super) conj_sub: Vec<u64>,
     /// Conjunction `c`'s predicates are `conj_preds[conj_start[c]..conj_start[c + 1]]`.
     pub(super) conj_start: Vec<u32>,
@@ -60,12 +62,14 @@ impl Base {
         // the id intervals serve test ids, and the Bloom row filters are swept from them
         let mut c = compile(
             &it.preds,
+            &it.facts,
             it.attr_names.len(),
             cfg.test_ids || cfg.bloom_tables,
         );
         phases.done("compile");
         let (bloom_ready, pred_pos) = bloom_positions(&cfg, bloom, &it, &mut c);
         drop(std::mem::take(&mut it.preds));
+        drop(std::mem::take(&mut it.facts));
         phases.done("bloom positions");
         let n_preds = c.pred_codes.len();
         let mut order = layout::order(&it, &c);
@@ -186,6 +190,7 @@ const INTERN_PARTS: usize = 2;
 /// the part's predicates, in the order of the uses.
 struct Part<'a> {
     preds: Vec<Pred<'a>>,
+    facts: Vec<PredFacts>,
     ids: Vec<u32>,
 }
 
@@ -205,6 +210,8 @@ struct Half<'a> {
     conj_end: Vec<u32>,
     uses: Vec<(u32, &'a Predicate)>,
     hashes: Vec<u64>,
+    /// Each use's [`PredFacts`], read while its test is in cache for the hash.
+    facts: Vec<PredFacts>,
 }
 
 /// Reads one half of the subscriptions.
@@ -222,6 +229,7 @@ fn read_half<'a>(subs: &[(u64, &'a Dnf)]) -> Result<Half<'a>, BuildError> {
         conj_end: Vec::with_capacity(subs.len()),
         uses: Vec::with_capacity(n_uses),
         hashes: Vec::with_capacity(n_uses),
+        facts: Vec::with_capacity(n_uses),
     };
     for &(sub, dnf) in subs {
         if !h.subs.insert(sub) {
@@ -245,6 +253,7 @@ fn read_half<'a>(subs: &[(u64, &'a Dnf)]) -> Result<Half<'a>, BuildError> {
                 // by the name: the halves number attributes each their own way
                 h.hashes
                     .push(hasher.hash_one((p.attr.as_str(), &p.test, p.negated)));
+                h.facts.push(PredFacts::of(&p.test));
             }
             h.conj_sub.push(sub);
             h.conj_end.push(h.uses.len() as u32);
@@ -333,6 +342,7 @@ where
     }
     let uses = || halves.iter().flat_map(|h| h.uses.iter());
     let hashes = || halves.iter().flat_map(|h| h.hashes.iter().copied());
+    let facts = || halves.iter().flat_map(|h| h.facts.iter().copied());
     let parts: Vec<Part<'a>> = on_threads(|part| {
         let mine = hashes().filter(|&h| part_of(h) == part).count();
         let mut table: HashTable<u32> = HashTable::with_capacity(mine);
@@ -341,9 +351,10 @@ where
         let room = if part == 0 { n_uses } else { mine };
         let mut out = Part {
             preds: Vec::with_capacity(room),
+            facts: Vec::with_capacity(room),
             ids: Vec::with_capacity(mine),
         };
-        for (&(attr, p), h) in uses().zip(hashes()) {
+        for ((&(attr, p), h), f) in uses().zip(hashes()).zip(facts()) {
             if part_of(h) != part {
                 continue;
             }
@@ -357,6 +368,7 @@ where
                 None => {
                     let id = preds.len() as u32;
                     preds.push((attr, &p.test, p.negated));
+                    out.facts.push(f);
                     // sized for every use of the part: the table never grows, so the
                     // hasher is never asked
                     table.insert_unique(h, id, |_| h);
@@ -371,12 +383,15 @@ where
     let mut offset = Vec::with_capacity(INTERN_PARTS);
     let mut ids = Vec::with_capacity(INTERN_PARTS);
     let mut preds: Vec<Pred<'a>> = Vec::new();
+    let mut facts: Vec<PredFacts> = Vec::new();
     for p in parts {
         offset.push(preds.len() as u32);
         if preds.is_empty() {
             preds = p.preds;
+            facts = p.facts;
         } else {
             preds.extend_from_slice(&p.preds);
+            facts.extend_from_slice(&p.facts);
         }
         ids.push(p.ids);
     }
@@ -391,6 +406,7 @@ where
         attr_ids,
         attr_names,
         preds,
+        facts,
         conj_sub,
         conj_start,
         conj_preds,
@@ -439,13 +455,23 @@ impl<'a> ConstIndex<'a> {
 
 /// Phase 2: numeric constants per attribute, flags for string and set tests, and each
 /// predicate's code and selectivity estimate.
-fn compile(preds: &[Pred<'_>], n_attrs: usize, id_intervals: bool) -> Compiled {
+fn compile(
+    preds: &[Pred<'_>],
+    facts: &[PredFacts],
+    n_attrs: usize,
+    id_intervals: bool,
+) -> Compiled {
     let n_preds = preds.len();
     let mut consts: Vec<Vec<Num>> = vec![Vec::new(); n_attrs];
     let mut numeric_attr = vec![false; n_attrs];
-    let ranked = RankedBounds::new(preds, n_attrs);
-    for (attr, test, _) in preds.iter() {
-        numeric_attr[*attr as usize] |= test.is_numeric();
+    debug_assert_eq!(facts.len(), preds.len());
+    let ranked = RankedBounds::new(preds, facts, n_attrs);
+    for ((attr, test, _), f) in preds.iter().zip(facts) {
+        // the facts first: the test itself only where its constants are needed
+        if !f.numeric() {
+            continue;
+        }
+        numeric_attr[*attr as usize] = true;
         if ranked.table[*attr as usize].is_some() {
             continue; // its constants are ranked already
         }
@@ -500,8 +526,8 @@ fn compile(preds: &[Pred<'_>], n_attrs: usize, id_intervals: bool) -> Compiled {
     let mut eq_counts: Vec<u32> = vec![0; n_attrs];
     {
         let mut distinct: Vec<std::collections::HashSet<&str>> = vec![Default::default(); n_attrs];
-        for (attr, test, _) in preds.iter() {
-            if let Test::StrIn(v) = test {
+        for ((attr, test, _), f) in preds.iter().zip(facts) {
+            if let (true, Test::StrIn(v)) = (f.str_in(), test) {
                 distinct[*attr as usize].extend(v.iter().map(String::as_str));
             }
         }
@@ -509,7 +535,7 @@ fn compile(preds: &[Pred<'_>], n_attrs: usize, id_intervals: bool) -> Compiled {
             *c = d.len() as u32;
         }
     }
-    value_indexes(preds, &mut attrs);
+    value_indexes(preds, facts, &mut attrs);
     let mut value_lists: Vec<u32> = Vec::new();
     let mut id_items: Vec<Vec<(u32, u32, u32)>> = vec![Vec::new(); n_attrs];
     for (pid, (attr, test, negated)) in preds.iter().enumerate() {

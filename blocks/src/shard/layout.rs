@@ -36,6 +36,10 @@ pub(super) struct Order {
     pub(super) value_post: Vec<Vec<u32>>,
     pub(super) value_recs: Vec<u32>,
     pub(super) always: (u32, u32),
+    /// Each conjunction's predicates in code order ([`sort_codes`]), laid out as
+    /// `Interned::conj_preds`: sorted once here for the probes and read again by the
+    /// records (sorting ten million predicates twice was a tenth of the W1 build).
+    pub(super) sorted: Vec<u32>,
 }
 
 /// Phase 5: the records in order: their codes (access predicate first, the rest by
@@ -263,6 +267,7 @@ pub(super) fn order(it: &Interned<'_>, c: &Compiled) -> Order {
     // within each posting list, order conjunctions by their probe (first code after the
     // access predicate), so point probes form runs that a query can binary-search
     let mut probe_of: Vec<Code> = Vec::with_capacity(n_conj);
+    let mut sorted: Vec<u32> = Vec::with_capacity(conj_preds.len());
     {
         let mut buf = Vec::new();
         for c in 0..n_conj {
@@ -271,6 +276,7 @@ pub(super) fn order(it: &Interned<'_>, c: &Compiled) -> Order {
                 Some(&p) => pred_codes[p as usize],
                 None => Code::new(0, OP_TRUE, 0, 0),
             });
+            sorted.extend_from_slice(&buf);
         }
     }
     let key_of = |c: &u32| {
@@ -296,6 +302,7 @@ pub(super) fn order(it: &Interned<'_>, c: &Compiled) -> Order {
         value_post,
         value_recs,
         always,
+        sorted,
     }
 }
 
@@ -308,7 +315,7 @@ pub(super) fn records(
     bloom: Option<(&[u16], usize, usize)>,
 ) -> Records {
     let (conj_preds, conj_sub) = (&it.conj_preds, &it.conj_sub);
-    let (pred_codes, pred_sel, access, order) = (&c.pred_codes, &c.pred_sel, &o.access, &o.order);
+    let (pred_codes, order) = (&c.pred_codes, &o.order);
     let n_conj = conj_sub.len();
     let bloom_ready = bloom.is_some();
     let (pred_pos, k, words) = bloom.unwrap_or((&[], 0, 0));
@@ -321,12 +328,11 @@ pub(super) fn records(
         Vec::new()
     };
     code_start.push(0u32);
-    let mut ps_sorted: Vec<u32> = Vec::new();
     let mut recs: Vec<Rec> = Vec::with_capacity(n_conj);
     for (rec, &c) in order.iter().enumerate() {
         let c = c as usize;
-        sort_codes(it, pred_sel, access, c, &mut ps_sorted);
-        for &p in &ps_sorted {
+        let ps_sorted = &o.sorted[it.conj_start[c] as usize..it.conj_start[c + 1] as usize];
+        for &p in ps_sorted {
             codes.push(pred_codes[p as usize]);
             new_preds.push(p);
             if bloom_ready {
@@ -432,29 +438,31 @@ pub(super) fn strategy(
     } else {
         f64::INFINITY
     };
-    let row_attrs: std::collections::HashSet<u32> = codes
-        .iter()
-        .filter(|c| c.op() == OP_ROWS)
-        .map(|c| c.attr())
-        .collect();
-    let impure: Vec<bool> = (0..n_conj)
-        .map(|r| {
-            codes[code_start[r] as usize..code_start[r + 1] as usize]
-                .iter()
-                .any(|c| c.op() != OP_ROWS)
-        })
-        .collect();
-    let no_rows = (0..n_conj)
-        .filter(|&r| {
-            !codes[code_start[r] as usize..code_start[r + 1] as usize]
-                .iter()
-                .any(|c| c.op() == OP_ROWS)
-        })
-        .count();
-    let cells_bytes = n_conj.div_ceil(64) * 8 * (row_attrs.len() * (cfg.cells + 1) + 1);
-    let cells_fit = cfg.cells_budget_bytes >= cells_bytes && !row_attrs.is_empty();
+    // one pass over the codes (ten million at W1): the attributes with row predicates, the
+    // records with another code, and those with no row predicate
+    let mut row_attr = vec![false; attrs.len()];
+    let mut impure: Vec<bool> = Vec::with_capacity(n_conj);
+    let mut no_rows = 0usize;
+    for r in 0..n_conj {
+        let (mut rows, mut other) = (false, false);
+        for c in &codes[code_start[r] as usize..code_start[r + 1] as usize] {
+            if c.op() == OP_ROWS {
+                rows = true;
+                if let Some(a) = row_attr.get_mut(c.attr() as usize) {
+                    *a = true;
+                }
+            } else {
+                other = true;
+            }
+        }
+        impure.push(other);
+        no_rows += usize::from(!rows);
+    }
+    let row_attrs = row_attr.iter().filter(|&&a| a).count();
+    let cells_bytes = n_conj.div_ceil(64) * 8 * (row_attrs * (cfg.cells + 1) + 1);
+    let cells_fit = cfg.cells_budget_bytes >= cells_bytes && row_attrs > 0;
     let est_cells_cost = if cells_fit {
-        n_conj as f64 / 64.0 * row_attrs.len() as f64 * 0.25 + no_rows as f64 * 10.0
+        n_conj as f64 / 64.0 * row_attrs as f64 * 0.25 + no_rows as f64 * 10.0
     } else {
         f64::INFINITY
     };
@@ -462,9 +470,7 @@ pub(super) fn strategy(
         StrategyChoice::Fixed(Strategy::Bloom) if !bloom_ready => {
             return Err(BuildError::BloomUnavailable);
         }
-        StrategyChoice::Fixed(Strategy::Cells)
-            if !cells_fit && n_conj > 0 && !row_attrs.is_empty() =>
-        {
+        StrategyChoice::Fixed(Strategy::Cells) if !cells_fit && n_conj > 0 && row_attrs > 0 => {
             return Err(BuildError::CellsUnavailable);
         }
         StrategyChoice::Fixed(s) => s,

@@ -8,10 +8,18 @@ use super::*;
 /// Value indexes per attribute for the strings of positive `in {strings}` predicates, the
 /// most used first: sets of popular values (the most predicates, on skewed workloads) then
 /// fall on the first page of 64 and compile to one [`OP_VALUES`] code each.
-pub(super) fn value_indexes(preds: &[super::build::Pred<'_>], attrs: &mut [AttrBlock]) {
+pub(super) fn value_indexes(
+    preds: &[super::build::Pred<'_>],
+    facts: &[super::ranks::PredFacts],
+    attrs: &mut [AttrBlock],
+) {
     let mut uses: Vec<FastMap<&str, u32>> = vec![FastMap::default(); attrs.len()];
-    for (attr, test, negated) in preds {
-        if let (Test::StrIn(set), false) = (test, negated) {
+    for ((attr, test, negated), f) in preds.iter().zip(facts) {
+        // the test is read only for string sets (the facts say which)
+        if !f.str_in() || *negated {
+            continue;
+        }
+        if let Test::StrIn(set) = test {
             for s in set {
                 *uses[*attr as usize].entry(s.as_str()).or_default() += 1;
             }
