@@ -376,13 +376,17 @@ pub(crate) async fn pull(
 /// (a new cluster) the store is left as it is. Fails when nodes are recorded but none
 /// answers (the caller tries again: leading with an empty registry would match objects
 /// against nothing). `tail` learns where each node's change feed stood, so the next
-/// rounds ([`crate::tail::Tail::follow`]) take only what changed.
+/// rounds ([`crate::tail::Tail::follow`]) take only what changed. `standby` (its limits)
+/// when a standby's tail rebuilds: it parses the filters while the store writes them, and
+/// keeps a listing no whole holder vouched for as the base of its later rounds (a leader
+/// takes every member's copies instead: it serves this registry).
 pub async fn rebuild(
     store: &Store,
     etcd: &Etcd,
     grid: Layout,
     secret: &ClusterSecret,
     max_record: usize,
+    standby: Option<&runtime::Limits>,
     tail: &mut crate::tail::Tail,
 ) -> Result<usize, ServiceError> {
     tail.reset();
@@ -438,8 +442,7 @@ pub async fn rebuild(
     // changes: a later round in which the holder it listed answers whole vouches for it
     // (after elections a second apart the holders were rarely whole throughout a listing
     // of seconds, and listing every node in full took 12 s, `bench failover`).
-    let standby = tail.parse_limits().is_some();
-    let changed_only = !found.whole.is_empty() || (standby && !found.listed.is_empty());
+    let changed_only = !found.whole.is_empty() || (standby.is_some() && !found.listed.is_empty());
     for (node, p, m) in pull_each(&holders, secret, max_record, changed_only).await {
         merged.absorb(m);
         match p {
@@ -467,7 +470,7 @@ pub async fn rebuild(
             nodes.len()
         )));
     }
-    if whole.is_empty() && !standby {
+    if whole.is_empty() && standby.is_none() {
         tracing::warn!(
             "registry: {} subscriptions from {answered} of {} nodes (node 0 and node {} \
              hold them all, and neither answered whole)",
@@ -481,7 +484,7 @@ pub async fn rebuild(
     let (records, deleted) = merged.into_parts();
     let records = std::sync::Arc::new(records);
     // a standby parses the filters while the store writes them (seconds each at a million)
-    let parsing = tail.parse_limits().map(|limits| {
+    let parsing = standby.copied().map(|limits| {
         let records = records.clone();
         tokio::task::spawn_blocking(move || crate::tail::parse_records(&records, &limits))
     });

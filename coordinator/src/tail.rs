@@ -54,8 +54,6 @@ pub struct Tail {
     kept: Option<KeptSubscriptions>,
     /// The last rebuild found no node recorded (a new cluster): nothing to follow yet.
     no_nodes: bool,
-    /// Set while a round's rebuild runs: it parses the filters as it stores them.
-    parse_with: Option<Limits>,
 }
 
 /// What one round did.
@@ -70,11 +68,7 @@ pub struct Round {
 impl Tail {
     /// Forgets everything: the next round rebuilds in full.
     pub fn reset(&mut self) {
-        // the rebuild starts with a reset: how it parses is the round's, kept
-        *self = Tail {
-            parse_with: self.parse_with,
-            ..Tail::default()
-        };
+        *self = Tail::default();
     }
 
     /// A rebuild left the store at `cursors`, with every copy of the nodes `listed`
@@ -91,12 +85,6 @@ impl Tail {
         self.synced = vouched;
         self.no_nodes = false;
         self.kept = None;
-    }
-
-    /// The limits a rebuild parses the filters with, as it stores them (`None`: it leaves
-    /// them to the store).
-    pub(crate) fn parse_limits(&self) -> Option<Limits> {
-        self.parse_with
     }
 
     /// The rebuild's filters, parsed from its `held` records while the store wrote them:
@@ -158,12 +146,9 @@ impl Tail {
         limits: &Limits,
     ) -> Result<Option<Round>, ServiceError> {
         if !self.based {
-            self.parse_with = Some(*limits);
-            let n =
-                crate::rebuild::rebuild(store, etcd, layout, secret, limits.max_object_bytes, self)
-                    .await;
-            self.parse_with = None;
-            let n = n?;
+            let max = limits.max_object_bytes;
+            let n = crate::rebuild::rebuild(store, etcd, layout, secret, max, Some(limits), self)
+                .await?;
             if !self.synced {
                 return Ok(None);
             }
@@ -195,6 +180,7 @@ impl Tail {
         let holders: BTreeSet<u32> = layout.whole_holders().into_iter().collect();
         let mut merged = Newest::default();
         let mut vouched = false;
+        let mut unlisted_whole = Vec::new();
         let mut cursors = BTreeMap::new();
         let mut listed = 0;
         for r in nodes.values() {
@@ -211,6 +197,9 @@ impl Tail {
             }
             match p {
                 Ok(p) => {
+                    if holder && p.whole && !self.listed.contains(&r.node) {
+                        unlisted_whole.push(r.node);
+                    }
                     vouched |= holder && p.whole && self.listed.contains(&r.node);
                     listed += p.listed;
                     cursors.insert(r.node, p.cursor);
@@ -233,6 +222,13 @@ impl Tail {
         let subscriptions = kept.len();
         store.commit().await?;
         self.cursors.extend(cursors);
+        if !vouched {
+            // the holder listed in full is down or catching up, the other one is whole:
+            // the next round lists that one in full, and then it can vouch
+            for n in unlisted_whole {
+                self.cursors.remove(&n);
+            }
+        }
         tracing::debug!(
             "tail round: {listed} changes listed in {} ms, applied in {} ms",
             pulled.as_millis(),
@@ -246,9 +242,9 @@ impl Tail {
         }))
     }
 
-    /// The parsed registry, loaded from the store the first time (after a rebuild it parsed
-    /// as it stored them, already there) (off the async threads:
-    /// a million filters take seconds, and the campaign goes on meanwhile).
+    /// The parsed registry, loaded from the store the first time (off the async threads:
+    /// a million filters take seconds, and the campaign goes on meanwhile); after a
+    /// standby's rebuild, which parsed them beside the store, already there.
     async fn load_kept(
         &mut self,
         store: &Store,

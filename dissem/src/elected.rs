@@ -256,6 +256,7 @@ async fn lead(
             layout,
             &base.cluster_secret,
             limits.max_object_bytes,
+            None,
             tail,
         )
         .await

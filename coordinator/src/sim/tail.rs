@@ -85,6 +85,7 @@ impl Cluster {
         let holders: BTreeSet<u32> = self.layout().whole_holders().into_iter().collect();
         let mut merged = Newest::default();
         let mut vouched = false;
+        let mut unlisted_whole = Vec::new();
         for n in self.up() {
             let node = &self.nodes[n as usize];
             let holder = holders.contains(&n);
@@ -102,6 +103,9 @@ impl Cluster {
             for c in copies {
                 merged.offer(c);
             }
+            if holder && self.whole(n) && !self.standby.listed.contains(&n) {
+                unlisted_whole.push(n);
+            }
             vouched |= holder && self.whole(n) && self.standby.listed.contains(&n);
             self.standby
                 .cursors
@@ -116,6 +120,12 @@ impl Cluster {
         for (id, rev, _) in records {
             if replaces(s.held(id), rev) {
                 s.copies.insert(id, rev);
+            }
+        }
+        if !vouched {
+            // the next round lists a whole holder it did not list in full
+            for n in unlisted_whole {
+                s.cursors.remove(&n);
             }
         }
         vouched || !rules.tail_needs_whole
