@@ -25,7 +25,8 @@ pub(super) struct Interned<'a> {
     pub(super) attr_names: Vec<String>,
     /// (attribute, test, negated) per predicate id.
     pub(super) preds: Vec<Pred<'a>>,
-    /// What the ranking of numeric bounds needs of each predicate (read at interning).
+    /// What the passes over every predicate need of its test ([`PredFacts`], read at
+    /// interning).
     pub(super) facts: Vec<PredFacts>,
     pub(super) conj_sub: Vec<u64>,
     /// Conjunction `c`'s predicates are `conj_preds[conj_start[c]..conj_start[c + 1]]`.
