@@ -57,14 +57,35 @@ impl EtcdProc {
         let mut e = EtcdProc {
             child: None,
             dir: dir.to_path_buf(),
-            client_port: free_port()?,
-            peer_port: free_port()?,
+            client_port: 0,
+            peer_port: 0,
             url: String::new(),
             trust,
         };
-        e.url = format!("{scheme}://127.0.0.1:{}", e.client_port);
-        e.spawn().await?;
-        Ok(e)
+        // a free port can be taken by another process before etcd binds it (the full
+        // suite once lost a test so): etcd then exits at once, and new ports are tried
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            e.client_port = free_port()?;
+            e.peer_port = free_port()?;
+            e.url = format!("{scheme}://127.0.0.1:{}", e.client_port);
+            match e.spawn().await {
+                Ok(()) => return Ok(e),
+                Err(err) if tries < 3 && e.lost_a_port() => {
+                    eprintln!("{err:#}; trying other ports");
+                    e.kill();
+                    let _ = std::fs::remove_dir_all(&e.dir);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Whether etcd's log says a port was taken before it bound it.
+    fn lost_a_port(&self) -> bool {
+        std::fs::read_to_string(self.dir.with_extension("log"))
+            .is_ok_and(|l| l.contains("address already in use"))
     }
 
     /// A client of it under `prefix`, secured as it is.
@@ -114,18 +135,28 @@ impl EtcdProc {
         // in is the probe then
         let auth = self.trust.as_ref().is_some_and(|t| t.auth);
         let client = self.client("/probe/")?;
-        let up = try_wait_for(Duration::from_secs(15), || {
-            let c = client.clone();
-            async move {
-                if auth {
-                    c.login().await.ok()
-                } else {
-                    c.get("x").await.ok().map(|_| ())
-                }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut up = false;
+        while Instant::now() < deadline {
+            up = if auth {
+                client.login().await.is_ok()
+            } else {
+                client.get("x").await.is_ok()
+            };
+            if up {
+                break;
             }
-        })
-        .await;
-        if up.is_none() {
+            // gone already (a port taken, a bad flag): no use waiting out the deadline
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                bail!(
+                    "etcd at {} exited ({status}) (log: {})",
+                    self.url,
+                    self.dir.with_extension("log").display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !up {
             bail!(
                 "etcd at {} did not answer within 15 s (log: {})",
                 self.url,
