@@ -83,6 +83,7 @@ impl Base {
             &order,
             bloom_ready.then_some((&pred_pos[..], k, words)),
         );
+        drop(std::mem::take(&mut order.sorted));
         phases.done("records");
         let (id_post, id_recs) = if cfg.test_ids {
             layout::id_postings(n_preds, &order)
