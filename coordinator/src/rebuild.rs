@@ -6,10 +6,10 @@
 //! to every column quorum, so either holds all of them once it has caught up since it last
 //! registered (it says so: `whole`; one just back may lack what changed while it was down).
 //! The new leader asks both which is whole and lists that one (listing both cost a
-//! million copies twice); if neither is whole it takes every member's copies. Every other node that answers
-//! gives what changed since a Create: its tombstones (a delete reaches every live node) and
-//! its copies of updated subscriptions (an update reaches every live holder, which may not
-//! include node 0 or n-1 when they are down). What the leader keeps
+//! million copies twice); if neither is whole it takes every member's copies. Every other
+//! node that answers gives what changed since a Create: its tombstones (a delete reaches
+//! every live node) and its copies of updated subscriptions (an update reaches every live
+//! holder, which may not include node 0 or n-1 when they are down). What the leader keeps
 //! follows `storage::Newest`: the highest revision of each subscription wins and a deletion
 //! is final, so a node that was down while a subscription changed or went cannot bring the
 //! old version back. Its own disk may hold a registry from an earlier leadership, changed

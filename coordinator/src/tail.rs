@@ -6,21 +6,21 @@
 //! The first round is the rebuild an election would run ([`crate::rebuild::rebuild`]),
 //! and it notes where each node's change feed stood (`storage` numbers every write of a
 //! copy or a tombstone). Every later round asks each node only for what changed after
-//! that (also after a rebuild no whole holder vouched for: a round in which one answers
-//! whole vouches for the registry then, as it does after any round that was not vouched;
-//! rebuilding in full again took seconds at a million subscriptions, and an election
-//! just after an election found no standby ready, `bench failover` 13 s): node 0 and node n-1 (the whole holders) give every change, the other nodes what
-//! changed since a Create (tombstones, updated copies), as the rebuild takes them. The
+//! that: node 0 and node n-1 (the whole holders) give every change, the other nodes what
+//! changed since a Create (tombstones, updated copies), as the rebuild takes them. A
+//! rebuild no whole holder vouched for is kept as the base too, and a later round vouches
+//! for it (rebuilding in full again took seconds at a million subscriptions, and an
+//! election just after an election found no standby ready, `bench failover` 13 s). The
 //! changes go into this store with the rebuild's rule (the newest revision wins, a
 //! deletion is final) and into the parsed registry kept in memory, which the new leader's
 //! registry starts from. An election runs one more round; the tail vouches for the
 //! registry only when a whole holder answered whole in it, and only a holder whose every
 //! copy the tail took (listed in full from its cursor on: the rebuild lists one holder in
-//! full, the other for what changed since Creates), and the new leader rebuilds in full
-//! otherwise (rounds without a whole holder still take what the nodes changed). A
-//! node on a new disk (another store identity) is pulled whole again. After a leadership
-//! the tail starts over: the leader wrote this store itself, and a subscription it stored
-//! whose Create then failed must not outlive the next rebuild.
+//! full, the other for what changed since Creates); the new leader rebuilds in full
+//! otherwise (rounds without a whole holder still take what the nodes changed). A node on
+//! a new disk (another store identity) is pulled whole again. After a leadership the tail
+//! starts over: the leader wrote this store itself, and a subscription it stored whose
+//! Create then failed must not outlive the next rebuild.
 
 use std::collections::{BTreeMap, BTreeSet};
 

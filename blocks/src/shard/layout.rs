@@ -2,7 +2,8 @@
 //! order (4), the records with their codes and filters (5), the index by predicate id (6), the
 //! probe runs of the posting lists (7) and the choice of strategy (8).
 
-use super::build::{Compiled, Interned};
+use super::build::Compiled;
+use super::intern::Interned;
 use super::*;
 
 /// The access structure a conjunction is filed under.

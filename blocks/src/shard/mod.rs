@@ -21,6 +21,7 @@
 
 mod build;
 mod eval;
+mod intern;
 mod layout;
 mod matching;
 mod ranks;

@@ -90,7 +90,7 @@ impl PredFacts {
 impl RankedBounds {
     /// Ranks the bounds of `preds`, whose [`PredFacts`] are `facts` (one each).
     pub(super) fn new(
-        preds: &[super::build::Pred<'_>],
+        preds: &[super::intern::Pred<'_>],
         facts: &[PredFacts],
         n_attrs: usize,
     ) -> RankedBounds {

@@ -9,7 +9,7 @@ use super::*;
 /// most used first: sets of popular values (the most predicates, on skewed workloads) then
 /// fall on the first page of 64 and compile to one [`OP_VALUES`] code each.
 pub(super) fn value_indexes(
-    preds: &[super::build::Pred<'_>],
+    preds: &[super::intern::Pred<'_>],
     facts: &[super::ranks::PredFacts],
     attrs: &mut [AttrBlock],
 ) {
