@@ -244,10 +244,29 @@ impl Found {
 /// empty page).
 async fn says_whole(endpoint: &str, secret: &ClusterSecret) -> Result<bool, ServiceError> {
     let mut client = DaemonClient::with_interceptor(runtime::channel(endpoint)?, secret.stamp());
+    Ok(copies_page(&mut client, endpoint, u64::MAX, 1).await?.whole)
+}
+
+/// A node's daemon client, stamped with the cluster secret.
+type NodeClient = DaemonClient<
+    tonic::service::interceptor::InterceptedService<
+        tonic::transport::Channel,
+        runtime::cluster_secret::Stamp,
+    >,
+>;
+
+/// One page of `Daemon.SubscriptionCopies` by id, from `after_id` (every position), with
+/// the page timeout and the node named in errors.
+async fn copies_page(
+    client: &mut NodeClient,
+    endpoint: &str,
+    after_id: u64,
+    limit: u32,
+) -> Result<v1::SubscriptionCopiesResponse, ServiceError> {
     let page = client.subscription_copies(v1::SubscriptionCopiesRequest {
-        after_id: u64::MAX,
-        limit: 1,
-        placed_by: Vec::new(),
+        after_id,
+        limit,
+        placed_by: (0..runtime::grid::MAX_POSITIONS).collect(),
         changed_only: false,
         by_change: false,
         after_change: 0,
@@ -255,8 +274,92 @@ async fn says_whole(endpoint: &str, secret: &ClusterSecret) -> Result<bool, Serv
     let r = tokio::time::timeout(PAGE_TIMEOUT, page)
         .await
         .map_err(|_| ServiceError::Unavailable(format!("{endpoint}: no answer")))?
-        .map_err(|s| ServiceError::Unavailable(format!("{endpoint}: {}", s.message())))?;
-    Ok(r.into_inner().whole)
+        .map_err(|s| ServiceError::Unavailable(format!("{endpoint}: {}", s.message())))?
+        .into_inner();
+    Ok(r)
+}
+
+/// [`copies_page`] from a node that must answer whole.
+async fn whole_page(
+    client: &mut NodeClient,
+    endpoint: &str,
+    after_id: u64,
+    limit: u32,
+) -> Result<v1::SubscriptionCopiesResponse, ServiceError> {
+    let r = copies_page(client, endpoint, after_id, limit).await?;
+    if !r.whole {
+        return Err(ServiceError::Unavailable(format!(
+            "{endpoint}: not whole (catching up its subscriptions)"
+        )));
+    }
+    Ok(r)
+}
+
+/// A listed copy (or tombstone), refused when its record is over `max_record` bytes.
+fn taken(
+    c: v1::SubscriptionCopy,
+    endpoint: &str,
+    max_record: usize,
+) -> Result<SubCopy, ServiceError> {
+    if c.record.len() > max_record {
+        return Err(ServiceError::invalid(
+            "copies.record",
+            format!("{endpoint} sent a record over {max_record} bytes"),
+        ));
+    }
+    Ok(SubCopy {
+        id: c.id,
+        revision: c.revision,
+        placed_by: Some(c.placed_by),
+        record: (!c.deleted).then_some(c.record),
+    })
+}
+
+/// What the whole node at `endpoint` holds of each of `ids` (sorted), and (`from`) of
+/// every id from there on (a leadership's Creates, and later ones): a copy, a tombstone
+/// (`record: None`), or nothing (not in the answer). Fails unless the node answers whole
+/// throughout (only then is "nothing" the cluster's answer).
+pub(crate) async fn copies_of(
+    endpoint: &str,
+    secret: &ClusterSecret,
+    max_record: usize,
+    ids: &[u64],
+    from: Option<u64>,
+) -> Result<BTreeMap<u64, SubCopy>, ServiceError> {
+    let mut client = DaemonClient::with_interceptor(runtime::channel(endpoint)?, secret.stamp())
+        .max_decoding_message_size(64 << 20);
+    let mut out = BTreeMap::new();
+    let mut rest = ids;
+    while let Some(&first) = rest.first() {
+        // a run of consecutive ids, one page each
+        let run = rest
+            .iter()
+            .enumerate()
+            .take(PAGE as usize)
+            .take_while(|&(i, &id)| id == first + i as u64)
+            .count();
+        let (asked, next) = rest.split_at(run);
+        rest = next;
+        let r = whole_page(&mut client, endpoint, first.saturating_sub(1), run as u32).await?;
+        for c in r.copies {
+            if asked.contains(&c.id) {
+                out.insert(c.id, taken(c, endpoint, max_record)?);
+            }
+        }
+    }
+    let Some(from) = from else { return Ok(out) };
+    let mut after_id = from.saturating_sub(1);
+    loop {
+        let r = whole_page(&mut client, endpoint, after_id, PAGE).await?;
+        let last = r.copies.last().map(|c| c.id);
+        for c in r.copies {
+            out.insert(c.id, taken(c, endpoint, max_record)?);
+        }
+        match last {
+            Some(id) if r.more && id > after_id => after_id = id,
+            _ => return Ok(out),
+        }
+    }
 }
 
 /// What one pull from a node found.
@@ -497,6 +600,8 @@ pub async fn rebuild(
     // tails go on from here; a round a whole holder vouches for makes the registry one to
     // serve (this rebuild, or a later round)
     tail.based(cursors, listed, !whole.is_empty());
+    tail.save(store)?;
+    store.commit().await?;
     if let Some(p) = parsing {
         let kept = p
             .await

@@ -654,6 +654,11 @@ pub async fn start_preloaded(
 ) -> Result<Started, ServiceError> {
     let floor = cfg.elected.as_ref().map_or(0, ElectedRole::floor);
     store.raise_subscription_ids(floor);
+    if cfg.elected.is_some() {
+        // what this leadership writes to the registry is journaled: the standby's tail
+        // that resumes after it sets those ids to the nodes' copies (`crate::tail`)
+        store.journal_registry_writes()?;
+    }
     let registry = Registry::load_preloaded(store.clone(), &limits, floor, preloaded).await?;
     let publisher = tokio::spawn(registry.clone().publisher());
     let nonce = runtime::random_u64() | 1;

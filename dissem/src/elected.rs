@@ -133,7 +133,8 @@ pub(super) async fn coordinate(
             leadership.epoch
         );
         leadership.resign().await;
-        // this leadership wrote the store: the standby's tail starts over with a rebuild
+        // this leadership wrote the store: the standby's tail resumes from the state it
+        // saved before, with the journaled writes set to the nodes' copies
         tail.reset();
     }
 }

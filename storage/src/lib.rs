@@ -35,6 +35,7 @@ mod objlog;
 mod outbox;
 mod repair;
 mod replicas;
+mod resume;
 mod scrub;
 mod space;
 mod spilled;
@@ -60,6 +61,7 @@ pub use links::LinkEntry;
 pub use newest::{Held, Newest, SubCopy, replaces};
 pub use objects::{NewObject, ObjectId, PutOutcome, StoredObject};
 pub use replicas::ReplicaCounts;
+pub use resume::Journal;
 pub use spilled::SpillKey;
 pub use standby::{KeptCopy, StandbyCopy};
 
@@ -198,6 +200,10 @@ pub struct Store {
     deleted: sled::Tree,
     /// The change feed of the subscription copies (what a standby coordinator tails).
     changes: changes::Changes,
+    /// A coordinator's updates of older subscriptions while it leads (`resume`): id -> ().
+    led: sled::Tree,
+    /// The first id of the leadership whose writes are journaled (0: none).
+    led_from: Arc<AtomicU64>,
     /// Writes to the subscription trees, one at a time (a read-compare-write each).
     subs_write: Arc<std::sync::Mutex<()>>,
     meta: sled::Tree,
@@ -330,6 +336,8 @@ impl Store {
             deleted: db.open_tree("subscription_deleted")?,
             subs_write: Arc::default(),
             changes: changes::Changes::open(&db, &meta)?,
+            led: db.open_tree("registry_led")?,
+            led_from: Arc::default(),
             images: db.open_tree("images")?,
             deliveries: db.open_tree("deliveries")?,
             replicas: db.open_tree("replicas")?,

@@ -109,12 +109,17 @@ impl Store {
     /// Replaces every stored subscription with `records` (id, revision, encoded record) and
     /// records `deleted` as deleted, durably: a new coordinator leader's registry, rebuilt
     /// from the nodes' copies. Tombstones already here stay, and a record whose id is one
-    /// of them is not taken. The answer is how many subscriptions the store holds now.
+    /// of them is not taken. The tail state goes (the caller writes the new one), and so
+    /// does the start of a leadership's Creates in the journal. The answer is how many subscriptions
+    /// the store holds now.
     pub async fn replace_subscriptions(
         &self,
         records: &[(u64, u64, Vec<u8>)],
         deleted: &[u64],
     ) -> Result<usize, StorageError> {
+        // a crash part way leaves a registry no tail state describes: none is kept
+        self.set_tail_state_unflushed(None)?;
+        self.commit().await?;
         let held = {
             let _w = self.write_lock();
             self.placed.clear()?;
@@ -147,6 +152,8 @@ impl Store {
                     .zip(&revisions)
                     .map(|((id, _, _), rev)| (id.to_be_bytes(), &rev[..])),
             )?;
+            // the registry is the nodes' now: no Create of a leadership is left to undo
+            self.forget_led_from()?;
             kept.len()
         };
         self.commit().await?;
@@ -167,6 +174,7 @@ impl Store {
             if self.deleted.contains_key(id.to_be_bytes())? {
                 return Ok(false);
             }
+            self.journal(id)?;
             self.subs.insert(id.to_be_bytes(), record)?;
             self.revisions
                 .insert(id.to_be_bytes(), &revision.to_be_bytes()[..])?;
@@ -190,6 +198,7 @@ impl Store {
                     stored.push(false);
                     continue;
                 }
+                self.journal(*id)?;
                 self.subs.insert(id.to_be_bytes(), record.as_slice())?;
                 self.revisions
                     .insert(id.to_be_bytes(), &revision.to_be_bytes()[..])?;

@@ -10,7 +10,8 @@
 //!
 //! After every rebuild the oracle checks: no deleted subscription is alive again, no
 //! updated one serves an older version, and no created one is missing, whenever a node
-//! that was told of the change (and kept its disk) answers the new leader. A schedule is
+//! that was told of the change (and kept its disk) answers the new leader; and nothing
+//! served was never acknowledged (a Create or an Update that only the leader stored). A schedule is
 //! drawn from its seed alone; a failure names the seed, and `DISSEM_SIM_SEED=S` replays
 //! from it.
 //!
@@ -26,7 +27,8 @@
 //! trusts one holder, a whole holder trusted before it caught up or after a lapse; for
 //! resizes, a commit without the pull step, a move without joint holders, a shrink that
 //! drops what departed placers placed; for the standby, a tail that ignores a node's new
-//! disk, and one served without a whole holder): the mutation checks (`copies/checks.rs`)
+//! disk, one served without a whole holder, and one that resumes after leading with the
+//! leadership's failed writes kept): the mutation checks (`copies/checks.rs`)
 //! show that a schedule then fails. `DISSEM_SIM_TRACE=1` prints every step of the
 //! schedules run.
 
@@ -69,6 +71,9 @@ pub struct Rules {
     /// back: it missed the changes made meanwhile, yet it never registered again, so its
     /// catch-up of the registration before stood (`bench chaos` seed 56146).
     pub lapse_not_whole: bool,
+    /// A tail resuming after its leadership sets the ids the leadership wrote to what a
+    /// whole holder holds (a write whose replication failed is undone).
+    pub resume_undoes_journal: bool,
 }
 
 impl Rules {
@@ -85,6 +90,7 @@ impl Rules {
         tail_needs_whole: true,
         catch_up_by_feed: true,
         lapse_not_whole: true,
+        resume_undoes_journal: true,
     };
 }
 
@@ -114,7 +120,7 @@ pub(super) struct Node {
 }
 
 impl Node {
-    fn held(&self, id: u64) -> Held {
+    pub(super) fn held(&self, id: u64) -> Held {
         if self.tombs.contains(&id) {
             Held::Deleted
         } else {
@@ -223,9 +229,22 @@ pub(super) struct Truth {
 /// A violation of the oracle, with what it found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Violation {
-    Resurrected { id: u64 },
-    Stale { id: u64, served: u64, newest: u64 },
-    Lost { id: u64 },
+    Resurrected {
+        id: u64,
+    },
+    Stale {
+        id: u64,
+        served: u64,
+        newest: u64,
+    },
+    Lost {
+        id: u64,
+    },
+    /// Served a subscription, or a version of one, that no Create or Update acknowledged.
+    Unacknowledged {
+        id: u64,
+        served: u64,
+    },
 }
 
 /// What one schedule did.
@@ -238,6 +257,8 @@ pub struct Outcome {
     pub resizes: usize,
     /// Elections the standby won and served from its tail's registry.
     pub tail_elections: usize,
+    /// Times the standby's tail resumed from its saved state after leading.
+    pub resumes: usize,
 }
 
 /// The simulated cluster of one schedule.
@@ -279,6 +300,9 @@ impl Cluster {
     /// layout `via` knows (it may not have heard of a resize yet).
     fn create(&mut self, via: u32) {
         let id = self.next_rev();
+        if self.standby.leading {
+            self.standby.led_write(id, id);
+        }
         self.truth.live.insert(id, id);
         let mut told = BTreeSet::new();
         let layout = self.nodes[via as usize]
@@ -293,9 +317,25 @@ impl Cluster {
         self.truth.witnesses.insert(id, told);
     }
 
+    /// A `Create` the leader stored whose replication failed: no node took it, and it was
+    /// not acknowledged.
+    fn create_failed(&mut self) {
+        let id = self.next_rev();
+        self.standby.led_write(id, id);
+    }
+
+    /// An `Update` the leader stored whose replication failed.
+    fn update_failed(&mut self, id: u64) {
+        let rev = self.next_rev();
+        self.standby.led_write(id, rev);
+    }
+
     /// `Update`: every live node holding a copy replaces it.
     fn update(&mut self, id: u64) {
         let rev = self.next_rev();
+        if self.standby.leading {
+            self.standby.led_write(id, rev);
+        }
         self.truth.live.insert(id, rev);
         let mut told = BTreeSet::new();
         for n in self.up() {
@@ -310,6 +350,9 @@ impl Cluster {
 
     /// `Delete`: every live node drops its copy (leaving a tombstone).
     fn delete(&mut self, id: u64) {
+        if self.standby.leading {
+            self.standby.led_delete(id);
+        }
         self.truth.live.remove(&id);
         self.truth.deleted.insert(id);
         let up = self.up();
@@ -530,7 +573,15 @@ impl Cluster {
                 .is_some_and(|w| w.iter().any(|n| up.contains(n)))
         };
         for (&id, &served) in registry {
-            if self.truth.deleted.contains(&id) {
+            if !self.truth.deleted.contains(&id)
+                && self
+                    .truth
+                    .live
+                    .get(&id)
+                    .is_none_or(|&newest| served > newest)
+            {
+                out.push(Violation::Unacknowledged { id, served });
+            } else if self.truth.deleted.contains(&id) {
                 if witnessed(id) {
                     out.push(Violation::Resurrected { id });
                 }
@@ -594,16 +645,23 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
             rng.below(100)
         };
         // the standby tails the nodes now and then, between any two steps
-        if rules.standby_tail && rng.below(6) == 0 {
+        if rules.standby_tail && !c.standby.leading && rng.below(6) == 0 {
             c.standby_round();
         }
         if trace {
             eprintln!("{seed} step {}: draw {draw}; {}", out.steps, c.describe());
         }
         match draw {
+            // while the standby leads, some of its writes never reach a node
+            0..=24 if c.standby.leading && rng.below(4) == 0 => c.create_failed(),
             0..=24 => {
                 if let Some(via) = rng.pick(&up) {
                     c.create(via);
+                }
+            }
+            25..=39 if c.standby.leading && rng.below(4) == 0 => {
+                if let Some(id) = rng.pick(&live) {
+                    c.update_failed(id);
                 }
             }
             25..=39 => {
@@ -650,6 +708,8 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
             }
             88..=99 => {
                 out.rebuilds += 1;
+                // whoever led before is deposed
+                c.standby.leading = false;
                 // the standby wins half the elections (from its tail when it has a base)
                 let registry = if rules.standby_tail && rng.below(2) == 0 {
                     let (registry, from_tail) = c.standby_leads();
@@ -691,6 +751,7 @@ pub fn run(seed: u64, rules: Rules) -> Outcome {
     out.rebuilds += 1;
     let registry = c.rebuild();
     c.check(&registry, &mut out.violations);
+    out.resumes = c.standby.resumed;
     out
 }
 

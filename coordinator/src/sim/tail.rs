@@ -3,8 +3,11 @@
 //! since its cursor (the whole holders' every change, the other nodes' changes since a
 //! Create), and when it wins an election serves that registry if a whole holder it listed
 //! in full answered whole in the last round, else rebuilds in full. A node on a new disk
-//! is pulled whole again. After it led, its tail starts over. [`Rules`] can undo the store
-//! check and the need for a whole holder.
+//! is pulled whole again. While it leads it writes its store itself, journaled, and some
+//! of those writes never reach a node (a Create or an Update whose replication failed);
+//! after the leadership it resumes from the cursors it saved, with each journaled id set
+//! to what a whole holder holds (with none whole, it rebuilds). [`Rules`] can undo the
+//! store check, the need for a whole holder, and the undoing of the journal.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -12,18 +15,29 @@ use storage::{Held, Newest, replaces};
 
 use super::copies::{Cluster, Rules};
 
+/// node -> (store identity, last change taken).
+type Cursors = BTreeMap<u32, (u64, u64)>;
+
 /// The standby's registry and where it stands in each node's feed.
 #[derive(Debug, Default)]
 pub(crate) struct Standby {
-    /// A rebuild was made: the rounds take changes since the cursors.
+    /// A rebuild was made (or the saved state resumed): the rounds take changes since the
+    /// cursors.
     based: bool,
-    /// node -> (store identity, last change taken).
-    cursors: BTreeMap<u32, (u64, u64)>,
+    cursors: Cursors,
     /// The whole holders listed in full from their cursors on: only these vouch.
     listed: BTreeSet<u32>,
     /// id -> revision.
     copies: BTreeMap<u64, u64>,
     tombs: BTreeSet<u64>,
+    /// The cursors and the listed holders as the store saved them last.
+    saved: Option<(Cursors, BTreeSet<u32>)>,
+    /// It leads: its writes go to its store, journaled.
+    pub(super) leading: bool,
+    /// The ids its leaderships wrote since it last resumed or rebuilt.
+    journal: BTreeSet<u64>,
+    /// Times it resumed from its saved state after leading.
+    pub(super) resumed: usize,
 }
 
 impl Standby {
@@ -36,14 +50,87 @@ impl Standby {
                 .map_or(Held::Absent, |&r| Held::Revision(r))
         }
     }
+
+    fn save(&mut self) {
+        self.saved = Some((self.cursors.clone(), self.listed.clone()));
+    }
+
+    /// The leader stored `id` at `revision` (a Create or an Update), journaled, before
+    /// the nodes took it (or failed to).
+    pub(super) fn led_write(&mut self, id: u64, revision: u64) {
+        if !self.tombs.contains(&id) {
+            self.copies.insert(id, revision);
+            self.journal.insert(id);
+        }
+    }
+
+    /// The leader deleted `id` (its tombstone is final, as the store keeps it).
+    pub(super) fn led_delete(&mut self, id: u64) {
+        self.copies.remove(&id);
+        self.tombs.insert(id);
+    }
 }
 
 impl Cluster {
     /// One round of the tail (`Tail::follow`); whether a whole holder vouched for it.
     pub(super) fn standby_round(&mut self) -> bool {
         let rules: Rules = self.rules;
-        if !self.standby.based {
-            // the rebuild: the registry replaced, cursors where each feed stood
+        if !self.standby.based && !self.standby_resume() {
+            return self.base_rebuild();
+        }
+        self.changes_round(rules)
+    }
+
+    /// The tail resumes from the state its store saved: the journaled ids set to what a
+    /// whole holder holds. False (rebuild) with nothing saved, or journaled ids and no
+    /// whole holder.
+    fn standby_resume(&mut self) -> bool {
+        let Some((cursors, listed)) = self.standby.saved.clone() else {
+            return false;
+        };
+        if !self.standby.journal.is_empty() && self.rules.resume_undoes_journal {
+            let up = self.up();
+            let Some(h) = self
+                .layout()
+                .whole_holders()
+                .into_iter()
+                .find(|&h| up.contains(&h) && self.whole(h))
+            else {
+                return false;
+            };
+            let journal = std::mem::take(&mut self.standby.journal);
+            for id in journal {
+                let at_holder = self.nodes[h as usize].held(id);
+                let s = &mut self.standby;
+                match at_holder {
+                    Held::Revision(r) => {
+                        if !s.tombs.contains(&id) {
+                            s.copies.insert(id, r);
+                        }
+                    }
+                    Held::Deleted => {
+                        s.copies.remove(&id);
+                        s.tombs.insert(id);
+                    }
+                    Held::Absent => {
+                        s.copies.remove(&id);
+                    }
+                }
+            }
+        }
+        let s = &mut self.standby;
+        s.journal.clear();
+        s.resumed += 1;
+        s.based = true;
+        s.cursors = cursors;
+        s.listed = listed;
+        true
+    }
+
+    /// The tail's rebuild: the registry replaced, cursors where each feed stood, the
+    /// journal cleared; whether a whole holder vouched for it.
+    fn base_rebuild(&mut self) -> bool {
+        {
             let up = self.up();
             let registry = self.rebuild();
             let ends = self.layout().whole_holders();
@@ -79,9 +166,18 @@ impl Cluster {
                     .filter(|(id, _)| !tombs.contains(id))
                     .collect(),
                 tombs,
+                saved: None,
+                leading: false,
+                journal: BTreeSet::new(),
+                resumed: self.standby.resumed,
             };
-            return vouched;
+            self.standby.save();
+            vouched
         }
+    }
+
+    /// A round of what changed since the cursors.
+    fn changes_round(&mut self, rules: Rules) -> bool {
         let holders: BTreeSet<u32> = self.layout().whole_holders().into_iter().collect();
         let mut merged = Newest::default();
         let mut vouched = false;
@@ -128,6 +224,7 @@ impl Cluster {
                 s.cursors.remove(&n);
             }
         }
+        s.save();
         vouched || !rules.tail_needs_whole
     }
 
@@ -136,14 +233,18 @@ impl Cluster {
     /// says whether the registry was the tail's.
     pub(super) fn standby_leads(&mut self) -> (BTreeMap<u64, u64>, bool) {
         let from_tail = self.standby.based && self.standby_round();
-        let registry = if from_tail {
-            self.standby.copies.clone()
-        } else {
-            self.rebuild()
-        };
-        self.standby.based = false;
-        self.standby.cursors.clear();
-        self.standby.listed.clear();
+        if !from_tail {
+            // the leader's rebuild replaces the store and saves its cursors
+            self.base_rebuild();
+        }
+        let registry = self.standby.copies.clone();
+        // the tail starts over in memory (the store keeps what it saved) and the leader
+        // writes the store
+        let s = &mut self.standby;
+        s.based = false;
+        s.cursors.clear();
+        s.listed.clear();
+        s.leading = true;
         (registry, from_tail)
     }
 }

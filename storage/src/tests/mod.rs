@@ -7,6 +7,7 @@ use super::*;
 mod changes;
 mod handed;
 mod lost;
+mod resume;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_and_delivery_state_survive_reopen() {
