@@ -45,6 +45,19 @@ struct Part<'a> {
     ids: Vec<u32>,
 }
 
+/// The buckets a part's uses are spread over by hash before they are interned, so that
+/// each bucket's table stays in cache (one table of millions of predicates cost two cache
+/// misses per use, the most of the W1 build's interning).
+const BUCKETS: usize = 1024;
+
+/// The mark of a use that is its predicate's first (the top bit of its distinct number).
+const FIRST: u32 = 1 << 31;
+
+/// The bucket of a hash (bits that neither [`part_of`] nor a small table's index uses).
+fn bucket_of(h: u64) -> usize {
+    (h >> 40) as usize % BUCKETS
+}
+
 /// The part a predicate's hash falls in (bits the table's index and tag do not use).
 fn part_of(h: u64) -> usize {
     (h >> 32) as usize % INTERN_PARTS
@@ -113,6 +126,110 @@ fn read_half<'a>(subs: &[(u64, &'a Dnf)]) -> Result<Half<'a>, BuildError> {
     Ok(h)
 }
 
+/// Interns the predicates of one part (of the uses of every half, in order): its distinct
+/// predicates numbered in the order of their first use, and the id of each of its uses in
+/// order. The uses are spread over [`BUCKETS`] by hash and each bucket is interned with a
+/// table that stays in cache; the ids are then handed out in one pass in the order of the
+/// uses, the same ids one table over the whole part gives.
+fn intern_part<'a>(part: usize, room: usize, halves: &[Half<'a>]) -> Part<'a> {
+    let hashes = || halves.iter().flat_map(|h| h.hashes.iter().copied());
+    let mut start = vec![0u32; BUCKETS + 1];
+    let mut mine = 0usize;
+    for h in hashes() {
+        if part_of(h) == part {
+            start[bucket_of(h) + 1] += 1;
+            mine += 1;
+        }
+    }
+    for b in 0..BUCKETS {
+        start[b + 1] += start[b];
+    }
+    // (the use's index among the part's, its index among all uses, its hash), bucket by
+    // bucket: read in order below, the hash with it
+    let mut spread: Vec<(u32, u32, u64)> = vec![(0, 0, 0); mine];
+    let mut fill = start.clone();
+    let mut k = 0u32;
+    for (g, h) in hashes().enumerate() {
+        if part_of(h) == part {
+            let b = bucket_of(h);
+            spread[fill[b] as usize] = (k, g as u32, h);
+            fill[b] += 1;
+            k += 1;
+        }
+    }
+    let ends: Vec<usize> = halves
+        .iter()
+        .scan(0, |end, h| {
+            *end += h.uses.len();
+            Some(*end)
+        })
+        .collect();
+    // the half and the index in it of use `g`
+    let locate = |g: u32| -> (&Half<'a>, usize) {
+        let g = g as usize;
+        let half = ends.iter().position(|&e| g < e).unwrap_or(0);
+        let before = if half == 0 { 0 } else { ends[half - 1] };
+        (&halves[half], g - before)
+    };
+    let hash_at = |g: u32| {
+        let (half, i) = locate(g);
+        half.hashes[i]
+    };
+    let same = |g: u32, o: u32| {
+        let (h1, i1) = locate(g);
+        let (h2, i2) = locate(o);
+        let ((a1, p1), (a2, p2)) = (h1.uses[i1], h2.uses[i2]);
+        a1 == a2 && p1.negated == p2.negated && p1.test == p2.test
+    };
+    // each use's distinct predicate (numbered bucket after bucket), with [`FIRST`] when the
+    // use is that predicate's first (one scattered write per use)
+    let mut distinct_of: Vec<u32> = vec![0; mine];
+    let mut n_distinct = 0u32;
+    // (the first use of a distinct predicate, its number)
+    let mut table: HashTable<(u32, u32)> = HashTable::new();
+    for b in 0..BUCKETS {
+        let slots = &spread[start[b] as usize..start[b + 1] as usize];
+        table.clear();
+        table.reserve(slots.len(), |&(o, _)| hash_at(o));
+        for &(k, g, h) in slots {
+            distinct_of[k as usize] = match table.find(h, |&(o, _)| same(g, o)) {
+                Some(&(_, d)) => d,
+                None => {
+                    let d = n_distinct;
+                    n_distinct += 1;
+                    table.insert_unique(h, (g, d), |&(o, _)| hash_at(o));
+                    d | FIRST
+                }
+            };
+        }
+    }
+    drop(spread);
+    // ids in the order of first use
+    let mut id_of: Vec<u32> = vec![0; n_distinct as usize];
+    let mut out = Part {
+        preds: Vec::with_capacity(room.max(n_distinct as usize)),
+        facts: Vec::with_capacity(room.max(n_distinct as usize)),
+        ids: Vec::with_capacity(mine),
+    };
+    let mut k = 0usize;
+    for (g, h) in hashes().enumerate() {
+        if part_of(h) != part {
+            continue;
+        }
+        let d = (distinct_of[k] & !FIRST) as usize;
+        if distinct_of[k] & FIRST != 0 {
+            id_of[d] = out.preds.len() as u32;
+            let (half, i) = locate(g as u32);
+            let (attr, p) = half.uses[i];
+            out.preds.push((attr, &p.test, p.negated));
+            out.facts.push(half.facts[i]);
+        }
+        out.ids.push(id_of[d]);
+        k += 1;
+    }
+    out
+}
+
 /// Runs `f` for `0..INTERN_PARTS`, on a thread each when the machine has more than one core;
 /// the answers in order.
 fn on_threads<T: Send>(f: impl Fn(usize) -> T + Sync) -> Vec<T> {
@@ -145,8 +262,9 @@ where
         halves.push(h?);
     }
     let n_uses: usize = halves.iter().map(|h| h.uses.len()).sum();
-    if n_uses >= u32::MAX as usize {
-        return Err(BuildError::TooLarge("predicate uses", u32::MAX as u64));
+    // (a part's distinct predicates are numbered below the top bit, [`FIRST`])
+    if n_uses >= FIRST as usize {
+        return Err(BuildError::TooLarge("predicate uses", u64::from(FIRST)));
     }
     // attribute ids in order of first use, the first half's kept; the conjunctions in order
     let mut attr_ids: FastMap<String, u32> = FastMap::default();
@@ -191,45 +309,11 @@ where
         conj_start.extend(h.conj_end.iter().map(|&e| base + e));
         base += h.uses.len() as u32;
     }
-    let uses = || halves.iter().flat_map(|h| h.uses.iter());
     let hashes = || halves.iter().flat_map(|h| h.hashes.iter().copied());
-    let facts = || halves.iter().flat_map(|h| h.facts.iter().copied());
-    let parts: Vec<Part<'a>> = on_threads(|part| {
-        let mine = hashes().filter(|&h| part_of(h) == part).count();
-        let mut table: HashTable<u32> = HashTable::with_capacity(mine);
-        // room for every use up front (untouched room costs no memory): no copies as it
-        // grows, and the first part's takes the others' after it where it lies
-        let room = if part == 0 { n_uses } else { mine };
-        let mut out = Part {
-            preds: Vec::with_capacity(room),
-            facts: Vec::with_capacity(room),
-            ids: Vec::with_capacity(mine),
-        };
-        for ((&(attr, p), h), f) in uses().zip(hashes()).zip(facts()) {
-            if part_of(h) != part {
-                continue;
-            }
-            let preds = &mut out.preds;
-            let found = table.find(h, |&id| {
-                let (a, t, n) = preds[id as usize];
-                a == attr && n == p.negated && *t == p.test
-            });
-            let id = match found {
-                Some(&id) => id,
-                None => {
-                    let id = preds.len() as u32;
-                    preds.push((attr, &p.test, p.negated));
-                    out.facts.push(f);
-                    // sized for every use of the part: the table never grows, so the
-                    // hasher is never asked
-                    table.insert_unique(h, id, |_| h);
-                    id
-                }
-            };
-            out.ids.push(id);
-        }
-        out
-    });
+    // room for every use in the first part (untouched room costs no memory): the others'
+    // predicates go after its own where they lie
+    let parts: Vec<Part<'a>> =
+        on_threads(|part| intern_part(part, if part == 0 { n_uses } else { 0 }, &halves));
     // the parts' predicates one after the other; each use's id offset by its part's start
     let mut offset = Vec::with_capacity(INTERN_PARTS);
     let mut ids = Vec::with_capacity(INTERN_PARTS);
@@ -262,4 +346,108 @@ where
         conj_start,
         conj_preds,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Bound, Conjunction, Num};
+
+    fn pred(attr: u32, lo: i64, negated: bool) -> Predicate {
+        Predicate {
+            attr: format!("a{attr}"),
+            test: Test::Interval {
+                lo: Bound::Incl(Num::from(lo)),
+                hi: Bound::Unbounded,
+            },
+            negated,
+        }
+    }
+
+    /// The interning over buckets gives what one table in the order of the uses gives:
+    /// each distinct predicate once, numbered by its first use, every use naming its own.
+    #[test]
+    fn predicates_are_interned_once_in_the_order_of_their_first_use() {
+        // a fixed draw (splitmix64): the same uses every run
+        let mut state = 7u64;
+        let mut below = |n: u64| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) % n
+        };
+        let dnfs: Vec<Dnf> = (0..3000)
+            .map(|_| {
+                let conjs = (0..1 + below(2))
+                    .map(|_| {
+                        Conjunction::new(
+                            (0..1 + below(6))
+                                .map(|_| {
+                                    let a = below(5) as u32;
+                                    pred(a, below(40) as i64, below(4) == 0)
+                                })
+                                .collect(),
+                        )
+                    })
+                    .collect();
+                Dnf(conjs)
+            })
+            .collect();
+        let it = intern(dnfs.iter().enumerate().map(|(i, d)| (i as u64 + 1, d))).expect("intern");
+        // the reference: one map, in the order of the uses (parts one after the other)
+        let uses: Vec<&Predicate> = dnfs
+            .iter()
+            .flat_map(|d| d.0.iter().flat_map(|c| c.0.iter()))
+            .collect();
+        assert_eq!(it.conj_preds.len(), uses.len());
+        let key = |p: &Predicate| (p.attr.clone(), p.test.clone(), p.negated);
+        let distinct: std::collections::HashSet<_> = uses.iter().map(|p| key(p)).collect();
+        assert_eq!(
+            it.preds.len(),
+            distinct.len(),
+            "each distinct predicate once"
+        );
+        let mut seen = std::collections::HashMap::new();
+        for (u, &id) in uses.iter().zip(&it.conj_preds) {
+            let (a, t, n) = it.preds[id as usize];
+            assert_eq!(
+                (it.attr_names[a as usize].as_str(), t, n),
+                (u.attr.as_str(), &u.test, u.negated),
+                "a use names its own predicate"
+            );
+            assert_eq!(
+                *seen.entry(key(u)).or_insert(id),
+                id,
+                "one id per predicate"
+            );
+        }
+        // within each part, ids grow with the first uses
+        for part in 0..INTERN_PARTS {
+            let firsts: Vec<u32> = {
+                let mut got = std::collections::HashSet::new();
+                it.conj_preds
+                    .iter()
+                    .copied()
+                    .filter(|&id| got.insert(id))
+                    .collect()
+            };
+            let mine: Vec<u32> = firsts
+                .into_iter()
+                .filter(|&id| {
+                    let (a, t, n) = it.preds[id as usize];
+                    let h = BuildHasherDefault::<XxHasher>::default().hash_one((
+                        it.attr_names[a as usize].as_str(),
+                        t,
+                        n,
+                    ));
+                    part_of(h) == part
+                })
+                .collect();
+            assert!(
+                mine.is_sorted(),
+                "part {part}: ids in the order of first use"
+            );
+        }
+    }
 }

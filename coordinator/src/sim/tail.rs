@@ -6,7 +6,7 @@
 //! is pulled whole again. While it leads it writes its store itself, journaled, and some
 //! of those writes never reach a node (a Create or an Update whose replication failed);
 //! after the leadership it resumes from the cursors it saved, with each journaled id set
-//! to what a whole holder holds (with none whole, it rebuilds). [`Rules`] can undo the
+//! to what a whole holder holds (with none whole, it waits a few rounds, then rebuilds). [`Rules`] can undo the
 //! store check, the need for a whole holder, and the undoing of the journal.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,7 +38,13 @@ pub(crate) struct Standby {
     journal: BTreeSet<u64>,
     /// Times it resumed from its saved state after leading.
     pub(super) resumed: usize,
+    /// Rounds its resume waited for a whole holder.
+    waited: u32,
 }
+
+/// Rounds a resume waits for a whole holder before the tail rebuilds
+/// (`coordinator::tail`'s `RESUME_PATIENCE`).
+const PATIENCE: u32 = 3;
 
 impl Standby {
     fn held(&self, id: u64) -> Held {
@@ -75,18 +81,22 @@ impl Cluster {
     /// One round of the tail (`Tail::follow`); whether a whole holder vouched for it.
     pub(super) fn standby_round(&mut self) -> bool {
         let rules: Rules = self.rules;
-        if !self.standby.based && !self.standby_resume() {
-            return self.base_rebuild();
+        if !self.standby.based {
+            match self.standby_resume() {
+                Some(true) => {}
+                Some(false) => return self.base_rebuild(),
+                None => return false,
+            }
         }
         self.changes_round(rules)
     }
 
     /// The tail resumes from the state its store saved: the journaled ids set to what a
-    /// whole holder holds. False (rebuild) with nothing saved, or journaled ids and no
-    /// whole holder.
-    fn standby_resume(&mut self) -> bool {
+    /// whole holder holds. `Some(false)` (rebuild) with nothing saved, or journaled ids and
+    /// no whole holder for [`PATIENCE`] rounds; `None` (wait for one) before that.
+    fn standby_resume(&mut self) -> Option<bool> {
         let Some((cursors, listed)) = self.standby.saved.clone() else {
-            return false;
+            return Some(false);
         };
         if !self.standby.journal.is_empty() && self.rules.resume_undoes_journal {
             let up = self.up();
@@ -96,7 +106,12 @@ impl Cluster {
                 .into_iter()
                 .find(|&h| up.contains(&h) && self.whole(h))
             else {
-                return false;
+                self.standby.waited += 1;
+                if self.standby.waited < PATIENCE {
+                    return None;
+                }
+                self.standby.waited = 0;
+                return Some(false);
             };
             let journal = std::mem::take(&mut self.standby.journal);
             for id in journal {
@@ -121,10 +136,11 @@ impl Cluster {
         let s = &mut self.standby;
         s.journal.clear();
         s.resumed += 1;
+        s.waited = 0;
         s.based = true;
         s.cursors = cursors;
         s.listed = listed;
-        true
+        Some(true)
     }
 
     /// The tail's rebuild: the registry replaced, cursors where each feed stood, the
@@ -170,6 +186,7 @@ impl Cluster {
                 leading: false,
                 journal: BTreeSet::new(),
                 resumed: self.standby.resumed,
+                waited: 0,
             };
             self.standby.save();
             vouched

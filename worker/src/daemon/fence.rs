@@ -141,9 +141,10 @@ impl Daemon {
             );
         } else {
             tracing::warn!(
-                "this node's lease may have lapsed (no heartbeat answer for over {lease:?}): \
-                 no QoS 2 pushes until it learned what others took over, and its \
-                 subscription copies not whole until it pulled them again"
+                "no heartbeat answer for over {lease:?} (an election, or this node was paused \
+                 or cut off), so its lease may have lapsed: no QoS 2 pushes until it learned \
+                 what others took over, and its subscription copies not whole until it \
+                 pulled them again"
             );
             self.subscriptions_lapsed();
         }
