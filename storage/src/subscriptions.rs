@@ -110,8 +110,8 @@ impl Store {
     /// records `deleted` as deleted, durably: a new coordinator leader's registry, rebuilt
     /// from the nodes' copies. Tombstones already here stay, and a record whose id is one
     /// of them is not taken. The tail state goes (the caller writes the new one), and so
-    /// does the start of a leadership's Creates in the journal. The answer is how many subscriptions
-    /// the store holds now.
+    /// does the start of a leadership's Creates in the journal. The answer is how many
+    /// subscriptions the store holds now.
     pub async fn replace_subscriptions(
         &self,
         records: &[(u64, u64, Vec<u8>)],

@@ -6,8 +6,9 @@
 //! is pulled whole again. While it leads it writes its store itself, journaled, and some
 //! of those writes never reach a node (a Create or an Update whose replication failed);
 //! after the leadership it resumes from the cursors it saved, with each journaled id set
-//! to what a whole holder holds (with none whole, it waits a few rounds, then rebuilds). [`Rules`] can undo the
-//! store check, the need for a whole holder, and the undoing of the journal.
+//! to what a whole holder holds (with none whole, it waits a few rounds, then rebuilds).
+//! [`Rules`] can undo the store check, the need for a whole holder, and the undoing of the
+//! journal.
 
 use std::collections::{BTreeMap, BTreeSet};
 
