@@ -336,7 +336,7 @@ pub(crate) async fn copies_of(
             .iter()
             .enumerate()
             .take(PAGE as usize)
-            .take_while(|&(i, &id)| id == first + i as u64)
+            .take_while(|&(i, &id)| first.checked_add(i as u64) == Some(id))
             .count();
         let (asked, next) = rest.split_at(run);
         rest = next;
