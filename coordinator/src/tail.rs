@@ -293,12 +293,15 @@ impl Tail {
             ids.sort_unstable();
             ids.dedup();
             for id in &ids {
-                match held.get(id).map(|c| &c.record) {
-                    Some(Some(record)) => {
-                        let revision = held[id].revision;
-                        store.set_subscription_unflushed(*id, Some((revision, record)))?;
+                match held.get(id) {
+                    Some(storage::SubCopy {
+                        record: Some(record),
+                        revision,
+                        ..
+                    }) => {
+                        store.set_subscription_unflushed(*id, Some((*revision, record)))?;
                     }
-                    Some(None) => {
+                    Some(_) => {
                         store.remove_subscription_unflushed(*id)?;
                     }
                     None => {
