@@ -27,7 +27,7 @@ fn the_chaos_benchmark_runs_its_schedules_and_every_invariant_holds() {
     }
     let dir = temp_dir("chaosbench");
     let (r, text, ok) = chaos_json(&["--quick", "--seed", "31"], &dir);
-    let text = format!("{text}{}", evidence(&r, &dir));
+    let text = format!("{text}{}", evidence(&r, &dir, &text));
     assert!(r["schedules"].as_u64() >= Some(2), "{r}");
     let faults: u64 = r["faults"]
         .as_object()
@@ -69,7 +69,15 @@ fn chaos_json(args: &[&str], dir: &Path) -> (serde_json::Value, String, bool) {
         .env("DISSEM_TEST_LOG", level)
         .output()
         .expect("dissem runs");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut text = String::from_utf8_lossy(&out.stdout).to_string();
+    // where a failed run kept its folder (the receiver's journal): `evidence` reads it
+    for l in String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("kept "))
+    {
+        text.push_str(l);
+        text.push('\n');
+    }
     let r = std::fs::read_to_string(&json).unwrap_or_else(|e| {
         panic!(
             "no JSON ({e}): {text}\n{}",
@@ -83,23 +91,43 @@ fn chaos_json(args: &[&str], dir: &Path) -> (serde_json::Value, String, bool) {
     )
 }
 
-/// What the processes' logs (in `dir/logs`) say about the objects the violations name, in
-/// time order with the process that said it: a failure in CI, where the logs are gone with
-/// the machine, is read from this.
-fn evidence(r: &serde_json::Value, dir: &Path) -> String {
+/// The objects a violation's detail names, as (node, seq): written `ObjectId { node: N,
+/// seq: S }` or `object N:S`.
+fn named_objects(detail: &str) -> Vec<(u64, u64)> {
+    let digits = |s: &str| -> Option<u64> {
+        let d: String = s.chars().take_while(char::is_ascii_digit).collect();
+        d.parse().ok()
+    };
+    let mut out = Vec::new();
+    for part in detail.split("ObjectId {").skip(1) {
+        let num = |key: &str| part.split(key).nth(1).and_then(digits);
+        if let (Some(node), Some(seq)) = (num("node: "), num("seq: ")) {
+            out.push((node, seq));
+        }
+    }
+    for part in detail.split("object ").skip(1) {
+        let node = digits(part);
+        let seq = part
+            .split_once(':')
+            .filter(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+            .and_then(|(_, rest)| digits(rest));
+        if let (Some(node), Some(seq)) = (node, seq) {
+            out.push((node, seq));
+        }
+    }
+    out
+}
+
+/// What the processes' logs (in `dir/logs`) and the receiver's journal (in the folder a
+/// failed run kept, named in `text`) say about the objects the violations name, in time
+/// order with the process that said it: a failure in CI, where the logs are gone with the
+/// machine, is read from this.
+fn evidence(r: &serde_json::Value, dir: &Path, text: &str) -> String {
     let mut needles = Vec::new();
     for v in r["violations"].as_array().into_iter().flatten() {
-        let detail = v["detail"].as_str().unwrap_or_default();
-        for part in detail.split("ObjectId {").skip(1) {
-            let num = |key: &str| -> Option<u64> {
-                let rest = part.split(key).nth(1)?;
-                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                digits.parse().ok()
-            };
-            if let (Some(node), Some(seq)) = (num("node: "), num("seq: ")) {
-                needles.push(format!("{node}:{seq}"));
-                needles.push(format!("-{node}-{seq}"));
-            }
+        for (node, seq) in named_objects(v["detail"].as_str().unwrap_or_default()) {
+            needles.push(format!("{node}:{seq}"));
+            needles.push(format!("-{node}-{seq}"));
         }
     }
     if needles.is_empty() {
@@ -107,25 +135,41 @@ fn evidence(r: &serde_json::Value, dir: &Path) -> String {
     }
     needles.truncate(12);
     let mut lines = Vec::new();
-    for f in std::fs::read_dir(dir.join("logs"))
+    let kept = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("kept ")?.strip_suffix(" for inspection"))
+        .map(|k| Path::new(k).join("receiver.journal"));
+    let logs = std::fs::read_dir(dir.join("logs"))
         .into_iter()
         .flatten()
         .flatten()
-    {
-        let name = f.file_name().to_string_lossy().into_owned();
+        .map(|f| f.path());
+    for f in logs.chain(kept) {
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let who = name
             .rsplit('-')
             .next()
             .unwrap_or(&name)
             .trim_end_matches(".log")
             .to_string();
-        let Ok(text) = std::fs::read_to_string(f.path()) else {
+        let Ok(text) = std::fs::read_to_string(&f) else {
             continue;
         };
         for l in text
             .lines()
             .filter(|l| needles.iter().any(|n| l.contains(n.as_str())))
         {
+            // a journal line is JSON: its time is `journaled_unix_ms`
+            let journaled = serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["journaled_unix_ms"].as_u64());
+            if let Some(ms) = journaled {
+                lines.push(format!("{} {who:>12} {l}", utc(ms)));
+                continue;
+            }
             let (at, rest) = l.split_at(l.len().min(27));
             lines.push(format!(
                 "{at} {who:>12} {}",
@@ -143,6 +187,38 @@ fn evidence(r: &serde_json::Value, dir: &Path) -> String {
     )
 }
 
+/// Unix milliseconds as the logs write their time (`2026-12-05T23:42:37.826000Z`).
+fn utc(ms: u64) -> String {
+    let (days, rest) = ((ms / 86_400_000) as i64, ms % 86_400_000);
+    // days to a civil date (Howard Hinnant's algorithm)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (h, min, sec, milli) = (
+        rest / 3_600_000,
+        rest / 60_000 % 60,
+        rest / 1_000 % 60,
+        rest % 1_000,
+    );
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{sec:02}.{milli:03}000Z")
+}
+
+#[test]
+fn the_evidence_reads_the_objects_a_violation_names_and_the_journals_time() {
+    assert_eq!(
+        named_objects("object 6:17 at the receiver; object 6:18 (x); ObjectId { node: 2, seq: 9 }"),
+        vec![(2, 9), (6, 17), (6, 18)]
+    );
+    assert_eq!(named_objects("2 objects"), vec![]);
+    assert_eq!(utc(1_796_514_014_483), "2026-12-05T23:40:14.483000Z");
+}
+
 /// Replays the one schedule of `seed`, checks it is still the schedule whose `faults` (by
 /// kind) found the bug, and that it passes with every count at 0.
 fn replay(seed: u64, faults: serde_json::Value) {
@@ -154,7 +230,7 @@ fn replay(seed: u64, faults: serde_json::Value) {
     let seed = seed.to_string();
     let args = ["--seed", &seed, "--schedules", "1", "--faults", "4"];
     let (r, text, ok) = chaos_json(&args, &dir);
-    let text = format!("{text}{}", evidence(&r, &dir));
+    let text = format!("{text}{}", evidence(&r, &dir, &text));
     assert_eq!(
         r["faults"], faults,
         "the schedule of seed {seed} changed: {r}"

@@ -844,6 +844,70 @@ async fn every_writer_of_a_failed_flush_is_told_it_failed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A flush that stops before it flushes (its outbox floor refused by a sled that failed on
+/// its own) is a failed flush: each of its writers is told so, none is left waiting, and
+/// none is answered Ok when the next flush fails too (`bench chaos` seed 32 in CI: two QoS 2
+/// deliveries released on a "received" phase that never reached the disk, shown twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writers_of_a_flush_that_stopped_short_are_told_it_failed() {
+    let dir = temp_dir("aborted-flush");
+    let s = Store::open(&dir, 4).expect("open");
+    const WRITERS: usize = 8;
+    let running = s.commit.running.lock().await;
+    let mut tasks = Vec::new();
+    for i in 0..WRITERS as u64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let state = DeliveryState::Received {
+                attempts: 0,
+                next_attempt_unix_ms: 0,
+            };
+            s.set_delivery(7, ObjectId { node: 4, seq: i }, &state)
+                .await
+        }));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.commit.waiting.load(Ordering::SeqCst) < WRITERS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writers did not wait"
+        );
+        tokio::task::yield_now().await;
+    }
+    // the shared flush stops short
+    s.commit.abort_next.store(true, Ordering::SeqCst);
+    drop(running);
+    s.commit.done.notify_waiters();
+    for t in tasks {
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), t)
+            .await
+            .expect("a writer of the flush that stopped short was left waiting")
+            .expect("join");
+        let e = answer.expect_err("a writer of the flush that stopped short was answered Ok");
+        assert!(e.is_disk_full(), "named as a full disk: {e}");
+    }
+    // a failed flush after it answers its own writer so
+    s.commit.fail_next.store(true, Ordering::SeqCst);
+    let late = s
+        .set_delivery(
+            7,
+            ObjectId { node: 4, seq: 50 },
+            &DeliveryState::Acked { at_unix_ms: 1 },
+        )
+        .await;
+    assert!(late.is_err(), "the late writer's flush failed: {late:?}");
+    // the next flush succeeds, and so do its writers
+    s.set_delivery(
+        7,
+        ObjectId { node: 4, seq: 99 },
+        &DeliveryState::Acked { at_unix_ms: 1 },
+    )
+    .await
+    .expect("a later write");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A delivery record only moves forward: a stale attempt's pending state does not undo a
 /// "received" phase or an acknowledgement, and only a redrive takes a dead letter back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
