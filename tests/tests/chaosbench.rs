@@ -167,7 +167,7 @@ fn evidence(r: &serde_json::Value, dir: &Path, text: &str) -> String {
                 .ok()
                 .and_then(|v| v["journaled_unix_ms"].as_u64());
             if let Some(ms) = journaled {
-                lines.push(format!("{} {who:>12} {l}", utc(ms)));
+                lines.push(format!("{} {who:>12} {l}", worker::deliver::rfc3339(ms)));
                 continue;
             }
             let (at, rest) = l.split_at(l.len().min(27));
@@ -187,36 +187,13 @@ fn evidence(r: &serde_json::Value, dir: &Path, text: &str) -> String {
     )
 }
 
-/// Unix milliseconds as the logs write their time (`2026-12-05T23:42:37.826000Z`).
-fn utc(ms: u64) -> String {
-    let (days, rest) = ((ms / 86_400_000) as i64, ms % 86_400_000);
-    // days to a civil date (Howard Hinnant's algorithm)
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let (h, min, sec, milli) = (
-        rest / 3_600_000,
-        rest / 60_000 % 60,
-        rest / 1_000 % 60,
-        rest % 1_000,
-    );
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{sec:02}.{milli:03}000Z")
-}
-
 #[test]
-fn the_evidence_reads_the_objects_a_violation_names_and_the_journals_time() {
+fn the_evidence_reads_the_objects_a_violation_names() {
     assert_eq!(
         named_objects("object 6:17 at the receiver; object 6:18 (x); ObjectId { node: 2, seq: 9 }"),
         vec![(2, 9), (6, 17), (6, 18)]
     );
     assert_eq!(named_objects("2 objects"), vec![]);
-    assert_eq!(utc(1_796_514_014_483), "2026-12-05T23:40:14.483000Z");
 }
 
 /// Replays the one schedule of `seed`, checks it is still the schedule whose `faults` (by

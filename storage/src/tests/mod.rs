@@ -791,18 +791,14 @@ async fn an_answer_of_own_objects_names_the_first_one_handed_out_but_not_yet_wri
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Every writer whose writes a failed flush covered is told it failed, not only the writer
-/// that ran the flush: a put is never acknowledged, and a QoS 2 "received" phase never taken
-/// as stored, on a write that did not reach the disk.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_writer_of_a_failed_flush_is_told_it_failed() {
-    let dir = temp_dir("failed-flush");
-    let s = Store::open(&dir, 4).expect("open");
-    const WRITERS: usize = 16;
-    // a flush is running: every writer waits for the next one, which all of them share
-    let running = s.commit.running.lock().await;
+/// `count` writers of a QoS 2 "received" phase, each waiting for a flush (one is running:
+/// the caller holds `commit.running`).
+async fn waiting_writers(
+    s: &Store,
+    count: usize,
+) -> Vec<tokio::task::JoinHandle<Result<bool, StorageError>>> {
     let mut tasks = Vec::new();
-    for i in 0..WRITERS as u64 {
+    for i in 0..count as u64 {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
             let state = DeliveryState::Received {
@@ -814,13 +810,27 @@ async fn every_writer_of_a_failed_flush_is_told_it_failed() {
         }));
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while s.commit.waiting.load(Ordering::SeqCst) < WRITERS {
+    while s.commit.waiting.load(Ordering::SeqCst) < count {
         assert!(
             std::time::Instant::now() < deadline,
             "the writers did not wait"
         );
         tokio::task::yield_now().await;
     }
+    tasks
+}
+
+/// Every writer whose writes a failed flush covered is told it failed, not only the writer
+/// that ran the flush: a put is never acknowledged, and a QoS 2 "received" phase never taken
+/// as stored, on a write that did not reach the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_writer_of_a_failed_flush_is_told_it_failed() {
+    let dir = temp_dir("failed-flush");
+    let s = Store::open(&dir, 4).expect("open");
+    const WRITERS: usize = 16;
+    // a flush is running: every writer waits for the next one, which all of them share
+    let running = s.commit.running.lock().await;
+    let tasks = waiting_writers(&s, WRITERS).await;
     // the shared flush fails as on a full disk
     s.commit.fail_next.store(true, Ordering::SeqCst);
     drop(running);
@@ -854,26 +864,7 @@ async fn the_writers_of_a_flush_that_stopped_short_are_told_it_failed() {
     let s = Store::open(&dir, 4).expect("open");
     const WRITERS: usize = 8;
     let running = s.commit.running.lock().await;
-    let mut tasks = Vec::new();
-    for i in 0..WRITERS as u64 {
-        let s = s.clone();
-        tasks.push(tokio::spawn(async move {
-            let state = DeliveryState::Received {
-                attempts: 0,
-                next_attempt_unix_ms: 0,
-            };
-            s.set_delivery(7, ObjectId { node: 4, seq: i }, &state)
-                .await
-        }));
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while s.commit.waiting.load(Ordering::SeqCst) < WRITERS {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the writers did not wait"
-        );
-        tokio::task::yield_now().await;
-    }
+    let tasks = waiting_writers(&s, WRITERS).await;
     // the shared flush stops short
     s.commit.abort_next.store(true, Ordering::SeqCst);
     drop(running);
