@@ -100,6 +100,8 @@ pub struct ChaosReport {
     pub seed: u64,
     pub grid: String,
     pub schedules: usize,
+    /// Cluster faults drawn per schedule (`--faults`): a seed's schedule depends on it.
+    pub faults_per_schedule: usize,
     pub faults: BTreeMap<&'static str, usize>,
     pub acknowledged: usize,
     pub lost: usize,
@@ -455,6 +457,7 @@ fn report(
         seed: o.seed,
         grid: format!("{}x{}", o.grid.0, o.grid.1),
         schedules: t.schedules,
+        faults_per_schedule: o.faults,
         faults: t.faults,
         acknowledged: t.acknowledged,
         lost: t.lost,
@@ -683,10 +686,12 @@ pub fn print(r: &ChaosReport) {
         r.stale_versions,
         r.federation_missing
     );
+    // the schedule a seed draws depends on the faults per schedule and the grid too: a
+    // `--quick` run's failure replayed without `--faults 3` was another schedule
     for v in &r.violations {
         println!(
-            "VIOLATION {} (replay: --seed {} --schedules 1): {}",
-            v.invariant, v.seed, v.detail
+            "VIOLATION {} (replay: --seed {} --schedules 1 --faults {} --grid {}): {}",
+            v.invariant, v.seed, r.faults_per_schedule, r.grid, v.detail
         );
     }
     println!("{}", if r.pass { "PASS" } else { "FAIL" });
