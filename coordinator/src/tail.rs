@@ -69,8 +69,8 @@ pub struct Tail {
 /// rebuilt 137 times where it could have resumed 16 times).
 const RESUME_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// What a resume did.
-enum Resumed {
+/// What a resume did (the simulation's resume answers the same, `sim::tail`).
+pub(crate) enum Resumed {
     /// The tail goes on from the saved state.
     Yes,
     /// Nothing to resume from: rebuild.

@@ -423,17 +423,18 @@ mod tests {
             );
         }
         // within each part, ids grow with the first uses
+        let firsts: Vec<u32> = {
+            let mut got = std::collections::HashSet::new();
+            it.conj_preds
+                .iter()
+                .copied()
+                .filter(|&id| got.insert(id))
+                .collect()
+        };
         for part in 0..INTERN_PARTS {
-            let firsts: Vec<u32> = {
-                let mut got = std::collections::HashSet::new();
-                it.conj_preds
-                    .iter()
-                    .copied()
-                    .filter(|&id| got.insert(id))
-                    .collect()
-            };
             let mine: Vec<u32> = firsts
-                .into_iter()
+                .iter()
+                .copied()
                 .filter(|&id| {
                     let (a, t, n) = it.preds[id as usize];
                     let h = BuildHasherDefault::<XxHasher>::default().hash_one((

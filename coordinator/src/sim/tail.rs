@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use storage::{Held, Newest, replaces};
 
 use super::copies::{Cluster, Rules};
+use crate::tail::Resumed;
 
 /// node -> (store identity, last change taken).
 type Cursors = BTreeMap<u32, (u64, u64)>;
@@ -84,20 +85,20 @@ impl Cluster {
         let rules: Rules = self.rules;
         if !self.standby.based {
             match self.standby_resume() {
-                Some(true) => {}
-                Some(false) => return self.base_rebuild(),
-                None => return false,
+                Resumed::Yes => {}
+                Resumed::No => return self.base_rebuild(),
+                Resumed::Wait => return false,
             }
         }
         self.changes_round(rules)
     }
 
     /// The tail resumes from the state its store saved: the journaled ids set to what a
-    /// whole holder holds. `Some(false)` (rebuild) with nothing saved, or journaled ids and
-    /// no whole holder for [`PATIENCE`] rounds; `None` (wait for one) before that.
-    fn standby_resume(&mut self) -> Option<bool> {
+    /// whole holder holds. [`Resumed::No`] (rebuild) with nothing saved, or journaled ids
+    /// and no whole holder for [`PATIENCE`] rounds; [`Resumed::Wait`] before that.
+    fn standby_resume(&mut self) -> Resumed {
         let Some((cursors, listed)) = self.standby.saved.clone() else {
-            return Some(false);
+            return Resumed::No;
         };
         if !self.standby.journal.is_empty() && self.rules.resume_undoes_journal {
             let up = self.up();
@@ -109,10 +110,10 @@ impl Cluster {
             else {
                 self.standby.waited += 1;
                 if self.standby.waited < PATIENCE {
-                    return None;
+                    return Resumed::Wait;
                 }
                 self.standby.waited = 0;
-                return Some(false);
+                return Resumed::No;
             };
             let journal = std::mem::take(&mut self.standby.journal);
             for id in journal {
@@ -141,7 +142,7 @@ impl Cluster {
         s.based = true;
         s.cursors = cursors;
         s.listed = listed;
-        Some(true)
+        Resumed::Yes
     }
 
     /// The tail's rebuild: the registry replaced, cursors where each feed stood, the

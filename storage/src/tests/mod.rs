@@ -791,12 +791,15 @@ async fn an_answer_of_own_objects_names_the_first_one_handed_out_but_not_yet_wri
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `count` writers of a QoS 2 "received" phase, each waiting for a flush (one is running:
-/// the caller holds `commit.running`).
-async fn waiting_writers(
+/// `count` writers of a QoS 2 "received" phase wait for one shared flush (a flush is
+/// running, so they all wait for the next), which `fail` (a test switch of the commit)
+/// makes fail: each writer must be told it failed, as a full disk, within a deadline.
+async fn each_writer_is_told_the_shared_flush_failed(
     s: &Store,
     count: usize,
-) -> Vec<tokio::task::JoinHandle<Result<bool, StorageError>>> {
+    fail: &std::sync::atomic::AtomicBool,
+) {
+    let running = s.commit.running.lock().await;
     let mut tasks = Vec::new();
     for i in 0..count as u64 {
         let s = s.clone();
@@ -817,7 +820,28 @@ async fn waiting_writers(
         );
         tokio::task::yield_now().await;
     }
-    tasks
+    fail.store(true, Ordering::SeqCst);
+    drop(running);
+    s.commit.done.notify_waiters();
+    for t in tasks {
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), t)
+            .await
+            .expect("a writer of the shared flush was left waiting")
+            .expect("join");
+        let e = answer.expect_err("a writer of the failed flush was answered Ok");
+        assert!(e.is_disk_full(), "named as a full disk: {e}");
+    }
+}
+
+/// After a failed flush the next one succeeds, and so do its writers.
+async fn a_later_write_succeeds(s: &Store) {
+    s.set_delivery(
+        7,
+        ObjectId { node: 4, seq: 99 },
+        &DeliveryState::Acked { at_unix_ms: 1 },
+    )
+    .await
+    .expect("a later write");
 }
 
 /// Every writer whose writes a failed flush covered is told it failed, not only the writer
@@ -827,29 +851,9 @@ async fn waiting_writers(
 async fn every_writer_of_a_failed_flush_is_told_it_failed() {
     let dir = temp_dir("failed-flush");
     let s = Store::open(&dir, 4).expect("open");
-    const WRITERS: usize = 16;
-    // a flush is running: every writer waits for the next one, which all of them share
-    let running = s.commit.running.lock().await;
-    let tasks = waiting_writers(&s, WRITERS).await;
     // the shared flush fails as on a full disk
-    s.commit.fail_next.store(true, Ordering::SeqCst);
-    drop(running);
-    s.commit.done.notify_waiters();
-    for t in tasks {
-        let e = t
-            .await
-            .expect("join")
-            .expect_err("a writer of the failed flush was answered Ok");
-        assert!(e.is_disk_full(), "named as a full disk: {e}");
-    }
-    // the next flush succeeds, and so do its writers
-    s.set_delivery(
-        7,
-        ObjectId { node: 4, seq: 99 },
-        &DeliveryState::Acked { at_unix_ms: 1 },
-    )
-    .await
-    .expect("a later write");
+    each_writer_is_told_the_shared_flush_failed(&s, 16, &s.commit.fail_next).await;
+    a_later_write_succeeds(&s).await;
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -862,21 +866,8 @@ async fn every_writer_of_a_failed_flush_is_told_it_failed() {
 async fn the_writers_of_a_flush_that_stopped_short_are_told_it_failed() {
     let dir = temp_dir("aborted-flush");
     let s = Store::open(&dir, 4).expect("open");
-    const WRITERS: usize = 8;
-    let running = s.commit.running.lock().await;
-    let tasks = waiting_writers(&s, WRITERS).await;
     // the shared flush stops short
-    s.commit.abort_next.store(true, Ordering::SeqCst);
-    drop(running);
-    s.commit.done.notify_waiters();
-    for t in tasks {
-        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), t)
-            .await
-            .expect("a writer of the flush that stopped short was left waiting")
-            .expect("join");
-        let e = answer.expect_err("a writer of the flush that stopped short was answered Ok");
-        assert!(e.is_disk_full(), "named as a full disk: {e}");
-    }
+    each_writer_is_told_the_shared_flush_failed(&s, 8, &s.commit.abort_next).await;
     // a failed flush after it answers its own writer so
     s.commit.fail_next.store(true, Ordering::SeqCst);
     let late = s
@@ -887,14 +878,7 @@ async fn the_writers_of_a_flush_that_stopped_short_are_told_it_failed() {
         )
         .await;
     assert!(late.is_err(), "the late writer's flush failed: {late:?}");
-    // the next flush succeeds, and so do its writers
-    s.set_delivery(
-        7,
-        ObjectId { node: 4, seq: 99 },
-        &DeliveryState::Acked { at_unix_ms: 1 },
-    )
-    .await
-    .expect("a later write");
+    a_later_write_succeeds(&s).await;
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
