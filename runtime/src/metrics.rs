@@ -108,6 +108,27 @@ pub fn render(s: &v1::StatsResponse, workers: &[v1::WorkerInfo]) -> String {
         );
         line(
             &mut o,
+            "dissem_puts_waited_total",
+            "Puts that waited for a slot of the write path (admitted in priority order).",
+            "counter",
+            &one(s.puts_waited),
+        );
+        line(
+            &mut o,
+            "dissem_puts_refused_overloaded_total",
+            "Puts refused UNAVAILABLE because too many waited for the write path.",
+            "counter",
+            &one(s.puts_refused_overloaded),
+        );
+        line(
+            &mut o,
+            "dissem_puts_waiting",
+            "Puts waiting for a slot of the write path now.",
+            "gauge",
+            &one(s.puts_waiting),
+        );
+        line(
+            &mut o,
             "dissem_objects_stored",
             "Objects stored on this node.",
             "gauge",

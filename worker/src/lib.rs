@@ -7,6 +7,7 @@
 //! server assembly, authentication, metrics, the links between the roles) is the `runtime`
 //! crate; this crate knows the coordinator only through `runtime::link::ToCoordinator`.
 
+pub mod admission;
 pub mod client;
 pub mod daemon;
 pub mod deliver;

@@ -49,6 +49,8 @@ pub struct Node {
     pub(crate) sink: Sink,
     /// Draining before a restart (`Admin.Drain`): puts are refused.
     drain: Arc<crate::drain::Drain>,
+    /// The write path's slots, taken in priority order once all are busy.
+    admission: crate::admission::Admission,
 }
 
 impl Node {
@@ -66,6 +68,10 @@ impl Node {
             drain: match &sink {
                 Sink::Cluster(d) => d.drain().clone(),
                 _ => Arc::default(),
+            },
+            admission: match &sink {
+                Sink::Cluster(d) => d.admission().clone(),
+                _ => crate::admission::Admission::default(),
             },
             sink,
         }
@@ -156,12 +162,30 @@ impl Node {
     }
 
     /// Stores validated objects a writer of this cluster hands in: [`Node::store_objects`],
-    /// owing each to the cluster's federation links.
+    /// owing each to the cluster's federation links, once the write path admits them (in
+    /// priority order while it is busy: [`crate::admission`]; a batch at its highest).
     async fn put_objects(
         &self,
         objs: Vec<Result<storage::NewObject, ServiceError>>,
     ) -> Vec<Result<v1::PutResponse, ServiceError>> {
-        self.store_objects(objs, true).await
+        let Some(priority) = objs.iter().flatten().map(|o| o.priority).max() else {
+            // nothing valid: the rejections, without a slot
+            return self.store_admitted(objs, true, None).await;
+        };
+        let slot = match self.admission.enter(priority).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.rejected
+                    .fetch_add(objs.len() as u64, Ordering::Relaxed);
+                return objs.into_iter().map(|o| o.and(Err(e.into()))).collect();
+            }
+        };
+        self.store_admitted(objs, true, Some(slot)).await
+    }
+
+    /// The write path's admission: waited and refused puts so far, and those waiting now.
+    pub fn admission(&self) -> &crate::admission::Admission {
+        &self.admission
     }
 
     /// Stores validated objects with one shared flush and hands each new one to the sink;
@@ -172,6 +196,18 @@ impl Node {
         &self,
         objs: Vec<Result<storage::NewObject, ServiceError>>,
         owe: bool,
+    ) -> Vec<Result<v1::PutResponse, ServiceError>> {
+        self.store_admitted(objs, owe, None).await
+    }
+
+    /// [`Node::store_objects`] holding `slot` of the write path until the local write is
+    /// durable: the copies to peers and the federation's record wait on the network, not on
+    /// this node's CPU or disk, so a slow peer does not hold the slot (and every put behind it).
+    async fn store_admitted(
+        &self,
+        objs: Vec<Result<storage::NewObject, ServiceError>>,
+        owe: bool,
+        slot: Option<crate::admission::Slot>,
     ) -> Vec<Result<v1::PutResponse, ServiceError>> {
         let start_us = runtime::now_us();
         let federation = self.federation.as_ref().filter(|f| owe && f.has_links());
@@ -197,7 +233,9 @@ impl Node {
             }
         }
         let owed_copies: Option<Vec<storage::NewObject>> = federation.map(|_| valid.clone());
-        let stored = match self.store.put_batch(valid).await {
+        let written = self.store.put_batch(valid).await;
+        drop(slot);
+        let stored = match written {
             Ok(outs) => outs,
             Err(e) => {
                 // the shared flush failed: none of the writes is acknowledged
@@ -516,6 +554,9 @@ impl v1::admin_server::Admin for Node {
             objects_handed: self.store.handed_seqs().len() as u64,
             objects_taken_back: cluster(|d| d.counters().taken_back.load(Ordering::Relaxed)),
             store_failed: self.store.sled_failed(),
+            puts_waited: self.admission.counts().0,
+            puts_refused_overloaded: self.admission.counts().1,
+            puts_waiting: self.admission.waiting() as u64,
             copies_pulled: cluster(|d| d.counters().copies_pulled.load(Ordering::Relaxed)),
             image_loaded: cluster(|d| d.image_loaded()),
             images_compiled: cluster(|d| d.counters().images_compiled.load(Ordering::Relaxed)),
@@ -674,3 +715,7 @@ impl v1::admin_server::Admin for Node {
         Ok(Response::new(v1::RedriveResponse { redriven }))
     }
 }
+
+#[cfg(test)]
+#[path = "services_tests.rs"]
+mod tests;

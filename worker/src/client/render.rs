@@ -166,6 +166,18 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
                     "puts",
                 ),
                 (
+                    "puts_waited",
+                    "puts that waited for a write slot",
+                    json!(s.puts_waited),
+                    "puts",
+                ),
+                (
+                    "puts_refused_overloaded",
+                    "puts refused (too many waiting)",
+                    json!(s.puts_refused_overloaded),
+                    "puts",
+                ),
+                (
                     "outbox_pending",
                     "outbox pending",
                     json!(s.outbox_pending),

@@ -141,6 +141,8 @@ struct Inner {
     forward_rx: Mutex<Option<mpsc::Receiver<v1::ArrivedObject>>>,
     deliverer: crate::deliver::Deliverer,
     lanes: Lanes,
+    /// The node's write path for puts: its waiting puts count as backlog for the lanes.
+    admission: crate::admission::Admission,
     /// The cluster as the last heartbeat answer described it (quorum replication).
     view: Mutex<replicate::View>,
     /// Each peer's queue of copies and finished marks.
@@ -263,6 +265,7 @@ impl Daemon {
                 forward_rx: Mutex::new(Some(rx)),
                 deliverer,
                 lanes,
+                admission: crate::admission::Admission::default(),
                 view: Mutex::new(replicate::View::default()),
                 peer_queues: Mutex::new(HashMap::new()),
                 unsent: Mutex::new(unsent::Unsent::default()),
@@ -335,5 +338,11 @@ impl Daemon {
     /// The node's drain state (its services refuse puts while it drains).
     pub fn drain(&self) -> &Arc<crate::drain::Drain> {
         &self.inner.drain
+    }
+
+    /// The node's write path for puts (its services enter it; the bulk lane's switch
+    /// counts the puts waiting there as backlog).
+    pub fn admission(&self) -> &crate::admission::Admission {
+        &self.inner.admission
     }
 }

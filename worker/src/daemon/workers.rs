@@ -115,14 +115,17 @@ impl Daemon {
         }
     }
 
-    /// Drives the bulk lane from the outbox backlog ([`lane_switch`]).
+    /// Drives the bulk lane from the backlog ([`lane_switch`]): the outbox and the puts
+    /// waiting to be written.
     pub(super) async fn lane_switch(self) {
         let mut calm = 0u32;
         let mut tick = tokio::time::interval(LANE_SAMPLE);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tick.tick().await;
-            let backlog = self.inner.store.outbox_len();
+            // puts waiting to be written are a backlog too: once the write path admits in
+            // priority order, an overload queues there first
+            let backlog = self.inner.store.outbox_len() + self.inner.admission.waiting();
             let lanes = &self.inner.lanes;
             let was = lanes.overloaded();
             let now = lane_switch(was, backlog, &mut calm);
