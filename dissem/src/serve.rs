@@ -476,6 +476,15 @@ pub(super) struct WorkerFlags {
     /// never waits for a worker a backlog holds. 0 turns the reserve off.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=16))]
     pub(super) urgent_workers: u8,
+    /// Puts written at once (the store's write and its flush); once all slots are taken,
+    /// puts wait highest priority first.
+    #[arg(long, default_value_t = worker::admission::DEFAULT_SLOTS as u16,
+          value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub(super) write_slots: u16,
+    /// Of the write slots, those kept for priority-7 puts (fewer than --write-slots).
+    #[arg(long, default_value_t = worker::admission::DEFAULT_RESERVE as u16,
+          value_parser = clap::value_parser!(u16).range(0..=4095))]
+    pub(super) urgent_write_slots: u16,
     /// CPU utilisation (0..=1) above which every idle worker is terminated.
     #[arg(long, default_value_t = 0.85)]
     pub(super) cpu_high: f64,
@@ -581,6 +590,16 @@ impl WorkerFlags {
         cfg.delivery.skip_webhook_validation = self.skip_webhook_validation;
         cfg.initial_workers = self.workers;
         cfg.urgent_workers = usize::from(self.urgent_workers);
+        if self.urgent_write_slots >= self.write_slots {
+            anyhow::bail!(
+                "--urgent-write-slots ({}) must be fewer than --write-slots ({}): lower \
+                 priorities need at least one slot",
+                self.urgent_write_slots,
+                self.write_slots
+            );
+        }
+        cfg.write_slots = usize::from(self.write_slots);
+        cfg.urgent_write_slots = usize::from(self.urgent_write_slots);
         cfg.regulator = worker::regulate::RegulatorConfig {
             upper: self.cpu_high,
             lower: self.cpu_low,

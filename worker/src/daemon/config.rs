@@ -28,6 +28,10 @@ pub struct DaemonConfig {
     /// load regulation, and the coordinator hands them no other task, so an urgent object
     /// never waits for a worker that a backlog holds.
     pub urgent_workers: usize,
+    /// Puts written at once before the rest wait in priority order, and of those the slots
+    /// kept for priority 7 ([`crate::admission`]).
+    pub write_slots: usize,
+    pub urgent_write_slots: usize,
     pub regulator: RegulatorConfig,
     /// How often load regulation samples the CPU.
     pub regulate_every: Duration,
@@ -73,6 +77,8 @@ impl DaemonConfig {
             endpoint,
             initial_workers: 4,
             urgent_workers: 1,
+            write_slots: crate::admission::DEFAULT_SLOTS,
+            urgent_write_slots: crate::admission::DEFAULT_RESERVE,
             regulator: RegulatorConfig {
                 min_workers: 2,
                 max_workers: 16,

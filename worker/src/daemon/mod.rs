@@ -219,6 +219,11 @@ impl Daemon {
     ) -> Result<Daemon, ServiceError> {
         let (tx, rx) = mpsc::channel(65_536);
         let lanes = Lanes::new(cfg.bulk_lane);
+        let admission = crate::admission::Admission::new(
+            cfg.write_slots,
+            cfg.urgent_write_slots,
+            crate::admission::DEFAULT_MAX_WAITING,
+        );
         let deliverer = crate::deliver::Deliverer::new(
             cfg.delivery.clone(),
             store.clone(),
@@ -265,7 +270,7 @@ impl Daemon {
                 forward_rx: Mutex::new(Some(rx)),
                 deliverer,
                 lanes,
-                admission: crate::admission::Admission::default(),
+                admission,
                 view: Mutex::new(replicate::View::default()),
                 peer_queues: Mutex::new(HashMap::new()),
                 unsent: Mutex::new(unsent::Unsent::default()),
