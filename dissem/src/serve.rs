@@ -550,6 +550,14 @@ pub(super) struct WorkerFlags {
 
 impl WorkerFlags {
     pub(super) fn check(&self) -> anyhow::Result<()> {
+        if self.urgent_write_slots >= self.write_slots {
+            bail!(
+                "--urgent-write-slots ({}) must be fewer than --write-slots ({}): lower \
+                 priorities need at least one slot",
+                self.urgent_write_slots,
+                self.write_slots
+            );
+        }
         if !(0.0..=1.0).contains(&self.cpu_low)
             || self.cpu_high.is_nan()
             || self.cpu_low > self.cpu_high
@@ -590,14 +598,6 @@ impl WorkerFlags {
         cfg.delivery.skip_webhook_validation = self.skip_webhook_validation;
         cfg.initial_workers = self.workers;
         cfg.urgent_workers = usize::from(self.urgent_workers);
-        if self.urgent_write_slots >= self.write_slots {
-            anyhow::bail!(
-                "--urgent-write-slots ({}) must be fewer than --write-slots ({}): lower \
-                 priorities need at least one slot",
-                self.urgent_write_slots,
-                self.write_slots
-            );
-        }
         cfg.write_slots = usize::from(self.write_slots);
         cfg.urgent_write_slots = usize::from(self.urgent_write_slots);
         cfg.regulator = worker::regulate::RegulatorConfig {

@@ -214,6 +214,48 @@ fn a_put_right_after_create_is_matched_every_time() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A write-slot reserve that leaves lower priorities no slot is refused before the node
+/// binds or prints its address, naming both flags.
+#[test]
+fn a_write_slot_reserve_that_leaves_no_slot_is_refused_at_start() {
+    let dir = temp_dir("slots");
+    let data = dir.join("data").display().to_string();
+    let mut child = std::process::Command::new(dissem_bin())
+        .args(["up", "--listen", "127.0.0.1:0", "--data", &data])
+        .args(["--write-slots", "2", "--urgent-write-slots", "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run dissem up");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("dissem up took the flags and ran");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().expect("output");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!status.success(), "{stdout} {stderr}");
+    assert!(
+        stderr.contains("--urgent-write-slots (2) must be fewer than --write-slots (2)"),
+        "{stderr}"
+    );
+    assert!(
+        !stdout.contains("listening"),
+        "refused only after binding: {stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Runs one client command of `dissem` against `url`: (exit code, stdout, stderr).
 fn cli(url: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let out = std::process::Command::new(dissem_bin())
