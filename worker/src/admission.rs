@@ -5,10 +5,11 @@
 //! overload: priority 7's put p99 43 ms, the same as priority 0's). So the writing of puts
 //! (the store's insert and its group-commit flush: this node's CPU and disk; the copies to
 //! peers wait on the network after the slot is freed) is entered through a fixed number of
-//! slots. While a slot is free a put takes it at once, as before; once all
-//! are taken, puts wait in one queue ordered by priority, then by arrival, and a freed slot
-//! goes to the highest. The last [`Admission::new`]'s `reserve` slots are kept for the urgent
-//! priority, so an urgent put finds a slot even while lower ones fill the rest.
+//! slots. While a slot open to its priority is free, a put takes it at once, as before; once
+//! all are taken, puts wait in one queue ordered by priority, then by arrival, and a freed
+//! slot goes to the highest waiter that may take it. Of the slots, `reserve` (see
+//! [`Admission::new`]) are open to the urgent priority only, so an urgent put finds a slot
+//! even while lower ones fill the rest.
 //!
 //! The queue is bounded: a put that finds it full is refused with `UNAVAILABLE` (retry
 //! later, or elsewhere), unless it outranks the lowest waiter, which is then refused in its
