@@ -116,13 +116,15 @@ impl From<Overloaded> for ServiceError {
     }
 }
 
-fn overloaded(max_waiting: usize) -> Overloaded {
-    Overloaded { max_waiting }
-}
-
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn overloaded(&self) -> Overloaded {
+        Overloaded {
+            max_waiting: self.max_waiting,
+        }
     }
 
     /// How many slots a put of `priority` may fill.
@@ -191,23 +193,16 @@ impl Admission {
                 st.waiting.retain(|w| !w.tx.is_closed());
             }
             if st.waiting.len() >= self.inner.max_waiting {
-                let mut all = std::mem::take(&mut st.waiting).into_vec();
-                let lowest = all
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, w)| w.key())
-                    .map(|(i, w)| (i, w.priority));
-                match lowest {
-                    Some((i, p)) if p < priority => {
+                // the lowest waiter (lowest priority, latest arrival: keys are unique)
+                match st.waiting.iter().map(Waiter::key).min() {
+                    Some(lowest) if lowest.0 < priority => {
                         // refused in the newcomer's place: its sender dropped, it hears so
-                        all.swap_remove(i);
-                        st.waiting = all.into();
+                        st.waiting.retain(|w| w.key() != lowest);
                     }
                     _ => {
-                        st.waiting = all.into();
                         drop(st);
                         self.inner.refused.fetch_add(1, Ordering::Relaxed);
-                        return Err(overloaded(self.inner.max_waiting));
+                        return Err(self.inner.overloaded());
                     }
                 }
                 self.inner.refused.fetch_add(1, Ordering::Relaxed);
@@ -223,7 +218,7 @@ impl Admission {
             rx
         };
         self.inner.waited.fetch_add(1, Ordering::Relaxed);
-        rx.await.map_err(|_| overloaded(self.inner.max_waiting))
+        rx.await.map_err(|_| self.inner.overloaded())
     }
 
     /// Puts that waited for a slot, and puts refused, so far.
@@ -270,6 +265,17 @@ mod tests {
         })
     }
 
+    /// A waiter's answer, within a deadline (a put left waiting fails the test, not hangs it).
+    async fn answer(
+        what: &str,
+        t: tokio::task::JoinHandle<Result<(), Overloaded>>,
+    ) -> Result<(), Overloaded> {
+        tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .unwrap_or_else(|_| panic!("timed out: {what}"))
+            .expect("task")
+    }
+
     async fn until(what: &str, mut f: impl FnMut() -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while !f() {
@@ -294,7 +300,7 @@ mod tests {
         drop(held);
         drop(reserve);
         for t in tasks {
-            t.await.expect("task").expect("admitted");
+            answer("a waiter's slot", t).await.expect("admitted");
         }
         let order = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
         assert_eq!(order, vec![7, 6, 3, 3, 1, 0]);
@@ -318,7 +324,7 @@ mod tests {
         drop(urgent);
         assert_eq!(gate.waiting(), 1, "the reserve is not for priority 6");
         drop((a, b));
-        low.await.expect("task").expect("admitted");
+        answer("priority 6's slot", low).await.expect("admitted");
         assert_eq!(*order.lock().unwrap_or_else(|p| p.into_inner()), vec![6]);
     }
 
@@ -337,9 +343,8 @@ mod tests {
         assert!(refused.contains("overloaded"), "{refused}");
         // one that outranks the lowest takes its place; the lowest is refused
         let third = waiter(&gate, 5, &order);
-        let lowest = second
+        let lowest = answer("the lowest waiter's refusal", second)
             .await
-            .expect("task")
             .expect_err("refused in its place");
         assert_eq!(lowest, Overloaded { max_waiting: 2 });
         until("the newcomer waits", || gate.waiting() == 2).await;
@@ -347,7 +352,9 @@ mod tests {
         first.abort();
         let _ = first.await;
         drop(held);
-        third.await.expect("task").expect("admitted");
+        answer("the newcomer's slot", third)
+            .await
+            .expect("admitted");
         assert_eq!(*order.lock().unwrap_or_else(|p| p.into_inner()), vec![5]);
         assert_eq!(gate.counts().1, 2);
         // every slot came back: the whole gate is free again
