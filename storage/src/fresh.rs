@@ -10,7 +10,7 @@ use crate::objects::StoredObject;
 
 /// Most objects kept: a backlog of this many new objects (a burst the node matches and
 /// pushes behind its writers) is still read from memory.
-const MAX_OBJECTS: usize = 65_536;
+const MAX_OBJECTS: usize = 262_144;
 /// Most bytes kept (data, ids and metadata, as [`size`] counts them).
 const MAX_BYTES: usize = 64 << 20;
 /// Objects larger than this are not kept (they would push out many small ones).
@@ -89,9 +89,8 @@ impl Fresh {
     }
 
     /// A copy of the object written as `seq`, if it is still kept.
-    pub(crate) fn get(&self, seq: u64) -> Option<StoredObject> {
-        let o = self.lock().by_seq.get(&seq).cloned()?;
-        Some(StoredObject::clone(&o))
+    pub(crate) fn get(&self, seq: u64) -> Option<Arc<StoredObject>> {
+        self.lock().by_seq.get(&seq).cloned()
     }
 
     /// Forgets the object written as `seq` (it is being deleted).

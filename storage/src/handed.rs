@@ -76,7 +76,7 @@ impl Store {
             let (k, v) = kv?;
             let mut known = decode_handing(&k, &v);
             if let Some(h) = known
-                && self.data.get(key(b'd', h.0))?.is_none()
+                && !self.has_locator(h.0)?
             {
                 known = None;
             }

@@ -3,24 +3,25 @@
 //! state (pending, acknowledged, dead letters). This is the only crate of the system that
 //! imports sled.
 //!
-//! An object's bytes and metadata are appended to the object log ([`objlog`]) beside sled;
-//! sled holds one small locator per object, and a locator whose log record never reached the
-//! disk (an unacknowledged put, cut by a crash) is dropped at open. The outbox (objects not
-//! yet handed to delivery) lives in memory; its floor, the lowest sequence number still owed,
-//! is written with every flush, and at open every object from the floor on is owed again.
-//! So a put costs one sled update, and a retirement none. A put is acknowledged only after a
-//! flush covering it. A message id is claimed first with a compare-and-swap; a claim whose
-//! object never made it to disk is ignored and taken over. Flushes are shared
-//! ([`Store::commit`]): writers that arrive while a flush runs wait for the next one
-//! together, so 64 concurrent writers cost a handful of fsyncs, not 64. Object ids are
-//! `(node, seq)`; sequence numbers are reserved durably in blocks before use, so an id is
-//! never handed out twice, even across crashes, and a fresh store starts them at the current
-//! time in microseconds, so a new disk at the same node id does not reuse them either.
+//! An object's bytes and metadata are appended to the object log ([`objlog`]) beside sled; sled
+//! holds one small locator per object (a batch's under one key: [`locators`]), and a locator
+//! whose log record never reached the disk (an unacknowledged put, cut by a crash) is dropped
+//! at open. The outbox (objects not yet handed to delivery) lives in memory; its floor, the
+//! lowest sequence number still owed, is written with every flush, and at open every object
+//! from the floor on is owed again. So a put (or a batch of them) costs one sled update, and a
+//! retirement none. A put is acknowledged only after a flush covering it. A message id is
+//! claimed first with a compare-and-swap; a claim whose object never made it to disk is ignored
+//! and taken over. Flushes are shared ([`Store::commit`]): writers that arrive while a flush
+//! runs wait for the next one together, so 64 concurrent writers cost a handful of fsyncs, not
+//! 64. Object ids are `(node, seq)`; sequence numbers are reserved durably in blocks before
+//! use, so an id is never handed out twice, even across crashes, and a fresh store starts them
+//! at the current time in microseconds, so a new disk at the same node id does not reuse them
+//! either.
 //!
-//! A file per keyspace: `objects` (locators, message ids, sequence blocks, retention),
-//! `outbox`, `subscriptions`, `images`, `deliveries`, `replicas` (copies of other nodes'
-//! objects, for quorum replication); this file holds the store itself, its
-//! opening and the shared flush.
+//! A file per keyspace: `objects` (writes, message ids, sequence blocks, retention),
+//! `locators`, `outbox`, `subscriptions`, `images`, `deliveries`, `replicas` (copies of other
+//! nodes' objects, for quorum replication); this file holds the store itself, its opening and
+//! the shared flush.
 
 mod changes;
 mod codec;
@@ -29,6 +30,7 @@ mod fresh;
 mod handed;
 mod images;
 mod links;
+mod locators;
 mod newest;
 mod objects;
 mod objlog;
@@ -107,6 +109,15 @@ fn is_out_of_space(e: &std::io::Error) -> bool {
 }
 
 impl StorageError {
+    /// The kind of the I/O error behind this one (`Other` for an error that is not one).
+    pub(crate) fn io_kind(&self) -> std::io::ErrorKind {
+        match self {
+            StorageError::Log(io) | StorageError::Sled(sled::Error::Io(io)) => io.kind(),
+            StorageError::DiskFull { source, .. } => source.kind(),
+            _ => std::io::ErrorKind::Other,
+        }
+    }
+
     /// Whether the disk (or the quota) is full.
     pub fn is_disk_full(&self) -> bool {
         match self {
@@ -147,11 +158,7 @@ const FAILED_KEPT: usize = 1024;
 impl Commit {
     /// Notes that flush `n` failed with `e`.
     fn failed(&self, n: u64, e: &StorageError) {
-        let kind = match e {
-            StorageError::Log(io) | StorageError::Sled(sled::Error::Io(io)) => io.kind(),
-            StorageError::DiskFull { source, .. } => source.kind(),
-            _ => std::io::ErrorKind::Other,
-        };
+        let kind = e.io_kind();
         let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         f.insert(n, (kind, e.to_string()));
         while f.len() > FAILED_KEPT {

@@ -2,6 +2,8 @@
 //! ids (prefix `m`, claimed by compare-and-swap) and sequence numbers reserved durably in blocks:
 //! writing, reading, counting and retention of finished objects.
 
+use std::collections::HashMap;
+
 use super::*;
 
 /// Sequence numbers reserved per durable reservation.
@@ -48,7 +50,34 @@ pub struct PutOutcome {
     pub duplicate: bool,
 }
 
+/// An object whose message id is claimed and whose log record is encoded, to be appended.
+struct Pending {
+    stored: StoredObject,
+    payload: Vec<u8>,
+    targeted: bool,
+}
+
+impl Pending {
+    /// Its locator once its record lies at `at`.
+    fn entry(&self, at: Locator) -> Entry {
+        Entry {
+            at,
+            received_unix_ms: self.stored.received_unix_ms,
+            has_message_id: !self.stored.message_id.is_empty(),
+            priority: self.stored.priority,
+            targeted: self.targeted,
+        }
+    }
+}
+
+/// What [`Store::prepare`] found: an object to write, or the one on disk with its message id.
+enum Prepared {
+    Write(Pending),
+    Duplicate(PutOutcome),
+}
+
 /// A locator record in sled.
+#[derive(Clone, Copy)]
 pub(super) struct Entry {
     pub(super) at: Locator,
     pub(super) received_unix_ms: u64,
@@ -124,6 +153,28 @@ impl Store {
         Ok(s)
     }
 
+    /// Hands out `priorities.len()` consecutive sequence numbers (the first is returned),
+    /// each entered in the outbox with its priority, under the sequence lock as
+    /// [`Store::next_seq`].
+    pub(super) fn next_seqs(&self, priorities: &[u8]) -> Result<u64, StorageError> {
+        let n = priorities.len() as u64;
+        let mut g = self.lock_seq();
+        if g.0 + n > g.1 {
+            let end = g.0 + n.max(SEQ_BLOCK);
+            self.meta.insert(META_SEQ, &end.to_be_bytes())?;
+            // the reservation must be durable before any id from it is used
+            self.meta.flush()?;
+            g.1 = end;
+        }
+        let first = g.0;
+        g.0 += n;
+        let mut outbox = self.lock_outbox();
+        for (seq, &p) in (first..).zip(priorities) {
+            outbox.insert(seq, p);
+        }
+        Ok(first)
+    }
+
     /// Writes an object and enters it in the outbox (not yet durable: see [`Store::put`] for
     /// the acknowledged form).
     pub(super) fn write(&self, obj: NewObject) -> Result<PutOutcome, StorageError> {
@@ -157,6 +208,18 @@ impl Store {
         obj: NewObject,
         targeted: bool,
     ) -> Result<PutOutcome, StorageError> {
+        let p = match self.prepare(seq, obj, targeted)? {
+            Prepared::Write(p) => p,
+            Prepared::Duplicate(out) => return Ok(out),
+        };
+        // the bytes go to the object log first; sled keeps where they are
+        let at = self.log.append(seq, &p.payload)?;
+        self.settle(p, at)
+    }
+
+    /// Claims `obj`'s message id for `seq` (a duplicate's outcome when an object on disk has
+    /// it) and encodes its log record.
+    fn prepare(&self, seq: u64, obj: NewObject, targeted: bool) -> Result<Prepared, StorageError> {
         let id = ObjectId {
             node: self.node,
             seq,
@@ -182,14 +245,14 @@ impl Store {
                                 tree: "message ids",
                                 source: CodecError::Truncated,
                             })?;
-                        if self.data.contains_key(key(b'd', prev))? {
-                            return Ok(PutOutcome {
+                        if self.has_locator(prev)? {
+                            return Ok(Prepared::Duplicate(PutOutcome {
                                 id: ObjectId {
                                     node: self.node,
                                     seq: prev,
                                 },
                                 duplicate: true,
-                            });
+                            }));
                         }
                         // claimed by a write that never reached the disk: take it over
                         expected = Some(cur);
@@ -206,17 +269,20 @@ impl Store {
             message_id: obj.message_id,
             received_unix_ms: now_ms(),
         };
-        // the bytes go to the object log first; sled keeps where they are
-        let at = self.log.append(seq, &codec::encode_object(&stored))?;
-        let entry = Self::encode_entry(&Entry {
-            at,
-            received_unix_ms: stored.received_unix_ms,
-            has_message_id: !stored.message_id.is_empty(),
-            priority: stored.priority,
+        let payload = codec::encode_object(&stored);
+        Ok(Prepared::Write(Pending {
+            stored,
+            payload,
             targeted,
-        });
-        self.data.insert(key(b'd', seq), entry)?;
-        self.fresh.keep(seq, std::sync::Arc::new(stored));
+        }))
+    }
+
+    /// Records where a prepared object's bytes lie in the log (its locator in sled) and keeps
+    /// it among the fresh objects.
+    fn settle(&self, p: Pending, at: Locator) -> Result<PutOutcome, StorageError> {
+        let id = p.stored.id;
+        self.put_run(id.seq, &[Some(p.entry(at))])?;
+        self.fresh.keep(id.seq, std::sync::Arc::new(p.stored));
         Ok(PutOutcome {
             id,
             duplicate: false,
@@ -238,28 +304,171 @@ impl Store {
         &self,
         objs: Vec<NewObject>,
     ) -> Result<Vec<Result<PutOutcome, StorageError>>, StorageError> {
-        let outs: Vec<_> = objs
-            .into_iter()
-            .map(|o| self.write(o).map_err(|e| self.named(e)))
-            .collect();
+        let outs = self.write_many(objs);
         if outs.iter().any(Result::is_ok) {
             self.commit().await?;
         }
         Ok(outs)
     }
 
+    /// [`Store::write`] for several objects: consecutive sequence numbers, their records
+    /// appended to the log with one write and their locators written as one run
+    /// ([`locators`]). Each result is that object's own; a failed append or locator write
+    /// fails all the objects it carried.
+    fn write_many(&self, objs: Vec<NewObject>) -> Vec<Result<PutOutcome, StorageError>> {
+        let mut outs: Vec<Option<Result<PutOutcome, StorageError>>> =
+            Vec::with_capacity(objs.len());
+        let mut admitted = Vec::with_capacity(objs.len());
+        for obj in objs {
+            match self.space.check(now_ms()) {
+                Ok(()) => {
+                    admitted.push((outs.len(), obj));
+                    outs.push(None);
+                }
+                Err(e) => outs.push(Some(Err(self.named(e)))),
+            }
+        }
+        let priorities: Vec<u8> = admitted.iter().map(|(_, o)| o.priority).collect();
+        let first = match self.next_seqs(&priorities) {
+            Ok(first) => first,
+            Err(e) => {
+                let e = Self::shared_error(&e);
+                for (i, _) in admitted {
+                    outs[i] = Some(Err(self.named(e())));
+                }
+                return Self::results(outs);
+            }
+        };
+        let mut pending = Vec::with_capacity(admitted.len());
+        // a message id repeated within the batch: the earlier object's id, answered as a
+        // duplicate once (and only if) that object is written; its claim is not on disk yet,
+        // so the claim below would take it over and store the object twice
+        let mut in_batch: HashMap<String, usize> = HashMap::new();
+        let mut echoes: Vec<(usize, usize)> = Vec::new();
+        for ((i, obj), seq) in admitted.into_iter().zip(first..) {
+            if !obj.message_id.is_empty() {
+                if let Some(&earlier) = in_batch.get(&obj.message_id) {
+                    self.lock_outbox().remove(&seq);
+                    echoes.push((i, earlier));
+                    continue;
+                }
+                in_batch.insert(obj.message_id.clone(), i);
+            }
+            let prepared = self.prepare(seq, obj, false);
+            if !matches!(prepared, Ok(Prepared::Write(_))) {
+                self.lock_outbox().remove(&seq);
+            }
+            match prepared {
+                Ok(Prepared::Write(p)) => pending.push((i, p)),
+                Ok(Prepared::Duplicate(out)) => outs[i] = Some(Ok(out)),
+                Err(e) => outs[i] = Some(Err(self.named(e))),
+            }
+        }
+        let written = self
+            .log
+            .append_many(
+                pending
+                    .iter()
+                    .map(|(_, p)| (p.stored.id.seq, p.payload.as_slice())),
+            )
+            .map_err(StorageError::from)
+            .and_then(|ats| {
+                let n = priorities.len();
+                let mut run: Vec<Option<Entry>> = (0..n).map(|_| None).collect();
+                for ((_, p), &at) in pending.iter().zip(&ats) {
+                    run[(p.stored.id.seq - first) as usize] = Some(p.entry(at));
+                }
+                self.put_run(first, &run)
+            });
+        match written {
+            Ok(()) => {
+                for (i, p) in pending {
+                    let id = p.stored.id;
+                    self.fresh.keep(id.seq, std::sync::Arc::new(p.stored));
+                    outs[i] = Some(Ok(PutOutcome {
+                        id,
+                        duplicate: false,
+                    }));
+                }
+            }
+            Err(e) => {
+                let e = Self::shared_error(&e);
+                for (i, p) in pending {
+                    self.lock_outbox().remove(&p.stored.id.seq);
+                    outs[i] = Some(Err(self.named(e())));
+                }
+            }
+        }
+        for (i, earlier) in echoes {
+            // the earlier object's own answer: its id as a duplicate, or its failure
+            outs[i] = Some(match &outs[earlier] {
+                Some(Ok(out)) => Ok(PutOutcome {
+                    id: out.id,
+                    duplicate: true,
+                }),
+                Some(Err(e)) => Err(Self::shared_error(e)()),
+                None => Err(StorageError::Log(std::io::Error::other(
+                    "the object this one repeats the message id of was not written",
+                ))),
+            });
+        }
+        Self::results(outs)
+    }
+
+    /// Copies of one error for every object it failed: of the same kind (a full disk stays
+    /// one) and message.
+    fn shared_error(e: &StorageError) -> impl Fn() -> StorageError + '_ {
+        move || StorageError::Log(std::io::Error::new(e.io_kind(), e.to_string()))
+    }
+
+    fn results(
+        outs: Vec<Option<Result<PutOutcome, StorageError>>>,
+    ) -> Vec<Result<PutOutcome, StorageError>> {
+        outs.into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(StorageError::Log(std::io::Error::other(
+                        "a write produced no result",
+                    )))
+                })
+            })
+            .collect()
+    }
+
     /// An object by id: this node's own, or an unfinished copy of another node's.
     pub fn get(&self, id: ObjectId) -> Result<Option<StoredObject>, StorageError> {
+        if id.node == self.node
+            && let Some(o) = self.fresh.get(id.seq)
+        {
+            return Ok(Some(StoredObject::clone(&o)));
+        }
+        self.read(id)
+    }
+
+    /// [`Store::get`] without a copy of a recently written object (it is shared with the
+    /// store's memory of them): what delivery reads once per object.
+    pub fn get_shared(
+        &self,
+        id: ObjectId,
+    ) -> Result<Option<std::sync::Arc<StoredObject>>, StorageError> {
+        if id.node == self.node
+            && let Some(o) = self.fresh.get(id.seq)
+        {
+            return Ok(Some(o));
+        }
+        Ok(self.read(id)?.map(std::sync::Arc::new))
+    }
+
+    /// An object read from the disk (a replica from its tree, this node's own through its
+    /// locator and the object log).
+    fn read(&self, id: ObjectId) -> Result<Option<StoredObject>, StorageError> {
         if id.node != self.node {
             return self.replica(id);
         }
-        if let Some(o) = self.fresh.get(id.seq) {
-            return Ok(Some(o));
-        }
-        let Some(v) = self.data.get(key(b'd', id.seq))? else {
+        let Some(entry) = self.locator(id.seq)? else {
             return Ok(None);
         };
-        let Some(rec) = self.log.read(Self::decode_entry(&v)?.at, id.seq)? else {
+        let Some(rec) = self.log.read(entry.at, id.seq)? else {
             return Ok(None);
         };
         codec::decode_object(&rec, id)
@@ -300,7 +509,9 @@ impl Store {
 
     /// Number of objects stored.
     pub fn object_count(&self) -> usize {
-        self.data.scan_prefix(b"d").count()
+        self.locators_from(0)
+            .filter(|f| matches!(f, Ok(locators::Found::Object(..))))
+            .count()
     }
 
     /// Finished objects (out of the outbox), oldest first, until `keep_going` says stop:
@@ -312,12 +523,14 @@ impl Store {
         mut keep_going: impl FnMut(usize) -> bool,
     ) -> Result<usize, StorageError> {
         let mut removed = 0;
-        for kv in self.data.scan_prefix(b"d") {
+        for found in self.locators_from(0) {
             if !keep_going(removed) {
                 break;
             }
-            let (k, v) = kv?;
-            let seq = seq_of(&k).unwrap_or(0);
+            let (seq, entry) = match found? {
+                locators::Found::Object(seq, entry) => (seq, entry),
+                locators::Found::Damaged(_) => return Err(locators::damaged()),
+            };
             if self.lock_outbox().contains_key(&seq) {
                 continue;
             }
@@ -325,7 +538,7 @@ impl Store {
                 received_unix_ms,
                 has_message_id,
                 ..
-            } = Self::decode_entry(&v)?;
+            } = entry;
             if delete(received_unix_ms) {
                 let id = ObjectId {
                     node: self.node,
@@ -338,15 +551,17 @@ impl Store {
                     self.data.remove(msg_key(&obj.message_id))?;
                 }
                 self.fresh.forget(seq);
-                self.data.remove(&k)?;
+                self.remove_locator(seq)?;
                 removed += 1;
             }
         }
         if removed > 0 {
             let mut oldest_live = self.log.current_segment();
-            for kv in self.data.scan_prefix(b"d") {
-                let (_, v) = kv?;
-                oldest_live = oldest_live.min(Self::decode_entry(&v)?.at.segment);
+            for found in self.locators_from(0) {
+                match found? {
+                    locators::Found::Object(_, e) => oldest_live = oldest_live.min(e.at.segment),
+                    locators::Found::Damaged(_) => return Err(locators::damaged()),
+                }
             }
             self.log.delete_below(oldest_live)?;
         }

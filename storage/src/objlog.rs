@@ -162,16 +162,36 @@ impl ObjectLog {
 
     /// Appends one record for object `seq` (not yet durable: see [`ObjectLog::sync`]).
     pub fn append(&self, seq: u64, payload: &[u8]) -> std::io::Result<Locator> {
-        let len = u32::try_from(payload.len())
-            .map_err(|_| std::io::Error::other("object record over 4 GiB"))?;
-        let mut rec = Vec::with_capacity(HEADER + payload.len());
-        rec.extend_from_slice(&len.to_le_bytes());
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&seq.to_le_bytes());
-        crc.update(payload);
-        rec.extend_from_slice(&crc.finalize().to_le_bytes());
-        rec.extend_from_slice(&seq.to_le_bytes());
-        rec.extend_from_slice(payload);
+        let at = self.append_many(std::iter::once((seq, payload)))?;
+        at.into_iter()
+            .next()
+            .ok_or_else(|| std::io::Error::other("an append produced no locator"))
+    }
+
+    /// Appends a record for each `(seq, payload)` with one write, in order, all in the same
+    /// segment (not yet durable: see [`ObjectLog::sync`]); their locators in the same order.
+    pub fn append_many<'a>(
+        &self,
+        records: impl IntoIterator<Item = (u64, &'a [u8])>,
+    ) -> std::io::Result<Vec<Locator>> {
+        let mut rec = Vec::new();
+        let mut placed = Vec::new();
+        for (seq, payload) in records {
+            let len = u32::try_from(payload.len())
+                .map_err(|_| std::io::Error::other("object record over 4 GiB"))?;
+            placed.push((rec.len() as u64, len));
+            rec.reserve(HEADER + payload.len());
+            rec.extend_from_slice(&len.to_le_bytes());
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&seq.to_le_bytes());
+            crc.update(payload);
+            rec.extend_from_slice(&crc.finalize().to_le_bytes());
+            rec.extend_from_slice(&seq.to_le_bytes());
+            rec.extend_from_slice(payload);
+        }
+        if rec.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut w = lock(&self.writer);
         if w.len > 0 && w.len + rec.len() as u64 > SEGMENT_BYTES {
             // close the full (or broken) segment durably before writing past it
@@ -192,11 +212,14 @@ impl ObjectLog {
             return Err(e);
         }
         w.len += rec.len() as u64;
-        Ok(Locator {
-            segment: w.segment,
-            offset: at,
-            len,
-        })
+        Ok(placed
+            .into_iter()
+            .map(|(off, len)| Locator {
+                segment: w.segment,
+                offset: at + off,
+                len,
+            })
+            .collect())
     }
 
     /// Makes every record appended before the call durable. Nothing new since the last
@@ -367,6 +390,30 @@ mod tests {
         assert_eq!(
             log.read(b, 2).expect("read").as_deref(),
             Some(&b"after"[..])
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn records_appended_together_read_back_each_at_its_locator() {
+        let d = dir("many");
+        let log = ObjectLog::open(&d).expect("open");
+        let first = log.append(1, b"alone").expect("append");
+        let payloads: [&[u8]; 3] = [b"one", &[7u8; 1000], b""];
+        let ats = log
+            .append_many([(2, payloads[0]), (3, payloads[1]), (4, payloads[2])])
+            .expect("append many");
+        assert_eq!(ats.len(), 3);
+        assert_eq!(ats[0].offset, first.offset + (HEADER + 5) as u64);
+        assert!(log.append_many([]).expect("nothing").is_empty());
+        log.sync().expect("sync");
+        for ((seq, payload), at) in (2..).zip(payloads).zip(&ats) {
+            assert_eq!(log.read(*at, seq).expect("read").as_deref(), Some(payload));
+        }
+        assert_eq!(
+            log.read(ats[1], 2).expect("read"),
+            None,
+            "another's sequence"
         );
         let _ = std::fs::remove_dir_all(&d);
     }

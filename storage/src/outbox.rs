@@ -28,18 +28,19 @@ impl Store {
         self.outbox_floor_written.store(floor, Ordering::SeqCst);
         let mut dropped = 0usize;
         let mut outbox = std::collections::BTreeMap::new();
-        for kv in self.data.range(key(b'd', floor)..=key(b'd', u64::MAX)) {
-            let (k, v) = kv?;
-            let entry = seq_of(&k).zip(Self::decode_entry(&v).ok());
-            let Some((seq, e)) = entry else {
-                // a damaged locator: named and dropped, the node starts without it
-                tracing::error!(
-                    "object locator {:?} does not decode (damaged on disk): dropped",
-                    k.as_ref()
-                );
-                self.data.remove(&k)?;
-                dropped += 1;
-                continue;
+        for found in self.locators_from(floor) {
+            let (seq, e) = match found? {
+                locators::Found::Object(seq, e) => (seq, e),
+                locators::Found::Damaged(k) => {
+                    // a damaged locator run: named and dropped, the node starts without it
+                    tracing::error!(
+                        "object locators {:?} do not decode (damaged on disk): dropped",
+                        k.as_ref()
+                    );
+                    self.remove_run(&k)?;
+                    dropped += 1;
+                    continue;
+                }
             };
             if self.log.read(e.at, seq)?.is_some() {
                 if !e.targeted {
@@ -51,7 +52,7 @@ impl Store {
                     e.at.segment,
                     e.at.offset
                 );
-                self.data.remove(&k)?;
+                self.remove_locator(seq)?;
                 // its quorum may hold a copy (`repair`)
                 self.needs_repair(seq, true)?;
                 dropped += 1;

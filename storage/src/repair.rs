@@ -37,7 +37,7 @@ impl Store {
             if self.lock_repair().contains_key(&seq) || self.lock_outbox().contains_key(&seq) {
                 continue;
             }
-            if self.data.contains_key(key(b'd', seq))? {
+            if self.has_locator(seq)? {
                 self.needs_repair(seq, false)?;
             }
         }
@@ -90,14 +90,14 @@ impl Store {
             };
             let seq = o.id.seq;
             let at = self.log.append(seq, &codec::encode_object(o))?;
-            let entry = Self::encode_entry(&objects::Entry {
+            let entry = objects::Entry {
                 at,
                 received_unix_ms: o.received_unix_ms,
                 has_message_id: !o.message_id.is_empty(),
                 priority: o.priority,
                 targeted: false,
-            });
-            self.data.insert(key(b'd', seq), entry)?;
+            };
+            self.set_locator(seq, &entry)?;
             if outbox {
                 self.lock_outbox().insert(seq, o.priority);
             }

@@ -8,6 +8,7 @@ mod changes;
 mod handed;
 mod lost;
 mod resume;
+mod runs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_and_delivery_state_survive_reopen() {

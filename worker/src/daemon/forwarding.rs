@@ -82,60 +82,64 @@ impl Daemon {
         }
     }
 
-    /// Ends the copies of delivered objects: each delivered object (`delivered`), and each
-    /// object a link acknowledged (`acked`), goes to the holders of its copies as forwarding
-    /// while a link still owes it, else as finished. An object of this node's, or one it took
+    /// Ends the copies of delivered objects: each delivered object (delivery's finished
+    /// queue, taken in batches), and each object a link acknowledged (`acked`), goes to the
+    /// holders of its copies as forwarding while a link still owes it, else as finished. An object of this node's, or one it took
     /// over (whose copy here changes the same way).
-    pub(super) async fn finisher(
-        self,
-        mut delivered: UnboundedReceiver<ObjectId>,
-        mut acked: UnboundedReceiver<ObjectId>,
-    ) {
+    pub(super) async fn finisher(self, mut acked: UnboundedReceiver<ObjectId>) {
+        let delivered = self.inner.finished.clone();
         loop {
-            let (id, from_delivery) = tokio::select! {
-                Some(id) = delivered.recv() => (id, true),
-                Some(id) = acked.recv() => (id, false),
-                else => return,
+            let (ids, from_delivery) = tokio::select! {
+                ids = delivered.take() => (ids, true),
+                Some(id) = acked.recv() => (vec![id], false),
             };
-            // a link's acknowledgement of an object still being delivered: its delivery
-            // ends it
-            if !from_delivery && self.disseminating(id) {
-                continue;
+            for id in ids {
+                self.finish(id, from_delivery);
             }
-            // delivered to the subscriptions of a fresh match, while records of the object
-            // from before a restart wait on disk for the resume: those end it once they are
-            // delivered. Before, the copies ended here, the node's own relearn found the
-            // object finished at a holder and closed its QoS 2 deliveries undelivered (an
-            // object lost, `bench chaos` seed 6009: a resend's matches delivered at once)
-            if from_delivery
-                && !self.inner.resumed.load(Ordering::Acquire)
-                && self.open_on_disk().contains(&id)
-            {
-                tracing::debug!(
-                    "object {}:{} delivered, with records waiting for the resume: not ended yet",
-                    id.node,
-                    id.seq
-                );
-                continue;
-            }
-            // an object of this node's that another node adopted is that node's to end: its
-            // records closed here (handed over) are no delivery, and ending its copies
-            // would end the adopter's too, which then never delivered it (a QoS 2 loss,
-            // found by `bench chaos`, seeds 15167 and 15174)
-            if self.is_adopted_away(id) {
-                tracing::debug!(
-                    "object {}:{} closed here: its adopter ends its copies",
-                    id.node,
-                    id.seq
-                );
-                continue;
-            }
-            let forwarding = self.links_owe(id);
-            if forwarding && !from_delivery {
-                continue; // another link still owes it: its acknowledgement ends it
-            }
-            self.end_copies(id, forwarding);
         }
+    }
+
+    /// Ends the copies of `id`, delivered (`from_delivery`) or acknowledged by a link, when
+    /// nothing else still needs them.
+    fn finish(&self, id: ObjectId, from_delivery: bool) {
+        // a link's acknowledgement of an object still being delivered: its delivery
+        // ends it
+        if !from_delivery && self.disseminating(id) {
+            return;
+        }
+        // delivered to the subscriptions of a fresh match, while records of the object
+        // from before a restart wait on disk for the resume: those end it once they are
+        // delivered. Before, the copies ended here, the node's own relearn found the
+        // object finished at a holder and closed its QoS 2 deliveries undelivered (an
+        // object lost, `bench chaos` seed 6009: a resend's matches delivered at once)
+        if from_delivery
+            && !self.inner.resumed.load(Ordering::Acquire)
+            && self.open_on_disk().contains(&id)
+        {
+            tracing::debug!(
+                "object {}:{} delivered, with records waiting for the resume: not ended yet",
+                id.node,
+                id.seq
+            );
+            return;
+        }
+        // an object of this node's that another node adopted is that node's to end: its
+        // records closed here (handed over) are no delivery, and ending its copies
+        // would end the adopter's too, which then never delivered it (a QoS 2 loss,
+        // found by `bench chaos`, seeds 15167 and 15174)
+        if self.is_adopted_away(id) {
+            tracing::debug!(
+                "object {}:{} closed here: its adopter ends its copies",
+                id.node,
+                id.seq
+            );
+            return;
+        }
+        let forwarding = self.links_owe(id);
+        if forwarding && !from_delivery {
+            return; // another link still owes it: its acknowledgement ends it
+        }
+        self.end_copies(id, forwarding);
     }
 
     /// Notes that another node adopted object `id` (this node's, learnt at a catch-up or

@@ -151,7 +151,8 @@ struct Inner {
     unsent: Mutex<unsent::Unsent>,
     /// The origins whose objects this node took over.
     ownership: Mutex<ownership::Ownership>,
-    finished_rx: Mutex<Option<mpsc::UnboundedReceiver<ObjectId>>>,
+    /// What delivery finished, for the finisher (`forwarding`).
+    finished: Arc<crate::deliver::FinishedQueue>,
     /// The node's federation links (`forwarding`), and where they report what they
     /// acknowledged.
     links: Mutex<Option<Arc<dyn LinkLedger>>>,
@@ -233,8 +234,8 @@ impl Daemon {
         if let Some(e) = &cfg.otlp_endpoint {
             deliverer.set_tracer(crate::trace::Tracer::start(e, cfg.node)?);
         }
-        let (finished_tx, finished_rx) = mpsc::unbounded_channel();
-        deliverer.on_finished(finished_tx);
+        let finished = Arc::new(crate::deliver::FinishedQueue::default());
+        deliverer.on_finished(finished.clone());
         let (links_acked, links_acked_rx) = mpsc::unbounded_channel();
         let d = Daemon {
             inner: Arc::new(Inner {
@@ -275,7 +276,7 @@ impl Daemon {
                 peer_queues: Mutex::new(HashMap::new()),
                 unsent: Mutex::new(unsent::Unsent::default()),
                 ownership: Mutex::new(ownership::Ownership::default()),
-                finished_rx: Mutex::new(Some(finished_rx)),
+                finished,
                 links: Mutex::new(None),
                 links_acked,
                 links_acked_rx: Mutex::new(Some(links_acked_rx)),
@@ -318,10 +319,8 @@ impl Daemon {
         tokio::spawn(self.clone().relays());
         tokio::spawn(self.clone().follow_peers());
         self.stall_watch();
-        let finished = lock(&self.inner.finished_rx).take();
-        let acked = lock(&self.inner.links_acked_rx).take();
-        if let (Some(rx), Some(acked)) = (finished, acked) {
-            tokio::spawn(self.clone().finisher(rx, acked));
+        if let Some(acked) = lock(&self.inner.links_acked_rx).take() {
+            tokio::spawn(self.clone().finisher(acked));
         }
         if self.inner.cfg.bulk_lane {
             tokio::spawn(self.clone().lane_switch());

@@ -9,7 +9,7 @@ use super::*;
 /// subscription-independent parts of its CloudEvent and its batched gRPC fields.
 #[derive(Debug)]
 pub(super) struct CachedObject {
-    pub(super) stored: storage::StoredObject,
+    pub(super) stored: Arc<storage::StoredObject>,
     pub(super) metadata: Vec<v1::Attribute>,
     event: std::sync::OnceLock<EventParts>,
     grpc_shared: std::sync::OnceLock<Bytes>,
@@ -123,7 +123,7 @@ impl Deliverer {
         if let Some(o) = lock(&self.inner.objects).map.get(&id) {
             return Ok(Some(o.clone()));
         }
-        let Some(stored) = self.inner.store.get(id)? else {
+        let Some(stored) = self.inner.store.get_shared(id)? else {
             return Ok(None);
         };
         let metadata = validate::attributes_to_proto(&stored.metadata);

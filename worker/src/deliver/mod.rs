@@ -52,6 +52,7 @@ mod cache;
 mod cloudevents;
 mod config;
 mod figures;
+mod finished;
 mod fresh;
 mod grpc_push;
 mod handoff;
@@ -70,6 +71,7 @@ pub use cloudevents::{
     SIGNATURE_HEADER, TIMESTAMP_HEADER, base64, cloudevent, metadata_json, rfc3339, sign,
 };
 pub use config::DeliveryConfig;
+pub use finished::FinishedQueue;
 pub use handoff::{Accepted, HandOff};
 pub use settled::{Hold, Phases, StandbyGate};
 pub use spill::Spill;
@@ -150,7 +152,7 @@ struct Inner {
     /// is writing (fresh matches), which the resume leaves to their writer (`fresh`).
     before_resume: Mutex<Option<std::collections::HashSet<(u64, ObjectId)>>>,
     /// Where finished objects are reported.
-    finished: Mutex<Option<mpsc::UnboundedSender<ObjectId>>>,
+    finished: std::sync::OnceLock<Arc<FinishedQueue>>,
     /// Who learns of QoS 2 "received" phases before releases.
     phases: Mutex<Option<Arc<dyn Phases>>>,
     /// Whether an active-passive standby knows an object finished here.
@@ -256,7 +258,7 @@ impl Deliverer {
                 tracer: std::sync::OnceLock::new(),
                 open: Mutex::new(HashMap::new()),
                 before_resume: Mutex::new(Some(Default::default())),
-                finished: Mutex::new(None),
+                finished: std::sync::OnceLock::new(),
                 phases: Mutex::new(None),
                 standby: Mutex::new(None),
                 spill: Mutex::new(None),

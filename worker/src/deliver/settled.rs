@@ -82,8 +82,9 @@ impl Deliverer {
     }
 
     /// Where finished objects are reported (the node daemon tells the copies' holders).
-    pub fn on_finished(&self, tx: mpsc::UnboundedSender<ObjectId>) {
-        *lock(&self.inner.finished) = Some(tx);
+    /// Set once; a second queue is ignored.
+    pub fn on_finished(&self, queue: Arc<FinishedQueue>) {
+        let _ = self.inner.finished.set(queue);
     }
 
     /// A delivery record of (sub, obj) is open (pending or QoS 2 "received").
@@ -121,8 +122,8 @@ impl Deliverer {
         {
             return;
         }
-        if let Some(tx) = lock(&self.inner.finished).as_ref() {
-            let _ = tx.send(obj);
+        if let Some(q) = self.inner.finished.get() {
+            q.push(obj);
         }
     }
 
