@@ -112,7 +112,28 @@ impl Store {
     /// Removes the locator of `seq` (its run rewritten without it, deleted when it was the
     /// last).
     pub(super) fn remove_locator(&self, seq: u64) -> Result<(), StorageError> {
-        self.rewrite_slot(seq, None)?;
+        self.remove_locators(&[seq])
+    }
+
+    /// Removes the locators of `seqs` (ascending), each run they share rewritten once.
+    pub(super) fn remove_locators(&self, seqs: &[u64]) -> Result<(), StorageError> {
+        let mut rest = seqs;
+        while let Some(&seq) = rest.first() {
+            let Some((first, k, v)) = self.run_of(seq)? else {
+                rest = &rest[1..];
+                continue;
+            };
+            let end = first + (v.len() / SLOT) as u64;
+            let n = rest.iter().take_while(|&&s| s < end).count().max(1);
+            let mut absent = [0u8; SLOT];
+            absent[FLAGS_AT] = ABSENT;
+            let offsets: Vec<usize> = rest[..n]
+                .iter()
+                .map(|s| (s - first) as usize * SLOT)
+                .collect();
+            self.rewrite_slots(&k, &offsets, &absent)?;
+            rest = &rest[n..];
+        }
         Ok(())
     }
 
@@ -122,7 +143,6 @@ impl Store {
         let Some((first, k, _)) = self.run_of(seq)? else {
             return Ok(false);
         };
-        let at = (seq - first) as usize * SLOT;
         let slot = match e {
             Some(e) => Self::encode_entry(e),
             None => {
@@ -131,15 +151,28 @@ impl Store {
                 s
             }
         };
+        self.rewrite_slots(&k, &[(seq - first) as usize * SLOT], &slot)
+    }
+
+    /// Writes `slot` at each of `offsets` in the run under `k`, in one atomic update (the run
+    /// deleted when no slot of it is left); `false` when the run no longer covers them all.
+    fn rewrite_slots(
+        &self,
+        k: &[u8],
+        offsets: &[usize],
+        slot: &[u8],
+    ) -> Result<bool, StorageError> {
         let mut covered = false;
-        self.data.update_and_fetch(&k, |old| {
+        self.data.update_and_fetch(k, |old| {
             let old = old?;
-            covered = slots(old).is_some() && old.len() >= at + SLOT;
+            covered = slots(old).is_some() && offsets.iter().all(|&at| old.len() >= at + SLOT);
             if !covered {
                 return Some(old.to_vec());
             }
             let mut v = old.to_vec();
-            v[at..at + SLOT].copy_from_slice(&slot);
+            for &at in offsets {
+                v[at..at + SLOT].copy_from_slice(slot);
+            }
             let live = v.chunks_exact(SLOT).any(|s| s[FLAGS_AT] & ABSENT == 0);
             live.then_some(v)
         })?;

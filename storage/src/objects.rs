@@ -6,6 +6,9 @@ use std::collections::HashMap;
 
 use super::*;
 
+/// Finished objects a retention pass removes together (their runs rewritten once).
+const EXPIRE_CHUNK: usize = 256;
+
 /// Sequence numbers reserved per durable reservation.
 pub(super) const SEQ_BLOCK: u64 = 4096;
 
@@ -421,6 +424,7 @@ impl Store {
         move || StorageError::Log(std::io::Error::new(e.io_kind(), e.to_string()))
     }
 
+    /// The answers of [`Store::write_many`], one per object in order.
     fn results(
         outs: Vec<Option<Result<PutOutcome, StorageError>>>,
     ) -> Vec<Result<PutOutcome, StorageError>> {
@@ -523,9 +527,14 @@ impl Store {
         mut keep_going: impl FnMut(usize) -> bool,
     ) -> Result<usize, StorageError> {
         let mut removed = 0;
+        // removed a few hundred at a time: one rewrite of each run they share
+        let mut doomed = Vec::new();
         for found in self.locators_from(0) {
             if !keep_going(removed) {
                 break;
+            }
+            if doomed.len() >= EXPIRE_CHUNK {
+                self.remove_locators(&std::mem::take(&mut doomed))?;
             }
             let (seq, entry) = match found? {
                 locators::Found::Object(seq, entry) => (seq, entry),
@@ -551,10 +560,11 @@ impl Store {
                     self.data.remove(msg_key(&obj.message_id))?;
                 }
                 self.fresh.forget(seq);
-                self.remove_locator(seq)?;
+                doomed.push(seq);
                 removed += 1;
             }
         }
+        self.remove_locators(&doomed)?;
         if removed > 0 {
             let mut oldest_live = self.log.current_segment();
             for found in self.locators_from(0) {

@@ -106,3 +106,32 @@ async fn a_message_id_repeated_within_a_batch_is_stored_once() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_removes_the_oldest_slots_of_a_run_and_keeps_the_rest() {
+    let dir = temp_dir("runs-expire");
+    let s = Store::open(&dir, 3).expect("open");
+    let ids: Vec<ObjectId> = put_all(&s, (1..=6).map(|i| obj(i, "")).collect())
+        .await
+        .iter()
+        .map(|o| o.id)
+        .collect();
+    for id in &ids[..5] {
+        assert!(s.retire(*id).expect("retire"));
+    }
+    // the sixth is still owed: never deleted
+    assert_eq!(s.expire_to_count(2).expect("expire"), 4);
+    assert_eq!(s.object_count(), 2);
+    assert_eq!(runs(&s), 1, "one run, rewritten");
+    for (i, id) in ids.iter().enumerate() {
+        s.fresh.forget(id.seq);
+        assert_eq!(s.get(*id).expect("get").is_some(), i >= 4, "object {i}");
+    }
+    for id in &ids[5..] {
+        assert!(s.retire(*id).expect("retire"));
+    }
+    assert_eq!(s.expire_to_count(0).expect("expire"), 2);
+    assert_eq!(runs(&s), 0, "the emptied run is deleted");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
