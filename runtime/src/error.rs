@@ -128,6 +128,10 @@ impl From<ServiceError> for tonic::Status {
                 }
                 tonic::Status::resource_exhausted(m)
             }
+            // another put of the same message id is being written: nothing failed, retry
+            ServiceError::Storage(storage::StorageError::MessageIdInFlight { .. }) => {
+                tonic::Status::unavailable(m)
+            }
             ServiceError::Storage(_) => {
                 if let Some(unsaid) = STORAGE_FAILED.say() {
                     tracing::error!("storage failure: {m}{}", also(unsaid));
@@ -179,6 +183,13 @@ mod tests {
         let full = tonic::Status::from(full);
         assert_eq!(full.code(), tonic::Code::ResourceExhausted);
         assert!(full.message().contains("is full"), "{}", full.message());
+        let busy = tonic::Status::from(ServiceError::Storage(
+            storage::StorageError::MessageIdInFlight {
+                message_id: "m-1".into(),
+            },
+        ));
+        assert_eq!(busy.code(), tonic::Code::Unavailable);
+        assert!(busy.message().contains("retry"), "{}", busy.message());
         let q = Quiet::new();
         assert_eq!(q.say(), Some(0));
         assert_eq!(q.say(), None);

@@ -90,6 +90,13 @@ pub enum StorageError {
     Flusher,
     #[error("object log I/O: {0}")]
     Log(#[from] std::io::Error),
+    /// Another put with this message id is being written right now (its claim is made, its
+    /// locator not yet): this one was not stored. Retried with the same message id once that
+    /// write ends, it is answered as its duplicate (or stored, when that write failed).
+    #[error(
+        "a put with message id {message_id:?} is being written now: retry with the same message id"
+    )]
+    MessageIdInFlight { message_id: String },
     /// The disk under the data directory is full (or the quota used up): the write was not
     /// made, and nothing that needed it was acknowledged.
     #[error("the disk holding {dir} is full ({source}): writes are refused until space is freed")]
@@ -200,6 +207,9 @@ pub struct Store {
     log: Arc<ObjectLog>,
     /// The objects written lately, for their first reads.
     fresh: fresh::Fresh,
+    /// Message ids claimed by writes whose locators are not written yet, with the sequence
+    /// number each claimed them for (see [`StorageError::MessageIdInFlight`]).
+    claims: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>,
     subs: sled::Tree,
     /// Subscription copies (quorum replication): id -> the node that placed it (the node
     /// that took its Create), big endian.
@@ -340,6 +350,7 @@ impl Store {
         let store = Store {
             log,
             fresh: fresh::Fresh::default(),
+            claims: Default::default(),
             data: db.open_tree("data")?,
             subs: db.open_tree("subscriptions")?,
             placed: db.open_tree("subscription_placed")?,

@@ -215,14 +215,69 @@ impl Store {
             Prepared::Write(p) => p,
             Prepared::Duplicate(out) => return Ok(out),
         };
+        let message_id = p.stored.message_id.clone();
         // the bytes go to the object log first; sled keeps where they are
-        let at = self.log.append(seq, &p.payload)?;
-        self.settle(p, at)
+        let out = self
+            .log
+            .append(seq, &p.payload)
+            .map_err(StorageError::from)
+            .and_then(|at| self.settle(p, at));
+        self.release_claim(&message_id, seq);
+        out
+    }
+
+    /// Takes `message_id` for the write of `seq` until [`Store::release_claim`]; refused
+    /// while another write holds it.
+    pub(super) fn take_claim(&self, message_id: &str, seq: u64) -> Result<(), StorageError> {
+        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        match claims.get(message_id) {
+            Some(&other) if other != seq => Err(StorageError::MessageIdInFlight {
+                message_id: message_id.to_string(),
+            }),
+            _ => {
+                claims.insert(message_id.to_string(), seq);
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends the write of `seq`'s hold on `message_id` (written or failed).
+    pub(super) fn release_claim(&self, message_id: &str, seq: u64) {
+        if message_id.is_empty() {
+            return;
+        }
+        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        if claims.get(message_id) == Some(&seq) {
+            claims.remove(message_id);
+        }
     }
 
     /// Claims `obj`'s message id for `seq` (a duplicate's outcome when an object on disk has
     /// it) and encodes its log record.
+    ///
+    /// The claim is held (in memory) until the caller's write ends: a concurrent put of the
+    /// same id would otherwise find it on disk without a locator yet, take it over and store
+    /// the object twice.
     fn prepare(&self, seq: u64, obj: NewObject, targeted: bool) -> Result<Prepared, StorageError> {
+        if obj.message_id.is_empty() {
+            return self.prepare_claimed(seq, obj, targeted);
+        }
+        self.take_claim(&obj.message_id, seq)?;
+        let message_id = obj.message_id.clone();
+        let prepared = self.prepare_claimed(seq, obj, targeted);
+        if !matches!(prepared, Ok(Prepared::Write(_))) {
+            self.release_claim(&message_id, seq);
+        }
+        prepared
+    }
+
+    /// [`Store::prepare`] once the write holds its message id in memory.
+    fn prepare_claimed(
+        &self,
+        seq: u64,
+        obj: NewObject,
+        targeted: bool,
+    ) -> Result<Prepared, StorageError> {
         let id = ObjectId {
             node: self.node,
             seq,
@@ -383,6 +438,9 @@ impl Store {
                 }
                 self.put_run(first, &run)
             });
+        for (_, p) in &pending {
+            self.release_claim(&p.stored.message_id, p.stored.id.seq);
+        }
         match written {
             Ok(()) => {
                 for (i, p) in pending {
@@ -421,7 +479,12 @@ impl Store {
     /// Copies of one error for every object it failed: of the same kind (a full disk stays
     /// one) and message.
     fn shared_error(e: &StorageError) -> impl Fn() -> StorageError + '_ {
-        move || StorageError::Log(std::io::Error::new(e.io_kind(), e.to_string()))
+        move || match e {
+            StorageError::MessageIdInFlight { message_id } => StorageError::MessageIdInFlight {
+                message_id: message_id.clone(),
+            },
+            _ => StorageError::Log(std::io::Error::new(e.io_kind(), e.to_string())),
+        }
     }
 
     /// The answers of [`Store::write_many`], one per object in order.

@@ -135,3 +135,34 @@ async fn retention_removes_the_oldest_slots_of_a_run_and_keeps_the_rest() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_id_being_written_is_refused_to_a_second_writer_until_its_write_ends() {
+    let dir = temp_dir("runs-claims");
+    let s = Store::open(&dir, 3).expect("open");
+    // what a write between its claim and its locator holds
+    s.take_claim("m-busy", 1).expect("claim");
+    match s.put(obj(1, "m-busy")).await {
+        Err(StorageError::MessageIdInFlight { message_id }) => assert_eq!(message_id, "m-busy"),
+        other => panic!("expected the message id in flight, got {other:?}"),
+    }
+    let outs = s.put_batch(vec![obj(2, "m-busy"), obj(3, "m-free")]).await;
+    let outs = outs.expect("batch");
+    assert!(matches!(
+        outs[0],
+        Err(StorageError::MessageIdInFlight { .. })
+    ));
+    assert!(
+        outs[1].is_ok(),
+        "the others in the batch go in: {:?}",
+        outs[1]
+    );
+    s.release_claim("m-busy", 1);
+    let stored = s.put(obj(4, "m-busy")).await.expect("put once released");
+    assert!(!stored.duplicate);
+    // every write ended, so no claim is left behind
+    assert!(s.claims.lock().expect("claims").is_empty());
+    assert!(s.put(obj(5, "m-busy")).await.expect("again").duplicate);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
