@@ -84,8 +84,8 @@ impl Daemon {
 
     /// Ends the copies of delivered objects: each delivered object (delivery's finished
     /// queue, taken in batches), and each object a link acknowledged (`acked`), goes to the
-    /// holders of its copies as forwarding while a link still owes it, else as finished. An object of this node's, or one it took
-    /// over (whose copy here changes the same way).
+    /// holders of its copies as forwarding while a link still owes it, else as finished. An
+    /// object of this node's, or one it took over (whose copy here changes the same way).
     pub(super) async fn finisher(self, mut acked: UnboundedReceiver<ObjectId>) {
         let delivered = self.inner.finished.clone();
         loop {
