@@ -21,6 +21,13 @@ const ABSENT: u8 = 4;
 /// One slot's flags byte.
 const FLAGS_AT: usize = Locator::BYTES + 8;
 
+/// A slot that holds no object.
+const ABSENT_SLOT: [u8; SLOT] = {
+    let mut s = [0u8; SLOT];
+    s[FLAGS_AT] = ABSENT;
+    s
+};
+
 /// What a scan of the locators meets: an object's locator, or a run that does not decode.
 pub(super) enum Found {
     Object(u64, Entry),
@@ -89,11 +96,7 @@ impl Store {
         for e in run {
             match e {
                 Some(e) => v.extend_from_slice(&Self::encode_entry(e)),
-                None => {
-                    let mut s = [0u8; SLOT];
-                    s[FLAGS_AT] = ABSENT;
-                    v.extend_from_slice(&s);
-                }
+                None => v.extend_from_slice(&ABSENT_SLOT),
             }
         }
         self.data.insert(key(b'd', first + lead as u64), v)?;
@@ -103,7 +106,7 @@ impl Store {
     /// Sets the locator of `seq`, in the run that covers it (a slot of an object restored
     /// after its locator was dropped) or as a run of one.
     pub(super) fn set_locator(&self, seq: u64, e: &Entry) -> Result<(), StorageError> {
-        if !self.rewrite_slot(seq, Some(e))? {
+        if !self.rewrite_slot(seq, e)? {
             self.put_run(seq, &[Some(*e)])?;
         }
         Ok(())
@@ -125,13 +128,11 @@ impl Store {
             };
             let end = first + (v.len() / SLOT) as u64;
             let n = rest.iter().take_while(|&&s| s < end).count().max(1);
-            let mut absent = [0u8; SLOT];
-            absent[FLAGS_AT] = ABSENT;
             let offsets: Vec<usize> = rest[..n]
                 .iter()
                 .map(|s| (s - first) as usize * SLOT)
                 .collect();
-            self.rewrite_slots(&k, &offsets, &absent)?;
+            self.rewrite_slots(&k, &offsets, &ABSENT_SLOT)?;
             rest = &rest[n..];
         }
         Ok(())
@@ -139,18 +140,11 @@ impl Store {
 
     /// Rewrites the slot of `seq` in the run that covers it, atomically against changes to
     /// its other slots; `false` when no run covers it.
-    fn rewrite_slot(&self, seq: u64, e: Option<&Entry>) -> Result<bool, StorageError> {
+    fn rewrite_slot(&self, seq: u64, e: &Entry) -> Result<bool, StorageError> {
         let Some((first, k, _)) = self.run_of(seq)? else {
             return Ok(false);
         };
-        let slot = match e {
-            Some(e) => Self::encode_entry(e),
-            None => {
-                let mut s = vec![0u8; SLOT];
-                s[FLAGS_AT] = ABSENT;
-                s
-            }
-        };
+        let slot = Self::encode_entry(e);
         self.rewrite_slots(&k, &[(seq - first) as usize * SLOT], &slot)
     }
 

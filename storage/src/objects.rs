@@ -137,30 +137,12 @@ impl Store {
         })
     }
 
-    /// Hands out the next sequence number and, with `outbox`, enters it in the outbox (under
-    /// the sequence lock, so the outbox floor never passes it).
-    pub(super) fn next_seq(&self, priority: u8, outbox: bool) -> Result<u64, StorageError> {
-        let mut g = self.lock_seq();
-        if g.0 >= g.1 {
-            let end = g.0 + SEQ_BLOCK;
-            self.meta.insert(META_SEQ, &end.to_be_bytes())?;
-            // the reservation must be durable before any id from it is used
-            self.meta.flush()?;
-            g.1 = end;
-        }
-        let s = g.0;
-        g.0 += 1;
-        if outbox {
-            self.lock_outbox().insert(s, priority);
-        }
-        Ok(s)
-    }
-
-    /// Hands out `priorities.len()` consecutive sequence numbers (the first is returned),
-    /// each entered in the outbox with its priority, under the sequence lock as
-    /// [`Store::next_seq`].
-    pub(super) fn next_seqs(&self, priorities: &[u8]) -> Result<u64, StorageError> {
-        let n = priorities.len() as u64;
+    /// Reserves `n` consecutive sequence numbers (a new block made durable first when they
+    /// pass the reserved one): the first, with the sequence lock still held.
+    fn take_seqs(
+        &self,
+        n: u64,
+    ) -> Result<(u64, std::sync::MutexGuard<'_, (u64, u64)>), StorageError> {
         let mut g = self.lock_seq();
         if g.0 + n > g.1 {
             let end = g.0 + n.max(SEQ_BLOCK);
@@ -171,6 +153,24 @@ impl Store {
         }
         let first = g.0;
         g.0 += n;
+        Ok((first, g))
+    }
+
+    /// Hands out the next sequence number and, with `outbox`, enters it in the outbox (under
+    /// the sequence lock, so the outbox floor never passes it).
+    pub(super) fn next_seq(&self, priority: u8, outbox: bool) -> Result<u64, StorageError> {
+        let (s, _seq_lock) = self.take_seqs(1)?;
+        if outbox {
+            self.lock_outbox().insert(s, priority);
+        }
+        Ok(s)
+    }
+
+    /// Hands out `priorities.len()` consecutive sequence numbers (the first is returned),
+    /// each entered in the outbox with its priority, under the sequence lock as
+    /// [`Store::next_seq`].
+    pub(super) fn next_seqs(&self, priorities: &[u8]) -> Result<u64, StorageError> {
+        let (first, _seq_lock) = self.take_seqs(priorities.len() as u64)?;
         let mut outbox = self.lock_outbox();
         for (seq, &p) in (first..).zip(priorities) {
             outbox.insert(seq, p);
