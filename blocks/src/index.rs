@@ -1,23 +1,38 @@
 //! Versions of a shard and incremental change: the match block as workers hold it.
 //!
-//! A [`MatchIndex`] is an immutable snapshot: a compiled [`Base`] plus a small delta of
-//! subscriptions upserted or removed since the base was built. Changing one subscription makes
-//! a new snapshot that shares the base and copies only the delta (no rebuild); work in flight
-//! keeps the snapshot it started with, so an object is matched against one consistent version.
-//! Delta subscriptions are evaluated directly, and removed ones are filtered out of the base's
-//! results. [`MatchIndex::compact`] folds the delta into a fresh base; callers run it off the
-//! hot path when [`MatchIndex::needs_compaction`] says so.
+//! A [`MatchIndex`] is an immutable snapshot in two layers: a compiled base (the shard as it
+//! was at some version, [`MatchIndex::base_version`]) and an overlay, every subscription
+//! changed since (its state in this version: upserted or deleted), whose upserted
+//! subscriptions are compiled into a small shard of their own. A change makes a new snapshot
+//! that shares the base and compiles only the overlay, so a version costs what changed since
+//! the base, not the whole shard; work in flight keeps the snapshot it started with, so an
+//! object is matched against one consistent version. The base's results are filtered by the
+//! overlay (a changed subscription is answered by the overlay only), and the overlay's are
+//! added.
+//!
+//! [`MatchIndex::compact`] folds the overlay into a fresh base; callers run it off the hot
+//! path when [`MatchIndex::needs_compaction`] says so, and carry the newer versions made
+//! meanwhile over to the fresh base with [`MatchIndex::rebase`], which compiles only what
+//! changed after the compacted version.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::formula::Dnf;
 use crate::image::{self, DeltaImage, ImageError, ShardImage};
 use crate::predicate::Event;
-use crate::shard::{Base, BuildError, EvalCtx, ShardConfig, Strategy, VerifyStats};
+use crate::shard::{Base, BuildError, EvalCtx, ShardConfig, Strategy, StrategyChoice, VerifyStats};
 
-/// Delta size above which compaction is advised.
-pub const DEFAULT_MAX_DELTA: usize = 4096;
+/// Overlay size below which compaction is never advised.
+pub const MIN_COMPACT_DELTA: usize = 1024;
+
+/// Overlay size above which compaction is always advised.
+pub const MAX_COMPACT_DELTA: usize = 8192;
+
+/// The base's share (1/N of its subscriptions) the overlay may reach between the two bounds
+/// above before compaction is advised: a compaction costs the whole base, so a bigger base
+/// waits for more changes and the compaction's cost per change stays about the same.
+pub const COMPACT_SHARE: usize = 256;
 
 /// Why a change could not be applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,28 +41,57 @@ pub enum IndexError {
     NotFound(u64),
     #[error("delta applies to version {expected}, but this index is at version {actual}")]
     VersionMismatch { expected: u64, actual: u64 },
+    #[error(
+        "version {version} cannot be carried over to the base compacted at version {compacted}"
+    )]
+    Rebase { version: u64, compacted: u64 },
     #[error(transparent)]
     Build(#[from] BuildError),
     #[error(transparent)]
     Image(#[from] ImageError),
 }
 
-#[derive(Debug, Clone, Default)]
-struct Delta {
-    upserts: BTreeMap<u64, Dnf>,
-    /// Base subscriptions hidden from results (removed, or replaced by an upsert).
-    hidden: HashSet<u64>,
+/// The compiled base and what it was compiled from.
+#[derive(Debug)]
+struct BaseLayer {
+    /// The version whose subscriptions it holds: its name (one version, one set of
+    /// subscriptions, one compiled shard, whichever node compiled it).
+    version: u64,
+    base: Base,
+    /// Its subscriptions, encoded (for compaction and images; compact in memory).
+    image: Vec<u8>,
+    ids: Vec<u64>,
+}
+
+/// The subscriptions changed since the base, as they are in one version.
+#[derive(Debug)]
+struct Overlay {
+    /// Each changed subscription's state: `None` deleted (or never in the base).
+    changes: BTreeMap<u64, Option<Arc<Dnf>>>,
+    /// The upserted subscriptions compiled (`None`: there are none).
+    compiled: Option<Base>,
+    /// Subscriptions in this version.
+    len: usize,
 }
 
 /// One version of a shard's match block.
 #[derive(Debug, Clone)]
 pub struct MatchIndex {
     version: u64,
-    base: Arc<Base>,
-    /// The base's subscriptions, encoded (for compaction and images; compact in memory).
-    base_image: Arc<Vec<u8>>,
-    base_ids: Arc<Vec<u64>>,
-    delta: Arc<Delta>,
+    base: Arc<BaseLayer>,
+    overlay: Arc<Overlay>,
+}
+
+/// How an overlay is compiled: the access strategy with test ids (a test worker reports its
+/// predicate ids; a match worker finds candidates by them), no Bloom tables (an overlay is
+/// small: a scan of its access lists is cheaper than building filters for it).
+fn overlay_config(cfg: ShardConfig) -> ShardConfig {
+    ShardConfig {
+        strategy: StrategyChoice::Fixed(Strategy::Access),
+        bloom_tables: false,
+        test_ids: true,
+        ..cfg
+    }
 }
 
 impl MatchIndex {
@@ -66,7 +110,8 @@ impl MatchIndex {
             return Err(BuildError::DuplicateSubscription(w[0].0).into());
         }
         let base = Base::build(cfg, subs.iter().map(|(id, d)| (*id, d)))?;
-        let base_ids: Vec<u64> = subs.iter().map(|s| s.0).collect();
+        let ids: Vec<u64> = subs.iter().map(|s| s.0).collect();
+        let len = ids.len();
         let img = ShardImage {
             version,
             bloom: cfg.bloom,
@@ -74,10 +119,17 @@ impl MatchIndex {
         };
         Ok(MatchIndex {
             version,
-            base: Arc::new(base),
-            base_image: Arc::new(image::encode_shard(&img)),
-            base_ids: Arc::new(base_ids),
-            delta: Arc::new(Delta::default()),
+            base: Arc::new(BaseLayer {
+                version,
+                base,
+                image: image::encode_shard(&img),
+                ids,
+            }),
+            overlay: Arc::new(Overlay {
+                changes: BTreeMap::new(),
+                compiled: None,
+                len,
+            }),
         })
     }
 
@@ -96,15 +148,39 @@ impl MatchIndex {
         self.version
     }
 
-    /// The compiled base (for the GPU path and statistics).
+    /// The compiled base (for the GPU path and statistics). A subscription changed since
+    /// the base is answered by the overlay: filter the base's answers with
+    /// [`MatchIndex::changed`].
     pub fn base(&self) -> &Base {
-        &self.base
+        &self.base.base
+    }
+
+    /// The version the base holds the subscriptions of (its name: two nodes holding bases
+    /// of the same version hold the same compiled shard, predicate ids included).
+    pub fn base_version(&self) -> u64 {
+        self.base.version
+    }
+
+    /// The subscriptions upserted since the base, compiled (`None`: none were).
+    pub fn overlay(&self) -> Option<&Base> {
+        self.overlay.compiled.as_ref()
+    }
+
+    /// Whether subscription `id` changed since the base (then the base's answer for it does
+    /// not hold in this version).
+    pub fn changed(&self, id: u64) -> bool {
+        self.overlay.changes.contains_key(&id)
+    }
+
+    /// Whether the base and the overlay are the same objects in both (a version made from
+    /// the other without a compaction in between, or the same version).
+    pub fn same_base(&self, other: &MatchIndex) -> bool {
+        Arc::ptr_eq(&self.base, &other.base)
     }
 
     /// Number of subscriptions in this version.
     pub fn len(&self) -> usize {
-        let hidden_in_base = self.delta.hidden.len();
-        self.base_ids.len() - hidden_in_base + self.delta.upserts.len()
+        self.overlay.len
     }
 
     /// Whether there are no subscriptions.
@@ -114,32 +190,35 @@ impl MatchIndex {
 
     /// Number of changes not yet folded into the base.
     pub fn delta_len(&self) -> usize {
-        self.delta.upserts.len() + self.delta.hidden.len()
+        self.overlay.changes.len()
     }
 
-    /// Whether the delta has grown past [`DEFAULT_MAX_DELTA`].
+    /// The overlay size past which compaction is advised for this base (see
+    /// [`COMPACT_SHARE`]).
+    pub fn compaction_threshold(&self) -> usize {
+        (self.base.ids.len() / COMPACT_SHARE).clamp(MIN_COMPACT_DELTA, MAX_COMPACT_DELTA)
+    }
+
+    /// Whether the overlay has grown past [`MatchIndex::compaction_threshold`].
     pub fn needs_compaction(&self) -> bool {
-        self.delta_len() > DEFAULT_MAX_DELTA
+        self.delta_len() > self.compaction_threshold()
     }
 
     fn in_base(&self, id: u64) -> bool {
-        self.base_ids.binary_search(&id).is_ok()
+        self.base.ids.binary_search(&id).is_ok()
     }
 
     /// Whether a subscription exists in this version.
     pub fn contains(&self, id: u64) -> bool {
-        self.delta.upserts.contains_key(&id)
-            || (self.in_base(id) && !self.delta.hidden.contains(&id))
+        match self.overlay.changes.get(&id) {
+            Some(state) => state.is_some(),
+            None => self.in_base(id),
+        }
     }
 
     /// A new version with the subscription added or replaced.
-    pub fn upsert(&self, id: u64, dnf: Dnf) -> MatchIndex {
-        let mut delta = (*self.delta).clone();
-        if self.in_base(id) {
-            delta.hidden.insert(id);
-        }
-        delta.upserts.insert(id, dnf);
-        self.next(delta)
+    pub fn upsert(&self, id: u64, dnf: Dnf) -> Result<MatchIndex, IndexError> {
+        self.changed_to(self.version + 1, [(id, Some(dnf))])
     }
 
     /// A new version without the subscription.
@@ -147,22 +226,53 @@ impl MatchIndex {
         if !self.contains(id) {
             return Err(IndexError::NotFound(id));
         }
-        let mut delta = (*self.delta).clone();
-        delta.upserts.remove(&id);
-        if self.in_base(id) {
-            delta.hidden.insert(id);
-        }
-        Ok(self.next(delta))
+        self.changed_to(self.version + 1, [(id, None)])
     }
 
-    fn next(&self, delta: Delta) -> MatchIndex {
-        MatchIndex {
-            version: self.version + 1,
-            base: Arc::clone(&self.base),
-            base_image: Arc::clone(&self.base_image),
-            base_ids: Arc::clone(&self.base_ids),
-            delta: Arc::new(delta),
+    /// Version `version`: this one with `changes` made (`None`: deleted; deleting a
+    /// subscription that is not there changes nothing). Compiles the overlay once, whatever
+    /// the number of changes.
+    pub fn changed_to(
+        &self,
+        version: u64,
+        changes: impl IntoIterator<Item = (u64, Option<Dnf>)>,
+    ) -> Result<MatchIndex, IndexError> {
+        let mut all = self.overlay.changes.clone();
+        for (id, state) in changes {
+            all.insert(id, state.map(Arc::new));
         }
+        self.with_overlay(version, Arc::clone(&self.base), all)
+    }
+
+    fn with_overlay(
+        &self,
+        version: u64,
+        base: Arc<BaseLayer>,
+        changes: BTreeMap<u64, Option<Arc<Dnf>>>,
+    ) -> Result<MatchIndex, IndexError> {
+        let hidden = changes
+            .keys()
+            .filter(|id| base.ids.binary_search(id).is_ok())
+            .count();
+        let upserted = changes.values().filter(|s| s.is_some()).count();
+        let compiled = if upserted == 0 {
+            None
+        } else {
+            let subs = changes
+                .iter()
+                .filter_map(|(id, s)| s.as_deref().map(|d| (*id, d)));
+            Some(Base::build(overlay_config(base.base.config()), subs)?)
+        };
+        let len = base.ids.len() - hidden + upserted;
+        Ok(MatchIndex {
+            version,
+            base,
+            overlay: Arc::new(Overlay {
+                changes,
+                compiled,
+                len,
+            }),
+        })
     }
 
     /// Applies a delta image (which must start from this version).
@@ -173,26 +283,67 @@ impl MatchIndex {
                 actual: self.version,
             });
         }
-        let mut next = self.clone();
-        for id in &delta.removes {
-            next = next.remove(*id)?;
+        let removes = delta.removes.iter().map(|id| (*id, None));
+        let upserts = delta.upserts.iter().map(|(id, d)| (*id, Some(d.clone())));
+        self.changed_to(delta.version, removes.chain(upserts))
+    }
+
+    /// This version over `compacted`, the base compacted from `from` (an earlier version of
+    /// this index on the same base): the overlay then holds only what changed after `from`,
+    /// compiled once. Fails when `from` is not such a version.
+    pub fn rebase(
+        &self,
+        from: &MatchIndex,
+        compacted: &MatchIndex,
+    ) -> Result<MatchIndex, IndexError> {
+        let refused = IndexError::Rebase {
+            version: self.version,
+            compacted: compacted.version,
+        };
+        if !self.same_base(from)
+            || compacted.version != from.version
+            || compacted.delta_len() != 0
+            || from.version > self.version
+        {
+            return Err(refused);
         }
-        for (id, dnf) in &delta.upserts {
-            next = next.upsert(*id, dnf.clone());
+        // changes only accumulate on one base: each of `from`'s is in this version too
+        let mut later = BTreeMap::new();
+        let mut kept = 0usize;
+        for (id, state) in &self.overlay.changes {
+            match from.overlay.changes.get(id) {
+                Some(old) if same_state(old, state) => kept += 1,
+                _ => {
+                    later.insert(*id, state.clone());
+                }
+            }
         }
-        next.version = delta.version;
-        Ok(next)
+        if kept + later.len() < from.overlay.changes.len()
+            || from
+                .overlay
+                .changes
+                .keys()
+                .any(|id| !self.overlay.changes.contains_key(id))
+        {
+            return Err(refused);
+        }
+        self.with_overlay(self.version, Arc::clone(&compacted.base), later)
     }
 
     /// Every subscription of this version, sorted by id.
     pub fn subscriptions(&self) -> Result<Vec<(u64, Dnf)>, IndexError> {
-        let base = image::decode_shard(&self.base_image)?;
+        let base = image::decode_shard(&self.base.image)?;
         let mut subs: Vec<(u64, Dnf)> = base
             .subs
             .into_iter()
-            .filter(|(id, _)| !self.delta.hidden.contains(id))
+            .filter(|(id, _)| !self.changed(*id))
             .collect();
-        subs.extend(self.delta.upserts.iter().map(|(id, d)| (*id, d.clone())));
+        subs.extend(
+            self.overlay
+                .changes
+                .iter()
+                .filter_map(|(id, s)| s.as_deref().map(|d| (*id, d.clone()))),
+        );
         subs.sort_by_key(|s| s.0);
         Ok(subs)
     }
@@ -201,14 +352,14 @@ impl MatchIndex {
     pub fn to_image(&self) -> Result<Vec<u8>, IndexError> {
         Ok(image::encode_shard(&ShardImage {
             version: self.version,
-            bloom: self.base.config().bloom,
+            bloom: self.base.base.config().bloom,
             subs: self.subscriptions()?,
         }))
     }
 
-    /// The same version with the delta folded into a freshly built base.
+    /// The same version with the overlay folded into a freshly built base.
     pub fn compact(&self) -> Result<MatchIndex, IndexError> {
-        MatchIndex::build_version(self.base.config(), self.version, self.subscriptions()?)
+        MatchIndex::build_version(self.base.base.config(), self.version, self.subscriptions()?)
     }
 
     /// Matches a batch of events with the shard's own strategy: `out[i]` gets the sorted,
@@ -219,7 +370,7 @@ impl MatchIndex {
         ctx: &mut EvalCtx,
         out: &mut Vec<Vec<u64>>,
     ) -> VerifyStats {
-        self.match_batch_with(self.base.strategy(), events, ctx, out)
+        self.match_batch_with(self.base().strategy(), events, ctx, out)
     }
 
     /// As [`MatchIndex::match_batch`] on up to `threads` threads
@@ -231,7 +382,7 @@ impl MatchIndex {
         out: &mut Vec<Vec<u64>>,
     ) -> VerifyStats {
         let mut recs: Vec<Vec<u32>> = vec![Vec::new(); events.len()];
-        let stats = self.base.match_records_split(events, threads, &mut recs);
+        let stats = self.base().match_records_split(events, threads, &mut recs);
         out.resize_with(events.len(), Vec::new);
         let threads = threads.clamp(1, events.len().max(1));
         if threads == 1 {
@@ -253,7 +404,7 @@ impl MatchIndex {
         stats
     }
 
-    /// As [`MatchIndex::match_batch`] with an explicit strategy.
+    /// As [`MatchIndex::match_batch`] with an explicit strategy (for the base).
     pub fn match_batch_with(
         &self,
         strategy: Strategy,
@@ -263,13 +414,14 @@ impl MatchIndex {
     ) -> VerifyStats {
         let mut recs: Vec<Vec<u32>> = vec![Vec::new(); events.len()];
         let stats = self
-            .base
+            .base()
             .match_records_with(strategy, events, ctx, &mut recs);
         self.finish(events, &recs, out);
         stats
     }
 
-    /// Turns matched conjunction records into subscription ids, applying the delta.
+    /// Turns the base's matched conjunction records into subscription ids and applies the
+    /// overlay (matching the events against it).
     pub fn finish(&self, events: &[Event], recs: &[Vec<u32>], out: &mut Vec<Vec<u64>>) {
         out.resize_with(events.len(), Vec::new);
         self.finish_into(events, recs, out);
@@ -277,16 +429,22 @@ impl MatchIndex {
 
     /// [`MatchIndex::finish`] into `out`, one entry per event.
     fn finish_into(&self, events: &[Event], recs: &[Vec<u32>], out: &mut [Vec<u64>]) {
-        for ((ev, rs), o) in events.iter().zip(recs).zip(out.iter_mut()) {
+        let base = self.base();
+        let changes = &self.overlay.changes;
+        let mut over: Vec<Vec<u32>> = Vec::new();
+        if let Some(o) = &self.overlay.compiled {
+            over = vec![Vec::new(); events.len()];
+            let mut ctx = o.new_ctx();
+            o.match_records(events, &mut ctx, &mut over);
+        }
+        for (i, (rs, o)) in recs.iter().zip(out.iter_mut()).enumerate() {
             o.clear();
-            o.extend(rs.iter().map(|&r| self.base.conjunction_subscription(r)));
-            if !self.delta.hidden.is_empty() {
-                o.retain(|id| !self.delta.hidden.contains(id));
+            o.extend(rs.iter().map(|&r| base.conjunction_subscription(r)));
+            if !changes.is_empty() {
+                o.retain(|id| !changes.contains_key(id));
             }
-            for (id, dnf) in &self.delta.upserts {
-                if dnf.eval(ev) {
-                    o.push(*id);
-                }
+            if let (Some(ov), Some(rs)) = (&self.overlay.compiled, over.get(i)) {
+                o.extend(rs.iter().map(|&r| ov.conjunction_subscription(r)));
             }
             o.sort_unstable();
             o.dedup();
@@ -298,5 +456,98 @@ impl MatchIndex {
         let mut out = Vec::new();
         self.match_batch(std::slice::from_ref(event), ctx, &mut out);
         out.pop().unwrap_or_default()
+    }
+}
+
+/// Whether two overlay states are the same change (the same allocation, or equal).
+fn same_state(a: &Option<Arc<Dnf>>, b: &Option<Arc<Dnf>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x == y,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::num::Num;
+    use crate::predicate::Value;
+
+    fn dnf(t: &str) -> Dnf {
+        crate::text::parse_text(t).expect("valid filter")
+    }
+
+    fn event(site: &str, temp: i64) -> Event {
+        Event::new([
+            ("site", Value::Str(site.into())),
+            ("temp", Value::Num(Num::from(temp))),
+        ])
+    }
+
+    fn matches(index: &MatchIndex, ev: &Event) -> Vec<u64> {
+        let mut ctx = index.base().new_ctx();
+        index.match_event(ev, &mut ctx)
+    }
+
+    #[test]
+    fn a_change_compiles_the_overlay_only_and_the_base_is_shared() {
+        let subs = (0..100)
+            .map(|i| (i, dnf(&format!("site = \"s{i}\" && temp > 10"))))
+            .collect();
+        let v1 = MatchIndex::build(ShardConfig::default(), subs).expect("build");
+        let v2 = v1.upsert(7, dnf("site = \"s7\" && temp > 50")).expect("upsert");
+        let v3 = v2.upsert(1000, dnf("site = \"s7\"")).expect("upsert");
+        let v4 = v3.remove(8).expect("remove");
+        assert!(v4.same_base(&v1));
+        assert_eq!((v4.version(), v4.base_version(), v4.delta_len()), (4, 1, 3));
+        assert_eq!(v4.len(), 100);
+        // 7 now needs temp > 50; 1000 is new; 8 is gone
+        assert_eq!(matches(&v4, &event("s7", 20)), vec![1000]);
+        assert_eq!(matches(&v4, &event("s7", 60)), vec![7, 1000]);
+        assert!(matches(&v4, &event("s8", 60)).is_empty());
+        assert_eq!(matches(&v1, &event("s8", 60)), vec![8]);
+        assert_eq!(matches(&v1, &event("s7", 20)), vec![7]);
+        assert!(matches!(v4.remove(8), Err(IndexError::NotFound(8))));
+    }
+
+    #[test]
+    fn a_rebase_keeps_only_what_changed_after_the_compacted_version() {
+        let subs = (0..50).map(|i| (i, dnf(&format!("temp > {i}")))).collect();
+        let v1 = MatchIndex::build(ShardConfig::default(), subs).expect("build");
+        let v2 = v1.upsert(3, dnf("temp > 100")).expect("upsert");
+        let v3 = v2.remove(4).expect("remove");
+        // compaction of v3 runs while v4 and v5 come
+        let compacted = v3.compact().expect("compact");
+        let v4 = v3.upsert(60, dnf("temp > 1")).expect("upsert");
+        let v5 = v4.upsert(3, dnf("temp > 2")).expect("upsert");
+        let rebased = v5.rebase(&v3, &compacted).expect("rebase");
+        assert_eq!((rebased.version(), rebased.base_version()), (5, 3));
+        assert_eq!(rebased.delta_len(), 2);
+        assert_eq!(rebased.len(), v5.len());
+        for t in [0, 2, 3, 5, 30, 101] {
+            let ev = event("x", t);
+            assert_eq!(matches(&rebased, &ev), matches(&v5, &ev), "temp {t}");
+        }
+        // a version not made from `from` is refused
+        let other = v1.upsert(9, dnf("temp > 9")).expect("upsert");
+        assert!(matches!(
+            other.rebase(&v3, &compacted),
+            Err(IndexError::Rebase { .. })
+        ));
+    }
+
+    #[test]
+    fn the_compaction_threshold_follows_the_base() {
+        let small = MatchIndex::build(ShardConfig::default(), vec![]).expect("build");
+        assert_eq!(small.compaction_threshold(), MIN_COMPACT_DELTA);
+        let n = 2000usize;
+        let mut idx = small;
+        let many: Vec<_> = (0..n as u64).map(|i| (i, Some(dnf("temp > 1")))).collect();
+        idx = idx.changed_to(2, many).expect("changes");
+        assert!(idx.needs_compaction());
+        let c = idx.compact().expect("compact");
+        assert!(!c.needs_compaction());
+        assert_eq!(c.len(), n);
     }
 }

@@ -353,7 +353,7 @@ proptest! {
             index = match change {
                 Some(d) => {
                     reference.insert(id, d.clone());
-                    index.upsert(id, d)
+                    index.upsert(id, d).map_err(|e| TestCaseError::fail(e.to_string()))?
                 }
                 None => match index.remove(id) {
                     Ok(i) => {

@@ -22,9 +22,6 @@ struct Kept {
 pub(crate) struct Snapshot {
     pub(crate) bytes: Vec<Arc<[u8]>>,
     pub(crate) table: Vec<String>,
-    pub(crate) attributes: HashSet<String>,
-    /// What the subscriptions are ([`Dnf::digest`], summed).
-    pub(crate) digest: u128,
 }
 
 /// Every registered subscription, encoded.
@@ -97,13 +94,21 @@ impl KeptSubscriptions {
         }
     }
 
+    /// The attribute names the subscriptions use.
+    pub(crate) fn attributes(&self) -> HashSet<String> {
+        self.attrs.keys().cloned().collect()
+    }
+
+    /// What the subscriptions are ([`Dnf::digest`], summed).
+    pub(crate) fn digest(&self) -> u128 {
+        self.digest
+    }
+
     /// Pointers to everything a publication writes.
     pub(crate) fn snapshot(&self) -> Snapshot {
         Snapshot {
             bytes: self.subs.values().map(|k| k.bytes.clone()).collect(),
             table: self.encoder.table().to_vec(),
-            attributes: self.attrs.keys().cloned().collect(),
-            digest: self.digest,
         }
     }
 }
@@ -127,7 +132,7 @@ mod tests {
         assert!(!k.remove(2));
         let s = k.snapshot();
         let want: HashSet<String> = ["c", "d", "e"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(s.attributes, want);
+        assert_eq!(k.attributes(), want);
         let bloom = blocks::bloom::BloomConfig::default();
         let img = blocks::image::encode_shard_table(5, bloom, &s.table, &s.bytes);
         let got = blocks::image::decode_shard(&img).expect("decodes");
@@ -148,17 +153,17 @@ mod tests {
         let mut b = KeptSubscriptions::default();
         b.upsert(2, dnf("b > 5"));
         b.upsert(1, dnf("a = 1"));
-        assert_eq!(a.snapshot().digest, b.snapshot().digest);
+        assert_eq!(a.digest(), b.digest());
         let fresh = dnf("a = 1").digest(1).wrapping_add(dnf("b > 5").digest(2));
-        assert_eq!(a.snapshot().digest, fresh);
+        assert_eq!(a.digest(), fresh);
         // another filter, or the same filter under another id, is another registry
         b.upsert(2, dnf("b > 6"));
-        assert_ne!(a.snapshot().digest, b.snapshot().digest);
+        assert_ne!(a.digest(), b.digest());
         let mut c = KeptSubscriptions::default();
         c.upsert(1, dnf("a = 1"));
         c.upsert(4, dnf("b > 5"));
-        assert_ne!(a.snapshot().digest, c.snapshot().digest);
-        assert_eq!(KeptSubscriptions::default().snapshot().digest, 0);
+        assert_ne!(a.digest(), c.digest());
+        assert_eq!(KeptSubscriptions::default().digest(), 0);
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //! task that owns the protocol, and the calls to the node daemons. [`rebuild`] is what an
 //! elected leader (`--etcd`) does before it serves: the registry from the nodes' copies.
 
+mod images;
 mod kept;
 pub mod protocol;
 pub mod rebuild;

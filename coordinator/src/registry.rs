@@ -1,8 +1,9 @@
 //! The cluster's subscription registry, kept by the coordinator: every subscription change
-//! goes into an in-memory map at once, and a publisher turns the map into versioned,
-//! checksummed data images, kept in memory (derived from the stored subscriptions). Objects
-//! are matched against the newest *published*
-//! version; workers load that version's image and hot-swap to newer ones.
+//! goes into an in-memory map at once, and a publisher turns the changes into versions
+//! (`crate::images`: each version records what it changed; a full, checksummed image is
+//! encoded in the background only now and then), kept in memory (derived from the stored
+//! subscriptions). Objects are matched against the newest *published* version; workers load
+//! the change from the version they hold and hot-swap to newer ones.
 //!
 //! A change is in force once a version that holds it is published, and `Create`, `Update`
 //! and `Delete` answer only then (read-your-writes: a put after the answer is matched with
@@ -10,7 +11,6 @@
 //! image wait for the next one together, so a flood of creates still writes one image per
 //! build, not one per subscription.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -20,27 +20,31 @@ use runtime::{SHARD_IMAGE, cluster_shard_config};
 pub use crate::protocol::Published;
 use storage::Store;
 
+use crate::images::{Change, Images, Served};
 use crate::kept::KeptSubscriptions;
 
 use runtime::Limits;
 use runtime::ServiceError;
 use runtime::validate;
 
-/// Image versions kept (in memory) for workers still loading older ones.
-const KEEP_VERSIONS: usize = 4;
-
 /// How long a change waits to be in force before its caller is told it is not yet.
 const IN_FORCE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// One published image and its digest ([`blocks::Dnf::digest`] summed).
-type KeptImage = (Arc<Vec<u8>>, u128);
+/// The subscriptions and the changes not yet in a published version (under one lock, so a
+/// publication takes exactly the changes its snapshot holds).
+#[derive(Debug, Default)]
+struct Live {
+    kept: KeptSubscriptions,
+    log: Vec<Change>,
+}
 
 /// The registry: current index, change counter, newest published version.
 #[derive(Debug, Clone)]
 pub struct Registry {
     store: Store,
-    /// The subscriptions with their image bytes (a publication copies pointers).
-    subs: Arc<Mutex<KeptSubscriptions>>,
+    /// The subscriptions with their image bytes (a publication copies pointers), and the
+    /// changes since the last publication.
+    subs: Arc<Mutex<Live>>,
     /// Changes made so far (each counted after it is in `subs`).
     changes: Arc<AtomicU64>,
     /// The change count the newest published version holds.
@@ -51,10 +55,11 @@ pub struct Registry {
     /// Wakes the publisher (a permit is kept when it is busy).
     wake: Arc<tokio::sync::Notify>,
     published: Arc<RwLock<Published>>,
-    /// The newest images by version. They are derived data: the subscriptions are stored,
-    /// and a start builds a new version from them; the store keeps only the newest version
-    /// number (an empty marker), so versions never repeat across restarts.
-    images: Arc<Mutex<BTreeMap<u64, KeptImage>>>,
+    /// The published versions' changes and the full images. They are derived data: the
+    /// subscriptions are stored, and a start builds a new version from them; the store keeps
+    /// only the newest version number (an empty marker), so versions never repeat across
+    /// restarts.
+    images: Arc<Mutex<Images>>,
     /// Versions start above this (an elected leader's epoch, shifted: no two leaders
     /// publish one version number).
     floor: u64,
@@ -103,7 +108,10 @@ impl Registry {
         };
         let reg = Registry {
             store,
-            subs: Arc::new(Mutex::new(subs)),
+            subs: Arc::new(Mutex::new(Live {
+                kept: subs,
+                log: Vec::new(),
+            })),
             changes: Arc::new(AtomicU64::new(0)),
             in_force: Arc::new(tokio::sync::watch::Sender::new(0)),
             disk_full: Arc::new(tokio::sync::watch::Sender::new((0, String::new()))),
@@ -118,17 +126,33 @@ impl Registry {
 
     /// A subscription was created or replaced.
     pub fn upsert(&self, id: u64, dnf: Dnf) {
-        self.lock().upsert(id, dnf);
+        {
+            let mut g = self.lock();
+            g.kept.upsert(id, dnf.clone());
+            g.log.push((id, Some(dnf)));
+        }
         self.changed();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, KeptSubscriptions> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
         self.subs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn images(&self) -> std::sync::MutexGuard<'_, Images> {
+        self.images.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A subscription was deleted.
     pub fn remove(&self, id: u64) {
-        if self.lock().remove(id) {
+        let removed = {
+            let mut g = self.lock();
+            let removed = g.kept.remove(id);
+            if removed {
+                g.log.push((id, None));
+            }
+            removed
+        };
+        if removed {
             self.changed();
         }
     }
@@ -171,11 +195,14 @@ impl Registry {
             .clone()
     }
 
-    /// Builds a new image version if anything changed since the last one. Versions continue
-    /// from the newest stored marker, so they never repeat across restarts.
+    /// Publishes a new version if anything changed since the last one: it records the
+    /// changes (a full image is encoded only at the first publication, then in the
+    /// background when enough changed). Versions continue from the newest stored marker,
+    /// so they never repeat across restarts.
     pub async fn publish(&self) -> Result<bool, ServiceError> {
         // the first publication after a start runs even with no change
-        if self.published().version != 0 && !self.pending() {
+        let first = self.published().version == 0;
+        if !first && !self.pending() {
             return Ok(false);
         }
         let started = std::time::Instant::now();
@@ -190,31 +217,68 @@ impl Registry {
         } + 1;
         // every change counted here is in the map read below (it is counted after it is in)
         let holds = self.changes.load(Ordering::SeqCst);
-        let snap = self.lock().snapshot();
-        let (subscriptions, attributes, image, digest) = tokio::task::spawn_blocking(move || {
-            let n = snap.bytes.len();
-            let bloom = cluster_shard_config().bloom;
-            let image = blocks::image::encode_shard_table(version, bloom, &snap.table, &snap.bytes);
-            (n, snap.attributes, image, snap.digest)
-        })
-        .await
-        .map_err(|e| ServiceError::Startup(format!("image build task: {e}")))?;
-        let built = started.elapsed();
+        let (changes, snap, subscriptions, attributes, digest) = {
+            let mut g = self.lock();
+            let snap = self
+                .images()
+                .wants_full(g.kept.len())
+                .then(|| g.kept.snapshot());
+            (
+                std::mem::take(&mut g.log),
+                snap,
+                g.kept.len(),
+                g.kept.attributes(),
+                g.kept.digest(),
+            )
+        };
         let stored = async {
             store.put_image(SHARD_IMAGE, version, &[]).await?;
             store.prune_images(SHARD_IMAGE, version)?;
             Ok::<_, storage::StorageError>(())
         };
         if let Err(e) = stored.await {
-            // still unpublished (`in_force` did not move): the next round tries again
+            // still unpublished (`in_force` did not move): the changes go into the next round
+            let mut g = self.lock();
+            let later = std::mem::replace(&mut g.log, changes);
+            g.log.extend(later);
             return Err(e.into());
         }
-        let bytes = image.len();
-        {
-            let mut images = self.images.lock().unwrap_or_else(|p| p.into_inner());
-            images.insert(version, (Arc::new(image), digest));
-            while images.len() > KEEP_VERSIONS {
-                images.pop_first();
+        let n_changes = changes.len();
+        self.images().published(version, digest, changes);
+        if let Some(snap) = snap {
+            self.images().encoding(version);
+            let encode = move || {
+                let bloom = cluster_shard_config().bloom;
+                blocks::image::encode_shard_table(version, bloom, &snap.table, &snap.bytes)
+            };
+            if first {
+                // nothing to serve a node from before it
+                match tokio::task::spawn_blocking(encode).await {
+                    Ok(image) => self.images().encoded(version, image),
+                    Err(e) => {
+                        self.images().not_encoded(version);
+                        return Err(ServiceError::Startup(format!("image build task: {e}")));
+                    }
+                }
+            } else {
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let t = std::time::Instant::now();
+                    match tokio::task::spawn_blocking(encode).await {
+                        Ok(image) => {
+                            tracing::info!(
+                                "full shard image of version {version} ({} KiB) encoded in {} ms",
+                                image.len() / 1024,
+                                t.elapsed().as_millis()
+                            );
+                            me.images().encoded(version, image);
+                        }
+                        Err(e) => {
+                            tracing::warn!("encoding the full image of version {version}: {e}");
+                            me.images().not_encoded(version);
+                        }
+                    }
+                });
             }
         }
         *self.published.write().unwrap_or_else(|p| p.into_inner()) = Published {
@@ -223,26 +287,33 @@ impl Registry {
             attributes: Arc::new(attributes),
         };
         self.in_force.send_modify(|v| *v = (*v).max(holds));
-        tracing::info!(
-            "published shard image version {version} ({subscriptions} subscriptions, {} KiB) \
-             in {} ms (built in {} ms)",
-            bytes / 1024,
-            started.elapsed().as_millis(),
-            built.as_millis()
+        tracing::debug!(
+            "published shard version {version} ({subscriptions} subscriptions, {n_changes} \
+             changes) in {} us",
+            started.elapsed().as_micros()
         );
         Ok(true)
     }
 
-    /// One kept image version (0: the newest), and what its subscriptions are
-    /// ([`blocks::Dnf::digest`] summed).
-    pub fn image(&self, version: u64) -> Option<(u64, Arc<Vec<u8>>, u128)> {
-        let images = self.images.lock().unwrap_or_else(|p| p.into_inner());
-        if version == 0 {
-            return images
-                .last_key_value()
-                .map(|(v, (i, d))| (*v, i.clone(), *d));
-        }
-        images.get(&version).map(|(i, d)| (version, i.clone(), *d))
+    /// The newest published version.
+    pub fn newest_version(&self) -> u64 {
+        self.images().newest().map_or(0, |(v, _)| v)
+    }
+
+    /// What a node needs for `version` when it holds `have_version` (0: none) and compiled
+    /// the subscriptions of `have_digest`; `None` when `version` is not kept.
+    pub(crate) fn serve(
+        &self,
+        version: u64,
+        have_version: u64,
+        have_digest: Option<u128>,
+    ) -> Option<Served> {
+        let images = self.images();
+        let version = match version {
+            0 => images.newest()?.0,
+            v => v,
+        };
+        images.serve(version, have_version, have_digest)
     }
 
     /// Publishes changes until the task is dropped: at once when a change comes while it

@@ -459,7 +459,7 @@ impl v1::cluster_server::Cluster for Handle {
         Ok(Response::new(v1::RegisterResponse {
             nonce,
             membership: Some(membership),
-            image_version: self.registry.image(0).map_or(0, |(v, _, _)| v),
+            image_version: self.registry.newest_version(),
         }))
     }
 
@@ -473,7 +473,7 @@ impl v1::cluster_server::Cluster for Handle {
         Ok(Response::new(v1::HeartbeatResponse {
             nonce,
             membership: Some(membership),
-            image_version: self.registry.image(0).map_or(0, |(v, _, _)| v),
+            image_version: self.registry.newest_version(),
         }))
     }
 
@@ -546,23 +546,22 @@ impl v1::cluster_server::Cluster for Handle {
         request: Request<v1::ImageRequest>,
     ) -> Result<Response<v1::ImageResponse>, Status> {
         let r = request.into_inner();
-        let v = r.version;
-        match self.registry.image(v) {
-            // the node compiled these subscriptions already (under another version: an
-            // earlier leader's, or one before a change that was undone)
-            Some((version, _, digest)) if r.have_digest == digest.to_le_bytes() => {
-                Ok(Response::new(v1::ImageResponse {
-                    version,
-                    image: Vec::new(),
-                    digest: digest.to_le_bytes().to_vec(),
-                }))
-            }
-            Some((version, image, digest)) => Ok(Response::new(v1::ImageResponse {
-                version,
-                image: image.to_vec(),
-                digest: digest.to_le_bytes().to_vec(),
+        let have_digest = <[u8; 16]>::try_from(r.have_digest.as_slice())
+            .ok()
+            .map(u128::from_le_bytes);
+        match self
+            .registry
+            .serve(r.version, r.have_version, have_digest)
+        {
+            // an empty image and delta: the node compiled these subscriptions already (under
+            // another version: an earlier leader's, or one before a change that was undone)
+            Some(s) => Ok(Response::new(v1::ImageResponse {
+                version: s.version,
+                image: s.image,
+                digest: s.digest.to_le_bytes().to_vec(),
+                delta: s.delta,
             })),
-            None => Err(ServiceError::NotFound(format!("image version {v}")).into()),
+            None => Err(ServiceError::NotFound(format!("image version {}", r.version)).into()),
         }
     }
 }

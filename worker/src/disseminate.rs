@@ -59,7 +59,13 @@ impl Disseminator {
     /// A subscription was created or replaced.
     pub fn upsert(&self, id: u64, dnf: blocks::Dnf) {
         let mut g = self.index.write().unwrap_or_else(|p| p.into_inner());
-        let mut next = g.upsert(id, dnf);
+        let mut next = match g.upsert(id, dnf) {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::error!("subscription {id} could not be compiled: {e}");
+                return;
+            }
+        };
         if next.needs_compaction()
             && let Ok(c) = next.compact()
         {

@@ -402,6 +402,11 @@ impl Base {
         }
     }
 
+    /// Whether some predicate of the shard tests attribute `attr`.
+    pub fn has_attribute(&self, attr: &str) -> bool {
+        self.attr_ids.contains_key(attr)
+    }
+
     /// Attribute names known to the shard (objects' other attributes are dropped at once).
     pub fn attribute_names(&self) -> &[String] {
         &self.attr_names

@@ -88,6 +88,10 @@ pub struct DaemonCounters {
     /// subscriptions).
     pub images_compiled: AtomicU64,
     pub images_kept: AtomicU64,
+    /// Image versions loaded as the change from a version held (no compile of the base),
+    /// and bases compacted in the background.
+    pub images_applied: AtomicU64,
+    pub images_compacted: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -130,6 +134,8 @@ struct Inner {
     /// The newest image version compiled here, and the newest one asked for ahead of use.
     image_loaded: AtomicU64,
     image_prefetch: AtomicU64,
+    /// A compaction of the base runs in the background (one at a time).
+    compacting: std::sync::atomic::AtomicBool,
     peers: Mutex<HashMap<(String, bool), DaemonClient<Internal>>>,
     /// When each outbox object was last sent to the coordinator.
     sent: Mutex<HashMap<ObjectId, Instant>>,
@@ -257,6 +263,7 @@ impl Daemon {
                 images: AsyncMutex::new(BTreeMap::new()),
                 image_loaded: AtomicU64::new(0),
                 image_prefetch: AtomicU64::new(0),
+                compacting: std::sync::atomic::AtomicBool::new(false),
                 peers: Mutex::new(HashMap::new()),
                 sent: Mutex::new(HashMap::new()),
                 forward: tx,

@@ -8,17 +8,103 @@ use super::*;
 pub(super) static NO_HARDWARE_GPU: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-/// A compiled image version: the shard plus the test outputs of absent attributes.
+/// A compiled image version: the shard (a compiled base and the overlay of what changed
+/// since, `blocks::index`) plus the test outputs of absent attributes.
 #[derive(Debug)]
 pub(super) struct Loaded {
     pub(super) index: MatchIndex,
+    /// What belongs to the compiled base, shared by every version on it.
+    pub(super) base: Arc<BaseExtras>,
+    /// The test outputs of absent attributes for the overlay.
+    pub(super) overlay_absent: Vec<(String, TestOutput)>,
+    /// What its subscriptions are (from the coordinator; `None` from one that did not say).
+    pub(super) digest: Option<u128>,
+}
+
+/// The parts of a loaded version that come with its compiled base.
+#[derive(Debug)]
+pub(super) struct BaseExtras {
     pub(super) absent: Vec<(String, TestOutput)>,
     /// The resident subset matcher of match blocks: the GPU when an adapter opens, else the
     /// CPU twin; `None` when the node runs match blocks on the CPU scan of `blocks`.
     pub(super) subset: Option<Mutex<gpu::SubsetMatcher>>,
-    /// What its subscriptions are (from the coordinator; `None` from one that did not say).
-    pub(super) digest: Option<u128>,
 }
+
+/// The test outputs of absent attributes of a compiled shard (those some predicate holds
+/// for, such as `not exists`).
+fn absent_outputs(base: &blocks::shard::Base) -> Vec<(String, TestOutput)> {
+    base.attribute_names()
+        .iter()
+        .filter_map(|a| {
+            base.test_attribute(a, None)
+                .filter(|o| !o.ids.is_empty())
+                .map(|o| (a.clone(), o))
+        })
+        .collect()
+}
+
+/// What comes with a freshly compiled base: its absent outputs and its subset matcher.
+fn base_extras(index: &MatchIndex, use_gpu: GpuUse, version: u64) -> BaseExtras {
+    let base = index.base();
+    let probe = use_gpu == GpuUse::Any
+        || (use_gpu == GpuUse::Hardware && !NO_HARDWARE_GPU.load(Ordering::Relaxed));
+    let subset = if probe && base.bloom_ready() && base.conjunctions() > 0 {
+        match gpu::SubsetMatcher::new(
+            base.filters(),
+            base.conjunctions(),
+            base.filter_words(),
+            gpu::GpuOptions::default(),
+        ) {
+            Ok(gpu::SubsetMatcher::Gpu(g))
+                if use_gpu == GpuUse::Any || g.info().device_type != "Cpu" =>
+            {
+                tracing::info!(
+                    "image {version}: match block on the GPU ({}, {})",
+                    g.info().name,
+                    g.info().device_type
+                );
+                Some(Mutex::new(gpu::SubsetMatcher::Gpu(g)))
+            }
+            Ok(_) => {
+                // no hardware GPU: the CPU scan of `blocks`, and no more probing
+                NO_HARDWARE_GPU.store(true, Ordering::Relaxed);
+                None
+            }
+            Err(e) => {
+                tracing::warn!("match block on the CPU scan: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    BaseExtras {
+        absent: absent_outputs(base),
+        subset,
+    }
+}
+
+/// A loaded version of `index` over `base` (the extras of its compiled base).
+fn loaded_over(index: MatchIndex, base: Arc<BaseExtras>, digest: Option<u128>) -> Loaded {
+    let overlay_absent = index.overlay().map(absent_outputs).unwrap_or_default();
+    Loaded {
+        index,
+        base,
+        overlay_absent,
+        digest,
+    }
+}
+
+/// The changes of a delta image, for [`MatchIndex::changed_to`].
+fn delta_changes(delta: &blocks::image::DeltaImage) -> Vec<(u64, Option<blocks::Dnf>)> {
+    let removes = delta.removes.iter().map(|id| (*id, None));
+    let upserts = delta.upserts.iter().map(|(id, d)| (*id, Some(d.clone())));
+    removes.chain(upserts).collect()
+}
+
+/// Versions held: each shares its base with the others (a version costs its overlay), and a
+/// task naming a version below every one held needs a full image compiled.
+const KEEP_LOADED: usize = 16;
 
 /// A test task's results: when they were computed, and one per object.
 pub(super) type CachedResults = (Instant, Vec<Arc<v1::TestResult>>);
@@ -34,10 +120,12 @@ impl Daemon {
             .ok_or_else(|| ServiceError::Unavailable(format!("image {version} was not compiled")))
     }
 
-    /// [`Daemon::image`]; `ahead` (a compile before any task names the version): `None`
-    /// without compiling once a newer version is known. While subscriptions are created at
-    /// a high rate every compile of a million-subscription image outlives several versions,
-    /// and compiling each in turn kept the node's cores busy with versions no task named.
+    /// [`Daemon::image`]; `ahead` (a load before any task names the version): `None`
+    /// without loading once a newer version is known. A version is the change from the
+    /// newest version held below it, applied to that one's overlay (milliseconds); a full
+    /// image is compiled only when none is held (a start, a new leader with other
+    /// subscriptions). A compaction of the base runs in the background
+    /// ([`Daemon::compact_in_background`]) and never holds a version up.
     async fn image_unless_newer(
         &self,
         version: u64,
@@ -50,8 +138,12 @@ impl Daemon {
         if ahead && self.inner.image_prefetch.load(Ordering::Relaxed) > version {
             return Ok(None);
         }
-        let held = images.last_key_value().map(|(_, l)| l.clone());
-        let have_digest = held
+        let newest = images.last_key_value().map(|(_, l)| l.clone());
+        let below = images
+            .range(..version)
+            .next_back()
+            .map(|(v, l)| (*v, l.clone()));
+        let have_digest = newest
             .as_ref()
             .and_then(|l| l.digest)
             .map_or_else(Vec::new, |d| d.to_le_bytes().to_vec());
@@ -61,6 +153,7 @@ impl Daemon {
             .image(v1::ImageRequest {
                 version,
                 have_digest,
+                have_version: below.as_ref().map_or(0, |(v, _)| *v),
             })
             .await
             .map_err(|e| ServiceError::Unavailable(format!("fetching image {version}: {e}")))?;
@@ -69,9 +162,12 @@ impl Daemon {
             .map(u128::from_le_bytes);
         // the same subscriptions as the image compiled here (a new leader's first version):
         // that one serves this version too
-        if let Some(h) =
-            held.filter(|h| resp.image.is_empty() && h.digest.is_some() && h.digest == digest)
-        {
+        if resp.image.is_empty() && resp.delta.is_empty() {
+            let Some(h) = newest.filter(|h| h.digest.is_some() && h.digest == digest) else {
+                return Err(ServiceError::Unavailable(format!(
+                    "image {version}: the coordinator sent nothing to load"
+                )));
+            };
             tracing::info!("image {version} holds the subscriptions compiled here already: kept");
             self.inner
                 .counters
@@ -79,69 +175,147 @@ impl Daemon {
                 .fetch_add(1, Ordering::Relaxed);
             return Ok(Some(self.loaded_as(&mut images, version, h)));
         }
+        let delta = match resp.delta.is_empty() {
+            true => None,
+            false => Some(
+                blocks::image::decode_delta(&resp.delta)
+                    .map_err(|e| ServiceError::Unavailable(format!("image {version}: {e}")))?,
+            ),
+        };
         let use_gpu = self.inner.cfg.gpu;
-        let loaded = tokio::task::spawn_blocking(move || {
-            let index = MatchIndex::from_image(cluster_shard_config(), &resp.image)?;
-            let base = index.base();
-            let absent = base
-                .attribute_names()
-                .iter()
-                .filter_map(|a| {
-                    base.test_attribute(a, None)
-                        .filter(|o| !o.ids.is_empty())
-                        .map(|o| (a.clone(), o))
+        let full = !resp.image.is_empty();
+        let loaded = match (full, below, delta) {
+            // the change from the version held below: the overlay is compiled again
+            (false, Some((held_version, held)), Some(delta))
+                if delta.base_version == held_version && delta.version == version =>
+            {
+                tokio::task::spawn_blocking(move || {
+                    let index = held.index.changed_to(version, delta_changes(&delta))?;
+                    Ok::<_, blocks::index::IndexError>(loaded_over(
+                        index,
+                        held.base.clone(),
+                        digest,
+                    ))
                 })
-                .collect();
-            let probe = use_gpu == GpuUse::Any
-                || (use_gpu == GpuUse::Hardware && !NO_HARDWARE_GPU.load(Ordering::Relaxed));
-            let subset = if probe && base.bloom_ready() && base.conjunctions() > 0 {
-                match gpu::SubsetMatcher::new(
-                    base.filters(),
-                    base.conjunctions(),
-                    base.filter_words(),
-                    gpu::GpuOptions::default(),
-                ) {
-                    Ok(gpu::SubsetMatcher::Gpu(g))
-                        if use_gpu == GpuUse::Any || g.info().device_type != "Cpu" =>
-                    {
-                        tracing::info!(
-                            "image {version}: match block on the GPU ({}, {})",
-                            g.info().name,
-                            g.info().device_type
-                        );
-                        Some(Mutex::new(gpu::SubsetMatcher::Gpu(g)))
+                .await
+            }
+            (false, _, _) => {
+                return Err(ServiceError::Unavailable(format!(
+                    "image {version}: the change sent does not start from a version held here"
+                )));
+            }
+            // a full image (and the change from its version): the base is compiled
+            (true, _, delta) => {
+                tokio::task::spawn_blocking(move || {
+                    let mut index = MatchIndex::from_image(cluster_shard_config(), &resp.image)?;
+                    let extras = Arc::new(base_extras(&index, use_gpu, version));
+                    if let Some(d) = delta {
+                        if d.base_version != index.version() || d.version != version {
+                            return Err(blocks::index::IndexError::VersionMismatch {
+                                expected: d.base_version,
+                                actual: index.version(),
+                            });
+                        }
+                        index = index.changed_to(version, delta_changes(&d))?;
                     }
-                    Ok(_) => {
-                        // no hardware GPU: the CPU scan of `blocks`, and no more probing
-                        NO_HARDWARE_GPU.store(true, Ordering::Relaxed);
-                        None
-                    }
-                    Err(e) => {
-                        tracing::warn!("match block on the CPU scan: {e}");
-                        None
-                    }
-                }
-            } else {
-                None
-            };
-            Ok::<_, blocks::index::IndexError>(Loaded {
-                index,
-                absent,
-                subset,
-                digest,
-            })
-        })
-        .await
+                    Ok(loaded_over(index, extras, digest))
+                })
+                .await
+            }
+        }
         .map_err(|e| ServiceError::Unavailable(format!("image build task: {e}")))?
         .map_err(|e| ServiceError::Unavailable(format!("image {version}: {e}")))?;
-        self.inner
-            .counters
-            .images_compiled
-            .fetch_add(1, Ordering::Relaxed);
-        Ok(Some(self.loaded_as(&mut images, version, Arc::new(loaded))))
+        let counter = match full {
+            true => &self.inner.counters.images_compiled,
+            false => &self.inner.counters.images_applied,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let loaded = self.loaded_as(&mut images, version, Arc::new(loaded));
+        drop(images);
+        if loaded.index.needs_compaction() {
+            self.compact_in_background(version, loaded.clone());
+        }
+        Ok(Some(loaded))
     }
 
-    /// Keeps `loaded` as image `version` (the three newest are kept).
+    /// Folds the overlay of `loaded` (version `version`) into a fresh base on a blocking
+    /// thread, one compaction at a time; then carries the newest version held over to it
+    /// ([`MatchIndex::rebase`]: only what changed after `version` is compiled again), so the
+    /// versions loaded after it start from the fresh base. Matching goes on meanwhile.
+    fn compact_in_background(&self, version: u64, loaded: Arc<Loaded>) {
+        if self.inner.compacting.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let use_gpu = me.inner.cfg.gpu;
+            let from = loaded.clone();
+            let compacted = tokio::task::spawn_blocking(move || {
+                let index = from.index.compact()?;
+                let extras = Arc::new(base_extras(&index, use_gpu, version));
+                Ok::<_, blocks::index::IndexError>((index, extras))
+            })
+            .await;
+            let result = match compacted {
+                Ok(Ok((index, extras))) => me.rebase_newest(version, &loaded, index, extras).await,
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match result {
+                Ok(newest) => {
+                    me.inner
+                        .counters
+                        .images_compacted
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        "image {version}: base compacted in {} ms ({} subscriptions); version \
+                         {newest} carried over to it",
+                        started.elapsed().as_millis(),
+                        loaded.index.len()
+                    );
+                }
+                Err(e) => tracing::warn!("compacting image {version}: {e}"),
+            }
+            me.inner.compacting.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Puts the base compacted from `from` (version `version`) under the versions held:
+    /// `version` itself and the newest version (when it was made from `from`'s base).
+    /// Returns the newest version.
+    async fn rebase_newest(
+        &self,
+        version: u64,
+        from: &Arc<Loaded>,
+        compacted: MatchIndex,
+        extras: Arc<BaseExtras>,
+    ) -> Result<u64, String> {
+        let mut images = self.inner.images.lock().await;
+        if images.contains_key(&version) {
+            let l = loaded_over(compacted.clone(), extras.clone(), from.digest);
+            images.insert(version, Arc::new(l));
+        }
+        let Some((&newest, held)) = images.last_key_value() else {
+            return Ok(version);
+        };
+        if newest == version || !held.index.same_base(&from.index) {
+            return Ok(newest);
+        }
+        let held = held.clone();
+        let from = from.clone();
+        let rebased = tokio::task::spawn_blocking(move || {
+            let index = held.index.rebase(&from.index, &compacted)?;
+            Ok::<_, blocks::index::IndexError>(loaded_over(index, extras, held.digest))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        images.insert(newest, Arc::new(rebased));
+        Ok(newest)
+    }
+
+    /// Keeps `loaded` as image `version` (the [`KEEP_LOADED`] newest are kept).
     fn loaded_as(
         &self,
         images: &mut BTreeMap<u64, Arc<Loaded>>,
@@ -152,7 +326,7 @@ impl Daemon {
         self.inner
             .image_loaded
             .fetch_max(version, Ordering::Relaxed);
-        while images.len() > 3 {
+        while images.len() > KEEP_LOADED {
             images.pop_first();
         }
         loaded
@@ -256,14 +430,18 @@ impl Daemon {
         req: &v1::AssignRequest,
         attr: &str,
     ) -> Result<(), ServiceError> {
-        let mut by_version: BTreeMap<u64, Vec<(u64, blocks::Value)>> = BTreeMap::new();
+        type Item = (u64, blocks::Value, Option<v1::Value>);
+        let mut by_version: BTreeMap<u64, Vec<Item>> = BTreeMap::new();
         for (i, t) in req.tests.iter().enumerate() {
             let v = validate::value(
                 t.value.as_ref(),
                 &format!("tests[{i}].value"),
                 &self.inner.limits,
             )?;
-            by_version.entry(t.version).or_default().push((t.key, v));
+            by_version
+                .entry(t.version)
+                .or_default()
+                .push((t.key, v, t.value.clone()));
         }
         let mut results = Vec::with_capacity(req.tests.len());
         for (version, items) in by_version {
@@ -272,10 +450,11 @@ impl Daemon {
             let task = req.task;
             let test = move || {
                 let base = loaded.index.base();
+                let base_version = loaded.index.base_version();
                 let mut ctx = base.new_ctx();
                 items
                     .into_iter()
-                    .filter_map(|(key, v)| {
+                    .filter_map(|(key, v, value)| {
                         let o = base.test_attribute_with(&attr, Some(&v), &mut ctx)?;
                         let mut ids = Vec::with_capacity(o.ids.serialized_size());
                         o.ids.serialize_into(&mut ids).ok()?;
@@ -286,6 +465,8 @@ impl Daemon {
                             version,
                             filter: o.filter,
                             ids,
+                            value,
+                            base_version,
                         })
                     })
                     .collect::<Vec<_>>()
@@ -377,16 +558,26 @@ impl Daemon {
                     continue;
                 }
             };
-            let out = if objs.len() <= INLINE_OBJECTS && loaded.subset.is_none() {
-                match_objects(&loaded, objs) // cheaper than a hand-off to a blocking thread
+            let limits = self.inner.limits;
+            let out = if objs.len() <= INLINE_OBJECTS && loaded.base.subset.is_none() {
+                // cheaper than a hand-off to a blocking thread
+                match_objects(&loaded, objs, &limits)
             } else {
                 self.inner
                     .lanes
-                    .spawn_blocking(priority(&req), move || match_objects(&loaded, objs))
+                    .spawn_blocking(priority(&req), move || {
+                        match_objects(&loaded, objs, &limits)
+                    })
                     .await
                     .map_err(|e| ServiceError::Unavailable(format!("match task: {e}")))?
             };
-            matched.extend(out);
+            for (i, subs) in out {
+                match subs {
+                    Some(subs) => matched.push((i, subs)),
+                    // tested against another base, without the value to test again here
+                    None => failed.push(req.matches[i].key),
+                }
+            }
         }
         // hand the matches to delivery on each object's origin node
         let mut per_origin: HashMap<String, Vec<v1::ObjectMatches>> = HashMap::new();
@@ -442,23 +633,47 @@ pub(super) fn priority(req: &v1::AssignRequest) -> u8 {
     req.priority.min(u32::from(runtime::URGENT_PRIORITY)) as u8
 }
 
-pub(super) fn match_objects(loaded: &Loaded, objs: Vec<ObjectResults>) -> Vec<(usize, Vec<u64>)> {
-    let base = loaded.index.base();
+pub(super) fn match_objects(
+    loaded: &Loaded,
+    objs: Vec<ObjectResults>,
+    limits: &Limits,
+) -> Vec<(usize, Option<Vec<u64>>)> {
+    let index = &loaded.index;
+    let base = index.base();
+    let base_version = index.base_version();
     let w = base.filter_words();
     let mut filters = vec![0u64; w * objs.len()];
     let mut ids: Vec<RoaringBitmap> = Vec::with_capacity(objs.len());
+    let mut whole = vec![true; objs.len()];
+    let mut ctx = base.new_ctx();
     for (o, (_, rs)) in objs.iter().enumerate() {
         let f = &mut filters[o * w..o * w + w];
         let mut set = RoaringBitmap::new();
         for r in rs {
-            for (x, y) in f.iter_mut().zip(&r.filter) {
-                *x |= y;
+            if r.base_version == base_version {
+                for (x, y) in f.iter_mut().zip(&r.filter) {
+                    *x |= y;
+                }
+                if let Ok(b) = RoaringBitmap::deserialize_from(r.ids.as_slice()) {
+                    set |= b;
+                }
+                continue;
             }
-            if let Ok(b) = RoaringBitmap::deserialize_from(r.ids.as_slice()) {
-                set |= b;
+            // tested against another compiled base (the test worker's node compacted at
+            // another time): the predicate ids are that base's, so the value is tested here
+            let out = tested_value(r, limits)
+                .and_then(|v| base.test_attribute_with(&r.attribute, Some(&v), &mut ctx));
+            match out {
+                Some(out) => {
+                    for (x, y) in f.iter_mut().zip(&out.filter) {
+                        *x |= y;
+                    }
+                    set |= out.ids;
+                }
+                None => whole[o] = false,
             }
         }
-        for (attr, out) in &loaded.absent {
+        for (attr, out) in &loaded.base.absent {
             if !rs.iter().any(|r| r.attribute == *attr) {
                 for (x, y) in f.iter_mut().zip(&out.filter) {
                     *x |= y;
@@ -469,7 +684,7 @@ pub(super) fn match_objects(loaded: &Loaded, objs: Vec<ObjectResults>) -> Vec<(u
         ids.push(set);
     }
     let mut cands: Vec<Vec<u32>> = vec![Vec::new(); objs.len()];
-    match &loaded.subset {
+    match &loaded.base.subset {
         Some(m) => {
             let mut m = lock(m);
             for batch in m.candidates(&[&filters]) {
@@ -495,11 +710,62 @@ pub(super) fn match_objects(loaded: &Loaded, objs: Vec<ObjectResults>) -> Vec<(u
     }
     objs.iter()
         .enumerate()
-        .map(|(o, (i, _))| {
-            let subs = base
+        .map(|(o, (i, rs))| {
+            if !whole[o] {
+                return (*i, None);
+            }
+            let mut subs = base
                 .verified_subscriptions(&cands[o], &ids[o])
                 .unwrap_or_default();
-            (*i, subs)
+            if index.delta_len() > 0 {
+                subs.retain(|id| !index.changed(*id));
+            }
+            if let Some(overlay) = index.overlay() {
+                match overlay_matches(loaded, overlay, rs, limits) {
+                    Some(more) => {
+                        subs.extend(more);
+                        subs.sort_unstable();
+                        subs.dedup();
+                    }
+                    None => return (*i, None),
+                }
+            }
+            (*i, Some(subs))
         })
         .collect()
+}
+
+/// The value a test result was computed from (`None`: it carries none, or not a valid one).
+fn tested_value(r: &v1::TestResult, limits: &Limits) -> Option<blocks::Value> {
+    validate::value(r.value.as_ref(), "value", limits).ok()
+}
+
+/// The subscriptions of the overlay (those changed since the base) an object matches: its
+/// tested values are tested against the overlay here (it is small), then verified by
+/// predicate ids. `None` when a value the overlay tests did not come with its result.
+fn overlay_matches(
+    loaded: &Loaded,
+    overlay: &blocks::shard::Base,
+    rs: &[Arc<v1::TestResult>],
+    limits: &Limits,
+) -> Option<Vec<u64>> {
+    let mut ctx = overlay.new_ctx();
+    let mut set = RoaringBitmap::new();
+    for r in rs {
+        if !overlay.has_attribute(&r.attribute) {
+            continue;
+        }
+        let v = tested_value(r, limits)?;
+        set |= overlay
+            .test_attribute_with(&r.attribute, Some(&v), &mut ctx)?
+            .ids;
+    }
+    for (attr, out) in &loaded.overlay_absent {
+        if !rs.iter().any(|r| r.attribute == *attr) {
+            set |= &out.ids;
+        }
+    }
+    let mut cands = Vec::new();
+    overlay.id_candidates(&set, &mut cands);
+    overlay.verified_subscriptions(&cands, &set)
 }
