@@ -283,7 +283,7 @@ pub(crate) async fn stream_endpoint(node: &str, name: &str, seen: Shared) -> any
     Ok(())
 }
 
-fn latency(mut v: Vec<f64>) -> Latency {
+pub(crate) fn latency(mut v: Vec<f64>) -> Latency {
     if v.is_empty() {
         return Latency::default();
     }
@@ -442,7 +442,7 @@ pub async fn setup(
             (s, runtime::validate::qos_number(qos))
         })
         .unzip();
-    let ids: Vec<(u64, u8)> = procs::create_all(&url, created, 64, || bar.inc(1))
+    let ids: Vec<(u64, u8)> = procs::create_many(&url, created, 4, |n| bar.inc(n))
         .await
         .context("creating a subscription")?
         .into_iter()
@@ -469,6 +469,11 @@ pub async fn setup(
 }
 
 impl Setup {
+    /// The embedded cluster's URL.
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
     /// The process id of the embedded cluster.
     pub fn node_pid(&self) -> u32 {
         self.node.pid()

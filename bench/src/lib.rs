@@ -32,6 +32,7 @@ pub mod quorumbench;
 pub mod recorder;
 pub mod replbench;
 pub mod resizebench;
+pub mod subschurn;
 pub mod workload;
 
 pub use blocks::bloom::BloomConfig;

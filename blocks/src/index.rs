@@ -496,7 +496,9 @@ mod tests {
             .map(|i| (i, dnf(&format!("site = \"s{i}\" && temp > 10"))))
             .collect();
         let v1 = MatchIndex::build(ShardConfig::default(), subs).expect("build");
-        let v2 = v1.upsert(7, dnf("site = \"s7\" && temp > 50")).expect("upsert");
+        let v2 = v1
+            .upsert(7, dnf("site = \"s7\" && temp > 50"))
+            .expect("upsert");
         let v3 = v2.upsert(1000, dnf("site = \"s7\"")).expect("upsert");
         let v4 = v3.remove(8).expect("remove");
         assert!(v4.same_base(&v1));

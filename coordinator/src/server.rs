@@ -549,10 +549,7 @@ impl v1::cluster_server::Cluster for Handle {
         let have_digest = <[u8; 16]>::try_from(r.have_digest.as_slice())
             .ok()
             .map(u128::from_le_bytes);
-        match self
-            .registry
-            .serve(r.version, r.have_version, have_digest)
-        {
+        match self.registry.serve(r.version, r.have_version, have_digest) {
             // an empty image and delta: the node compiled these subscriptions already (under
             // another version: an earlier leader's, or one before a change that was undone)
             Some(s) => Ok(Response::new(v1::ImageResponse {

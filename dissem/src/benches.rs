@@ -1,4 +1,4 @@
-//! The benchmark commands (`bench match|ingest|cluster|e2e|cost|quorum|churn|failover|federation|chaos|resize`)
+//! The benchmark commands (`bench match|ingest|cluster|e2e|subs-churn|cost|quorum|churn|failover|federation|chaos|resize`)
 //! and `demo`: flags in, a call into
 //! the `bench` crate, figures out.
 
@@ -23,6 +23,10 @@ pub(super) enum Bench {
     Cluster(ClusterArgs),
     /// Durable put -> push delivered (gRPC and webhook): saturation, half load, 2x overload.
     E2e(E2eArgs),
+    /// Subscriptions that change while objects flow: put -> delivered latency with and
+    /// without creates, updates and deletes, how soon a change is matched, node CPU per
+    /// change.
+    SubsChurn(SubsChurnArgs),
     /// Node CPU per delivery (from /proc) and objects/s for gRPC batch, webhook and stream
     /// targets, each object matching one subscription.
     Cost(CostArgs),
@@ -371,6 +375,48 @@ pub(super) fn bench_e2e(a: E2eArgs) -> anyhow::Result<bool> {
     if let Some(path) = &a.svg {
         std::fs::write(path, bench::e2e::svg(&report))
             .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    }
+    Ok(report.lost == 0)
+}
+
+#[derive(clap::Args, Debug)]
+pub(super) struct SubsChurnArgs {
+    /// Registered subscriptions of the iot workload.
+    #[arg(long, default_value_t = 100_000)]
+    pub(super) subs: usize,
+    /// Seconds of each phase.
+    #[arg(long, default_value_t = 15.0)]
+    pub(super) seconds: f64,
+    /// Objects per second of the low-rate phases (the others run at half of saturation).
+    #[arg(long, default_value_t = 50.0)]
+    pub(super) low_rate: f64,
+    /// Subscription changes per second, one phase each (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "5,50")]
+    pub(super) change_rates: Vec<f64>,
+    /// Only the low-rate phases (no calibration burst, no phases at half of saturation).
+    #[arg(long)]
+    pub(super) low_only: bool,
+    /// Random seed of the workload.
+    #[arg(long, default_value_t = 1)]
+    pub(super) seed: u64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub(super) json: Option<PathBuf>,
+}
+
+pub(super) fn bench_subs_churn(a: SubsChurnArgs) -> anyhow::Result<bool> {
+    let report = bench::subschurn::run(&bench::subschurn::SubsChurnOptions {
+        bin: std::env::current_exe()?,
+        subs: a.subs,
+        seconds: a.seconds,
+        low_rate: a.low_rate,
+        change_rates: a.change_rates,
+        low_only: a.low_only,
+        seed: a.seed,
+    })?;
+    bench::subschurn::print(&report);
+    if let Some(path) = &a.json {
+        bench::write_json(path, &report)?;
     }
     Ok(report.lost == 0)
 }

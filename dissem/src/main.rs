@@ -367,6 +367,9 @@ fn main() -> ExitCode {
             which: Bench::E2e(a),
         } => bench_e2e(a),
         Command::Bench {
+            which: Bench::SubsChurn(a),
+        } => bench_subs_churn(a),
+        Command::Bench {
             which: Bench::Cost(a),
         } => bench_cost(a),
         Command::Bench {

@@ -561,6 +561,8 @@ impl v1::admin_server::Admin for Node {
             image_loaded: cluster(|d| d.image_loaded()),
             images_compiled: cluster(|d| d.counters().images_compiled.load(Ordering::Relaxed)),
             images_kept: cluster(|d| d.counters().images_kept.load(Ordering::Relaxed)),
+            images_applied: cluster(|d| d.counters().images_applied.load(Ordering::Relaxed)),
+            images_compacted: cluster(|d| d.counters().images_compacted.load(Ordering::Relaxed)),
             // a coordinator's
             registry_kept: false,
             registry_ready_ms: 0,

@@ -277,7 +277,7 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
         groups.push((
             "images",
             vec![
-                ("image_loaded", "newest compiled", json!(s.image_loaded), ""),
+                ("image_loaded", "newest loaded", json!(s.image_loaded), ""),
                 (
                     "images_compiled",
                     "compiled",
@@ -289,6 +289,18 @@ pub(super) fn stats(s: &v1::StatsResponse) -> Printed {
                     "kept (same subscriptions)",
                     json!(s.images_kept),
                     "versions",
+                ),
+                (
+                    "images_applied",
+                    "applied as changes",
+                    json!(s.images_applied),
+                    "versions",
+                ),
+                (
+                    "images_compacted",
+                    "bases compacted",
+                    json!(s.images_compacted),
+                    "",
                 ),
             ],
         ));

@@ -92,7 +92,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node", "objects_stored", "puts_accepted", "puts_rejected", "outbox_pending", "subscriptions", "role", "matches_handed", "matches_repeated", "deliveries", "deliveries_acked", "delivery_failures", "dead_lettered", "deliveries_queued", "copies_unfinished", "copies_finished", "objects_taken_over", "cluster", "image_loaded", "copies_forwarding", "view", "copies_pulled", "registry_kept", "registry_ready_ms", "images_compiled", "images_kept", "qos0_dropped", "objects_handed", "objects_taken_back", "store_failed", "puts_waited", "puts_refused_overloaded", "puts_waiting")
+    __slots__ = ("node", "objects_stored", "puts_accepted", "puts_rejected", "outbox_pending", "subscriptions", "role", "matches_handed", "matches_repeated", "deliveries", "deliveries_acked", "delivery_failures", "dead_lettered", "deliveries_queued", "copies_unfinished", "copies_finished", "objects_taken_over", "cluster", "image_loaded", "copies_forwarding", "view", "copies_pulled", "registry_kept", "registry_ready_ms", "images_compiled", "images_kept", "qos0_dropped", "objects_handed", "objects_taken_back", "store_failed", "puts_waited", "puts_refused_overloaded", "puts_waiting", "images_applied", "images_compacted")
     NODE_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_STORED_FIELD_NUMBER: _ClassVar[int]
     PUTS_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,8 @@ class StatsResponse(_message.Message):
     PUTS_WAITED_FIELD_NUMBER: _ClassVar[int]
     PUTS_REFUSED_OVERLOADED_FIELD_NUMBER: _ClassVar[int]
     PUTS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_COMPACTED_FIELD_NUMBER: _ClassVar[int]
     node: int
     objects_stored: int
     puts_accepted: int
@@ -159,7 +161,9 @@ class StatsResponse(_message.Message):
     puts_waited: int
     puts_refused_overloaded: int
     puts_waiting: int
-    def __init__(self, node: _Optional[int] = ..., objects_stored: _Optional[int] = ..., puts_accepted: _Optional[int] = ..., puts_rejected: _Optional[int] = ..., outbox_pending: _Optional[int] = ..., subscriptions: _Optional[int] = ..., role: _Optional[str] = ..., matches_handed: _Optional[int] = ..., matches_repeated: _Optional[int] = ..., deliveries: _Optional[int] = ..., deliveries_acked: _Optional[int] = ..., delivery_failures: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., deliveries_queued: _Optional[int] = ..., copies_unfinished: _Optional[int] = ..., copies_finished: _Optional[int] = ..., objects_taken_over: _Optional[int] = ..., cluster: _Optional[_Union[ClusterStats, _Mapping]] = ..., image_loaded: _Optional[int] = ..., copies_forwarding: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., copies_pulled: _Optional[int] = ..., registry_kept: _Optional[bool] = ..., registry_ready_ms: _Optional[int] = ..., images_compiled: _Optional[int] = ..., images_kept: _Optional[int] = ..., qos0_dropped: _Optional[int] = ..., objects_handed: _Optional[int] = ..., objects_taken_back: _Optional[int] = ..., store_failed: _Optional[bool] = ..., puts_waited: _Optional[int] = ..., puts_refused_overloaded: _Optional[int] = ..., puts_waiting: _Optional[int] = ...) -> None: ...
+    images_applied: int
+    images_compacted: int
+    def __init__(self, node: _Optional[int] = ..., objects_stored: _Optional[int] = ..., puts_accepted: _Optional[int] = ..., puts_rejected: _Optional[int] = ..., outbox_pending: _Optional[int] = ..., subscriptions: _Optional[int] = ..., role: _Optional[str] = ..., matches_handed: _Optional[int] = ..., matches_repeated: _Optional[int] = ..., deliveries: _Optional[int] = ..., deliveries_acked: _Optional[int] = ..., delivery_failures: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., deliveries_queued: _Optional[int] = ..., copies_unfinished: _Optional[int] = ..., copies_finished: _Optional[int] = ..., objects_taken_over: _Optional[int] = ..., cluster: _Optional[_Union[ClusterStats, _Mapping]] = ..., image_loaded: _Optional[int] = ..., copies_forwarding: _Optional[int] = ..., view: _Optional[_Union[ClusterView, _Mapping]] = ..., copies_pulled: _Optional[int] = ..., registry_kept: _Optional[bool] = ..., registry_ready_ms: _Optional[int] = ..., images_compiled: _Optional[int] = ..., images_kept: _Optional[int] = ..., qos0_dropped: _Optional[int] = ..., objects_handed: _Optional[int] = ..., objects_taken_back: _Optional[int] = ..., store_failed: _Optional[bool] = ..., puts_waited: _Optional[int] = ..., puts_refused_overloaded: _Optional[int] = ..., puts_waiting: _Optional[int] = ..., images_applied: _Optional[int] = ..., images_compacted: _Optional[int] = ...) -> None: ...
 
 class ClusterView(_message.Message):
     __slots__ = ("rows", "cols", "members", "leader_name", "leader_url", "leader_epoch", "leader_nonce", "lease_ms", "next_rows", "next_cols")
