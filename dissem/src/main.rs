@@ -28,7 +28,8 @@ mod thp;
 
 use benches::{
     Bench, bench_chaos, bench_churn, bench_cluster, bench_cost, bench_e2e, bench_failover,
-    bench_federation, bench_ingest, bench_match, bench_quorum, bench_resize, demo,
+    bench_federation, bench_ingest, bench_match, bench_quorum, bench_resize, bench_subs_churn,
+    demo,
 };
 use client::{LinkCmd, NodeArg, TokenCmd, client};
 use serve::{CoordinatorArgs, NodeArgs, UpArgs, WorkerFlags, coordinator_cmd, node_cmd, up};
