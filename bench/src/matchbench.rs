@@ -45,6 +45,10 @@ pub struct MatchBenchOptions {
     /// Threads the CPU engines match on (each batch split between them; the GPU engine and the
     /// naive reference use one).
     pub threads: usize,
+    /// Share of the subscriptions (0..=0.5) replaced after the build: the `cpu` engine is then
+    /// built fresh over the changed set, and `cpu-overlay` is the base built before the change
+    /// with the change as its overlay (what a node matches with between compactions).
+    pub overlay: f64,
 }
 
 impl MatchBenchOptions {
@@ -75,6 +79,7 @@ impl MatchBenchOptions {
             strategy: StrategyChoice::Auto,
             cells: ShardConfig::default().cells,
             threads: 1,
+            overlay: 0.0,
         })
     }
 }
@@ -142,6 +147,12 @@ pub struct MatchBenchReport {
     pub identical_matches: bool,
     /// Engines that could not run on this workload, and why.
     pub skipped: Vec<String>,
+    /// Subscriptions replaced after the build (`--overlay`), and the seconds the overlay of
+    /// `cpu-overlay` took to compile.
+    pub overlay_changed: usize,
+    pub overlay_seconds: f64,
+    /// `cpu-overlay`'s events per second over `cpu`'s (the fresh build of the same set).
+    pub overlay_over_fresh: Option<f64>,
 }
 
 /// An engine's matches: those of the first `keep` events kept (the engines are compared on
@@ -212,6 +223,23 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         .subscriptions(opts.seed, opts.subs, |i| bar.set_position(i as u64));
     bar.finish();
     let n_subs = subs.len();
+    if !(0.0..=0.5).contains(&opts.overlay) {
+        bail!("--overlay must be in [0, 0.5], got {}", opts.overlay);
+    }
+    // the replaced subscriptions: `subs` becomes the changed set, `before` keeps what they were
+    let n_changed = (opts.overlay * n_subs as f64).round() as usize;
+    let mut before: Vec<(usize, blocks::Dnf)> = Vec::with_capacity(n_changed);
+    if n_changed > 0 {
+        let fresh = opts
+            .workload
+            .subscriptions(opts.seed.wrapping_add(7919), n_changed, |_| {});
+        let step = n_subs / n_changed;
+        for (k, (_, d)) in fresh.into_iter().enumerate() {
+            let at = k * step;
+            before.push((at, std::mem::replace(&mut subs[at].1, d)));
+        }
+    }
+    let mut overlay_seconds = 0.0;
     let events = opts.workload.events(opts.seed, opts.events);
     let checked = opts.check_events.min(opts.events);
     let mut engines = Vec::new();
@@ -219,19 +247,24 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
     let mut results: Vec<(String, Vec<Vec<u64>>)> = Vec::new();
 
     let want = |e: EngineChoice| opts.engine == e || opts.engine == EngineChoice::All;
+    let with_overlay = (n_changed > 0).then_some(("cpu-overlay", opts.strategy, EngineChoice::Cpu));
     for (name, strategy, choice) in [
-        ("cpu", opts.strategy, EngineChoice::Cpu),
-        (
+        Some(("cpu", opts.strategy, EngineChoice::Cpu)),
+        with_overlay,
+        Some((
             "bloom",
             StrategyChoice::Fixed(Strategy::Bloom),
             EngineChoice::Bloom,
-        ),
-        (
+        )),
+        Some((
             "gpu",
             StrategyChoice::Fixed(Strategy::Bloom),
             EngineChoice::Gpu,
-        ),
-    ] {
+        )),
+    ]
+    .into_iter()
+    .flatten()
+    {
         if !want(choice) {
             continue;
         }
@@ -250,11 +283,18 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         // the engine gets its own copy, as a worker gets its image's: copying is not
         // building. One engine alone (no reference to compare with) takes the generated
         // list itself, so a 10M run holds one list, not two.
-        let owned = if opts.engine == EngineChoice::All {
+        let overlaid = name == "cpu-overlay";
+        let mut owned = if opts.engine == EngineChoice::All || overlaid {
             subs.clone()
         } else {
             std::mem::take(&mut subs)
         };
+        if overlaid {
+            // the base as it was built before the change
+            for (at, d) in &before {
+                owned[*at].1 = d.clone();
+            }
+        }
         let rss0 = mem::rss_bytes();
         let t = Instant::now();
         let index = match MatchIndex::build(cfg, owned) {
@@ -269,6 +309,23 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             Err(e) => return Err(e).with_context(|| format!("building the {name} index")),
         };
         let build = t.elapsed().as_secs_f64();
+        let index = if overlaid {
+            let t = Instant::now();
+            let changes = before
+                .iter()
+                .map(|(at, _)| (subs[*at].0, Some(subs[*at].1.clone())));
+            let i = index
+                .changed_to(2, changes)
+                .context("compiling the overlay")?;
+            overlay_seconds = t.elapsed().as_secs_f64();
+            progress.line(&format!(
+                "{name}: overlay of {n_changed} changed subscriptions compiled in {:.0} ms",
+                overlay_seconds * 1000.0
+            ));
+            i
+        } else {
+            index
+        };
         let rss1 = mem::rss_bytes();
         let stats = index.base().stats();
         let mut ctx = index.base().new_ctx();
@@ -454,7 +511,25 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
             .collect(),
         _ => Vec::new(),
     };
+    let rate = |n: &str| {
+        engines
+            .iter()
+            .find(|e| e.engine == n)
+            .map(|e| e.events_per_second)
+    };
+    let overlay_over_fresh = rate("cpu-overlay")
+        .zip(rate("cpu"))
+        .map(|(o, f)| o / f.max(1e-9));
+    if let Some(r) = overlay_over_fresh {
+        progress.line(&format!(
+            "cpu-overlay matches at {:.2}x the fresh build's rate ({n_changed} subscriptions changed)",
+            r
+        ));
+    }
     Ok(MatchBenchReport {
+        overlay_changed: n_changed,
+        overlay_seconds,
+        overlay_over_fresh,
         workload: opts.workload_name.clone(),
         subscriptions: n_subs,
         events: events.len(),

@@ -1,14 +1,16 @@
 //! Versions of a shard and incremental change: the match block as workers hold it.
 //!
-//! A [`MatchIndex`] is an immutable snapshot in two layers: a compiled base (the shard as it
-//! was at some version, [`MatchIndex::base_version`]) and an overlay, every subscription
-//! changed since (its state in this version: upserted or deleted), whose upserted
-//! subscriptions are compiled into a small shard of their own. A change makes a new snapshot
-//! that shares the base and compiles only the overlay, so a version costs what changed since
-//! the base, not the whole shard; work in flight keeps the snapshot it started with, so an
-//! object is matched against one consistent version. The base's results are filtered by the
-//! overlay (a changed subscription is answered by the overlay only), and the overlay's are
-//! added.
+//! A [`MatchIndex`] is an immutable snapshot in three layers: a compiled base (the shard as
+//! it was at some version, [`MatchIndex::base_version`]), and the overlay of every
+//! subscription changed since (its state in this version: upserted or deleted) in two
+//! layers, each compiled into a small shard of its own: `mid`, what changed up to some later
+//! version, and `top`, what changed after it (at most [`TOP_MAX`] subscriptions). A change
+//! makes a new snapshot that shares the base and `mid` and compiles only `top`; when `top`
+//! is full it is folded into `mid`. So a version costs what changed lately, not the whole
+//! shard nor every change since the base; work in flight keeps the snapshot it started
+//! with, so an object is matched against one consistent version. A layer's results are
+//! filtered by the layers above it (a changed subscription is answered by the newest layer
+//! that holds it only), and the overlays' are added.
 //!
 //! [`MatchIndex::compact`] folds the overlay into a fresh base; callers run it off the hot
 //! path when [`MatchIndex::needs_compaction`] says so, and carry the newer versions made
@@ -22,6 +24,9 @@ use crate::formula::Dnf;
 use crate::image::{self, DeltaImage, ImageError, ShardImage};
 use crate::predicate::Event;
 use crate::shard::{Base, BuildError, EvalCtx, ShardConfig, Strategy, StrategyChoice, VerifyStats};
+
+/// Most changed subscriptions in the top layer; one more folds it into the middle one.
+pub const TOP_MAX: usize = 128;
 
 /// Overlay size below which compaction is never advised.
 pub const MIN_COMPACT_DELTA: usize = 1024;
@@ -63,15 +68,46 @@ struct BaseLayer {
     ids: Vec<u64>,
 }
 
-/// The subscriptions changed since the base, as they are in one version.
-#[derive(Debug)]
+/// Subscriptions changed (over the layers below), as they are in one version.
+#[derive(Debug, Default)]
 struct Overlay {
-    /// Each changed subscription's state: `None` deleted (or never in the base).
+    /// Each changed subscription's state: `None` deleted (or never in a layer below).
     changes: BTreeMap<u64, Option<Arc<Dnf>>>,
     /// The upserted subscriptions compiled (`None`: there are none).
     compiled: Option<Base>,
-    /// Subscriptions in this version.
-    len: usize,
+}
+
+impl Overlay {
+    fn compile(
+        cfg: ShardConfig,
+        changes: BTreeMap<u64, Option<Arc<Dnf>>>,
+    ) -> Result<Overlay, IndexError> {
+        let compiled = if changes.values().any(Option::is_some) {
+            let subs = changes
+                .iter()
+                .filter_map(|(id, s)| s.as_deref().map(|d| (*id, d)));
+            Some(Base::build(overlay_config(cfg), subs)?)
+        } else {
+            None
+        };
+        Ok(Overlay { changes, compiled })
+    }
+}
+
+/// One compiled overlay layer of a version, and what answers above it.
+#[derive(Debug, Clone, Copy)]
+pub struct OverlayLayer<'a> {
+    /// The layer's upserted subscriptions, compiled.
+    pub base: &'a Base,
+    above: Option<&'a BTreeMap<u64, Option<Arc<Dnf>>>>,
+}
+
+impl OverlayLayer<'_> {
+    /// Whether a newer layer changed subscription `id` again (then this layer's answer for
+    /// it does not hold).
+    pub fn shadowed(&self, id: u64) -> bool {
+        self.above.is_some_and(|m| m.contains_key(&id))
+    }
 }
 
 /// One version of a shard's match block.
@@ -79,7 +115,10 @@ struct Overlay {
 pub struct MatchIndex {
     version: u64,
     base: Arc<BaseLayer>,
-    overlay: Arc<Overlay>,
+    mid: Arc<Overlay>,
+    top: Arc<Overlay>,
+    /// Subscriptions in this version.
+    len: usize,
 }
 
 /// How an overlay is compiled: the access strategy with test ids (a test worker reports its
@@ -125,11 +164,9 @@ impl MatchIndex {
                 image: image::encode_shard(&img),
                 ids,
             }),
-            overlay: Arc::new(Overlay {
-                changes: BTreeMap::new(),
-                compiled: None,
-                len,
-            }),
+            mid: Arc::default(),
+            top: Arc::default(),
+            len,
         })
     }
 
@@ -161,26 +198,40 @@ impl MatchIndex {
         self.base.version
     }
 
-    /// The subscriptions upserted since the base, compiled (`None`: none were).
-    pub fn overlay(&self) -> Option<&Base> {
-        self.overlay.compiled.as_ref()
+    /// The compiled overlay layers (those with upserted subscriptions), oldest first: a
+    /// subscription's answer from a layer holds unless [`OverlayLayer::shadowed`].
+    pub fn overlays(&self) -> Vec<OverlayLayer<'_>> {
+        let mut out = Vec::with_capacity(2);
+        if let Some(b) = &self.mid.compiled {
+            out.push(OverlayLayer {
+                base: b,
+                above: Some(&self.top.changes),
+            });
+        }
+        if let Some(b) = &self.top.compiled {
+            out.push(OverlayLayer {
+                base: b,
+                above: None,
+            });
+        }
+        out
     }
 
     /// Whether subscription `id` changed since the base (then the base's answer for it does
     /// not hold in this version).
     pub fn changed(&self, id: u64) -> bool {
-        self.overlay.changes.contains_key(&id)
+        self.mid.changes.contains_key(&id) || self.top.changes.contains_key(&id)
     }
 
-    /// Whether the base and the overlay are the same objects in both (a version made from
-    /// the other without a compaction in between, or the same version).
+    /// Whether both are versions on the same compiled base (one made from the other without
+    /// a compaction in between, or the same version).
     pub fn same_base(&self, other: &MatchIndex) -> bool {
         Arc::ptr_eq(&self.base, &other.base)
     }
 
     /// Number of subscriptions in this version.
     pub fn len(&self) -> usize {
-        self.overlay.len
+        self.len
     }
 
     /// Whether there are no subscriptions.
@@ -188,9 +239,32 @@ impl MatchIndex {
         self.len() == 0
     }
 
-    /// Number of changes not yet folded into the base.
+    /// Number of changes not yet folded into the base (subscriptions changed since).
     pub fn delta_len(&self) -> usize {
-        self.overlay.changes.len()
+        let again = self
+            .top
+            .changes
+            .keys()
+            .filter(|id| self.mid.changes.contains_key(id))
+            .count();
+        self.mid.changes.len() + self.top.changes.len() - again
+    }
+
+    /// Each changed subscription's state in this version (the layers merged).
+    fn net_changes(&self) -> BTreeMap<u64, Option<Arc<Dnf>>> {
+        let mut all = self.mid.changes.clone();
+        for (id, s) in &self.top.changes {
+            all.insert(*id, s.clone());
+        }
+        all
+    }
+
+    /// A changed subscription's state (`None`: not changed since the base).
+    fn change(&self, id: u64) -> Option<&Option<Arc<Dnf>>> {
+        self.top
+            .changes
+            .get(&id)
+            .or_else(|| self.mid.changes.get(&id))
     }
 
     /// The overlay size past which compaction is advised for this base (see
@@ -210,7 +284,7 @@ impl MatchIndex {
 
     /// Whether a subscription exists in this version.
     pub fn contains(&self, id: u64) -> bool {
-        match self.overlay.changes.get(&id) {
+        match self.change(id) {
             Some(state) => state.is_some(),
             None => self.in_base(id),
         }
@@ -230,48 +304,37 @@ impl MatchIndex {
     }
 
     /// Version `version`: this one with `changes` made (`None`: deleted; deleting a
-    /// subscription that is not there changes nothing). Compiles the overlay once, whatever
-    /// the number of changes.
+    /// subscription that is not there changes nothing). Compiles the top layer once,
+    /// whatever the number of changes; the middle one too when the top one is full.
     pub fn changed_to(
         &self,
         version: u64,
         changes: impl IntoIterator<Item = (u64, Option<Dnf>)>,
     ) -> Result<MatchIndex, IndexError> {
-        let mut all = self.overlay.changes.clone();
+        let mut top = self.top.changes.clone();
+        let mut len = self.len;
         for (id, state) in changes {
-            all.insert(id, state.map(Arc::new));
+            let was = match top.get(&id) {
+                Some(s) => s.is_some(),
+                None => self.contains(id),
+            };
+            len = len + usize::from(state.is_some()) - usize::from(was);
+            top.insert(id, state.map(Arc::new));
         }
-        self.with_overlay(version, Arc::clone(&self.base), all)
-    }
-
-    fn with_overlay(
-        &self,
-        version: u64,
-        base: Arc<BaseLayer>,
-        changes: BTreeMap<u64, Option<Arc<Dnf>>>,
-    ) -> Result<MatchIndex, IndexError> {
-        let hidden = changes
-            .keys()
-            .filter(|id| base.ids.binary_search(id).is_ok())
-            .count();
-        let upserted = changes.values().filter(|s| s.is_some()).count();
-        let compiled = if upserted == 0 {
-            None
+        let cfg = self.base.base.config();
+        let (mid, top) = if top.len() > TOP_MAX {
+            let mut mid = self.mid.changes.clone();
+            mid.extend(top);
+            (Arc::new(Overlay::compile(cfg, mid)?), Arc::default())
         } else {
-            let subs = changes
-                .iter()
-                .filter_map(|(id, s)| s.as_deref().map(|d| (*id, d)));
-            Some(Base::build(overlay_config(base.base.config()), subs)?)
+            (Arc::clone(&self.mid), Arc::new(Overlay::compile(cfg, top)?))
         };
-        let len = base.ids.len() - hidden + upserted;
         Ok(MatchIndex {
             version,
-            base,
-            overlay: Arc::new(Overlay {
-                changes,
-                compiled,
-                len,
-            }),
+            base: Arc::clone(&self.base),
+            mid,
+            top,
+            len,
         })
     }
 
@@ -308,26 +371,27 @@ impl MatchIndex {
             return Err(refused);
         }
         // changes only accumulate on one base: each of `from`'s is in this version too
-        let mut later = BTreeMap::new();
-        let mut kept = 0usize;
-        for (id, state) in &self.overlay.changes {
-            match from.overlay.changes.get(id) {
-                Some(old) if same_state(old, state) => kept += 1,
-                _ => {
-                    later.insert(*id, state.clone());
-                }
-            }
-        }
-        if kept + later.len() < from.overlay.changes.len()
-            || from
-                .overlay
-                .changes
-                .keys()
-                .any(|id| !self.overlay.changes.contains_key(id))
-        {
+        let (now, then) = (self.net_changes(), from.net_changes());
+        if then.keys().any(|id| !now.contains_key(id)) {
             return Err(refused);
         }
-        self.with_overlay(self.version, Arc::clone(&compacted.base), later)
+        let later: BTreeMap<u64, Option<Arc<Dnf>>> = now
+            .into_iter()
+            .filter(|(id, state)| !then.get(id).is_some_and(|old| same_state(old, state)))
+            .collect();
+        let cfg = compacted.base.base.config();
+        let (mid, top) = if later.len() > TOP_MAX {
+            (Arc::new(Overlay::compile(cfg, later)?), Arc::default())
+        } else {
+            (Arc::default(), Arc::new(Overlay::compile(cfg, later)?))
+        };
+        Ok(MatchIndex {
+            version: self.version,
+            base: Arc::clone(&compacted.base),
+            mid,
+            top,
+            len: self.len,
+        })
     }
 
     /// Every subscription of this version, sorted by id.
@@ -339,8 +403,7 @@ impl MatchIndex {
             .filter(|(id, _)| !self.changed(*id))
             .collect();
         subs.extend(
-            self.overlay
-                .changes
+            self.net_changes()
                 .iter()
                 .filter_map(|(id, s)| s.as_deref().map(|d| (*id, d.clone()))),
         );
@@ -430,21 +493,34 @@ impl MatchIndex {
     /// [`MatchIndex::finish`] into `out`, one entry per event.
     fn finish_into(&self, events: &[Event], recs: &[Vec<u32>], out: &mut [Vec<u64>]) {
         let base = self.base();
-        let changes = &self.overlay.changes;
-        let mut over: Vec<Vec<u32>> = Vec::new();
-        if let Some(o) = &self.overlay.compiled {
-            over = vec![Vec::new(); events.len()];
-            let mut ctx = o.new_ctx();
-            o.match_records(events, &mut ctx, &mut over);
-        }
+        let changed = self.delta_len() > 0;
+        let layers: Vec<(OverlayLayer<'_>, Vec<Vec<u32>>)> = self
+            .overlays()
+            .into_iter()
+            .map(|l| {
+                let mut found = vec![Vec::new(); events.len()];
+                let mut ctx = l.base.new_ctx();
+                l.base.match_records(events, &mut ctx, &mut found);
+                (l, found)
+            })
+            .collect();
         for (i, (rs, o)) in recs.iter().zip(out.iter_mut()).enumerate() {
             o.clear();
             o.extend(rs.iter().map(|&r| base.conjunction_subscription(r)));
-            if !changes.is_empty() {
-                o.retain(|id| !changes.contains_key(id));
+            if changed {
+                o.retain(|id| !self.changed(*id));
             }
-            if let (Some(ov), Some(rs)) = (&self.overlay.compiled, over.get(i)) {
-                o.extend(rs.iter().map(|&r| ov.conjunction_subscription(r)));
+            for (l, found) in &layers {
+                let from = o.len();
+                o.extend(found[i].iter().map(|&r| l.base.conjunction_subscription(r)));
+                let mut k = from;
+                while k < o.len() {
+                    if l.shadowed(o[k]) {
+                        o.swap_remove(k);
+                    } else {
+                        k += 1;
+                    }
+                }
             }
             o.sort_unstable();
             o.dedup();
@@ -537,6 +613,39 @@ mod tests {
             other.rebase(&v3, &compacted),
             Err(IndexError::Rebase { .. })
         ));
+    }
+
+    #[test]
+    fn a_full_top_layer_folds_into_the_middle_one_and_answers_stay() {
+        let subs = (0..10).map(|i| (i, dnf(&format!("temp > {i}")))).collect();
+        let mut idx = MatchIndex::build(ShardConfig::default(), subs).expect("build");
+        // one id changed again and again, others created and deleted
+        for k in 0..(TOP_MAX as u64 + 10) {
+            idx = idx
+                .changed_to(
+                    idx.version() + 1,
+                    [
+                        (1000 + k, Some(dnf("temp > 5"))),
+                        (3, Some(dnf(&format!("temp > {k}")))),
+                    ],
+                )
+                .expect("change");
+            if k % 3 == 0 {
+                idx = idx.remove(1000 + k).expect("remove");
+            }
+        }
+        assert!(!idx.mid.changes.is_empty(), "the top layer was folded");
+        assert!(idx.top.changes.len() <= TOP_MAX);
+        let want_3 = TOP_MAX as i64 + 9;
+        let live = (0..(TOP_MAX as u64 + 10)).filter(|k| k % 3 != 0).count();
+        assert_eq!(idx.len(), 10 + live);
+        let ev = event("x", want_3 + 1);
+        let got = matches(&idx, &ev);
+        assert!(got.contains(&3), "3 answers by its newest filter");
+        assert_eq!(got.len(), 10 + live, "{got:?}");
+        assert!(!matches(&idx, &event("x", want_3)).contains(&3));
+        let compacted = idx.compact().expect("compact");
+        assert_eq!(matches(&compacted, &ev), got);
     }
 
     #[test]

@@ -391,6 +391,58 @@ proptest! {
         prop_assert_eq!(&got3, &want);
     }
 
+    /// What a match worker does from test results (`worker/src/daemon/tasks.rs`
+    /// `match_objects`), over a base and the overlay of the changes since: each attribute of
+    /// the object tested against the base and the overlay, the outputs of absent attributes
+    /// added, candidates by predicate id, verified, the base's answers for changed
+    /// subscriptions dropped. Equal to the reference on the changed set.
+    #[test]
+    fn matching_from_test_outputs_with_an_overlay_equals_reference(
+        initial in prop::collection::vec(arb_dnf(), 0..20),
+        changes in prop::collection::vec((0u64..300, prop::option::weighted(0.7, arb_dnf())), 1..300),
+        events in prop::collection::vec(arb_event(), 1..12),
+    ) {
+        let subs: Vec<(u64, Dnf)> = initial.into_iter().enumerate().map(|(i, d)| (i as u64, d)).collect();
+        let mut reference = reference(&subs);
+        let index = MatchIndex::build(ShardConfig::default(), subs).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for (id, c) in &changes {
+            match c {
+                Some(d) => reference.insert(*id, d.clone()),
+                None => { reference.remove(*id); }
+            }
+        }
+        // in a few versions, so some changes land in the middle layer and some in the top one
+        let mut index = index;
+        for (k, part) in changes.chunks(40).enumerate() {
+            index = index.changed_to(k as u64 + 2, part.to_vec()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+        prop_assert_eq!(index.len(), reference.len());
+        let overlays = index.overlays();
+        let layers: Vec<&blocks::shard::Base> = std::iter::once(index.base()).chain(overlays.iter().map(|l| l.base)).collect();
+        for ev in &events {
+            let mut got = Vec::new();
+            for (layer, base) in layers.iter().enumerate() {
+                let mut ids = roaring::RoaringBitmap::new();
+                for name in base.attribute_names() {
+                    let out = base.test_attribute(name, ev.get(name)).ok_or_else(|| TestCaseError::fail("no test ids"))?;
+                    ids |= out.ids;
+                }
+                let mut cands = Vec::new();
+                prop_assert!(base.id_candidates(&ids, &mut cands));
+                let mut subs = base.verified_subscriptions(&cands, &ids).unwrap_or_default();
+                if layer == 0 {
+                    subs.retain(|id| !index.changed(*id));
+                } else {
+                    subs.retain(|id| !overlays[layer - 1].shadowed(*id));
+                }
+                got.extend(subs);
+            }
+            got.sort_unstable();
+            got.dedup();
+            prop_assert_eq!(got, reference.match_event(ev));
+        }
+    }
+
     #[test]
     fn canonical_text_round_trips(d in arb_dnf()) {
         let text = d.to_text();

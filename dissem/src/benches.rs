@@ -715,6 +715,11 @@ pub(super) struct MatchArgs {
     /// shard's conjunction blocks, or the events).
     #[arg(long, default_value_t = 1)]
     pub(super) threads: usize,
+    /// Share of the subscriptions (0..=0.5) replaced after the build: `cpu` is then built
+    /// over the changed set and `cpu-overlay` is the earlier base with the change as its
+    /// overlay (a node between compactions); the run prints the two rates' ratio.
+    #[arg(long, default_value_t = 0.0)]
+    pub(super) overlay: f64,
     /// Bloom filter bits (m): a multiple of 64, 64..=1024.
     #[arg(long, default_value_t = 256)]
     pub(super) bloom_bits: u32,
@@ -810,6 +815,7 @@ pub(super) fn bench_match(a: MatchArgs) -> anyhow::Result<bool> {
         bail!("--threads must be between 1 and 256, got {}", a.threads);
     }
     opts.threads = a.threads;
+    opts.overlay = a.overlay;
     if a.cells == 0 || a.cells > 1024 {
         bail!("--cells must be between 1 and 1024, got {}", a.cells);
     }

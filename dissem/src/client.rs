@@ -129,11 +129,18 @@ pub(super) struct SubscribeArgs {
     #[command(flatten)]
     node: NodeArg,
     /// The filter, e.g. 'temp > 30 && site prefix "kr/"', or an EventBridge pattern.
-    #[arg(short = 'f', long)]
-    filter: String,
+    #[arg(short = 'f', long, required_unless_present = "file")]
+    filter: Option<String>,
     /// Where to push: grpc:URL, webhook:URL or stream:NAME.
-    #[arg(short = 't', long)]
-    target: String,
+    #[arg(short = 't', long, required_unless_present = "file")]
+    target: Option<String>,
+    /// Create many subscriptions from a JSON Lines file instead: one per line, the other
+    /// flags as keys (`{"filter": "temp > 30", "target": "stream:s", "qos": 0}`; also
+    /// `priority`, `secret`, `max_attempts`, `ttl_ms`, `push_batch`, `headers`, `name`,
+    /// `ordered`; `#` lines are skipped). Every line is checked before the first is sent;
+    /// then a thousand per call, with progress on stderr.
+    #[arg(long, conflicts_with_all = ["filter", "target"])]
+    file: Option<std::path::PathBuf>,
     /// 0 at most once, 1 at least once, 2 exactly once (gRPC targets); unset: the server's
     /// default, at least once.
     #[arg(short = 'q', long)]
@@ -191,9 +198,23 @@ pub(super) fn parse_duration_ms(v: &str) -> Result<u64, String> {
 }
 
 pub(super) fn subscribe(a: SubscribeArgs) -> anyhow::Result<bool> {
+    if let Some(path) = a.file {
+        return client(&a.node, |ch| async move {
+            let step = std::sync::atomic::AtomicUsize::new(0);
+            worker::client::bulk::subscribe_file(ch, &path, |done, total| {
+                // a line about every tenth of the file, and the last
+                let tenth = (total / 10).max(1);
+                let seen = step.fetch_max(done / tenth, std::sync::atomic::Ordering::Relaxed);
+                if done / tenth > seen || done == total {
+                    eprintln!("{done} of {total} subscriptions created");
+                }
+            })
+            .await
+        });
+    }
     let spec = worker::client::SubscribeSpec {
-        filter: a.filter,
-        target: a.target,
+        filter: a.filter.unwrap_or_default(),
+        target: a.target.unwrap_or_default(),
         qos: a.qos,
         priority: a.priority,
         secret: a.secret,

@@ -3,6 +3,7 @@
 //! forms to API messages, and each call's answer as text lines and as JSON ([`Printed`],
 //! rendered by `render`).
 
+pub mod bulk;
 mod render;
 
 pub use render::{Printed, subscription_json, subscription_lines};

@@ -15,8 +15,9 @@ pub(super) struct Loaded {
     pub(super) index: MatchIndex,
     /// What belongs to the compiled base, shared by every version on it.
     pub(super) base: Arc<BaseExtras>,
-    /// The test outputs of absent attributes for the overlay.
-    pub(super) overlay_absent: Vec<(String, TestOutput)>,
+    /// The test outputs of absent attributes for each overlay layer
+    /// (`MatchIndex::overlays`, in order).
+    pub(super) overlay_absent: Vec<Vec<(String, TestOutput)>>,
     /// What its subscriptions are (from the coordinator; `None` from one that did not say).
     pub(super) digest: Option<u128>,
 }
@@ -86,7 +87,11 @@ fn base_extras(index: &MatchIndex, use_gpu: GpuUse, version: u64) -> BaseExtras 
 
 /// A loaded version of `index` over `base` (the extras of its compiled base).
 fn loaded_over(index: MatchIndex, base: Arc<BaseExtras>, digest: Option<u128>) -> Loaded {
-    let overlay_absent = index.overlay().map(absent_outputs).unwrap_or_default();
+    let overlay_absent = index
+        .overlays()
+        .iter()
+        .map(|l| absent_outputs(l.base))
+        .collect();
     Loaded {
         index,
         base,
@@ -720,15 +725,16 @@ pub(super) fn match_objects(
             if index.delta_len() > 0 {
                 subs.retain(|id| !index.changed(*id));
             }
-            if let Some(overlay) = index.overlay() {
-                match overlay_matches(loaded, overlay, rs, limits) {
-                    Some(more) => {
-                        subs.extend(more);
-                        subs.sort_unstable();
-                        subs.dedup();
-                    }
+            let layers = index.overlays();
+            for (layer, absent) in layers.iter().zip(&loaded.overlay_absent) {
+                match overlay_matches(layer.base, absent, rs, limits) {
+                    Some(more) => subs.extend(more.into_iter().filter(|id| !layer.shadowed(*id))),
                     None => return (*i, None),
                 }
+            }
+            if !layers.is_empty() {
+                subs.sort_unstable();
+                subs.dedup();
             }
             (*i, Some(subs))
         })
@@ -740,12 +746,13 @@ fn tested_value(r: &v1::TestResult, limits: &Limits) -> Option<blocks::Value> {
     validate::value(r.value.as_ref(), "value", limits).ok()
 }
 
-/// The subscriptions of the overlay (those changed since the base) an object matches: its
-/// tested values are tested against the overlay here (it is small), then verified by
-/// predicate ids. `None` when a value the overlay tests did not come with its result.
+/// The subscriptions of an overlay layer (subscriptions changed since the base) an object
+/// matches: its tested values are tested against the layer here (it is small), then
+/// verified by predicate ids. `None` when a value the layer tests did not come with its
+/// result.
 fn overlay_matches(
-    loaded: &Loaded,
     overlay: &blocks::shard::Base,
+    absent: &[(String, TestOutput)],
     rs: &[Arc<v1::TestResult>],
     limits: &Limits,
 ) -> Option<Vec<u64>> {
@@ -760,7 +767,7 @@ fn overlay_matches(
             .test_attribute_with(&r.attribute, Some(&v), &mut ctx)?
             .ids;
     }
-    for (attr, out) in &loaded.overlay_absent {
+    for (attr, out) in absent {
         if !rs.iter().any(|r| r.attribute == *attr) {
             set |= &out.ids;
         }
