@@ -7,9 +7,9 @@
 //!
 //! A change is in force once a version that holds it is published, and `Create`, `Update`
 //! and `Delete` answer only then (read-your-writes: a put after the answer is matched with
-//! the change). The publisher runs at once when idle; changes that come while it builds an
-//! image wait for the next one together, so a flood of creates still writes one image per
-//! build, not one per subscription.
+//! the change). The publisher runs at once when idle; changes that come while it publishes
+//! wait for the next version together, so a flood of creates makes a version per
+//! publication, not one per subscription.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

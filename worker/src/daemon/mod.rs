@@ -41,6 +41,7 @@ mod config;
 mod fence;
 mod forward;
 mod forwarding;
+mod images;
 mod matched;
 mod membership;
 mod outbox;
@@ -66,7 +67,8 @@ pub use forwarding::LinkLedger;
 pub use workers::lane_switch;
 
 // what the parts share with each other (each part takes the whole module with `use super::*`)
-use tasks::{CachedResults, Loaded, priority};
+use images::Loaded;
+use tasks::{CachedResults, priority};
 use workers::{Changes, Slot};
 
 /// Counters for the admin API.
