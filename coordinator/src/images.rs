@@ -15,6 +15,12 @@ use blocks::image::{DeltaImage, encode_delta};
 /// Full images kept (the newest first; the older one serves nodes still loading it).
 const KEEP_FULLS: usize = 2;
 
+/// Changes kept from before the oldest full image kept, at least (nodes that hold such a
+/// version get the change from it instead of a full image to compile); past this and half
+/// of the subscriptions, the oldest versions go (a node so far behind is as well served by
+/// a full image).
+const KEEP_CHANGES: usize = 4 * MAX_FULL_CHANGES;
+
 /// Changes that always wait for a full image, and changes after which one is always encoded
 /// (between the two, a share of the subscriptions: see [`blocks::index::COMPACT_SHARE`]).
 const MIN_FULL_CHANGES: usize = blocks::index::MIN_COMPACT_DELTA;
@@ -51,12 +57,23 @@ pub(crate) struct Images {
     since_full: usize,
     /// The version whose full image is being encoded.
     encoding: Option<u64>,
+    /// Changes held in `versions`, and the subscriptions of the newest version.
+    logged: usize,
+    subscriptions: usize,
 }
 
 impl Images {
-    /// Records published version `version`.
-    pub(crate) fn published(&mut self, version: u64, digest: u128, changes: Vec<Change>) {
+    /// Records published version `version` (of `subscriptions` subscriptions).
+    pub(crate) fn published(
+        &mut self,
+        version: u64,
+        digest: u128,
+        changes: Vec<Change>,
+        subscriptions: usize,
+    ) {
         self.since_full += changes.len();
+        self.logged += changes.len();
+        self.subscriptions = subscriptions;
         self.versions.insert(
             version,
             Version {
@@ -96,8 +113,21 @@ impl Images {
         while self.fulls.len() > KEEP_FULLS {
             self.fulls.pop_first();
         }
-        if let Some((&oldest, _)) = self.fulls.first_key_value() {
-            self.versions = self.versions.split_off(&oldest);
+        self.trim();
+    }
+
+    /// Drops the oldest versions before the oldest full image while more than
+    /// [`KEEP_CHANGES`] (or half of the subscriptions) are held.
+    fn trim(&mut self) {
+        let Some((&oldest, _)) = self.fulls.first_key_value() else {
+            return;
+        };
+        let budget = KEEP_CHANGES.max(self.subscriptions / 2);
+        while self.logged > budget
+            && let Some(entry) = self.versions.first_entry()
+            && *entry.key() < oldest
+        {
+            self.logged -= entry.remove().changes.len();
         }
     }
 
@@ -198,13 +228,13 @@ mod tests {
     fn a_node_gets_the_net_change_from_what_it_holds_or_a_full_image_and_the_change() {
         let mut im = Images::default();
         assert!(im.wants_full(0));
-        im.published(5, 50, vec![(1, Some(dnf("a = 1")))]);
+        im.published(5, 50, vec![(1, Some(dnf("a = 1")))], 10);
         im.encoding(5);
         assert!(!im.wants_full(0));
         im.encoded(5, full(5, vec![(1, dnf("a = 1"))]));
-        im.published(6, 60, vec![(2, Some(dnf("b = 2")))]);
-        im.published(7, 70, vec![(2, None), (1, Some(dnf("a = 3")))]);
-        im.published(8, 80, vec![(3, Some(dnf("c = 4")))]);
+        im.published(6, 60, vec![(2, Some(dnf("b = 2")))], 10);
+        im.published(7, 70, vec![(2, None), (1, Some(dnf("a = 3")))], 10);
+        im.published(8, 80, vec![(3, Some(dnf("c = 4")))], 10);
 
         // from version 6: 1 replaced, 2 deleted, 3 created
         let s = im.serve(8, 6, None).expect("kept");
@@ -234,30 +264,44 @@ mod tests {
     #[test]
     fn a_full_image_is_wanted_once_enough_changed_and_old_versions_go_with_old_images() {
         let mut im = Images::default();
-        im.published(1, 1, Vec::new());
+        im.published(1, 1, Vec::new(), 10);
         im.encoding(1);
         im.encoded(1, full(1, Vec::new()));
         let many = |n: u64| (0..n).map(|i| (i, Some(dnf("a = 1")))).collect::<Vec<_>>();
-        im.published(2, 2, many(MIN_FULL_CHANGES as u64 - 1));
+        im.published(2, 2, many(MIN_FULL_CHANGES as u64 - 1), 10);
         assert!(!im.wants_full(10));
-        im.published(3, 3, many(1));
+        im.published(3, 3, many(1), 10);
         assert!(im.wants_full(10));
         // a million subscriptions wait for more changes
         assert!(!im.wants_full(1_000_000));
         im.encoding(3);
         im.encoded(3, full(3, Vec::new()));
-        im.published(4, 4, many(MAX_FULL_CHANGES as u64));
+        im.published(4, 4, many(MAX_FULL_CHANGES as u64), 10);
         assert!(im.wants_full(1_000_000));
         im.encoding(4);
         im.encoded(4, full(4, Vec::new()));
-        // two full images kept (3 and 4): version 1 and 2 are gone
+        // two full images kept (3 and 4): version 2 has none at or before it, but a node
+        // holding version 1 still gets the change from it
         assert!(im.serve(2, 0, None).is_none());
+        let s = im.serve(2, 1, None).expect("kept");
+        assert!(s.image.is_empty() && !s.delta.is_empty());
         assert!(im.serve(3, 0, None).is_some());
         assert_eq!(im.newest(), Some((4, 4)));
+        // past the changes kept, the versions before the oldest full image go
+        for v in 5..10 {
+            im.published(v, v as u128, many(MAX_FULL_CHANGES as u64), 10);
+        }
+        im.encoding(9);
+        im.encoded(9, full(9, Vec::new()));
+        assert!(im.serve(2, 1, None).is_none());
+        // the oldest full image's version stays (its change is what a node loading it needs)
+        assert_eq!(im.versions.first_key_value().map(|(v, _)| *v), Some(4));
+        let s = im.serve(9, 8, None).expect("kept");
+        assert!(s.image.is_empty() && !s.delta.is_empty());
         // a failed encoding is tried again at the next publication
-        im.published(5, 5, many(1));
-        im.encoding(5);
-        im.not_encoded(5);
+        im.published(10, 10, many(1), 10);
+        im.encoding(10);
+        im.not_encoded(10);
         assert!(im.wants_full(1_000_000));
     }
 }

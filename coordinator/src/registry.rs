@@ -244,7 +244,8 @@ impl Registry {
             return Err(e.into());
         }
         let n_changes = changes.len();
-        self.images().published(version, digest, changes);
+        self.images()
+            .published(version, digest, changes, subscriptions);
         if let Some(snap) = snap {
             self.images().encoding(version);
             let encode = move || {
