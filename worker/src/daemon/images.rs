@@ -109,6 +109,9 @@ fn delta_changes(delta: &blocks::image::DeltaImage) -> Vec<(u64, Option<blocks::
     removes.chain(upserts).collect()
 }
 
+/// How long after a compaction the next may start, in multiples of its time.
+const COMPACTION_REST: u32 = 2;
+
 /// Versions held: each shares its base with the others (a version costs its overlay), and a
 /// task naming a version below every one held needs a full image compiled.
 const KEEP_LOADED: usize = 16;
@@ -243,8 +246,14 @@ impl Daemon {
     /// thread, one compaction at a time; then carries the newest version held over to it
     /// ([`MatchIndex::rebase`]: only what changed after `version` is compiled again), so the
     /// versions loaded after it start from the fresh base. Matching goes on meanwhile.
+    /// A compaction starts only once twice the last one's time has passed since it ended:
+    /// under a bulk load (thousands of changes a second) the overlay grows between
+    /// compactions instead of the node compiling its whole shard back to back, so they take
+    /// at most a third of a core.
     fn compact_in_background(&self, version: u64, loaded: Arc<Loaded>) {
-        if self.inner.compacting.swap(true, Ordering::SeqCst) {
+        let rested = lock(&self.inner.last_compaction)
+            .is_none_or(|(ended, took)| ended.elapsed() >= took * COMPACTION_REST);
+        if !rested || self.inner.compacting.swap(true, Ordering::SeqCst) {
             return;
         }
         let me = self.clone();
@@ -278,6 +287,7 @@ impl Daemon {
                 }
                 Err(e) => tracing::warn!("compacting image {version}: {e}"),
             }
+            *lock(&me.inner.last_compaction) = Some((Instant::now(), started.elapsed()));
             me.inner.compacting.store(false, Ordering::SeqCst);
         });
     }

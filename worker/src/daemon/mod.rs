@@ -138,6 +138,8 @@ struct Inner {
     image_prefetch: AtomicU64,
     /// A compaction of the base runs in the background (one at a time).
     compacting: std::sync::atomic::AtomicBool,
+    /// When the last compaction ended, and how long it took (the next waits twice that).
+    last_compaction: Mutex<Option<(Instant, Duration)>>,
     peers: Mutex<HashMap<(String, bool), DaemonClient<Internal>>>,
     /// When each outbox object was last sent to the coordinator.
     sent: Mutex<HashMap<ObjectId, Instant>>,
@@ -266,6 +268,7 @@ impl Daemon {
                 image_loaded: AtomicU64::new(0),
                 image_prefetch: AtomicU64::new(0),
                 compacting: std::sync::atomic::AtomicBool::new(false),
+                last_compaction: Mutex::new(None),
                 peers: Mutex::new(HashMap::new()),
                 sent: Mutex::new(HashMap::new()),
                 forward: tx,
