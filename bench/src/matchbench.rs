@@ -284,7 +284,8 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         // building. One engine alone (no reference to compare with) takes the generated
         // list itself, so a 10M run holds one list, not two.
         let overlaid = name == "cpu-overlay";
-        let mut owned = if opts.engine == EngineChoice::All || overlaid {
+        // (with an overlay, `cpu-overlay` builds from the list after `cpu`)
+        let mut owned = if opts.engine == EngineChoice::All || n_changed > 0 {
             subs.clone()
         } else {
             std::mem::take(&mut subs)

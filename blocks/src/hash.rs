@@ -64,6 +64,9 @@ impl XxHasher {
 /// A `HashMap` using [`XxHasher`].
 pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<XxHasher>>;
 
+/// A hash set with [`XxHasher`].
+pub type FastSet<K> = std::collections::HashSet<K, BuildHasherDefault<XxHasher>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::formula::Dnf;
+use crate::hash::FastSet;
 use crate::image::{self, DeltaImage, ImageError, ShardImage};
 use crate::predicate::Event;
 use crate::shard::{Base, BuildError, EvalCtx, ShardConfig, Strategy, StrategyChoice, VerifyStats};
@@ -75,6 +76,8 @@ struct Overlay {
     changes: BTreeMap<u64, Option<Arc<Dnf>>>,
     /// The upserted subscriptions compiled (`None`: there are none).
     compiled: Option<Base>,
+    /// The changed ids again, for the lookup of every answer of the layers below.
+    ids: FastSet<u64>,
 }
 
 impl Overlay {
@@ -90,7 +93,12 @@ impl Overlay {
         } else {
             None
         };
-        Ok(Overlay { changes, compiled })
+        let ids = changes.keys().copied().collect();
+        Ok(Overlay {
+            changes,
+            compiled,
+            ids,
+        })
     }
 }
 
@@ -99,14 +107,14 @@ impl Overlay {
 pub struct OverlayLayer<'a> {
     /// The layer's upserted subscriptions, compiled.
     pub base: &'a Base,
-    above: Option<&'a BTreeMap<u64, Option<Arc<Dnf>>>>,
+    above: Option<&'a FastSet<u64>>,
 }
 
 impl OverlayLayer<'_> {
     /// Whether a newer layer changed subscription `id` again (then this layer's answer for
     /// it does not hold).
     pub fn shadowed(&self, id: u64) -> bool {
-        self.above.is_some_and(|m| m.contains_key(&id))
+        self.above.is_some_and(|m| m.contains(&id))
     }
 }
 
@@ -121,12 +129,17 @@ pub struct MatchIndex {
     len: usize,
 }
 
-/// How an overlay is compiled: the access strategy with test ids (a test worker reports its
-/// predicate ids; a match worker finds candidates by them), no Bloom tables (an overlay is
-/// small: a scan of its access lists is cheaper than building filters for it).
+/// How an overlay is compiled: with test ids (a match worker tests values against it and
+/// finds candidates by predicate id), without Bloom tables (an overlay is small: its access
+/// lists or cells are cheaper than filters to build), its strategy chosen as the base's is
+/// (wide ranges match by cells there too).
 fn overlay_config(cfg: ShardConfig) -> ShardConfig {
+    let strategy = match cfg.strategy {
+        StrategyChoice::Fixed(Strategy::Bloom) => StrategyChoice::Auto,
+        s => s,
+    };
     ShardConfig {
-        strategy: StrategyChoice::Fixed(Strategy::Access),
+        strategy,
         bloom_tables: false,
         test_ids: true,
         ..cfg
@@ -205,7 +218,7 @@ impl MatchIndex {
         if let Some(b) = &self.mid.compiled {
             out.push(OverlayLayer {
                 base: b,
-                above: Some(&self.top.changes),
+                above: Some(&self.top.ids),
             });
         }
         if let Some(b) = &self.top.compiled {
@@ -220,7 +233,7 @@ impl MatchIndex {
     /// Whether subscription `id` changed since the base (then the base's answer for it does
     /// not hold in this version).
     pub fn changed(&self, id: u64) -> bool {
-        self.mid.changes.contains_key(&id) || self.top.changes.contains_key(&id)
+        self.mid.ids.contains(&id) || self.top.ids.contains(&id)
     }
 
     /// Whether both are versions on the same compiled base (one made from the other without
