@@ -5,9 +5,10 @@
 //! endpoint). For each phase: put -> delivered latency of the registered subscriptions
 //! (judged against their own matches: none lost), the changes' answer times, the time from a
 //! change's answer to a put being delivered through it (a probe subscription created, then at
-//! once an object only it matches), and the node's CPU per change (the phase's CPU above the
-//! same rate's phase without changes, divided by its changes; the changed subscriptions
-//! match none of the phase's objects, so no delivery of theirs is counted as the change's).
+//! once an object only it matches), and the node's CPU per change (the phase's CPU above
+//! what its deliveries cost at the same rate without changes, divided by its changes; the
+//! changed subscriptions match none of the phase's objects, so no delivery of theirs is
+//! counted as the change's).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -56,8 +57,8 @@ pub struct Changes {
     pub answer_to_delivered: Latency,
     /// Probes whose object never came (the change was not in force when answered).
     pub probes_lost: usize,
-    /// The node's CPU over the phase above the same rate's phase without changes, per
-    /// change, microseconds.
+    /// The node's CPU over the phase above what its deliveries cost in the same rate's
+    /// phase without changes (CPU per delivery there), per change, microseconds.
     pub node_cpu_us_per_change: f64,
 }
 
@@ -184,11 +185,13 @@ pub fn run(opts: &SubsChurnOptions) -> anyhow::Result<SubsChurnReport> {
                     None => None,
                 };
                 let cpu = crate::cpu::process_cpu_seconds(s.node_pid()).unwrap_or(0.0) - cpu0;
-                let per_second = cpu / phase.delivered_seconds.max(1e-9);
+                // the quiet phase's CPU per delivery stands for the deliveries' share (phases
+                // differ in how many deliveries their objects make)
+                let per_delivery = cpu / phase.matched.max(1) as f64;
                 if let Some(c) = changes.as_mut()
                     && let Some((q, _)) = quiet
                 {
-                    let above = (per_second - q) * phase.delivered_seconds;
+                    let above = cpu - q * phase.matched as f64;
                     c.node_cpu_us_per_change = (above.max(0.0) * 1e6) / c.made.max(1) as f64;
                 }
                 let p99_over_quiet = match quiet {
@@ -196,7 +199,7 @@ pub fn run(opts: &SubsChurnOptions) -> anyhow::Result<SubsChurnReport> {
                     _ => 1.0,
                 };
                 if change_rate.is_none() {
-                    quiet = Some((per_second, phase.latency.p99_ms));
+                    quiet = Some((per_delivery, phase.latency.p99_ms));
                 }
                 lost += phase.lost;
                 let line = match &changes {
