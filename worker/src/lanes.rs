@@ -66,6 +66,28 @@ fn bulk() -> Option<&'static Handle> {
     .map(Runtime::handle)
 }
 
+/// Runs `f` on a thread of its own at the bulk lane's lower OS priority, whether or not the
+/// node is overloaded: work that must never take CPU from matching and pushing (a
+/// compaction of the match block in the background). The answer comes on the receiver
+/// (dropped if `f` panics or the thread cannot start).
+pub fn spawn_background<F, R>(name: &str, f: F) -> tokio::sync::oneshot::Receiver<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let started = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            lower_priority();
+            let _ = tx.send(f());
+        });
+    if let Err(e) = started {
+        tracing::warn!("starting the {name} thread: {e}");
+    }
+    rx
+}
+
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 fn lower_priority() {

@@ -242,8 +242,8 @@ impl Daemon {
         Ok(Some(loaded))
     }
 
-    /// Folds the overlay of `loaded` (version `version`) into a fresh base on a blocking
-    /// thread, one compaction at a time; then carries the newest version held over to it
+    /// Folds the overlay of `loaded` (version `version`) into a fresh base on a thread of its
+    /// own at a lower OS priority (`lanes::spawn_background`), one compaction at a time; then carries the newest version held over to it
     /// ([`MatchIndex::rebase`]: only what changed after `version` is compiled again), so the
     /// versions loaded after it start from the fresh base. Matching goes on meanwhile.
     /// A compaction starts only once twice the last one's time has passed since it ended:
@@ -261,7 +261,9 @@ impl Daemon {
             let started = Instant::now();
             let use_gpu = me.inner.cfg.gpu;
             let from = loaded.clone();
-            let compacted = tokio::task::spawn_blocking(move || {
+            // at a lower OS priority: the compaction takes only the CPU that matching and
+            // pushing leave
+            let compacted = crate::lanes::spawn_background("dissem-compact", move || {
                 let index = from.index.compact()?;
                 let extras = Arc::new(base_extras(&index, use_gpu, version));
                 Ok::<_, blocks::index::IndexError>((index, extras))
@@ -270,7 +272,7 @@ impl Daemon {
             let result = match compacted {
                 Ok(Ok((index, extras))) => me.rebase_newest(version, &loaded, index, extras).await,
                 Ok(Err(e)) => Err(e.to_string()),
-                Err(e) => Err(e.to_string()),
+                Err(_) => Err("the compaction thread ended without an answer".to_string()),
             };
             match result {
                 Ok(newest) => {
