@@ -9,9 +9,13 @@ use bench::{Strategy, StrategyChoice};
 use super::*;
 
 mod ads;
+mod e2e;
 mod resize;
+mod subschurn;
 use ads::AdsArgs;
+pub(super) use e2e::{E2eArgs, bench_e2e};
 pub(super) use resize::bench_resize;
+pub(super) use subschurn::{SubsChurnArgs, bench_subs_churn};
 
 #[derive(Subcommand, Debug)]
 pub(super) enum Bench {
@@ -314,111 +318,6 @@ pub(super) fn bench_quorum(a: QuorumArgs) -> anyhow::Result<bool> {
         bail!("the quorum benchmark failed: deliveries differ from the oracle, or duplicates");
     }
     Ok(true)
-}
-
-#[derive(clap::Args, Debug)]
-pub(super) struct E2eArgs {
-    /// Subscriptions of the iot workload.
-    #[arg(long, default_value_t = 100_000)]
-    pub(super) subs: usize,
-    /// Seconds the saturation phase is sustained for (sized from a calibration burst).
-    #[arg(long, default_value_t = 5.0)]
-    pub(super) saturation_seconds: f64,
-    /// Objects of the calibration burst that estimates the saturation rate.
-    #[arg(long, default_value_t = 5_000)]
-    pub(super) objects: usize,
-    /// Seconds of the half-load and overload phases.
-    #[arg(long, default_value_t = 5.0)]
-    pub(super) seconds: f64,
-    /// Concurrent writers in the saturation phase.
-    #[arg(long, default_value_t = 64)]
-    pub(super) writers: usize,
-    /// Random seed of the workload.
-    #[arg(long, default_value_t = 1)]
-    pub(super) seed: u64,
-    /// Write the figures as JSON to this file.
-    #[arg(long)]
-    pub(super) json: Option<PathBuf>,
-    /// Write the latency plot (SVG) to this file.
-    #[arg(long)]
-    pub(super) svg: Option<PathBuf>,
-    /// Trace the priority-7 puts: the node exports their put, test, match and push spans to
-    /// this OTLP/HTTP collector (e.g. http://127.0.0.1:4318), to see where their latency goes.
-    #[arg(long)]
-    pub(super) otlp_endpoint: Option<String>,
-}
-
-pub(super) fn bench_e2e(a: E2eArgs) -> anyhow::Result<bool> {
-    if !(a.saturation_seconds.is_finite()
-        && a.saturation_seconds > 0.0
-        && a.saturation_seconds <= 600.0)
-    {
-        bail!(
-            "--saturation-seconds must be in (0, 600], got {}",
-            a.saturation_seconds
-        );
-    }
-    let report = bench::e2e::run(&bench::e2e::E2eOptions {
-        bin: std::env::current_exe()?,
-        subs: a.subs,
-        objects: a.objects,
-        saturation_seconds: a.saturation_seconds,
-        seconds: a.seconds,
-        writers: a.writers,
-        seed: a.seed,
-        otlp_endpoint: a.otlp_endpoint,
-    })?;
-    bench::e2e::print(&report);
-    if let Some(path) = &a.json {
-        bench::write_json(path, &report)?;
-    }
-    if let Some(path) = &a.svg {
-        std::fs::write(path, bench::e2e::svg(&report))
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
-    }
-    Ok(report.lost == 0)
-}
-
-#[derive(clap::Args, Debug)]
-pub(super) struct SubsChurnArgs {
-    /// Registered subscriptions of the iot workload.
-    #[arg(long, default_value_t = 100_000)]
-    pub(super) subs: usize,
-    /// Seconds of each phase.
-    #[arg(long, default_value_t = 15.0)]
-    pub(super) seconds: f64,
-    /// Objects per second of the low-rate phases (the others run at half of saturation).
-    #[arg(long, default_value_t = 50.0)]
-    pub(super) low_rate: f64,
-    /// Subscription changes per second, one phase each (comma separated).
-    #[arg(long, value_delimiter = ',', default_value = "5,50")]
-    pub(super) change_rates: Vec<f64>,
-    /// Only the low-rate phases (no calibration burst, no phases at half of saturation).
-    #[arg(long)]
-    pub(super) low_only: bool,
-    /// Random seed of the workload.
-    #[arg(long, default_value_t = 1)]
-    pub(super) seed: u64,
-    /// Write the figures as JSON to this file.
-    #[arg(long)]
-    pub(super) json: Option<PathBuf>,
-}
-
-pub(super) fn bench_subs_churn(a: SubsChurnArgs) -> anyhow::Result<bool> {
-    let report = bench::subschurn::run(&bench::subschurn::SubsChurnOptions {
-        bin: std::env::current_exe()?,
-        subs: a.subs,
-        seconds: a.seconds,
-        low_rate: a.low_rate,
-        change_rates: a.change_rates,
-        low_only: a.low_only,
-        seed: a.seed,
-    })?;
-    bench::subschurn::print(&report);
-    if let Some(path) = &a.json {
-        bench::write_json(path, &report)?;
-    }
-    Ok(report.lost == 0)
 }
 
 #[derive(clap::Args, Debug)]

@@ -110,6 +110,41 @@ pub fn temp_put(t: i64) -> proto::v1::PutRequest {
     }
 }
 
+/// What a stream subscriber saw, by the integer attribute `n` of each object (-1: none): the
+/// subscriptions each object was delivered to, in order.
+pub type ByN = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<i64, Vec<u64>>>>;
+
+/// Attaches to stream `name` on the node at `url` and records every delivery by its
+/// object's `n` ([`ByN`]), acknowledging each, until the stream ends.
+pub async fn collect_by_n(url: &str, name: &str) -> ByN {
+    use proto::v1;
+    let (tx, mut down) = attach(url, name).await;
+    let got = ByN::default();
+    let g2 = got.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(d)) = down.message().await {
+            let n = d
+                .metadata
+                .iter()
+                .find(|a| a.name == "n")
+                .and_then(|a| match a.value.as_ref()?.kind.as_ref()? {
+                    v1::value::Kind::Integer(i) => Some(*i),
+                    v1::value::Kind::Decimal(d) => d.parse().ok(),
+                    _ => None,
+                })
+                .unwrap_or(-1);
+            g2.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(n)
+                .or_default()
+                .push(d.subscription_id);
+            let ack = v1::stream_client_message::Kind::Ack(d.delivery_id);
+            let _ = tx.send(v1::StreamClientMessage { kind: Some(ack) }).await;
+        }
+    });
+    got
+}
+
 /// Opens stream `name` on the node at `url`: the sender for acks, and the deliveries.
 pub async fn attach(
     url: &str,

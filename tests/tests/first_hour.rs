@@ -115,30 +115,7 @@ fn a_put_right_after_create_is_matched_every_time() {
     runtime().block_on(async {
         let url = up.url();
         // one stream subscriber receives every subscription's deliveries
-        let (tx, mut down) = attach(&url, "ryw").await;
-        let got = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<i64, Vec<u64>>::new()));
-        let g2 = got.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(d)) = down.message().await {
-                let n = d
-                    .metadata
-                    .iter()
-                    .find(|a| a.name == "n")
-                    .and_then(|a| match a.value.as_ref()?.kind.as_ref()? {
-                        v1::value::Kind::Integer(i) => Some(*i),
-                        v1::value::Kind::Decimal(d) => d.parse().ok(),
-                        _ => None,
-                    })
-                    .unwrap_or(-1);
-                g2.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .entry(n)
-                    .or_default()
-                    .push(d.subscription_id);
-                let ack = v1::stream_client_message::Kind::Ack(d.delivery_id);
-                let _ = tx.send(v1::StreamClientMessage { kind: Some(ack) }).await;
-            }
-        });
+        let got = tests::collect_by_n(&url, "ryw").await;
         let mut subs = v1::subscriptions_client::SubscriptionsClient::new(tests::channel(&url));
         let mut ingest = v1::ingest_client::IngestClient::new(tests::channel(&url));
         let put = |n: i64| v1::PutRequest {

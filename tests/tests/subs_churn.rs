@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use proto::v1;
-use tests::{attach, run_dissem, runtime, start_up, temp_dir, wait_for};
+use tests::{run_dissem, runtime, start_up, temp_dir, wait_for};
 
 fn put(n: i64) -> v1::PutRequest {
     v1::PutRequest {
@@ -86,30 +86,7 @@ fn changes_are_in_force_when_answered_through_overlays_and_compactions() {
     assert!(err.contains("line 2: target"), "{err}");
 
     runtime().block_on(async {
-        let (tx, mut down) = attach(&url, "churn").await;
-        let got = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<i64, Vec<u64>>::new()));
-        let g2 = got.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(d)) = down.message().await {
-                let n = d
-                    .metadata
-                    .iter()
-                    .find(|a| a.name == "n")
-                    .and_then(|a| match a.value.as_ref()?.kind.as_ref()? {
-                        v1::value::Kind::Integer(i) => Some(*i),
-                        v1::value::Kind::Decimal(d) => d.parse().ok(),
-                        _ => None,
-                    })
-                    .unwrap_or(-1);
-                g2.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .entry(n)
-                    .or_default()
-                    .push(d.subscription_id);
-                let ack = v1::stream_client_message::Kind::Ack(d.delivery_id);
-                let _ = tx.send(v1::StreamClientMessage { kind: Some(ack) }).await;
-            }
-        });
+        let got = tests::collect_by_n(&url, "churn").await;
         let mut subs = v1::subscriptions_client::SubscriptionsClient::new(tests::channel(&url));
         let mut ingest = v1::ingest_client::IngestClient::new(tests::channel(&url));
         // want[n]: the subscriptions object n must reach (and no other)
