@@ -151,6 +151,12 @@ pub async fn run(
     });
     let max = max_message(&limits);
     let subscriptions = coordinator.subscriptions();
+    let grace = listener.shutdown_grace();
+    let stopping = daemon.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stopping.begin_stop(grace);
+    };
     serve(
         listener,
         &[PUBLIC_SERVICES, &[STREAM_SERVICE]].concat(),
@@ -174,5 +180,7 @@ pub async fn run(
         },
         shutdown,
     )
-    .await
+    .await?;
+    daemon.finish_stop(grace).await?;
+    Ok(())
 }

@@ -87,6 +87,12 @@ pub(super) struct ListenFlags {
     /// connection (half-open peers).
     #[arg(long, default_value_t = 30)]
     pub(super) keepalive_s: u64,
+    /// On SIGTERM (or Ctrl-C), how long the process lets deliveries under way finish and
+    /// open calls and subscriber streams end (each stream ends with UNAVAILABLE, so its
+    /// subscriber attaches again elsewhere or later) before it stops anyway. Keep it under
+    /// the orchestrator's grace period (Kubernetes: 30 s).
+    #[arg(long, default_value_t = 10)]
+    pub(super) shutdown_grace_s: u64,
     /// Authenticate callers with the tokens of this file (TOML; `dissem token create` adds
     /// tokens). Without it every caller may do everything.
     #[arg(long, env = "DISSEM_AUTH_FILE")]
@@ -127,6 +133,7 @@ impl ListenFlags {
             handshake_timeout: std::time::Duration::from_millis(self.handshake_timeout_ms),
             idle_timeout: std::time::Duration::from_secs(self.idle_timeout_s),
             keepalive_interval: std::time::Duration::from_secs(self.keepalive_s),
+            shutdown_grace: std::time::Duration::from_secs(self.shutdown_grace_s),
             ..runtime::listen::ListenConfig::default()
         })
     }

@@ -45,6 +45,10 @@ pub struct ListenConfig {
     /// closes the connection (half-open peers).
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
+    /// After a stop (SIGTERM), how long open calls and streams may take before the server
+    /// stops anyway: a subscriber's stream never ends on its own, and Kubernetes kills a pod
+    /// whose stop outlasts its grace period.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ListenConfig {
@@ -55,6 +59,7 @@ impl Default for ListenConfig {
             idle_timeout: Duration::from_secs(300),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -403,6 +408,11 @@ impl Listener {
     /// listeners that take the same callers.
     pub fn auth(&self) -> Option<Arc<crate::auth::Auth>> {
         self.auth.clone()
+    }
+
+    /// How long a stop waits for open calls and streams ([`ListenConfig::shutdown_grace`]).
+    pub fn shutdown_grace(&self) -> Duration {
+        self.conns.inner.cfg.shutdown_grace
     }
 
     /// The layer counting this listener's requests per connection.

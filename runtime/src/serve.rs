@@ -63,7 +63,10 @@ pub fn internal<S>(service: S, check: Check) -> InterceptedService<S, Check> {
 }
 
 /// Serves `public` (advertised by reflection) plus whatever `routes` adds on `listener`, and
-/// the metrics endpoint when given, until `shutdown` resolves.
+/// the metrics endpoint when given, until `shutdown` resolves and the calls and streams open
+/// then have ended, or the listener's shutdown grace has passed (then it returns anyway:
+/// before, a subscriber's open stream kept a stopped node serving until the subscriber
+/// left, minutes, while Kubernetes kills a pod after its grace period).
 pub async fn serve(
     listener: Listener,
     public: &[&str],
@@ -85,8 +88,27 @@ pub async fn serve(
         .add_service(reflection(public)?)
         .add_service(reflection_v1alpha(public)?)
         .add_service(health_service);
-    routes(router)
-        .serve_with_incoming_shutdown(listener.incoming(), shutdown)
-        .await
-        .map_err(|e| ServiceError::Startup(e.to_string()))
+    let grace = listener.shutdown_grace();
+    let (stopped_tx, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stopped_tx.send(());
+    };
+    let serving = routes(router).serve_with_incoming_shutdown(listener.incoming(), shutdown);
+    tokio::pin!(serving);
+    let overdue = async move {
+        if stopped.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        r = &mut serving => r.map_err(|e| ServiceError::Startup(e.to_string())),
+        () = overdue => {
+            tracing::warn!(
+                "calls or streams still open {grace:?} after the stop: stopping anyway"
+            );
+            Ok(())
+        }
+    }
 }

@@ -42,6 +42,7 @@ mod scrub;
 mod space;
 mod spilled;
 mod standby;
+mod stop;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
@@ -249,6 +250,8 @@ pub struct Store {
     /// The first sequence number of this opening: an object below it was put before the
     /// store was last opened (a crash or restart came between its put and now).
     run_from: u64,
+    /// The run before this opening ended in a crash ([`stop`]).
+    crashed_before: bool,
     /// The outbox: objects not yet retired, seq -> priority. It lives in memory; what
     /// survives a crash is its floor (`META_OUTBOX_FROM`, written with every flush): at open
     /// every object from the floor on is pending again. An object enters it when its
@@ -330,6 +333,7 @@ impl Store {
             .get(META_SEQ)?
             .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
             .map(u64::from_be_bytes);
+        let crashed_before = !stop::take_mark(&db, &meta, reserved.is_none())?;
         let reserved = match reserved {
             Some(r) => r,
             None => {
@@ -377,6 +381,7 @@ impl Store {
             seq: Arc::new(std::sync::Mutex::new((reserved, reserved))),
             owns_from,
             run_from: reserved,
+            crashed_before,
             outbox: Arc::default(),
             adopted: Arc::default(),
             handed: Arc::default(),

@@ -93,7 +93,9 @@ impl Store {
         Ok(())
     }
 
-    fn lock_adopted(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<ObjectId, u8>> {
+    pub(super) fn lock_adopted(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<ObjectId, u8>> {
         self.adopted.lock().unwrap_or_else(|p| p.into_inner())
     }
 

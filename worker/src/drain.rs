@@ -18,6 +18,8 @@ use crate::services::{Node, Sink};
 #[derive(Debug, Default)]
 pub struct Drain {
     draining: AtomicBool,
+    /// The process is stopping (SIGTERM): puts are refused as while draining.
+    stopping: AtomicBool,
     exit: tokio::sync::Notify,
     exiting: AtomicBool,
 }
@@ -31,6 +33,12 @@ impl Drain {
     /// Starts draining (puts are refused from now on); `true` the first time.
     pub fn start(&self) -> bool {
         !self.draining.swap(true, Ordering::AcqRel)
+    }
+
+    /// The process is stopping: puts are refused from now on.
+    pub fn stopping(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.draining.store(true, Ordering::Release);
     }
 
     /// Asks the serving loop to stop now (a node that left the grid).
@@ -53,6 +61,11 @@ impl Drain {
 
     /// The error a put gets while draining.
     pub fn refuse(&self) -> Result<(), ServiceError> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(ServiceError::Unavailable(
+                "this node is stopping: put through another node, or again once it is back".into(),
+            ));
+        }
         if self.draining() {
             return Err(ServiceError::Unavailable(
                 "this node is draining (dissem node drain before a restart, or it leaves the \

@@ -164,12 +164,16 @@ pub async fn run_node(
     let max = max_message(&limits);
     // a drained node asked to exit stops serving as on SIGTERM
     let exit = node.drain().clone().exit_requested();
+    let grace = listener.shutdown_grace();
+    let stopping = daemon.clone();
     let shutdown = async move {
         tokio::select! {
             () = shutdown => {}
             () = exit => {}
         }
+        stopping.begin_stop(grace);
     };
+    let stopped = daemon.clone();
     serve(
         listener,
         &[PUBLIC_SERVICES, &[STREAM_SERVICE]].concat(),
@@ -197,7 +201,9 @@ pub async fn run_node(
         },
         shutdown,
     )
-    .await
+    .await?;
+    stopped.finish_stop(grace).await?;
+    Ok(())
 }
 
 /// How long a node keeps the tombstone of a deleted subscription: a node down for longer

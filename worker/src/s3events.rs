@@ -7,8 +7,8 @@
 //! and old Ceph's `s3:` prefix dropped), `s3.source` (`aws:s3`, `minio:s3`, `ceph:s3`),
 //! `s3.region`, `s3.time`, `s3.bucket`, `s3.key` (URL-decoded for S3 and MinIO, which encode
 //! it), `s3.size`, `s3.etag`, `s3.version_id`, `s3.content_type`, `s3.source_ip`, each user
-//! metadata entry as `s3.meta.<name>` (the `x-amz-meta-` prefix dropped, lowercased) and each
-//! Ceph tag as `s3.tag.<name>`; absent or empty fields are left out. The object's external id
+//! metadata entry as `s3.meta.<name>` (only `x-amz-meta-*` entries: Ceph lists request
+//! headers beside them; the prefix dropped, lowercased) and each Ceph tag as `s3.tag.<name>`; absent or empty fields are left out. The object's external id
 //! is `s3://bucket/key`; its message id is derived from the record (source, bucket, key,
 //! version, sequencer, event and time), so a notification the store sends twice is stored
 //! once.
@@ -200,7 +200,11 @@ fn record(r: &Json, path: &str) -> Result<v1::AnnounceRequest, RecordError> {
             }
         }
     }
-    for (list, prefix) in [("metadata", "s3.meta."), ("tags", "s3.tag.")] {
+    // Ceph lists the request's headers (`x-amz-date`, `x-amz-content-sha256`,
+    // `x-amz-tagging`, ...) in `metadata` beside the user's: only `x-amz-meta-*` entries are
+    // user metadata (before, the headers became `s3.meta.x-amz-date` and so on, and a user
+    // key `x-amz-meta-x-amz-date` clashed with the header). Tags are the user's as they are.
+    for (list, prefix, user_only) in [("metadata", "s3.meta.", true), ("tags", "s3.tag.", false)] {
         if let Some(Json::Array(items)) = field(r, &["s3", "object", list]) {
             for it in items {
                 let (Some(k), Some(v)) = (
@@ -210,7 +214,11 @@ fn record(r: &Json, path: &str) -> Result<v1::AnnounceRequest, RecordError> {
                     continue;
                 };
                 let lower = k.to_lowercase();
-                let name = lower.strip_prefix("x-amz-meta-").unwrap_or(&lower);
+                let name = match lower.strip_prefix("x-amz-meta-") {
+                    Some(n) => n,
+                    None if user_only => continue,
+                    None => &lower,
+                };
                 extra.push((format!("{prefix}{}", name_part(name)), v));
             }
         }

@@ -32,7 +32,8 @@ pub struct SubEnd {
     pub subscription: u64,
     /// Deliveries printed.
     pub printed: u64,
-    /// Whether the subscription was deleted (not durable).
+    /// Whether the subscription was deleted (not durable; a run whose delete failed ends
+    /// with an error naming the subscription instead).
     pub deleted: bool,
 }
 
@@ -51,6 +52,10 @@ pub fn delivery_map(d: &v1::Delivery) -> serde_json::Map<String, serde_json::Val
     m.insert("subject".into(), format!("{}:{}", o.node, o.seq).into());
     m.insert("priority".into(), d.priority.into());
     m.insert("attempt".into(), d.attempt.into());
+    if d.redelivered {
+        // it may have been delivered before (a retry, or a resume after a crash)
+        m.insert("redelivered".into(), true.into());
+    }
     m.insert(
         "metadata".into(),
         serde_json::Value::Object(crate::deliver::metadata_json(&d.metadata)),
@@ -141,20 +146,69 @@ pub async fn run(
             }
         }
     };
-    let deleted = opts.durable.is_none();
-    if deleted {
-        // the subscription goes with the run, also when the stream failed
-        if let Err(e) = c.unsubscribe(id).await {
-            tracing::warn!("deleting subscription {id}: {e}");
-        }
-    }
+    // the subscription goes with the run, also when the stream failed
+    let not_deleted = match &opts.durable {
+        Some(_) => None,
+        None => delete(&c, id).await.err(),
+    };
     // acks sent, then the stream closes
     drop(session);
-    result.map(|()| SubEnd {
+    let end = SubEnd {
         subscription: id,
         printed,
-        deleted,
-    })
+        deleted: opts.durable.is_none() && not_deleted.is_none(),
+    };
+    // before, the command said "deleted" whatever the delete answered, and the
+    // subscription outlived it as an orphan (a delete cancelled by a node stopping)
+    let orphan = |why: &str| {
+        format!(
+            "subscription {id} was NOT deleted ({why}): delete it with `dissem unsubscribe \
+             {id}`"
+        )
+    };
+    match (result, not_deleted) {
+        (Err(e), None) if end.deleted => Err(ServiceError::Unavailable(format!(
+            "{e}; subscription {id} deleted"
+        ))),
+        (Err(e), None) => Err(e),
+        (Err(e), Some(why)) => Err(ServiceError::Unavailable(format!("{e}; {}", orphan(&why)))),
+        (Ok(()), Some(why)) => Err(ServiceError::Unavailable(format!(
+            "{} deliveries; {}",
+            end.printed,
+            orphan(&why)
+        ))),
+        (Ok(()), None) => Ok(end),
+    }
+}
+
+/// How long the end of a run tries to delete its subscription.
+const DELETE_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Deletes subscription `id`, trying again for [`DELETE_FOR`] while the node is unavailable
+/// (a node that is stopping, or one failing over); one already gone counts as deleted.
+async fn delete(c: &Client, id: u64) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + DELETE_FOR;
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        match c.unsubscribe(id).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                let status = cli_error(e);
+                let gone = matches!(status, ServiceError::NotFound(_))
+                    || matches!(status, ServiceError::Peer { code, .. } if code == tonic::Code::NotFound);
+                if gone {
+                    return Ok(());
+                }
+                let again = matches!(status, ServiceError::Unavailable(_));
+                if !again || tokio::time::Instant::now() + pause > deadline {
+                    return Err(status.to_string());
+                }
+                tracing::warn!("deleting subscription {id}: {status}; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(2));
+            }
+        }
+    }
 }
 
 /// The existing subscription of a durable stream name with the same filter, if any: `dissem
@@ -200,6 +254,7 @@ mod tests {
             data: b"hello".to_vec(),
             priority: 3,
             attempt: 1,
+            redelivered: false,
         };
         let v: serde_json::Value = serde_json::from_str(&delivery_json(&d)).expect("json");
         assert_eq!(v["subject"], "1:42");

@@ -99,6 +99,11 @@ impl Daemon {
         }
     }
 
+    /// Ends the copies of `id`, which delivery reported finished.
+    pub(super) fn finish_reported(&self, id: ObjectId) {
+        self.finish(id, true);
+    }
+
     /// Ends the copies of `id`, delivered (`from_delivery`) or acknowledged by a link, when
     /// nothing else still needs them.
     fn finish(&self, id: ObjectId, from_delivery: bool) {

@@ -56,6 +56,7 @@ mod repair;
 mod replicate;
 mod resize;
 mod service;
+mod stop;
 mod subcopies;
 mod takeover;
 mod tasks;

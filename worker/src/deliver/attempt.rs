@@ -289,6 +289,7 @@ impl Deliverer {
             },
             priority: job.priority as u32,
             attempt: attempts + 1,
+            redelivered: attempts > 0 || self.inner.store.maybe_delivered_before(obj),
         };
         Some(Prepared {
             job,

@@ -164,13 +164,19 @@ pub(super) fn event_json(p: &EventParts, d: &v1::Delivery, node: u32) -> Vec<u8>
     }
     let _ = write!(
         s,
-        r#""metadata":{},"object":{{"node":{},"seq":{}}},"priority":{},"subscription":{}}},"datacontenttype":"application/json","id":{},"source":"dissem://node/{node}","specversion":"1.0","subject":"{}:{}","time":"{}"{},"type":"dissem.object.matched"}}"#,
+        r#""metadata":{},"object":{{"node":{},"seq":{}}},"priority":{},"subscription":{}}},"datacontenttype":"application/json","id":{}{},"source":"dissem://node/{node}","specversion":"1.0","subject":"{}:{}","time":"{}"{},"type":"dissem.object.matched"}}"#,
         p.metadata,
         obj.node,
         obj.seq,
         d.priority,
         d.subscription_id,
         serde_json::Value::String(d.delivery_id.clone()),
+        // the extension attribute, only when true (CloudEvents extensions may be absent)
+        if d.redelivered {
+            r#","redelivered":true"#
+        } else {
+            ""
+        },
         obj.node,
         obj.seq,
         p.time,
@@ -228,6 +234,7 @@ mod tests {
             data: b"hello".to_vec(),
             priority: 5,
             attempt: 2,
+            redelivered: false,
         };
         // the event as serde_json builds it, field by field
         let reference = |d: &v1::Delivery| {
@@ -247,7 +254,7 @@ mod tests {
             if !d.data.is_empty() {
                 data["data_base64"] = serde_json::Value::String(base64(&d.data));
             }
-            serde_json::to_vec(&serde_json::json!({
+            let mut event = serde_json::json!({
                 "specversion": "1.0",
                 "id": "7-1-42",
                 "source": "dissem://node/1",
@@ -256,8 +263,11 @@ mod tests {
                 "time": rfc3339(1_700_000_000_123),
                 "datacontenttype": "application/json",
                 "data": data,
-            }))
-            .expect("json")
+            });
+            if d.redelivered {
+                event["redelivered"] = serde_json::Value::Bool(true);
+            }
+            serde_json::to_vec(&event).expect("json")
         };
         let got = cloudevent(&d, 1, 1_700_000_000_123);
         assert_eq!(
@@ -266,6 +276,14 @@ mod tests {
         );
         d.data.clear();
         assert_eq!(cloudevent(&d, 1, 1_700_000_000_123), reference(&d));
+        // a delivery that may have reached the subscriber before says so (an extension
+        // attribute)
+        d.redelivered = true;
+        let got = cloudevent(&d, 1, 1_700_000_000_123);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&reference(&d))
+        );
     }
 
     /// A put's W3C trace context travels into its CloudEvents as the distributed-tracing

@@ -30,6 +30,12 @@ impl FinishedQueue {
         }
     }
 
+    /// Every object reported since the last take, in report order, without waiting (a
+    /// stop takes what the finisher has not).
+    pub fn take_now(&self) -> Vec<ObjectId> {
+        std::mem::take(&mut *self.items.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// Every object reported since the last take, in report order; waits while there is
     /// none. Cancel-safe: the reports are taken only by a call that returns them.
     pub async fn take(&self) -> Vec<ObjectId> {

@@ -63,6 +63,7 @@ mod retry;
 mod settled;
 mod spans;
 mod spill;
+mod stop;
 mod stream;
 mod webhook;
 
@@ -170,6 +171,12 @@ struct Inner {
     /// Fresh deliveries on their way to a queue (their subscription being looked up), per
     /// object: ordered deliveries of later objects wait for them.
     transit: Mutex<std::collections::BTreeMap<ObjectId, usize>>,
+    /// The node is stopping: no call starts any more ([`stop`]).
+    stopping: std::sync::atomic::AtomicBool,
+    /// Set once stream sessions are to end ([`stop`]).
+    closing: tokio::sync::watch::Sender<bool>,
+    /// The stop's outcome, once: whether every call under way settled in time.
+    stopped: tokio::sync::OnceCell<bool>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -267,6 +274,9 @@ impl Deliverer {
                 ordered: Mutex::default(),
                 ordered_ticking: std::sync::atomic::AtomicBool::new(false),
                 transit: Mutex::default(),
+                stopping: std::sync::atomic::AtomicBool::new(false),
+                closing: tokio::sync::watch::channel(false).0,
+                stopped: tokio::sync::OnceCell::new(),
             }),
         })
     }

@@ -220,6 +220,9 @@ impl Deliverer {
     /// A call carries urgent deliveries only or bulk ones only, and runs on its lane; each
     /// lane has its own in-flight bound, so urgent pushes never wait for a bulk call.
     pub(super) fn pump(&self, key: &str) {
+        if self.stopping() {
+            return; // the jobs stay queued: their records or the outbox keep them
+        }
         let batch = self.inner.cfg.push_batch.max(1);
         let lanes = &self.inner.lanes;
         let mut qs = lock(&self.inner.queues);

@@ -179,8 +179,17 @@ impl Deliverer {
         );
         self.attached(&name);
         let me = self.clone();
+        let mut closing = self.inner.closing.subscribe();
         tokio::spawn(async move {
-            while let Some(Ok(m)) = input.next().await {
+            loop {
+                // a stopping node stops reading acks too: the subscriber's half of the call
+                // stays open while it has not ended it, and the server waited for it (a
+                // stop that took the whole grace)
+                let m = tokio::select! {
+                    m = input.next() => m,
+                    _ = closing.wait_for(|c| *c) => None,
+                };
+                let Some(Ok(m)) = m else { break };
                 if let Some(v1::stream_client_message::Kind::Ack(d)) = m.kind
                     && let Some(t) = lock(&acks).remove(&d)
                 {
@@ -193,7 +202,7 @@ impl Deliverer {
             }
             tracing::info!("stream {name:?} detached");
         });
-        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+        self.until_stopped(rx)
     }
 }
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dissem.v1 import common_pb2 as dissem_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64issem/v1/subscriber.proto\x12\tdissem.v1\x1a\x16\x64issem/v1/common.proto\"\xb9\x01\n\x08\x44\x65livery\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\x04\x12&\n\tobject_id\x18\x03 \x01(\x0b\x32\x13.dissem.v1.ObjectId\x12&\n\x08metadata\x18\x04 \x03(\x0b\x32\x14.dissem.v1.Attribute\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x10\n\x08priority\x18\x06 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\"8\n\rDeliveryBatch\x12\'\n\ndeliveries\x18\x01 \x03(\x0b\x32\x13.dissem.v1.Delivery\")\n\x08Rejected\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\"8\n\x0f\x44\x65liverBatchAck\x12%\n\x08rejected\x18\x01 \x03(\x0b\x32\x13.dissem.v1.Rejected\"\x0c\n\nDeliverAck\"%\n\x0eReleaseRequest\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\"\x0c\n\nReleaseAck2\xc6\x01\n\nSubscriber\x12\x35\n\x07\x44\x65liver\x12\x13.dissem.v1.Delivery\x1a\x15.dissem.v1.DeliverAck\x12;\n\x07Release\x12\x19.dissem.v1.ReleaseRequest\x1a\x15.dissem.v1.ReleaseAck\x12\x44\n\x0c\x44\x65liverBatch\x12\x18.dissem.v1.DeliveryBatch\x1a\x1a.dissem.v1.DeliverBatchAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64issem/v1/subscriber.proto\x12\tdissem.v1\x1a\x16\x64issem/v1/common.proto\"\xce\x01\n\x08\x44\x65livery\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\x04\x12&\n\tobject_id\x18\x03 \x01(\x0b\x32\x13.dissem.v1.ObjectId\x12&\n\x08metadata\x18\x04 \x03(\x0b\x32\x14.dissem.v1.Attribute\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x10\n\x08priority\x18\x06 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\x12\x13\n\x0bredelivered\x18\x08 \x01(\x08\"8\n\rDeliveryBatch\x12\'\n\ndeliveries\x18\x01 \x03(\x0b\x32\x13.dissem.v1.Delivery\")\n\x08Rejected\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\"8\n\x0f\x44\x65liverBatchAck\x12%\n\x08rejected\x18\x01 \x03(\x0b\x32\x13.dissem.v1.Rejected\"\x0c\n\nDeliverAck\"%\n\x0eReleaseRequest\x12\x13\n\x0b\x64\x65livery_id\x18\x01 \x01(\t\"\x0c\n\nReleaseAck2\xc6\x01\n\nSubscriber\x12\x35\n\x07\x44\x65liver\x12\x13.dissem.v1.Delivery\x1a\x15.dissem.v1.DeliverAck\x12;\n\x07Release\x12\x19.dissem.v1.ReleaseRequest\x1a\x15.dissem.v1.ReleaseAck\x12\x44\n\x0c\x44\x65liverBatch\x12\x18.dissem.v1.DeliveryBatch\x1a\x1a.dissem.v1.DeliverBatchAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,19 +33,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dissem.v1.subscriber_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DELIVERY']._serialized_start=66
-  _globals['_DELIVERY']._serialized_end=251
-  _globals['_DELIVERYBATCH']._serialized_start=253
-  _globals['_DELIVERYBATCH']._serialized_end=309
-  _globals['_REJECTED']._serialized_start=311
-  _globals['_REJECTED']._serialized_end=352
-  _globals['_DELIVERBATCHACK']._serialized_start=354
-  _globals['_DELIVERBATCHACK']._serialized_end=410
-  _globals['_DELIVERACK']._serialized_start=412
-  _globals['_DELIVERACK']._serialized_end=424
-  _globals['_RELEASEREQUEST']._serialized_start=426
-  _globals['_RELEASEREQUEST']._serialized_end=463
-  _globals['_RELEASEACK']._serialized_start=465
-  _globals['_RELEASEACK']._serialized_end=477
-  _globals['_SUBSCRIBER']._serialized_start=480
-  _globals['_SUBSCRIBER']._serialized_end=678
+  _globals['_DELIVERY']._serialized_end=272
+  _globals['_DELIVERYBATCH']._serialized_start=274
+  _globals['_DELIVERYBATCH']._serialized_end=330
+  _globals['_REJECTED']._serialized_start=332
+  _globals['_REJECTED']._serialized_end=373
+  _globals['_DELIVERBATCHACK']._serialized_start=375
+  _globals['_DELIVERBATCHACK']._serialized_end=431
+  _globals['_DELIVERACK']._serialized_start=433
+  _globals['_DELIVERACK']._serialized_end=445
+  _globals['_RELEASEREQUEST']._serialized_start=447
+  _globals['_RELEASEREQUEST']._serialized_end=484
+  _globals['_RELEASEACK']._serialized_start=486
+  _globals['_RELEASEACK']._serialized_end=498
+  _globals['_SUBSCRIBER']._serialized_start=501
+  _globals['_SUBSCRIBER']._serialized_end=699
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Delivery(_message.Message):
-    __slots__ = ("delivery_id", "subscription_id", "object_id", "metadata", "data", "priority", "attempt")
+    __slots__ = ("delivery_id", "subscription_id", "object_id", "metadata", "data", "priority", "attempt", "redelivered")
     DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
     OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Delivery(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERED_FIELD_NUMBER: _ClassVar[int]
     delivery_id: str
     subscription_id: int
     object_id: _common_pb2.ObjectId
@@ -23,7 +24,8 @@ class Delivery(_message.Message):
     data: bytes
     priority: int
     attempt: int
-    def __init__(self, delivery_id: _Optional[str] = ..., subscription_id: _Optional[int] = ..., object_id: _Optional[_Union[_common_pb2.ObjectId, _Mapping]] = ..., metadata: _Optional[_Iterable[_Union[_common_pb2.Attribute, _Mapping]]] = ..., data: _Optional[bytes] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    redelivered: bool
+    def __init__(self, delivery_id: _Optional[str] = ..., subscription_id: _Optional[int] = ..., object_id: _Optional[_Union[_common_pb2.ObjectId, _Mapping]] = ..., metadata: _Optional[_Iterable[_Union[_common_pb2.Attribute, _Mapping]]] = ..., data: _Optional[bytes] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., redelivered: _Optional[bool] = ...) -> None: ...
 
 class DeliveryBatch(_message.Message):
     __slots__ = ("deliveries",)
