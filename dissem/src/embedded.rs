@@ -129,8 +129,8 @@ pub async fn run(
         );
     }
     let stream = v1::stream_server::StreamServer::new(daemon.deliverer().clone());
-    if let Some(l) = http.s3_events {
-        tokio::spawn(worker::s3events::serve(l, node.clone(), listener.auth()));
+    if let Some(e) = http.s3_events {
+        tokio::spawn(worker::s3events::serve(e, node.clone(), listener.auth()));
     }
     let admin = EmbeddedAdmin {
         node: node.clone(),

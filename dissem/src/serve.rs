@@ -62,10 +62,19 @@ pub(super) struct UpArgs {
     #[arg(long, value_parser = crate::client::parse_duration_ms, value_name = "DUR")]
     pub(super) promote_after: Option<u64>,
     /// Accept S3 event notifications (the JSON that Amazon S3, MinIO and Ceph RGW POST to a
-    /// webhook) on this address: each record becomes an announced object. Plain HTTP; with
-    /// --auth-file a POST needs an ingest token.
+    /// webhook) on this address: each record becomes an announced object. With --auth-file
+    /// a POST needs an ingest token: a bearer header, Basic auth with the token as the
+    /// password, or the URL (`/s3-events/TOKEN`, `?token=TOKEN`) for stores that add no
+    /// headers (Ceph). Plain HTTP unless --s3-events-tls-cert is given.
     #[arg(long)]
     pub(super) s3_events_listen: Option<std::net::SocketAddr>,
+    /// Serve the S3 event endpoint only over TLS with this certificate chain (PEM); needs
+    /// --s3-events-tls-key.
+    #[arg(long, requires = "s3_events_tls_key", requires = "s3_events_listen")]
+    pub(super) s3_events_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --s3-events-tls-cert.
+    #[arg(long, requires = "s3_events_tls_cert")]
+    pub(super) s3_events_tls_key: Option<PathBuf>,
     #[command(flatten)]
     pub(super) listen_flags: ListenFlags,
 }
@@ -215,9 +224,14 @@ pub(super) async fn node_extras(u: &UpArgs) -> anyhow::Result<worker::NodeExtras
         None => None,
         Some(a) => {
             u.listen_flags.check_address(a)?;
+            let tls = match (&u.s3_events_tls_cert, &u.s3_events_tls_key) {
+                (Some(c), Some(k)) => Some(runtime::tls::http_acceptor(c, k)?),
+                _ => None,
+            };
             let (l, bound) = runtime::bind(a).await?;
-            eprintln!("S3 event notifications on http://{bound}/s3-events");
-            Some(l)
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            eprintln!("S3 event notifications on {scheme}://{bound}/s3-events");
+            Some(worker::s3events::Endpoint { listener: l, tls })
         }
     };
     Ok(worker::NodeExtras {

@@ -334,6 +334,12 @@ impl Auth {
             .strip_prefix("Bearer ")
             .or_else(|| value.strip_prefix("bearer "))
             .ok_or_else(|| Status::unauthenticated("authorization must be `Bearer <token>`"))?;
+        self.caller(token)
+    }
+
+    /// The caller of `token` however it was presented (a bearer header, or where a plain
+    /// HTTP listener takes it: Basic auth's password, the URL).
+    pub fn caller(&self, token: &str) -> Result<Arc<Caller>, Status> {
         self.by_hash
             .get(&token_hash(token.trim()))
             .cloned()

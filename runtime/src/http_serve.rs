@@ -51,9 +51,14 @@ pub async fn read_body(body: Incoming, max: usize) -> Result<Bytes, Answer> {
     }
 }
 
-/// Serves `handler` on `listener` until the task is dropped.
-pub async fn serve<H, F>(listener: TcpListener, limits: HttpLimits, handler: H)
-where
+/// Serves `handler` on `listener` until the task is dropped; only TLS with `tls` (the
+/// handshake within the header deadline).
+pub async fn serve<H, F>(
+    listener: TcpListener,
+    limits: HttpLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    handler: H,
+) where
     H: Fn(SocketAddr, hyper::Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Answer> + Send + 'static,
 {
@@ -69,6 +74,7 @@ where
             continue;
         };
         let handler = handler.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
@@ -89,13 +95,28 @@ where
                         .body(Full::new(Bytes::from(body)))
                 }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
+            let http = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                .clone();
             // a connection lives at most as long as a few requests may take: a client that
             // keeps one open and idle gives its permit back then
-            let _ = tokio::time::timeout(limits.request_timeout * 4, conn).await;
+            let life = limits.request_timeout * 4;
+            match tls {
+                None => {
+                    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                    let _ = tokio::time::timeout(life, conn).await;
+                }
+                Some(tls) => {
+                    let Ok(Ok(stream)) =
+                        tokio::time::timeout(limits.header_timeout, tls.accept(stream)).await
+                    else {
+                        return; // no handshake in time, or a failed one
+                    };
+                    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                    let _ = tokio::time::timeout(life, conn).await;
+                }
+            }
         });
     }
 }

@@ -471,7 +471,7 @@ pub async fn serve(listener: TcpListener, src: MetricsSource) {
         max_connections: 64,
         ..Default::default()
     };
-    crate::http_serve::serve(listener, limits, move |_, req| {
+    crate::http_serve::serve(listener, limits, None, move |_, req| {
         let src = src.clone();
         async move {
             let asked = Scrape {

@@ -43,6 +43,33 @@ pub fn identity(cert: &Path, key: &Path) -> Result<Identity, ServiceError> {
     Ok(Identity::from_pem(c, k))
 }
 
+/// A TLS acceptor for an HTTP/1.1 listener (the S3 event endpoint) from PEM files: the
+/// certificate chain and its private key.
+pub fn http_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, ServiceError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let c = read(cert, "TLS certificate")?;
+    check_pem(&c, cert, "TLS certificate", "CERTIFICATE")?;
+    let k = read(key, "TLS key")?;
+    check_pem(&k, key, "TLS key", "PRIVATE KEY")?;
+    let bad = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
+        ServiceError::Startup(format!("the {what} {}: {e}", path.display()))
+    };
+    let chain = CertificateDer::pem_slice_iter(&c)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad("TLS certificate", cert, &e))?;
+    let key_der = PrivateKeyDer::from_pem_slice(&k).map_err(|e| bad("TLS key", key, &e))?;
+    let cfg = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ServiceError::Startup(format!("TLS: {e}")))?
+    .with_no_client_auth()
+    .with_single_cert(chain, key_der)
+    .map_err(|e| bad("TLS certificate and key", cert, &e))?;
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(cfg)))
+}
+
 /// A CA certificate from a PEM file.
 pub fn ca(path: &Path) -> Result<Certificate, ServiceError> {
     let c = read(path, "CA certificate")?;

@@ -189,6 +189,66 @@ pub fn cluster_up(dir: &Path, name: &str, listen: &str, extra: &[String]) -> Pro
     bench::procs::cluster_up(&dissem_bin(), dir, name, listen, extra)
 }
 
+/// A CA and a certificate for `localhost` signed by it, as PEM files in `dir`:
+/// (ca.pem, cert.pem, key.pem).
+pub fn make_certs(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert =
+        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("cert");
+    let (ca, c, k) = (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    );
+    std::fs::write(&ca, ca_cert.pem()).expect("write ca");
+    std::fs::write(&c, cert.pem()).expect("write cert");
+    std::fs::write(&k, key.serialize_pem()).expect("write key");
+    (ca, c, k)
+}
+
+/// One HTTP/1.1 request over TLS on `addr`, the server verified as `localhost` against the
+/// CA in `ca` (PEM): (status, body).
+pub async fn https(
+    addr: std::net::SocketAddr,
+    ca: &Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).map_err(std::io::Error::other)? {
+        roots
+            .add(c.map_err(std::io::Error::other)?)
+            .map_err(std::io::Error::other)?;
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(std::io::Error::other)?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name =
+        rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        .connect(name, tcp)
+        .await?;
+    http_on(tls, method, path, headers, body).await
+}
+
 /// One HTTP/1.1 request on `addr`: (status, body).
 pub async fn http(
     addr: std::net::SocketAddr,
@@ -197,8 +257,25 @@ pub async fn http(
     headers: &[(&str, &str)],
     body: &str,
 ) -> std::io::Result<(u16, String)> {
+    http_on(
+        tokio::net::TcpStream::connect(addr).await?,
+        method,
+        path,
+        headers,
+        body,
+    )
+    .await
+}
+
+/// One HTTP/1.1 request on the connection `s`: (status, body).
+async fn http_on<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut s: S,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n",
         body.len()

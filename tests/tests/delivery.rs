@@ -1011,33 +1011,6 @@ fn priority_7_overtakes_priority_0_when_delivery_is_saturated() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A CA and a certificate for `localhost` signed by it, as PEM files in `dir`:
-/// (ca.pem, cert.pem, key.pem).
-fn make_certs(
-    dir: &std::path::Path,
-) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
-    let ca_key = rcgen::KeyPair::generate().expect("ca key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().expect("key");
-    let cert =
-        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .expect("params")
-            .signed_by(&key, &issuer)
-            .expect("cert");
-    let (ca, c, k) = (
-        dir.join("ca.pem"),
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-    );
-    std::fs::write(&ca, ca_cert.pem()).expect("write ca");
-    std::fs::write(&c, cert.pem()).expect("write cert");
-    std::fs::write(&k, key.serialize_pem()).expect("write key");
-    (ca, c, k)
-}
-
 /// A TLS acceptor for an HTTPS receiver with `cert` and `key`.
 fn acceptor(cert: &std::path::Path, key: &std::path::Path) -> tokio_rustls::TlsAcceptor {
     use rustls::pki_types::pem::PemObject;
@@ -1066,7 +1039,7 @@ fn acceptor(cert: &std::path::Path, key: &std::path::Path) -> tokio_rustls::TlsA
 fn a_secured_node_pushes_over_https_to_a_verified_webhook() {
     let _serial = lock(&SERIAL);
     let dir = temp_dir("delivery-secure");
-    let (ca, cert, key) = make_certs(&dir);
+    let (ca, cert, key) = tests::make_certs(&dir);
     let auth = dir.join("auth.toml");
     let ingest = tests::token_create(&auth, "gw", "acme", "ingest");
     let app = tests::token_create(&auth, "app", "acme", "subscribe");
@@ -1252,7 +1225,7 @@ fn webhook_redirects_are_not_followed() {
 fn a_mutual_tls_cluster_with_tokens_delivers_end_to_end() {
     let _serial = lock(&SERIAL);
     let dir = temp_dir("delivery-mtls");
-    let (ca, cert, key) = make_certs(&dir);
+    let (ca, cert, key) = tests::make_certs(&dir);
     let auth = dir.join("auth.toml");
     let ingest = tests::token_create(&auth, "gw", "acme", "ingest");
     let app = tests::token_create(&auth, "app", "acme", "subscribe");

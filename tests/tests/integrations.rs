@@ -181,20 +181,109 @@ fn with_an_auth_file_the_endpoint_wants_an_ingest_token() {
         })
         .await;
         assert_eq!(code, 401, "{why}");
+        assert!(
+            why.contains("?token="),
+            "the ways to present one are named: {why}"
+        );
         for (token, want) in [
             ("wrong", 401),
             (reader.as_str(), 403),
             (ingest.as_str(), 200),
         ] {
-            let auth = format!("Bearer {token}");
-            let (code, why) = http(s3, "POST", "/", &[("authorization", &auth)], &body)
-                .await
-                .expect("post");
-            assert_eq!(code, want, "{why}");
-            if want == 403 {
-                assert!(why.contains("ingest"), "{why}");
+            // each way a store can send it: a bearer header (MinIO), Basic auth with the
+            // token as the password, the path or the query (Ceph, which adds no headers)
+            let bearer = format!("Bearer {token}");
+            let basic = format!(
+                "Basic {}",
+                worker::deliver::base64(format!("ceph:{token}").as_bytes())
+            );
+            let in_path = format!("/s3-events/{token}");
+            let in_query = format!("/s3-events?token={token}");
+            for (path, headers) in [
+                ("/", vec![("authorization", bearer.as_str())]),
+                ("/s3-events", vec![("authorization", basic.as_str())]),
+                (in_path.as_str(), vec![]),
+                (in_query.as_str(), vec![]),
+            ] {
+                let (code, why) = http(s3, "POST", path, &headers, &body).await.expect("post");
+                assert_eq!(code, want, "{path} {headers:?}: {why}");
+                assert!(
+                    !why.contains(token) || want == 200,
+                    "the token is never echoed: {why}"
+                );
+                if want == 403 {
+                    assert!(why.contains("ingest"), "{why}");
+                }
             }
         }
+    });
+    up.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--s3-events-tls-cert/key`: the endpoint speaks only TLS, and a token in Basic auth (what
+/// a store sends for `https://user:TOKEN@host/`) is taken over it.
+#[test]
+fn the_endpoint_serves_tls_with_a_certificate() {
+    let dir = temp_dir("s3-tls");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (ca, cert, key) = tests::make_certs(&dir);
+    let file = dir.join("auth.toml");
+    let ingest = token_create(&file, "ceph", "acme", "ingest");
+    let s3 = free_port();
+    let mut up = start_up(
+        &dir,
+        &[
+            "--auth-file",
+            &file.display().to_string(),
+            "--s3-events-listen",
+            &s3.to_string(),
+            "--s3-events-tls-cert",
+            &cert.display().to_string(),
+            "--s3-events-tls-key",
+            &key.display().to_string(),
+        ],
+    );
+    runtime().block_on(async {
+        let _ = up.url();
+        let body = minio_put("t.jpg", "kr/busan", "7");
+        let basic = format!(
+            "Basic {}",
+            worker::deliver::base64(format!("ceph:{ingest}").as_bytes())
+        );
+        let (code, why) = wait_for(
+            "the S3 event endpoint over TLS",
+            Duration::from_secs(20),
+            || {
+                let (body, basic, ca) = (body.clone(), basic.clone(), ca.clone());
+                async move {
+                    tests::https(
+                        s3,
+                        &ca,
+                        "POST",
+                        "/s3-events",
+                        &[("authorization", &basic)],
+                        &body,
+                    )
+                    .await
+                    .ok()
+                }
+            },
+        )
+        .await;
+        assert_eq!(code, 200, "{why}");
+        let plain = http(
+            s3,
+            "POST",
+            "/s3-events",
+            &[("authorization", &basic)],
+            &body,
+        )
+        .await;
+        assert!(
+            !matches!(plain, Ok((200, _))),
+            "plain HTTP must not be served: {plain:?}"
+        );
     });
     up.kill();
     let _ = std::fs::remove_dir_all(&dir);

@@ -103,8 +103,8 @@ impl runtime::metrics::Families for NodeFamilies {
 pub struct NodeExtras {
     /// `/metrics`, `/healthz`, `/readyz`.
     pub metrics: Option<TcpListener>,
-    /// S3 event notifications ([`s3events`]).
-    pub s3_events: Option<TcpListener>,
+    /// S3 event notifications ([`s3events`]), over TLS with an acceptor.
+    pub s3_events: Option<s3events::Endpoint>,
     /// This cluster's name and its links to peer clusters ([`federation`]).
     pub federation: Option<federation::FederationConfig>,
 }
@@ -145,8 +145,8 @@ pub async fn run_node(
     // dead-letters then must find the spillover links (else it stays here unspilled)
     node.start_federation();
     daemon.spawn();
-    if let Some(l) = http.s3_events {
-        tokio::spawn(s3events::serve(l, node.clone(), listener.auth()));
+    if let Some(e) = http.s3_events {
+        tokio::spawn(s3events::serve(e, node.clone(), listener.auth()));
     }
     let metrics = http.metrics.map(|l| {
         (

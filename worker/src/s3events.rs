@@ -17,9 +17,11 @@
 //! duplicate of one stored before), 400 when a record can never
 //! be stored (naming it and the field; the others are stored), 429 or 503 when one may be
 //! later (the store retries, and the records already stored are deduplicated). With an auth
-//! file, the POST needs a token of the `ingest` role (`authorization: Bearer`, which MinIO's
-//! `auth_token` and a Ceph topic's push-endpoint headers send). The listener is guarded as
-//! every HTTP listener is ([`runtime::http_serve`]); a body is at most [`MAX_BODY`] bytes.
+//! file, the POST needs a token of the `ingest` role, presented wherever the store can put
+//! it ([`presented_token`]): a bearer header (MinIO), Basic auth's password, or the URL's
+//! path or query (Ceph, whose topics add no headers). With a certificate the listener
+//! speaks only TLS. It is guarded as every HTTP listener is ([`runtime::http_serve`]); a
+//! body is at most [`MAX_BODY`] bytes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -321,43 +323,138 @@ async fn handle(
     }
 }
 
-/// Serves the endpoint (`POST /` or `POST /s3-events`) on `listener` until the task is
-/// dropped.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    node: crate::services::Node,
-    auth: Option<Arc<Auth>>,
-) {
+/// The token a request presents, wherever an object store can put it: `authorization:
+/// Bearer T` (MinIO's `auth_token`, a forwarder), `authorization: Basic` with T as the
+/// password and any user name (an endpoint URL `https://any:T@host/`), the path
+/// `/s3-events/T`, or the query `?token=T` (a Ceph topic's push endpoint, which can add no
+/// header and sends no password over plain HTTP). `Err` for a malformed credential;
+/// `Ok(None)` for none.
+pub fn presented_token(
+    headers: &http::HeaderMap,
+    uri: &http::Uri,
+) -> Result<Option<String>, &'static str> {
+    use base64::Engine;
+    if let Some(v) = headers.get(http::header::AUTHORIZATION) {
+        let v = v
+            .to_str()
+            .map_err(|_| "the authorization header is not text")?;
+        let (scheme, rest) = v.trim().split_once(' ').unwrap_or((v, ""));
+        return match scheme.to_ascii_lowercase().as_str() {
+            "bearer" => Ok(Some(rest.trim().to_string())),
+            "basic" => {
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(rest.trim())
+                    .map_err(|_| "authorization: Basic must be base64 of user:token")?;
+                let text =
+                    String::from_utf8(raw).map_err(|_| "authorization: Basic is not text")?;
+                match text.split_once(':') {
+                    Some((_, token)) => Ok(Some(token.to_string())),
+                    None => Err("authorization: Basic must be base64 of user:token"),
+                }
+            }
+            _ => Err("authorization must be `Bearer <token>` or `Basic <base64 of user:token>`"),
+        };
+    }
+    if let Some(t) = uri.path().strip_prefix("/s3-events/")
+        && !t.is_empty()
+    {
+        return Ok(Some(
+            url_decode(t).ok_or("the token in the path is not URL-encoded text")?,
+        ));
+    }
+    for pair in uri.query().unwrap_or_default().split('&') {
+        if let Some(t) = pair.strip_prefix("token=") {
+            return Ok(Some(
+                url_decode(t).ok_or("the token in the query is not URL-encoded text")?,
+            ));
+        }
+    }
+    Ok(None)
+}
+
+/// Whether `path` is one the endpoint answers: `/`, `/s3-events`, `/s3-events/<token>`.
+fn endpoint_path(path: &str) -> bool {
+    matches!(path, "/" | "/s3-events")
+        || path
+            .strip_prefix("/s3-events/")
+            .is_some_and(|t| !t.is_empty() && !t.contains('/'))
+}
+
+/// The caller of a request: anyone without an auth file, else the holder of the token it
+/// presents ([`presented_token`]), who must have the `ingest` role. `Err` is the answer.
+fn caller_of(
+    auth: Option<&Auth>,
+    headers: &http::HeaderMap,
+    uri: &http::Uri,
+) -> Result<Arc<runtime::auth::Caller>, Answer> {
+    let Some(a) = auth else {
+        return Ok(Arc::new(runtime::auth::Caller::open()));
+    };
+    let token = match presented_token(headers, uri) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return Err((
+                401,
+                "text/plain",
+                "a token of the ingest role is required: authorization: Bearer <token>, \
+                 Basic auth with the token as the password, POST /s3-events/<token>, or \
+                 ?token=<token>\n"
+                    .into(),
+            ));
+        }
+        Err(why) => return Err((401, "text/plain", format!("{why}\n"))),
+    };
+    match a.caller(&token) {
+        Ok(c) if c.has(Role::Ingest) => Ok(c),
+        Ok(c) => Err((
+            403,
+            "text/plain",
+            format!("token {} lacks the ingest role\n", c.name),
+        )),
+        Err(s) => Err((401, "text/plain", format!("{}\n", s.message()))),
+    }
+}
+
+/// Where the endpoint listens: the bound listener, and the TLS it speaks (`None`: plain
+/// HTTP).
+pub struct Endpoint {
+    pub listener: tokio::net::TcpListener,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("listener", &self.listener)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// Serves the endpoint (`POST /`, `POST /s3-events`, or `POST /s3-events/<token>`) on
+/// `at` until the task is dropped.
+pub async fn serve(at: Endpoint, node: crate::services::Node, auth: Option<Arc<Auth>>) {
     runtime::http_serve::serve(
-        listener,
+        at.listener,
         HttpLimits::default(),
+        at.tls,
         move |peer: SocketAddr, req: hyper::Request<hyper::body::Incoming>| {
             let node = node.clone();
             let auth = auth.clone();
             async move {
-                if !matches!(req.uri().path(), "/" | "/s3-events") {
+                if !endpoint_path(req.uri().path()) {
                     return (
                         404,
                         "text/plain",
-                        "not found: POST to / or /s3-events\n".into(),
+                        "not found: POST to /, /s3-events or /s3-events/<token>\n".into(),
                     );
                 }
                 if req.method() != hyper::Method::POST {
                     return (405, "text/plain", "POST an S3 event notification\n".into());
                 }
-                let caller = match &auth {
-                    None => Arc::new(runtime::auth::Caller::open()),
-                    Some(a) => match a.authenticate(req.headers()) {
-                        Ok(c) if c.has(Role::Ingest) => c,
-                        Ok(c) => {
-                            return (
-                                403,
-                                "text/plain",
-                                format!("token {} lacks the ingest role\n", c.name),
-                            );
-                        }
-                        Err(s) => return (401, "text/plain", format!("{}\n", s.message())),
-                    },
+                let caller = match caller_of(auth.as_deref(), req.headers(), req.uri()) {
+                    Ok(c) => c,
+                    Err(a) => return a,
                 };
                 match read_body(req.into_body(), MAX_BODY).await {
                     Ok(body) => handle(&node, caller, peer, &body).await,

@@ -199,3 +199,43 @@ fn url_decoding() {
     assert_eq!(url_decode("%4"), None);
     assert_eq!(url_decode("%ff"), None, "not UTF-8");
 }
+
+/// A token where each store can put it: a bearer header, Basic auth's password, the path,
+/// the query; a malformed credential is named.
+#[test]
+fn a_token_is_taken_from_a_header_the_path_or_the_query() {
+    let h = |v: &str| {
+        let mut m = http::HeaderMap::new();
+        m.insert(http::header::AUTHORIZATION, v.parse().expect("header"));
+        m
+    };
+    let none = http::HeaderMap::new();
+    let uri = |u: &str| u.parse::<http::Uri>().expect("uri");
+    let got = |m: &http::HeaderMap, u: &str| presented_token(m, &uri(u));
+    assert_eq!(got(&h("Bearer dsm_1"), "/"), Ok(Some("dsm_1".into())));
+    // base64("ceph:dsm_2")
+    assert_eq!(
+        got(&h("Basic Y2VwaDpkc21fMg=="), "/"),
+        Ok(Some("dsm_2".into()))
+    );
+    assert_eq!(got(&none, "/s3-events/dsm_3"), Ok(Some("dsm_3".into())));
+    assert_eq!(
+        got(&none, "/s3-events?a=b&token=dsm_4"),
+        Ok(Some("dsm_4".into()))
+    );
+    assert_eq!(got(&none, "/s3-events"), Ok(None));
+    // a header wins over the URL
+    assert_eq!(
+        got(&h("Bearer dsm_1"), "/s3-events/x"),
+        Ok(Some("dsm_1".into()))
+    );
+    assert!(got(&h("Basic !!"), "/").is_err());
+    // base64("no-colon")
+    assert!(got(&h("Basic bm8tY29sb24="), "/").is_err());
+    assert!(got(&h("Digest x"), "/").is_err());
+    assert!(got(&none, "/s3-events/%zz").is_err());
+    assert!(endpoint_path("/s3-events/t") && endpoint_path("/") && endpoint_path("/s3-events"));
+    assert!(
+        !endpoint_path("/s3-events/") && !endpoint_path("/s3-events/a/b") && !endpoint_path("/x")
+    );
+}
