@@ -8,6 +8,7 @@ use std::process::Command;
 pub use bench::procs::*;
 
 pub mod browser;
+pub mod ceph;
 
 /// The `dissem` binary of this build (built on demand when a test runs alone).
 pub fn dissem_bin() -> PathBuf {
