@@ -14,7 +14,14 @@ from botocore.config import Config
 
 def main():
     rgw, access, secret, endpoint, bucket = sys.argv[1:6]
-    cfg = Config(retries={"max_attempts": 3}, s3={"addressing_style": "path"})
+    opts = dict(retries={"max_attempts": 3}, s3={"addressing_style": "path"})
+    try:
+        # botocore 1.36+ streams bodies with a trailing checksum that Ceph 16 refuses
+        # (MissingContentLength); older ones have no such setting
+        cfg = Config(request_checksum_calculation="when_required",
+                     response_checksum_validation="when_required", **opts)
+    except TypeError:
+        cfg = Config(**opts)
     kw = dict(endpoint_url=rgw, aws_access_key_id=access, aws_secret_access_key=secret,
               region_name="default", config=cfg)
     s3 = boto3.client("s3", **kw)

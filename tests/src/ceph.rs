@@ -44,7 +44,7 @@ pub fn have_ceph() -> bool {
 pub struct Ceph {
     children: Vec<Child>,
     dir: PathBuf,
-    /// radosgw's S3 endpoint, `http://127.0.0.1:PORT`.
+    /// radosgw's S3 endpoint, `http://127.0.0.1:PORT` (`https://localhost:PORT` over TLS).
     pub rgw: String,
 }
 
@@ -66,8 +66,11 @@ fn run(cmd: &mut Command, what: &str, limit: Duration) -> String {
 
 impl Ceph {
     /// Starts a monitor, an OSD and a radosgw with their files under `dir`, waits until
-    /// radosgw answers (at most a minute), and creates the S3 user.
-    pub fn start(dir: &Path) -> Ceph {
+    /// radosgw answers (at most a minute), and creates the S3 user. With `tls` (a
+    /// certificate for `localhost` and its key, PEM files) radosgw speaks only HTTPS: Ceph
+    /// accepts a topic whose push endpoint carries a password (Basic auth) only over a
+    /// secure transport.
+    pub fn start(dir: &Path, tls: Option<(&Path, &Path)>) -> Ceph {
         let dir = dir.join("ceph");
         for d in ["mon", "osd", "run", "log"] {
             std::fs::create_dir_all(dir.join(d)).expect("ceph folders");
@@ -76,6 +79,14 @@ impl Ceph {
         let rgw = crate::free_port();
         let fsid = uuid_v4();
         let d = dir.display();
+        let frontend = match tls {
+            None => format!("beast endpoint={rgw}"),
+            Some((cert, key)) => format!(
+                "beast ssl_endpoint={rgw} ssl_certificate={} ssl_private_key={}",
+                cert.display(),
+                key.display()
+            ),
+        };
         let conf = dir.join("ceph.conf");
         std::fs::write(
             &conf,
@@ -107,7 +118,7 @@ mon data = {d}/mon
 [osd.0]
 osd data = {d}/osd
 [client.rgw.a]
-rgw frontends = beast endpoint={rgw}
+rgw frontends = {frontend}
 "
             ),
         )
@@ -136,20 +147,34 @@ rgw frontends = beast endpoint={rgw}
         let mut ceph = Ceph {
             children: Vec::new(),
             dir: dir.clone(),
-            rgw: format!("http://{rgw}"),
+            rgw: match tls {
+                None => format!("http://{rgw}"),
+                Some(_) => format!("https://localhost:{}", rgw.port()),
+            },
         };
         ceph.daemon("ceph-mon", &["-f", "-c", &c, "-i", "a"]);
+        // the OSD's own uuid, the same in the monitor's map and on the OSD (an OSD made
+        // without one was once refused by the monitor: 'wrong fsid')
+        let osd_uuid = uuid_v4();
         run(
-            Command::new("ceph").args(["-c", &c, "--connect-timeout", "30", "osd", "create"]),
+            Command::new("ceph").args([
+                "-c",
+                &c,
+                "--connect-timeout",
+                "30",
+                "osd",
+                "create",
+                &osd_uuid,
+            ]),
             "ceph osd create",
             limit,
         );
         run(
-            Command::new("ceph-osd").args(["-c", &c, "-i", "0", "--mkfs"]),
+            Command::new("ceph-osd").args(["-c", &c, "-i", "0", "--mkfs", "--osd-uuid", &osd_uuid]),
             "ceph-osd --mkfs",
             limit,
         );
-        ceph.daemon("ceph-osd", &["-f", "-c", &c, "-i", "0"]);
+        ceph.start_osd(&c);
         ceph.daemon("radosgw", &["-f", "-c", &c, "-n", "client.rgw.a"]);
         // radosgw answers once it has made its pools (about ten seconds)
         let deadline = Instant::now() + Duration::from_secs(90);
@@ -180,6 +205,37 @@ rgw frontends = beast endpoint={rgw}
             limit,
         );
         ceph
+    }
+
+    /// Starts the OSD and waits until the monitor has it up. An OSD that started within
+    /// milliseconds of its monitor has been seen to ask it with no cluster id yet ('wrong
+    /// fsid') and give up: it is started again, up to three times.
+    fn start_osd(&mut self, conf: &str) {
+        for _ in 0..3 {
+            self.daemon("ceph-osd", &["-f", "-c", conf, "-i", "0"]);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                let out = Command::new("ceph")
+                    .args(["-c", conf, "--connect-timeout", "5", "osd", "stat"])
+                    .output();
+                if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("1 up")) {
+                    return;
+                }
+                let osd = self.children.last_mut().expect("the OSD");
+                if osd.try_wait().ok().flatten().is_some() {
+                    break; // it gave up: again
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            if let Some(mut osd) = self.children.pop() {
+                let _ = osd.kill();
+                let _ = osd.wait();
+            }
+        }
+        panic!(
+            "the OSD did not come up in three tries (logs in {})",
+            self.logs().display()
+        );
     }
 
     /// Starts one daemon in the foreground, its output in the log folder.

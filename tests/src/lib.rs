@@ -198,14 +198,21 @@ pub fn make_certs(
     let ca_key = rcgen::KeyPair::generate().expect("ca key");
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // names of their own: OpenSSL (Python's, Ceph's) takes a certificate whose subject is
+    // its issuer's, both empty, for self-signed
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "dissem test CA");
     let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let key = rcgen::KeyPair::generate().expect("key");
-    let cert =
+    let mut params =
         rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .expect("params")
-            .signed_by(&key, &issuer)
-            .expect("cert");
+            .expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "localhost");
+    let cert = params.signed_by(&key, &issuer).expect("cert");
     let (ca, c, k) = (
         dir.join("ca.pem"),
         dir.join("cert.pem"),

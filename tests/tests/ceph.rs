@@ -48,7 +48,10 @@ fn objects_written_to_ceph_reach_a_subscriber_once_with_their_attributes() {
     }
     let dir = temp_dir("ceph");
     std::fs::create_dir_all(&dir).expect("dir");
-    let ceph = Ceph::start(&dir);
+    // radosgw over HTTPS too: Ceph sends a password (Basic auth) only if the topic was
+    // created over a secure transport
+    let (ca, cert, key) = tests::make_certs(&dir);
+    let ceph = Ceph::start(&dir, Some((&cert, &key)));
     let file = dir.join("auth.toml");
     let ingest = token_create(&file, "ceph", "acme", "ingest");
     let reader = token_create(&file, "app", "acme", "subscribe");
@@ -60,6 +63,10 @@ fn objects_written_to_ceph_reach_a_subscriber_once_with_their_attributes() {
             &file.display().to_string(),
             "--s3-events-listen",
             &s3.to_string(),
+            "--s3-events-tls-cert",
+            &cert.display().to_string(),
+            "--s3-events-tls-key",
+            &key.display().to_string(),
         ],
     );
     let url = up.url();
@@ -101,9 +108,13 @@ fn objects_written_to_ceph_reach_a_subscriber_once_with_their_attributes() {
     // the writer: boto3 against radosgw, the topic pushing to dissem with the token
     let mut writer = std::process::Command::new("python3");
     writer
+        .env("AWS_CA_BUNDLE", &ca)
         .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ceph/writer.py"))
         .args([&ceph.rgw, ACCESS_KEY, SECRET_KEY])
-        .arg(format!("http://{s3}/s3-events?token={ingest}"))
+        .arg(format!(
+            "https://ceph:{ingest}@localhost:{}/s3-events",
+            s3.port()
+        ))
         .arg("photos");
     let (code, out, err) = run_to_end(writer, Duration::from_secs(120));
     assert_eq!(
