@@ -38,7 +38,7 @@ use serve::{CoordinatorArgs, NodeArgs, UpArgs, WorkerFlags, coordinator_cmd, nod
 #[derive(Parser, Debug)]
 #[command(name = "dissem", version, about)]
 struct Cli {
-    /// A TOML file of settings, one [command] table of long-flag keys (see README); flags and
+    /// A TOML file of settings, one [command] table of long-flag keys (see docs/reference.md); flags and
     /// DISSEM_* environment variables override it.
     #[arg(long, global = true, env = "DISSEM_CONFIG")]
     config: Option<PathBuf>,

@@ -529,7 +529,7 @@ fn a_stream_keeps_its_deliveries_until_a_subscriber_attaches() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The README's Python recipe, run as written with the client package of `clients/python`
+/// The Python recipe of docs/clients.md, run as written with the client package of `clients/python`
 /// on the path (CI also installs it with pip), against `dissem up`; the script prints the
 /// delivery of the object it put.
 #[test]
@@ -541,16 +541,16 @@ fn the_readme_python_recipe_runs() {
         .parent()
         .expect("repository root")
         .to_path_buf();
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    let readme = std::fs::read_to_string(root.join("docs/clients.md")).expect("docs/clients.md");
     let marker = "<!-- python-recipe -->\n```python";
-    let at = readme.find(marker).expect("the recipe in the README");
+    let at = readme.find(marker).expect("the recipe in docs/clients.md");
     let rest = &readme[at + marker.len()..];
     let start = rest.find('\n').map_or(0, |i| i + 1);
     let end = rest[start..].find("\n```").expect("end of block");
     let script = &rest[start..start + end];
     assert!(
         readme.contains("```sh\npip install ./clients/python\n```"),
-        "the README installs the client package"
+        "docs/clients.md installs the client package"
     );
     let dir = temp_dir("python-recipe");
     std::fs::write(dir.join("recipe.py"), script).expect("script");

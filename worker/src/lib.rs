@@ -207,7 +207,7 @@ pub async fn run_node(
 }
 
 /// How long a node keeps the tombstone of a deleted subscription: a node down for longer
-/// than this must rejoin with a fresh disk (README, "Subscription copies").
+/// than this must rejoin with a fresh disk (docs/reference.md, the subscription copies).
 pub const TOMBSTONE_KEEP: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 
 /// Retention: every `every`, deletes objects whose dissemination is finished (outbox record

@@ -1,7 +1,7 @@
 //! Active-passive: a primary `p` replicating to a standby `s` (each with a recording
 //! subscriber; `s` promotes itself after a short silence), a publisher that fails over from
 //! `p` to `s`; `p` is SIGKILLed mid-run, and after the run the switch back follows the
-//! README's procedure: `p` returns with `--standby`, the publisher moves to it first, the
+//! docs/federation.md's procedure: `p` returns with `--standby`, the publisher moves to it first, the
 //! links drain, then `p` is promoted and `s` steps down.
 
 use super::*;
