@@ -9,6 +9,8 @@
 //! - after a crash a delivery may come again, and then it says so (`redelivered`).
 //! - `dissem sub` tells whether it deleted its subscription: before, it printed "deleted"
 //!   when the delete had failed, leaving an orphan.
+//! - gRPC deliveries (QoS 1 and QoS 2, to a `dissem receive`) acknowledged before a clean
+//!   stop are not delivered again after the restart.
 
 use std::time::Duration;
 
@@ -241,7 +243,7 @@ fn dissem_sub_says_whether_it_deleted_its_subscription() {
     let mut up = start_up(&dir, &[]);
     let url = up.url();
     let rt = runtime();
-    // the node stops under the subscriber and stays down: the delete cannot be made, and
+    // the node dies under the subscriber and stays down: the delete cannot be made, and
     // the command says so (exit status 1, the id, how to delete it)
     let sub = run_sub(&url);
     rt.block_on(async {
@@ -249,8 +251,9 @@ fn dissem_sub_says_whether_it_deleted_its_subscription() {
             (subscriptions(&url).await.len() == 1).then_some(())
         })
         .await;
-        let (status, _) = terminate(&mut up, Duration::from_secs(15)).await;
-        assert!(status.success(), "{status}");
+    });
+    up.kill();
+    rt.block_on(async {
         let (status, err) = ended(sub, Duration::from_secs(30)).await;
         assert!(!status.success(), "dissem sub exited {status}: {err}");
         assert!(err.contains("was NOT deleted"), "{err}");
@@ -270,9 +273,8 @@ fn dissem_sub_says_whether_it_deleted_its_subscription() {
             || async { (subscriptions(&url).await.len() == 2).then_some(()) },
         )
         .await;
-        let (status, _) = terminate(&mut up, Duration::from_secs(15)).await;
-        assert!(status.success(), "{status}");
     });
+    up.kill();
     up.restart();
     let url = up.url();
     rt.block_on(async {
@@ -283,6 +285,87 @@ fn dissem_sub_says_whether_it_deleted_its_subscription() {
         );
         assert_eq!(subscriptions(&url).await, orphan, "only the orphan is left");
     });
+    up.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// (subscription, subject) -> times `dissem receive` showed it, from its journal.
+fn shown(journal: &std::path::Path) -> std::collections::BTreeMap<(u64, String), u32> {
+    let mut out = std::collections::BTreeMap::new();
+    let text = std::fs::read_to_string(journal).unwrap_or_default();
+    for (event, v) in text.lines().filter_map(worker::receiver::journal_line) {
+        if let ("shown", Some(sub), Some(subject)) =
+            (event, v["subscription"].as_u64(), v["subject"].as_str())
+        {
+            *out.entry((sub, subject.to_string())).or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn grpc_deliveries_acknowledged_before_a_clean_stop_never_come_again() {
+    let dir = temp_dir("clean-stop-grpc");
+    let mut up = start_up(&dir, &["--allow-private-targets"]);
+    let url = up.url();
+    let at = tests::free_port();
+    let target = format!("http://{at}");
+    let journal = dir.join("journal");
+    let rt = runtime();
+    let (q1, q2) = rt.block_on(async {
+        let sub = |qos| tests::create_grpc_subscription(&url, "n >= 0".into(), &target, qos, None);
+        let q2 = sub(v1::Qos::ExactlyOnce).await.expect("QoS 2");
+        let q1 = sub(v1::Qos::AtLeastOnce).await.expect("QoS 1");
+        (q1, q2)
+    });
+    let args: Vec<String> = [
+        "receive",
+        "--listen",
+        &at.to_string(),
+        "--journal",
+        &journal.display().to_string(),
+        "--exactly-once",
+        &q2.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let receiver = Proc::start(&dissem_bin(), &args);
+    rt.block_on(async {
+        for n in 0..5 {
+            put(&url, "g", n).await;
+        }
+        wait_for(
+            "both subscriptions shown five",
+            Duration::from_secs(30),
+            || async { (shown(&journal).len() >= 10).then_some(()) },
+        )
+        .await;
+        acked(&url, 10).await;
+        let (status, _) = terminate(&mut up, Duration::from_secs(15)).await;
+        assert!(status.success(), "{status}");
+    });
+    up.restart();
+    let url = up.url();
+    rt.block_on(async {
+        put(&url, "g", 5).await;
+        wait_for(
+            "the put after the restart shown",
+            Duration::from_secs(30),
+            || async { (shown(&journal).len() >= 12).then_some(()) },
+        )
+        .await;
+        // a second for a repeat to show, had one been sent
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let seen = shown(&journal);
+        let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "shown again after a clean stop: {twice:?}"
+        );
+        assert_eq!(seen.len(), 12, "{seen:?}");
+        assert_eq!(seen.keys().filter(|(s, _)| *s == q1).count(), 6);
+    });
+    drop(receiver);
     up.kill();
     let _ = std::fs::remove_dir_all(&dir);
 }
