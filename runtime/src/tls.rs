@@ -34,12 +34,18 @@ fn check_pem(pem: &[u8], path: &Path, what: &str, label: &str) -> Result<(), Ser
     }
 }
 
-/// A server's identity from PEM files.
-pub fn identity(cert: &Path, key: &Path) -> Result<Identity, ServiceError> {
+/// A certificate chain and its key from PEM files, each checked to hold its PEM block.
+fn pem_pair(cert: &Path, key: &Path) -> Result<(Vec<u8>, Vec<u8>), ServiceError> {
     let c = read(cert, "TLS certificate")?;
     check_pem(&c, cert, "TLS certificate", "CERTIFICATE")?;
     let k = read(key, "TLS key")?;
     check_pem(&k, key, "TLS key", "PRIVATE KEY")?;
+    Ok((c, k))
+}
+
+/// A server's identity from PEM files.
+pub fn identity(cert: &Path, key: &Path) -> Result<Identity, ServiceError> {
+    let (c, k) = pem_pair(cert, key)?;
     Ok(Identity::from_pem(c, k))
 }
 
@@ -48,10 +54,7 @@ pub fn identity(cert: &Path, key: &Path) -> Result<Identity, ServiceError> {
 pub fn http_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, ServiceError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let c = read(cert, "TLS certificate")?;
-    check_pem(&c, cert, "TLS certificate", "CERTIFICATE")?;
-    let k = read(key, "TLS key")?;
-    check_pem(&k, key, "TLS key", "PRIVATE KEY")?;
+    let (c, k) = pem_pair(cert, key)?;
     let bad = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
         ServiceError::Startup(format!("the {what} {}: {e}", path.display()))
     };

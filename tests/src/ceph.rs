@@ -57,11 +57,13 @@ impl Drop for Ceph {
     }
 }
 
-/// Runs `cmd` to its end (at most `limit`); panics with its output when it fails.
-fn run(cmd: &mut Command, what: &str, limit: Duration) -> String {
-    let (code, out, err) = crate::run_to_end(std::mem::replace(cmd, Command::new("true")), limit);
-    assert_eq!(code, Some(0), "{what} failed:\n{out}\n{err}");
-    out
+/// Runs the command line `words` to its end (at most a minute); panics with its output
+/// when it fails.
+fn run(words: &[&str]) {
+    let mut cmd = Command::new(words[0]);
+    cmd.args(&words[1..]);
+    let (code, out, err) = crate::run_to_end(cmd, Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{} failed:\n{out}\n{err}", words.join(" "));
 }
 
 impl Ceph {
@@ -124,26 +126,20 @@ rgw frontends = {frontend}
         )
         .expect("ceph.conf");
         let c = conf.display().to_string();
-        let limit = Duration::from_secs(60);
         let monmap = dir.join("monmap").display().to_string();
-        run(
-            Command::new("monmaptool").args([
-                "--create",
-                "--add",
-                "a",
-                &format!("v1:{mon}"),
-                "--fsid",
-                &fsid,
-                &monmap,
-            ]),
+        run(&[
             "monmaptool",
-            limit,
-        );
-        run(
-            Command::new("ceph-mon").args(["-c", &c, "--mkfs", "-i", "a", "--monmap", &monmap]),
-            "ceph-mon --mkfs",
-            limit,
-        );
+            "--create",
+            "--add",
+            "a",
+            &format!("v1:{mon}"),
+            "--fsid",
+            &fsid,
+            &monmap,
+        ]);
+        run(&[
+            "ceph-mon", "-c", &c, "--mkfs", "-i", "a", "--monmap", &monmap,
+        ]);
         let mut ceph = Ceph {
             children: Vec::new(),
             dir: dir.clone(),
@@ -156,24 +152,26 @@ rgw frontends = {frontend}
         // the OSD's own uuid, the same in the monitor's map and on the OSD (an OSD made
         // without one was once refused by the monitor: 'wrong fsid')
         let osd_uuid = uuid_v4();
-        run(
-            Command::new("ceph").args([
-                "-c",
-                &c,
-                "--connect-timeout",
-                "30",
-                "osd",
-                "create",
-                &osd_uuid,
-            ]),
-            "ceph osd create",
-            limit,
-        );
-        run(
-            Command::new("ceph-osd").args(["-c", &c, "-i", "0", "--mkfs", "--osd-uuid", &osd_uuid]),
-            "ceph-osd --mkfs",
-            limit,
-        );
+        run(&[
+            "ceph",
+            "-c",
+            &c,
+            "--connect-timeout",
+            "30",
+            "osd",
+            "create",
+            &osd_uuid,
+        ]);
+        run(&[
+            "ceph-osd",
+            "-c",
+            &c,
+            "-i",
+            "0",
+            "--mkfs",
+            "--osd-uuid",
+            &osd_uuid,
+        ]);
         ceph.start_osd(&c);
         ceph.daemon("radosgw", &["-f", "-c", &c, "-n", "client.rgw.a"]);
         // radosgw answers once it has made its pools (about ten seconds)
@@ -186,24 +184,21 @@ rgw frontends = {frontend}
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-        run(
-            Command::new("radosgw-admin").args([
-                "-c",
-                &c,
-                "user",
-                "create",
-                "--uid",
-                "tester",
-                "--display-name",
-                "tester",
-                "--access-key",
-                ACCESS_KEY,
-                "--secret",
-                SECRET_KEY,
-            ]),
-            "radosgw-admin user create",
-            limit,
-        );
+        run(&[
+            "radosgw-admin",
+            "-c",
+            &c,
+            "user",
+            "create",
+            "--uid",
+            "tester",
+            "--display-name",
+            "tester",
+            "--access-key",
+            ACCESS_KEY,
+            "--secret",
+            SECRET_KEY,
+        ]);
         ceph
     }
 

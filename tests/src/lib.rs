@@ -154,6 +154,18 @@ pub async fn attach(
     tokio::sync::mpsc::Sender<proto::v1::StreamClientMessage>,
     tonic::Streaming<proto::v1::Delivery>,
 ) {
+    attach_as(url, name, "").await
+}
+
+/// [`attach`] presenting `token` (none when empty).
+pub async fn attach_as(
+    url: &str,
+    name: &str,
+    token: &str,
+) -> (
+    tokio::sync::mpsc::Sender<proto::v1::StreamClientMessage>,
+    tonic::Streaming<proto::v1::Delivery>,
+) {
     use proto::v1;
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tx.send(v1::StreamClientMessage {
@@ -162,11 +174,47 @@ pub async fn attach(
     .await
     .expect("attach");
     let down = v1::stream_client::StreamClient::new(channel(url))
-        .open(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .open(bearer(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+            token,
+        ))
         .await
         .expect("open stream")
         .into_inner();
     (tx, down)
+}
+
+/// `dissem receive` on `at` journaling to `journal`, subscription `exactly_once` shown
+/// exactly once.
+pub fn start_receiver(at: std::net::SocketAddr, journal: &Path, exactly_once: u64) -> Proc {
+    let args: Vec<String> = [
+        "receive",
+        "--listen",
+        &at.to_string(),
+        "--journal",
+        &journal.display().to_string(),
+        "--exactly-once",
+        &exactly_once.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    Proc::start(&dissem_bin(), &args)
+}
+
+/// (subscription, subject) -> times a `dissem receive` showed it, from its journal.
+pub fn shown(journal: &Path) -> std::collections::BTreeMap<(u64, String), u32> {
+    let mut out = std::collections::BTreeMap::new();
+    let text = std::fs::read_to_string(journal).unwrap_or_default();
+    for (event, v) in text.lines().filter_map(worker::receiver::journal_line) {
+        if event != "shown" {
+            continue;
+        }
+        let (Some(sub), Some(subject)) = (v["subscription"].as_u64(), v["subject"].as_str()) else {
+            continue;
+        };
+        *out.entry((sub, subject.to_string())).or_insert(0) += 1;
+    }
+    out
 }
 
 /// `dissem up` on a free port with its data in `dir`, the GPU off, and `extra` flags.

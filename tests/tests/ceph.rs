@@ -72,20 +72,7 @@ fn objects_written_to_ceph_reach_a_subscriber_once_with_their_attributes() {
     let url = up.url();
     let rt = runtime();
     let (tx, mut down) = rt.block_on(async {
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tx.send(v1::StreamClientMessage {
-            kind: Some(v1::stream_client_message::Kind::Attach("ceph".into())),
-        })
-        .await
-        .expect("attach");
-        let down = v1::stream_client::StreamClient::new(channel(&url))
-            .open(tests::bearer(
-                tokio_stream::wrappers::ReceiverStream::new(rx),
-                &reader,
-            ))
-            .await
-            .expect("open stream")
-            .into_inner();
+        let (tx, down) = tests::attach_as(&url, "ceph", &reader).await;
         v1::subscriptions_client::SubscriptionsClient::new(channel(&url))
             .create(tests::bearer(
                 v1::CreateSubscriptionRequest {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use proto::v1;
 use tests::{
-    Proc, channel, dissem_bin, numbered_put, runtime, start_up, stream_subscriber, temp_dir,
+    Proc, channel, dissem_bin, numbered_put, runtime, shown, start_up, stream_subscriber, temp_dir,
     wait_for,
 };
 
@@ -289,20 +289,6 @@ fn dissem_sub_says_whether_it_deleted_its_subscription() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// (subscription, subject) -> times `dissem receive` showed it, from its journal.
-fn shown(journal: &std::path::Path) -> std::collections::BTreeMap<(u64, String), u32> {
-    let mut out = std::collections::BTreeMap::new();
-    let text = std::fs::read_to_string(journal).unwrap_or_default();
-    for (event, v) in text.lines().filter_map(worker::receiver::journal_line) {
-        if let ("shown", Some(sub), Some(subject)) =
-            (event, v["subscription"].as_u64(), v["subject"].as_str())
-        {
-            *out.entry((sub, subject.to_string())).or_insert(0) += 1;
-        }
-    }
-    out
-}
-
 #[test]
 fn grpc_deliveries_acknowledged_before_a_clean_stop_never_come_again() {
     let dir = temp_dir("clean-stop-grpc");
@@ -318,18 +304,7 @@ fn grpc_deliveries_acknowledged_before_a_clean_stop_never_come_again() {
         let q1 = sub(v1::Qos::AtLeastOnce).await.expect("QoS 1");
         (q1, q2)
     });
-    let args: Vec<String> = [
-        "receive",
-        "--listen",
-        &at.to_string(),
-        "--journal",
-        &journal.display().to_string(),
-        "--exactly-once",
-        &q2.to_string(),
-    ]
-    .map(String::from)
-    .to_vec();
-    let receiver = Proc::start(&dissem_bin(), &args);
+    let receiver = tests::start_receiver(at, &journal, q2);
     rt.block_on(async {
         for n in 0..5 {
             put(&url, "g", n).await;
@@ -354,8 +329,22 @@ fn grpc_deliveries_acknowledged_before_a_clean_stop_never_come_again() {
             || async { (shown(&journal).len() >= 12).then_some(()) },
         )
         .await;
-        // a second for a repeat to show, had one been sent
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // until the node owes nothing: a repeat would have been pushed, and journaled by
+        // the receiver before its ack, by then
+        let owed = url.clone();
+        wait_for("the node to owe nothing", Duration::from_secs(30), || {
+            let url = owed.clone();
+            async move {
+                let s = v1::admin_client::AdminClient::new(channel(&url))
+                    .stats(v1::StatsRequest {})
+                    .await
+                    .ok()?
+                    .into_inner();
+                let done = s.deliveries_acked >= 2 && s.outbox_pending == 0;
+                (done && s.deliveries_queued == 0).then_some(())
+            }
+        })
+        .await;
         let seen = shown(&journal);
         let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
         assert!(

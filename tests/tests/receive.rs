@@ -3,27 +3,10 @@
 //! again mid-traffic and started on the same port and journal. Afterwards the journal shows
 //! every acknowledged object to both subscriptions, and to the exactly-once one once.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use proto::v1;
-use tests::{Proc, channel, dissem_bin, free_port, numbered_put, runtime, temp_dir, wait_for};
-
-/// (subscription, subject) -> times shown, from the journal's `shown` lines.
-fn shown(journal: &std::path::Path) -> BTreeMap<(u64, String), u32> {
-    let mut out = BTreeMap::new();
-    let text = std::fs::read_to_string(journal).unwrap_or_default();
-    for (event, v) in text.lines().filter_map(worker::receiver::journal_line) {
-        if event != "shown" {
-            continue;
-        }
-        let (Some(sub), Some(subject)) = (v["subscription"].as_u64(), v["subject"].as_str()) else {
-            continue;
-        };
-        *out.entry((sub, subject.to_string())).or_insert(0) += 1;
-    }
-    out
-}
+use tests::{channel, free_port, numbered_put, runtime, shown, temp_dir, wait_for};
 
 #[test]
 fn a_receiver_killed_mid_traffic_loses_nothing_and_shows_exactly_once_deliveries_once() {
@@ -49,18 +32,7 @@ fn a_receiver_killed_mid_traffic_loses_nothing_and_shows_exactly_once_deliveries
         let q1 = sub(v1::Qos::AtLeastOnce)
             .await
             .expect("the QoS 1 subscription");
-        let args: Vec<String> = [
-            "receive",
-            "--listen",
-            &at.to_string(),
-            "--journal",
-            &journal.display().to_string(),
-            "--exactly-once",
-            &q2.to_string(),
-        ]
-        .map(String::from)
-        .to_vec();
-        let mut receiver = Proc::start(&dissem_bin(), &args);
+        let mut receiver = tests::start_receiver(at, &journal, q2);
         // puts throughout, while the receiver is killed and started again
         const N: i64 = 400;
         // a kill lands between a first phase and its release now and then: many kills

@@ -27,7 +27,6 @@ impl Daemon {
     /// way (the same bound), ends the copies of the objects they finished, and flushes the
     /// store; it is marked as stopped cleanly when every call settled.
     pub async fn finish_stop(&self, grace: Duration) -> Result<(), storage::StorageError> {
-        self.inner.drain.stopping();
         let settled = self.inner.deliverer.stop(grace / 2).await;
         // reports the finisher has not taken yet (it runs on, but the process ends soon)
         for id in self.inner.finished.take_now() {
