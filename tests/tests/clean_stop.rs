@@ -58,19 +58,29 @@ async fn ack(tx: &tokio::sync::mpsc::Sender<v1::StreamClientMessage>, d: &v1::De
         .expect("ack sent");
 }
 
+/// Waits (up to `limit`) until the counters of the node at `url` satisfy `done`.
+async fn wait_stats(
+    what: &str,
+    url: &str,
+    limit: Duration,
+    done: impl Fn(&v1::StatsResponse) -> bool,
+) {
+    let done = &done;
+    wait_for(what, limit, || async move {
+        let s = v1::admin_client::AdminClient::new(channel(url))
+            .stats(v1::StatsRequest {})
+            .await
+            .ok()?
+            .into_inner();
+        done(&s).then_some(())
+    })
+    .await;
+}
+
 /// Waits until the node at `url` counts `n` acknowledged deliveries.
 async fn acked(url: &str, n: u64) {
-    let url = url.to_string();
-    wait_for("the ack counted", Duration::from_secs(20), || {
-        let url = url.clone();
-        async move {
-            let s = v1::admin_client::AdminClient::new(channel(&url))
-                .stats(v1::StatsRequest {})
-                .await
-                .ok()?
-                .into_inner();
-            (s.deliveries_acked >= n).then_some(())
-        }
+    wait_stats("the ack counted", url, Duration::from_secs(20), |s| {
+        s.deliveries_acked >= n
     })
     .await;
 }
@@ -331,19 +341,12 @@ fn grpc_deliveries_acknowledged_before_a_clean_stop_never_come_again() {
         .await;
         // until the node owes nothing: a repeat would have been pushed, and journaled by
         // the receiver before its ack, by then
-        let owed = url.clone();
-        wait_for("the node to owe nothing", Duration::from_secs(30), || {
-            let url = owed.clone();
-            async move {
-                let s = v1::admin_client::AdminClient::new(channel(&url))
-                    .stats(v1::StatsRequest {})
-                    .await
-                    .ok()?
-                    .into_inner();
-                let done = s.deliveries_acked >= 2 && s.outbox_pending == 0;
-                (done && s.deliveries_queued == 0).then_some(())
-            }
-        })
+        wait_stats(
+            "the node to owe nothing",
+            &url,
+            Duration::from_secs(30),
+            |s| s.deliveries_acked >= 2 && s.outbox_pending == 0 && s.deliveries_queued == 0,
+        )
         .await;
         let seen = shown(&journal);
         let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
