@@ -186,7 +186,16 @@ async fn pull_each(
         let (node, endpoint, secret) = (r.node, r.endpoint.clone(), secret.clone());
         set.spawn(async move {
             let mut m = Newest::default();
-            let p = pull(&endpoint, &secret, max_record, changed_only, None, &mut m).await;
+            let p = pull(
+                &endpoint,
+                &secret,
+                max_record,
+                changed_only,
+                None,
+                usize::MAX,
+                &mut m,
+            )
+            .await;
             (node, p, m)
         });
     }
@@ -245,6 +254,34 @@ impl Found {
 async fn says_whole(endpoint: &str, secret: &ClusterSecret) -> Result<bool, ServiceError> {
     let mut client = DaemonClient::with_interceptor(runtime::channel(endpoint)?, secret.stamp());
     Ok(copies_page(&mut client, endpoint, u64::MAX, 1).await?.whole)
+}
+
+/// How long a standby's rebuild waits for a whole holder. After an election every node
+/// catches its copies up (not whole for a moment), and a standby restarted then listed
+/// every node in full (three million copies at a million subscriptions, 13 s of the
+/// machine while the nodes caught up, and the next election found none whole); a
+/// standby is in no hurry, a leader does not wait.
+const STANDBY_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Waits until one of the nodes at `endpoints` says its copies are whole, for `patience`
+/// at most.
+async fn wait_for_whole(endpoints: &[&str], secret: &ClusterSecret, patience: Duration) {
+    let until = tokio::time::Instant::now() + patience;
+    loop {
+        for ep in endpoints {
+            if matches!(says_whole(ep, secret).await, Ok(true)) {
+                return;
+            }
+        }
+        if tokio::time::Instant::now() >= until {
+            tracing::info!(
+                "registry: no node says its copies are whole after {} s: listing them all",
+                patience.as_secs()
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// A node's daemon client, stamped with the cluster secret.
@@ -374,6 +411,9 @@ pub(crate) struct Pulled {
     /// Asked from a cursor, the node answered from another store (a new disk): nothing
     /// was taken, and its copies must be pulled whole.
     pub(crate) other_store: bool,
+    /// Asked from a cursor, the pull stopped at its budget with changes left after
+    /// `cursor` (taken by the next pull).
+    pub(crate) more: bool,
 }
 
 /// Where a tail of one node's change feed stands: its store, and the last change taken.
@@ -385,13 +425,16 @@ pub(crate) struct Cursor {
 
 /// Every copy the node at `endpoint` holds (with `changed_only`, only its tombstones and
 /// its copies of updated subscriptions), or (`after`: a cursor) what changed since, each
-/// offered to `into`.
+/// offered to `into`. From a cursor, the pull stops once it listed `budget` changes or
+/// more (`Pulled::more`): the feed is in change order, so the cursor of its last page
+/// says exactly what was taken.
 pub(crate) async fn pull(
     endpoint: &str,
     secret: &ClusterSecret,
     max_record: usize,
     changed_only: bool,
     after: Option<Cursor>,
+    budget: usize,
     into: &mut Newest,
 ) -> Result<Pulled, ServiceError> {
     let mut client = DaemonClient::with_interceptor(runtime::channel(endpoint)?, secret.stamp())
@@ -432,6 +475,7 @@ pub(crate) async fn pull(
                 whole: r.whole,
                 cursor: a,
                 other_store: true,
+                more: false,
             });
         }
         // by id, the first page's last change (read before it); by change, the last page's
@@ -454,14 +498,19 @@ pub(crate) async fn pull(
                 record: (!c.deleted).then_some(c.record),
             });
         }
-        let done = Pulled {
+        let mut done = Pulled {
             listed,
             whole,
             cursor,
             other_store: false,
+            more: false,
         };
         if after.is_some() {
             if !r.more || r.last_change <= after_change {
+                return Ok(done);
+            }
+            if listed >= budget {
+                done.more = true;
                 return Ok(done);
             }
             after_change = r.last_change;
@@ -515,6 +564,10 @@ pub async fn rebuild(
     // changed since Creates like every node. Listing both side by side cost a million
     // copies twice, seconds of CPU on the nodes and here (a restarted standby was not
     // ready before the next election, `bench failover` 8.7 s); with none whole, both.
+    if standby.is_some() {
+        let endpoints: Vec<&str> = full.iter().map(|n| nodes[n].endpoint.as_str()).collect();
+        wait_for_whole(&endpoints, secret, STANDBY_PATIENCE).await;
+    }
     let mut listed = Vec::new();
     for &n in &full {
         if !matches!(says_whole(&nodes[&n].endpoint, secret).await, Ok(true)) {
@@ -522,7 +575,16 @@ pub async fn rebuild(
         }
         listed.push(n);
         let mut m = Newest::default();
-        let p = pull(&nodes[&n].endpoint, secret, max_record, false, None, &mut m).await;
+        let p = pull(
+            &nodes[&n].endpoint,
+            secret,
+            max_record,
+            false,
+            None,
+            usize::MAX,
+            &mut m,
+        )
+        .await;
         merged.absorb(m);
         match p {
             Ok(p) => {

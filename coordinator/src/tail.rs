@@ -6,8 +6,11 @@
 //! The first round is the rebuild an election would run ([`crate::rebuild::rebuild`]),
 //! and it notes where each node's change feed stood (`storage` numbers every write of a
 //! copy or a tombstone). Every later round asks each node only for what changed after
-//! that: node 0 and node n-1 (the whole holders) give every change, the other nodes what
-//! changed since a Create (tombstones, updated copies), as the rebuild takes them. A
+//! that, at most [`ROUND_BUDGET`] changes a node (the next round goes on from there): a
+//! whole holder (node 0 or node n-1) listed in full gives every change, and once it
+//! answered whole the other holder and the other nodes give what changed since a Create
+//! (tombstones, updated copies), as the rebuild takes them; with none whole, both holders
+//! give every change. A
 //! rebuild no whole holder vouched for is kept as the base too, and a later round vouches
 //! for it (rebuilding in full again took seconds at a million subscriptions, and an
 //! election just after an election found no standby ready, `bench failover` 13 s). The
@@ -94,7 +97,16 @@ pub struct Round {
     pub listed: usize,
     /// Subscriptions in the store after it.
     pub subscriptions: usize,
+    /// A node had more changes than [`ROUND_BUDGET`]: the next round goes on from where
+    /// this one stopped (a new leader runs rounds until none is left).
+    pub more: bool,
 }
+
+/// Most changes one round lists from one node. A round is bounded so that it never holds
+/// a standby for long: during a bulk load a standby's round grew to 640,000 changes and
+/// 36 s (`bench failover --subs 1000000`), and a campaign won meanwhile was seen only
+/// when it ended (an election 9 s after the kill).
+pub const ROUND_BUDGET: usize = 32 * 1024;
 
 impl Tail {
     /// Forgets everything: the next round rebuilds in full.
@@ -197,6 +209,7 @@ impl Tail {
                 return Ok(Some(Round {
                     listed: n,
                     subscriptions: n,
+                    more: false,
                 }));
             }
         }
@@ -344,15 +357,46 @@ impl Tail {
         let mut unlisted_whole = Vec::new();
         let mut cursors = BTreeMap::new();
         let mut listed = 0;
-        for r in nodes.values() {
+        let mut more = false;
+        // a listed holder first: once one answered whole, the other holder gives what
+        // changed since Creates like every node (as the rebuild takes them), instead of a
+        // million creates twice in a bulk load
+        let mut order: Vec<_> = nodes.values().collect();
+        order.sort_by_key(|r| !(holders.contains(&r.node) && self.listed.contains(&r.node)));
+        for r in order {
             let holder = holders.contains(&r.node);
+            let changed_only = !holder || vouched;
+            if holder && vouched {
+                // its creates are not taken from here on: listed in full again if needed
+                self.listed.remove(&r.node);
+            }
             let max = limits.max_object_bytes;
             let at = self.cursors.get(&r.node).copied();
-            let mut p = pull(&r.endpoint, secret, max, !holder, at, &mut merged).await;
+            let budget = ROUND_BUDGET;
+            let mut p = pull(
+                &r.endpoint,
+                secret,
+                max,
+                changed_only,
+                at,
+                budget,
+                &mut merged,
+            )
+            .await;
             if at.is_none() || matches!(&p, Ok(p) if p.other_store) {
                 // a node new to the tail, or on a new disk: everything it holds
-                p = pull(&r.endpoint, secret, max, !holder, None, &mut merged).await;
-                if holder && p.is_ok() {
+                let all = usize::MAX;
+                p = pull(
+                    &r.endpoint,
+                    secret,
+                    max,
+                    changed_only,
+                    None,
+                    all,
+                    &mut merged,
+                )
+                .await;
+                if !changed_only && p.is_ok() {
                     self.listed.insert(r.node);
                 }
             }
@@ -363,24 +407,29 @@ impl Tail {
                     }
                     vouched |= holder && p.whole && self.listed.contains(&r.node);
                     listed += p.listed;
+                    more |= p.more;
                     cursors.insert(r.node, p.cursor);
                 }
                 Err(e) => tracing::debug!("tailing node {}: {e}", r.node),
             }
         }
         let pulled = started.elapsed();
-        let kept = self.load_kept(store, limits).await?;
-        let (records, deleted) = merged.into_parts();
-        for id in deleted {
-            store.remove_subscription_unflushed(id)?;
-            kept.remove(id);
-        }
-        for (id, revision, record) in records {
-            if store.apply_subscription_copy_unflushed(id, &record, revision, None, false)? {
-                kept.upsert(id, validate::stored_filter(id, &record, limits)?);
-            }
-        }
+        self.load_kept(store, limits).await?;
+        let kept = self.kept.take().unwrap_or_default();
+        // the writes and the parsing take seconds for a big round: off the async threads,
+        // so the campaign beside the tail goes on
+        let (applying, limits_at) = (store.clone(), *limits);
+        let applied = tokio::task::spawn_blocking(move || {
+            let mut kept = kept;
+            let r = apply(&applying, &mut kept, merged, &limits_at);
+            (kept, r)
+        })
+        .await
+        .map_err(|e| ServiceError::Startup(format!("applying the nodes' changes: {e}")));
+        let (kept, r) = applied?;
         let subscriptions = kept.len();
+        self.kept = Some(kept);
+        r?;
         self.cursors.extend(cursors);
         if !vouched {
             // the holder listed in full is down or catching up, the other one is whole:
@@ -401,6 +450,7 @@ impl Tail {
         Ok(vouched.then_some(Round {
             listed,
             subscriptions,
+            more,
         }))
     }
 
@@ -427,6 +477,27 @@ impl Tail {
         }
         Ok(self.kept.get_or_insert_with(KeptSubscriptions::default))
     }
+}
+
+/// Takes the newest copies and tombstones a round merged into `store` (not yet durable)
+/// and into the parsed registry `kept`.
+fn apply(
+    store: &Store,
+    kept: &mut KeptSubscriptions,
+    merged: Newest,
+    limits: &Limits,
+) -> Result<(), ServiceError> {
+    let (records, deleted) = merged.into_parts();
+    for id in deleted {
+        store.remove_subscription_unflushed(id)?;
+        kept.remove(id);
+    }
+    for (id, revision, record) in records {
+        if store.apply_subscription_copy_unflushed(id, &record, revision, None, false)? {
+            kept.upsert(id, validate::stored_filter(id, &record, limits)?);
+        }
+    }
+    Ok(())
 }
 
 /// The filters of a rebuild's records (id, revision, record), parsed.

@@ -7,6 +7,8 @@
 //! dropped, so nothing of the old leadership acts on).
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::bail;
@@ -105,16 +107,39 @@ pub(super) async fn coordinate(
     };
     let mut tail = coordinator::tail::Tail::default();
     loop {
-        let synced = std::sync::atomic::AtomicBool::new(tail.ready());
+        // the tail runs in a task of its own: its rounds never hold the campaign up, and a
+        // won campaign lets the round under way end (bounded) instead of dropping it
+        let synced = Arc::new(AtomicBool::new(tail.ready()));
+        let (end_tx, end_rx) = tokio::sync::watch::channel(false);
+        let standing = tokio::spawn(stand_by(
+            tail,
+            Following {
+                store: store.clone(),
+                etcd: etcd.clone(),
+                grid,
+                secret: base.cluster_secret.clone(),
+                limits,
+            },
+            synced.clone(),
+            end_rx,
+        ));
         let leadership = tokio::select! {
             l = async {
                 defer_campaign(&synced).await;
                 runtime::election::campaign(&etcd, &name, e.lease_ttl as i64).await
             } => l,
-            never = stand_by(&mut tail, &store, &etcd, grid, &base.cluster_secret, &limits, &synced) => {
-                match never {}
+            _ = &mut stop => {
+                standing.abort();
+                return Ok(true);
             }
-            _ = &mut stop => return Ok(true),
+        };
+        let _ = end_tx.send(true);
+        tail = match standing.await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("the standby registry's tail ended: {e}; rebuilding");
+                coordinator::tail::Tail::default()
+            }
         };
         let fence = leadership.fence.clone();
         let led = tokio::select! {
@@ -146,11 +171,10 @@ pub(super) async fn coordinate(
 /// that won the next election rebuilt a million subscriptions in full (20 s and more)
 /// while a standby that had followed the nodes all along stood by. When no standby has a
 /// registry (etcd or the nodes out of reach), the election waits this long at most.
-async fn defer_campaign(synced: &std::sync::atomic::AtomicBool) {
+async fn defer_campaign(synced: &AtomicBool) {
     let until = tokio::time::Instant::now() + CAMPAIGN_DEFER;
     let mut said = false;
-    while !synced.load(std::sync::atomic::Ordering::Acquire) && tokio::time::Instant::now() < until
-    {
+    while !synced.load(Ordering::Acquire) && tokio::time::Instant::now() < until {
         if !said {
             said = true;
             tracing::info!(
@@ -162,39 +186,59 @@ async fn defer_campaign(synced: &std::sync::atomic::AtomicBool) {
     }
 }
 
-async fn stand_by(
-    tail: &mut coordinator::tail::Tail,
-    store: &storage::Store,
-    etcd: &runtime::etcd::Etcd,
+/// What a standby's tail follows the nodes with.
+struct Following {
+    store: storage::Store,
+    etcd: runtime::etcd::Etcd,
     grid: runtime::grid::Grid,
-    secret: &runtime::cluster_secret::ClusterSecret,
-    limits: &runtime::Limits,
-    synced: &std::sync::atomic::AtomicBool,
-) -> std::convert::Infallible {
+    secret: runtime::cluster_secret::ClusterSecret,
+    limits: runtime::Limits,
+}
+
+/// Runs the tail's rounds until `end` says so (the campaign was won), then hands the tail
+/// back: a round under way ends first (rounds are bounded, `coordinator::tail::ROUND_BUDGET`).
+/// A round that stopped at its budget is followed by the next at once.
+async fn stand_by(
+    mut tail: coordinator::tail::Tail,
+    f: Following,
+    synced: Arc<AtomicBool>,
+    mut end: tokio::sync::watch::Receiver<bool>,
+) -> coordinator::tail::Tail {
     let mut following = false;
-    loop {
-        let round = match coordinator::rebuild::layout(etcd, grid).await {
-            Ok(layout) => tail.follow(store, etcd, layout, secret, limits).await,
+    while !*end.borrow() {
+        let round = match coordinator::rebuild::layout(&f.etcd, f.grid).await {
+            Ok(layout) => {
+                tail.follow(&f.store, &f.etcd, layout, &f.secret, &f.limits)
+                    .await
+            }
             Err(e) => Err(e),
         };
-        synced.store(tail.ready(), std::sync::atomic::Ordering::Release);
+        synced.store(tail.ready(), Ordering::Release);
+        let mut more = false;
         match round {
             Ok(Some(r)) if !following => {
                 following = true;
+                more = r.more;
                 tracing::info!(
                     "standby registry: {} subscriptions, following the nodes' changes",
                     r.subscriptions
                 );
             }
-            Ok(Some(_)) => {}
+            Ok(Some(r)) => more = r.more,
             Ok(None) => following = false,
             Err(e) => {
                 following = false;
                 tracing::debug!("standby registry: {e}; trying again");
             }
         }
-        tokio::time::sleep(TAIL_EVERY).await;
+        if !more {
+            tokio::select! {
+                _ = tokio::time::sleep(TAIL_EVERY) => {}
+                _ = end.changed() => {}
+            }
+        }
     }
+    tail
 }
 
 /// One leadership: rebuild, serve, announce; returns when serving ends or fails.
@@ -214,19 +258,20 @@ async fn lead(
     let mut pause = Duration::from_millis(50);
     // a standby that followed the nodes takes their last changes; else a full rebuild
     let followed = match coordinator::rebuild::layout(etcd, grid).await {
-        Ok(layout) if tail.is_based() => {
+        Ok(layout) if tail.is_based() => loop {
             match tail
                 .follow(store, etcd, layout, &base.cluster_secret, limits)
                 .await
             {
-                Ok(Some(r)) => Some((layout, r.subscriptions)),
-                Ok(None) => None,
+                Ok(Some(r)) if r.more => {}
+                Ok(Some(r)) => break Some((layout, r.subscriptions)),
+                Ok(None) => break None,
                 Err(e) => {
                     tracing::warn!("the standby registry's last changes: {e}; rebuilding");
-                    None
+                    break None;
                 }
             }
-        }
+        },
         _ => None,
     };
     if let Some((_, n)) = followed {

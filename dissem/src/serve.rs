@@ -430,6 +430,8 @@ pub(super) fn coordinator_cmd(a: CoordinatorArgs) -> anyhow::Result<bool> {
             anyhow::anyhow!("creating the data directory {}: {e}", a.data.display())
         })?;
         let store = crate::reopen::open_store(&a.data, 0).await?;
+        // nothing tails a coordinator's registry (standbys tail the nodes)
+        store.without_change_feed();
         a.listen_flags.check_address(a.listen)?;
         let secret_file = a
             .cluster_secret_file

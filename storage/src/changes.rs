@@ -32,6 +32,8 @@ pub(crate) struct Changes {
     from: Arc<AtomicU64>,
     store_id: Arc<AtomicU64>,
     meta: sled::Tree,
+    /// Nobody tails this store (a coordinator's): writes are not numbered.
+    off: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Draws and records a new identity: the time in nanoseconds and the process, distinct for
@@ -77,6 +79,7 @@ impl Changes {
             from: Arc::new(AtomicU64::new(from)),
             store_id: Arc::new(AtomicU64::new(store_id)),
             meta: meta.clone(),
+            off: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
 
@@ -94,6 +97,9 @@ impl Changes {
 
     /// Numbers the change of `id` (under the subscription write lock, not yet durable).
     pub(crate) fn note(&self, id: u64) -> Result<(), StorageError> {
+        if self.off.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let n = self.next.fetch_add(1, Ordering::AcqRel);
         let k = id.to_be_bytes();
         if let Some(old) = self.of_id.insert(k, &n.to_be_bytes()[..])? {
@@ -137,6 +143,13 @@ impl Store {
     /// This store's identity: drawn when it was created, so a node on a new disk has another.
     pub fn store_id(&self) -> u64 {
         self.changes.store_id.load(Ordering::Acquire)
+    }
+
+    /// For a coordinator's store, which nobody tails: its writes of subscriptions are no
+    /// longer numbered in the change feed (three of the eight writes a standby made per
+    /// change it took).
+    pub fn without_change_feed(&self) {
+        self.changes.off.store(true, Ordering::Release);
     }
 
     /// The number of the last change to a subscription copy or tombstone here: a reader

@@ -201,18 +201,26 @@ impl Cluster {
         let mut merged = Newest::default();
         let mut vouched = false;
         let mut unlisted_whole = Vec::new();
-        for n in self.up() {
+        // a listed holder first; once one vouched, the other holder gives what changed
+        // since Creates and is listed in full no more
+        let mut order = self.up();
+        order.sort_by_key(|n| !(holders.contains(n) && self.standby.listed.contains(n)));
+        for n in order {
             let node = &self.nodes[n as usize];
             let holder = holders.contains(&n);
+            let changed_only = !holder || vouched;
+            if holder && vouched {
+                self.standby.listed.remove(&n);
+            }
             let copies = match self.standby.cursors.get(&n) {
                 Some(&(store, at)) if store == node.store || !rules.tail_checks_store => {
-                    node.changes(at, !holder)
+                    node.changes(at, changed_only)
                 }
                 _ => {
-                    if holder {
+                    if !changed_only {
                         self.standby.listed.insert(n);
                     }
-                    node.list(!holder)
+                    node.list(changed_only)
                 }
             };
             for c in copies {
