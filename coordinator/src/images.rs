@@ -26,6 +26,13 @@ const KEEP_CHANGES: usize = 4 * MAX_FULL_CHANGES;
 const MIN_FULL_CHANGES: usize = blocks::index::MIN_COMPACT_DELTA;
 const MAX_FULL_CHANGES: usize = blocks::index::MAX_COMPACT_DELTA;
 
+/// How long after a full image's encoding the next may start, in multiples of its time.
+/// A bulk load passes the share of changes in a fraction of a second, and full images of a
+/// million subscriptions (0.4 s each) were encoded back to back for the whole load (280 in
+/// two minutes, a core of the machine); a node that needs one meanwhile gets the older full
+/// image and the longer change from it.
+const FULL_REST: u32 = 8;
+
 /// One change: a subscription's filter after it, or `None` when it was deleted.
 pub(crate) type Change = (u64, Option<Dnf>);
 
@@ -60,6 +67,8 @@ pub(crate) struct Images {
     /// Changes held in `versions`, and the subscriptions of the newest version.
     logged: usize,
     subscriptions: usize,
+    /// No full image is encoded before then ([`FULL_REST`]).
+    rest_until: Option<std::time::Instant>,
 }
 
 impl Images {
@@ -91,6 +100,12 @@ impl Images {
         }
         if self.fulls.is_empty() {
             return true;
+        }
+        if self
+            .rest_until
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            return false;
         }
         let bound = (subscriptions / blocks::index::COMPACT_SHARE)
             .clamp(MIN_FULL_CHANGES, MAX_FULL_CHANGES);
@@ -129,6 +144,11 @@ impl Images {
         {
             self.logged -= entry.remove().changes.len();
         }
+    }
+
+    /// A full image took `took` to encode: the next waits [`FULL_REST`] times as long.
+    pub(crate) fn rest_after(&mut self, took: std::time::Duration) {
+        self.rest_until = Some(std::time::Instant::now() + took * FULL_REST);
     }
 
     /// Encoding the full image of `version` failed: the next publication tries again.
@@ -278,6 +298,10 @@ mod tests {
         im.encoded(3, full(3, Vec::new()));
         im.published(4, 4, many(MAX_FULL_CHANGES as u64), 10);
         assert!(im.wants_full(1_000_000));
+        // not while the last full image's rest lasts (a bulk load)
+        im.rest_after(std::time::Duration::from_secs(60));
+        assert!(!im.wants_full(1_000_000));
+        im.rest_until = None;
         im.encoding(4);
         im.encoded(4, full(4, Vec::new()));
         // two full images kept (3 and 4): version 2 has none at or before it, but a node

@@ -272,7 +272,9 @@ impl Registry {
                                 image.len() / 1024,
                                 t.elapsed().as_millis()
                             );
-                            me.images().encoded(version, image);
+                            let mut images = me.images();
+                            images.encoded(version, image);
+                            images.rest_after(t.elapsed());
                         }
                         Err(e) => {
                             tracing::warn!("encoding the full image of version {version}: {e}");
