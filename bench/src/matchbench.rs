@@ -15,6 +15,9 @@ use crate::mem;
 use crate::progress::Progress;
 use crate::workload::{IotSpec, UniformSpec, Workload};
 
+/// Changes a version of `--overlay` makes (a node applies changes a version at a time).
+const OVERLAY_BATCH: usize = 100;
+
 /// Which engines to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineChoice {
@@ -47,7 +50,8 @@ pub struct MatchBenchOptions {
     pub threads: usize,
     /// Share of the subscriptions (0..=0.5) replaced after the build: the `cpu` engine is then
     /// built fresh over the changed set, and `cpu-overlay` is the base built before the change
-    /// with the change as its overlay (what a node matches with between compactions).
+    /// with the change as its overlay, 100 changes a version (what a node matches with
+    /// between compactions).
     pub overlay: f64,
 }
 
@@ -312,15 +316,22 @@ pub fn run(opts: &MatchBenchOptions) -> anyhow::Result<MatchBenchReport> {
         let build = t.elapsed().as_secs_f64();
         let index = if overlaid {
             let t = Instant::now();
-            let changes = before
-                .iter()
-                .map(|(at, _)| (subs[*at].0, Some(subs[*at].1.clone())));
-            let i = index
-                .changed_to(2, changes)
-                .context("compiling the overlay")?;
+            // a version at a time, as a node applies them: the overlay in the layers
+            // that many versions leave
+            let mut i = index;
+            for batch in before.chunks(OVERLAY_BATCH) {
+                let changes = batch
+                    .iter()
+                    .map(|(at, _)| (subs[*at].0, Some(subs[*at].1.clone())));
+                i = i
+                    .changed_to(i.version() + 1, changes)
+                    .context("compiling the overlay")?;
+            }
             overlay_seconds = t.elapsed().as_secs_f64();
             progress.line(&format!(
-                "{name}: overlay of {n_changed} changed subscriptions compiled in {:.0} ms",
+                "{name}: overlay of {n_changed} changed subscriptions ({OVERLAY_BATCH} a \
+                 version, {} layers) compiled in {:.0} ms",
+                i.overlays().len(),
                 overlay_seconds * 1000.0
             ));
             i

@@ -1,16 +1,19 @@
 //! Versions of a shard and incremental change: the match block as workers hold it.
 //!
-//! A [`MatchIndex`] is an immutable snapshot in three layers: a compiled base (the shard as
-//! it was at some version, [`MatchIndex::base_version`]), and the overlay of every
-//! subscription changed since (its state in this version: upserted or deleted) in two
-//! layers, each compiled into a small shard of its own: `mid`, what changed up to some later
-//! version, and `top`, what changed after it (at most [`TOP_MAX`] subscriptions). A change
-//! makes a new snapshot that shares the base and `mid` and compiles only `top`; when `top`
-//! is full it is folded into `mid`. So a version costs what changed lately, not the whole
-//! shard nor every change since the base; work in flight keeps the snapshot it started
-//! with, so an object is matched against one consistent version. A layer's results are
-//! filtered by the layers above it (a changed subscription is answered by the newest layer
-//! that holds it only), and the overlays' are added.
+//! A [`MatchIndex`] is an immutable snapshot: a compiled base (the shard as it was at some
+//! version, [`MatchIndex::base_version`]), and the overlay of every subscription changed
+//! since (its state in this version: upserted or deleted) in layers, oldest first, each
+//! compiled into a small shard of its own, as a log-structured merge tree keeps its runs. A
+//! change makes a new snapshot that shares the base and the older layers: small changes go
+//! into the newest layer while it holds at most [`TOP_MAX`] subscriptions, larger ones make
+//! a layer of their own, and a layer at least half the size of the one below it is merged
+//! into it. Layer sizes so at least double downwards: a version costs what changed lately,
+//! each change is compiled again a logarithmic number of times (a bulk load of a thousand
+//! subscriptions a version compiled every change since the base again at every version
+//! with one middle layer), and a handful of layers answer each object. Work in flight
+//! keeps the snapshot it started with, so an object is matched against one consistent
+//! version. A layer's results are filtered by the layers above it (a changed subscription
+//! is answered by the newest layer that holds it only), and the overlays' are added.
 //!
 //! [`MatchIndex::compact`] folds the overlay into a fresh base; callers run it off the hot
 //! path when [`MatchIndex::needs_compaction`] says so, and carry the newer versions made
@@ -26,7 +29,8 @@ use crate::image::{self, DeltaImage, ImageError, ShardImage};
 use crate::predicate::Event;
 use crate::shard::{Base, BuildError, EvalCtx, ShardConfig, Strategy, StrategyChoice, VerifyStats};
 
-/// Most changed subscriptions in the top layer; one more folds it into the middle one.
+/// Most changed subscriptions the newest layer takes more changes into (past it, a change
+/// makes a layer of its own).
 pub const TOP_MAX: usize = 128;
 
 /// Overlay size below which compaction is never advised.
@@ -107,14 +111,15 @@ impl Overlay {
 pub struct OverlayLayer<'a> {
     /// The layer's upserted subscriptions, compiled.
     pub base: &'a Base,
-    above: Option<&'a FastSet<u64>>,
+    /// The newer layers.
+    above: &'a [Arc<Overlay>],
 }
 
 impl OverlayLayer<'_> {
     /// Whether a newer layer changed subscription `id` again (then this layer's answer for
     /// it does not hold).
     pub fn shadowed(&self, id: u64) -> bool {
-        self.above.is_some_and(|m| m.contains(&id))
+        self.above.iter().any(|l| l.ids.contains(&id))
     }
 }
 
@@ -123,8 +128,10 @@ impl OverlayLayer<'_> {
 pub struct MatchIndex {
     version: u64,
     base: Arc<BaseLayer>,
-    mid: Arc<Overlay>,
-    top: Arc<Overlay>,
+    /// The overlay's layers, oldest first.
+    layers: Vec<Arc<Overlay>>,
+    /// Subscriptions changed since the base (counted once over the layers).
+    delta: usize,
     /// Subscriptions in this version.
     len: usize,
 }
@@ -177,8 +184,8 @@ impl MatchIndex {
                 image: image::encode_shard(&img),
                 ids,
             }),
-            mid: Arc::default(),
-            top: Arc::default(),
+            layers: Vec::new(),
+            delta: 0,
             len,
         })
     }
@@ -214,26 +221,22 @@ impl MatchIndex {
     /// The compiled overlay layers (those with upserted subscriptions), oldest first: a
     /// subscription's answer from a layer holds unless [`OverlayLayer::shadowed`].
     pub fn overlays(&self) -> Vec<OverlayLayer<'_>> {
-        let mut out = Vec::with_capacity(2);
-        if let Some(b) = &self.mid.compiled {
-            out.push(OverlayLayer {
-                base: b,
-                above: Some(&self.top.ids),
-            });
-        }
-        if let Some(b) = &self.top.compiled {
-            out.push(OverlayLayer {
-                base: b,
-                above: None,
-            });
-        }
-        out
+        self.layers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| {
+                l.compiled.as_ref().map(|b| OverlayLayer {
+                    base: b,
+                    above: &self.layers[i + 1..],
+                })
+            })
+            .collect()
     }
 
     /// Whether subscription `id` changed since the base (then the base's answer for it does
     /// not hold in this version).
     pub fn changed(&self, id: u64) -> bool {
-        self.mid.ids.contains(&id) || self.top.ids.contains(&id)
+        self.layers.iter().any(|l| l.ids.contains(&id))
     }
 
     /// Whether both are versions on the same compiled base (one made from the other without
@@ -254,30 +257,23 @@ impl MatchIndex {
 
     /// Number of changes not yet folded into the base (subscriptions changed since).
     pub fn delta_len(&self) -> usize {
-        let again = self
-            .top
-            .changes
-            .keys()
-            .filter(|id| self.mid.changes.contains_key(id))
-            .count();
-        self.mid.changes.len() + self.top.changes.len() - again
+        self.delta
     }
 
     /// Each changed subscription's state in this version (the layers merged).
     fn net_changes(&self) -> BTreeMap<u64, Option<Arc<Dnf>>> {
-        let mut all = self.mid.changes.clone();
-        for (id, s) in &self.top.changes {
-            all.insert(*id, s.clone());
+        let mut all = BTreeMap::new();
+        for l in &self.layers {
+            for (id, s) in &l.changes {
+                all.insert(*id, s.clone());
+            }
         }
         all
     }
 
     /// A changed subscription's state (`None`: not changed since the base).
     fn change(&self, id: u64) -> Option<&Option<Arc<Dnf>>> {
-        self.top
-            .changes
-            .get(&id)
-            .or_else(|| self.mid.changes.get(&id))
+        self.layers.iter().rev().find_map(|l| l.changes.get(&id))
     }
 
     /// The overlay size past which compaction is advised for this base (see
@@ -317,36 +313,54 @@ impl MatchIndex {
     }
 
     /// Version `version`: this one with `changes` made (`None`: deleted; deleting a
-    /// subscription that is not there changes nothing). Compiles the top layer once,
-    /// whatever the number of changes; the middle one too when the top one is full.
+    /// subscription that is not there changes nothing). Compiles one layer: the newest
+    /// with the changes in it, or a new one, merged with those below it at most half its
+    /// size.
     pub fn changed_to(
         &self,
         version: u64,
         changes: impl IntoIterator<Item = (u64, Option<Dnf>)>,
     ) -> Result<MatchIndex, IndexError> {
-        let mut top = self.top.changes.clone();
-        let mut len = self.len;
+        let mut fresh: BTreeMap<u64, Option<Arc<Dnf>>> = BTreeMap::new();
+        let (mut len, mut delta) = (self.len, self.delta);
         for (id, state) in changes {
-            let was = match top.get(&id) {
+            let was = match fresh.get(&id) {
                 Some(s) => s.is_some(),
-                None => self.contains(id),
+                None => {
+                    delta += usize::from(!self.changed(id));
+                    self.contains(id)
+                }
             };
             len = len + usize::from(state.is_some()) - usize::from(was);
-            top.insert(id, state.map(Arc::new));
+            fresh.insert(id, state.map(Arc::new));
+        }
+        let mut layers = self.layers.clone();
+        // a small newest layer takes the changes; a layer below at most twice the new
+        // one's size is merged into it (the newer state wins)
+        let merge = |fresh: &mut BTreeMap<u64, Option<Arc<Dnf>>>, below: &Overlay| {
+            let mut merged = below.changes.clone();
+            merged.append(fresh);
+            *fresh = merged;
+        };
+        if let Some(top) = layers.last()
+            && top.changes.len() <= TOP_MAX
+        {
+            merge(&mut fresh, top);
+            layers.pop();
+        }
+        while let Some(below) = layers.last()
+            && below.changes.len() <= 2 * fresh.len()
+        {
+            merge(&mut fresh, below);
+            layers.pop();
         }
         let cfg = self.base.base.config();
-        let (mid, top) = if top.len() > TOP_MAX {
-            let mut mid = self.mid.changes.clone();
-            mid.extend(top);
-            (Arc::new(Overlay::compile(cfg, mid)?), Arc::default())
-        } else {
-            (Arc::clone(&self.mid), Arc::new(Overlay::compile(cfg, top)?))
-        };
+        layers.push(Arc::new(Overlay::compile(cfg, fresh)?));
         Ok(MatchIndex {
             version,
             base: Arc::clone(&self.base),
-            mid,
-            top,
+            layers,
+            delta,
             len,
         })
     }
@@ -393,16 +407,17 @@ impl MatchIndex {
             .filter(|(id, state)| !then.get(id).is_some_and(|old| same_state(old, state)))
             .collect();
         let cfg = compacted.base.base.config();
-        let (mid, top) = if later.len() > TOP_MAX {
-            (Arc::new(Overlay::compile(cfg, later)?), Arc::default())
+        let delta = later.len();
+        let layers = if later.is_empty() {
+            Vec::new()
         } else {
-            (Arc::default(), Arc::new(Overlay::compile(cfg, later)?))
+            vec![Arc::new(Overlay::compile(cfg, later)?)]
         };
         Ok(MatchIndex {
             version: self.version,
             base: Arc::clone(&compacted.base),
-            mid,
-            top,
+            layers,
+            delta,
             len: self.len,
         })
     }
@@ -629,7 +644,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_top_layer_folds_into_the_middle_one_and_answers_stay() {
+    fn layers_merge_as_they_grow_and_answers_stay() {
         let subs = (0..10).map(|i| (i, dnf(&format!("temp > {i}")))).collect();
         let mut idx = MatchIndex::build(ShardConfig::default(), subs).expect("build");
         // one id changed again and again, others created and deleted
@@ -647,8 +662,12 @@ mod tests {
                 idx = idx.remove(1000 + k).expect("remove");
             }
         }
-        assert!(!idx.mid.changes.is_empty(), "the top layer was folded");
-        assert!(idx.top.changes.len() <= TOP_MAX);
+        assert!(idx.layers.len() >= 2, "layers: {}", idx.layers.len());
+        // sizes at least double downwards (a layer is merged into one at most twice it)
+        for w in idx.layers.windows(2) {
+            assert!(w[0].changes.len() > 2 * w[1].changes.len() || w[1].changes.len() <= TOP_MAX);
+        }
+        assert_eq!(idx.delta_len(), idx.net_changes().len());
         let want_3 = TOP_MAX as i64 + 9;
         let live = (0..(TOP_MAX as u64 + 10)).filter(|k| k % 3 != 0).count();
         assert_eq!(idx.len(), 10 + live);
@@ -673,5 +692,61 @@ mod tests {
         let c = idx.compact().expect("compact");
         assert!(!c.needs_compaction());
         assert_eq!(c.len(), n);
+    }
+
+    /// Random batches of creates, updates and deletes (1 to 400 a version) over a base:
+    /// every version answers as a fresh build of its subscriptions does, and the layer sizes
+    /// stay logarithmic. Replays from the seed it prints on failure (`INDEX_SEED`).
+    #[test]
+    fn random_changes_answer_as_a_fresh_build_does() {
+        let seed: u64 = std::env::var("INDEX_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0x5eed_1dea);
+        let mut x = seed | 1;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let filter = |k: u64| dnf(&format!("site = \"s{}\" && temp > {}", k % 7, k % 50));
+        let mut want: BTreeMap<u64, u64> = (0..200).map(|i| (i, i)).collect();
+        let subs = want.iter().map(|(&id, &k)| (id, filter(k))).collect();
+        let mut idx = MatchIndex::build(ShardConfig::default(), subs).expect("build");
+        for round in 0..60 {
+            let size = 1 + next(if round % 5 == 0 { 400 } else { 40 });
+            let mut batch = Vec::new();
+            for _ in 0..size {
+                let id = next(1200);
+                if next(4) == 0 {
+                    want.remove(&id);
+                    batch.push((id, None));
+                } else {
+                    let k = next(1000);
+                    want.insert(id, k);
+                    batch.push((id, Some(filter(k))));
+                }
+            }
+            idx = idx.changed_to(idx.version() + 1, batch).expect("change");
+            assert_eq!(idx.len(), want.len(), "seed {seed} round {round}");
+            assert!(
+                idx.layers.len() <= 16,
+                "seed {seed}: {} layers",
+                idx.layers.len()
+            );
+            let fresh = MatchIndex::build(
+                ShardConfig::default(),
+                want.iter().map(|(&id, &k)| (id, filter(k))).collect(),
+            )
+            .expect("fresh");
+            for site in 0..7 {
+                let ev = event(&format!("s{site}"), next(60) as i64);
+                let (mut got, mut exp) = (matches(&idx, &ev), matches(&fresh, &ev));
+                got.sort_unstable();
+                exp.sort_unstable();
+                assert_eq!(got, exp, "seed {seed} round {round}");
+            }
+        }
     }
 }

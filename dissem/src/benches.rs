@@ -616,7 +616,8 @@ pub(super) struct MatchArgs {
     pub(super) threads: usize,
     /// Share of the subscriptions (0..=0.5) replaced after the build: `cpu` is then built
     /// over the changed set and `cpu-overlay` is the earlier base with the change as its
-    /// overlay (a node between compactions); the run prints the two rates' ratio.
+    /// overlay, applied 100 changes a version (a node between compactions); the run prints
+    /// the two rates' ratio.
     #[arg(long, default_value_t = 0.0)]
     pub(super) overlay: f64,
     /// Bloom filter bits (m): a multiple of 64, 64..=1024.
