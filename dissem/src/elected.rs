@@ -110,6 +110,7 @@ pub(super) async fn coordinate(
         // the tail runs in a task of its own: its rounds never hold the campaign up, and a
         // won campaign lets the round under way end (bounded) instead of dropping it
         let synced = Arc::new(AtomicBool::new(tail.ready()));
+        let rebuilding = Arc::new(AtomicBool::new(false));
         let (end_tx, end_rx) = tokio::sync::watch::channel(false);
         let standing = tokio::spawn(stand_by(
             tail,
@@ -121,6 +122,7 @@ pub(super) async fn coordinate(
                 limits,
             },
             synced.clone(),
+            rebuilding.clone(),
             end_rx,
         ));
         let leadership = tokio::select! {
@@ -134,10 +136,17 @@ pub(super) async fn coordinate(
             }
         };
         let _ = end_tx.send(true);
+        if rebuilding.load(Ordering::Acquire) {
+            // a standby's rebuild (it may wait seconds for a whole holder): the leader's
+            // own rebuild does not wait
+            standing.abort();
+        }
         tail = match standing.await {
             Ok(t) => t,
             Err(e) => {
-                tracing::warn!("the standby registry's tail ended: {e}; rebuilding");
+                if !e.is_cancelled() {
+                    tracing::warn!("the standby registry's tail ended: {e}; rebuilding");
+                }
                 coordinator::tail::Tail::default()
             }
         };
@@ -197,15 +206,18 @@ struct Following {
 
 /// Runs the tail's rounds until `end` says so (the campaign was won), then hands the tail
 /// back: a round under way ends first (rounds are bounded, `coordinator::tail::ROUND_BUDGET`).
-/// A round that stopped at its budget is followed by the next at once.
+/// A round that stopped at its budget is followed by the next at once. `rebuilding` says
+/// that the round under way is a rebuild (or a resume), which a new leader drops instead.
 async fn stand_by(
     mut tail: coordinator::tail::Tail,
     f: Following,
     synced: Arc<AtomicBool>,
+    rebuilding: Arc<AtomicBool>,
     mut end: tokio::sync::watch::Receiver<bool>,
 ) -> coordinator::tail::Tail {
     let mut following = false;
     while !*end.borrow() {
+        rebuilding.store(!tail.is_based(), Ordering::Release);
         let round = match coordinator::rebuild::layout(&f.etcd, f.grid).await {
             Ok(layout) => {
                 tail.follow(&f.store, &f.etcd, layout, &f.secret, &f.limits)
@@ -214,6 +226,7 @@ async fn stand_by(
             Err(e) => Err(e),
         };
         synced.store(tail.ready(), Ordering::Release);
+        rebuilding.store(false, Ordering::Release);
         let mut more = false;
         match round {
             Ok(Some(r)) if !following => {
