@@ -29,6 +29,11 @@ const REBUILD_LIMIT: Duration = Duration::from_secs(20);
 /// How often a standby takes the changes of the nodes' subscription copies.
 const TAIL_EVERY: Duration = Duration::from_millis(500);
 
+/// How long a new leader whose standby registry no whole holder vouches for tries again
+/// before it rebuilds in full (`bench failover --subs 1000000`: an election 6 s after the
+/// last found the nodes still catching up, and the rebuild took 13 s).
+const WHOLE_PATIENCE: Duration = Duration::from_secs(4);
+
 /// How long a standby without a registry yet lets the others campaign first.
 const CAMPAIGN_DEFER: Duration = Duration::from_secs(15);
 
@@ -278,6 +283,11 @@ async fn lead(
             {
                 Ok(Some(r)) if r.more => {}
                 Ok(Some(r)) => break Some((layout, r.subscriptions)),
+                // no whole holder yet: the nodes catch up after every election (under a
+                // second, usually), and a full rebuild at a million takes 13 s and more
+                Ok(None) if tail.is_based() && started_at.elapsed() < WHOLE_PATIENCE => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
                 Ok(None) => break None,
                 Err(e) => {
                     tracing::warn!("the standby registry's last changes: {e}; rebuilding");

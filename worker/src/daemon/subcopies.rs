@@ -283,6 +283,7 @@ impl Daemon {
         let mut stored = 0;
         let mut whole = true;
         let mut cursor: Option<(u64, u64)> = None;
+        let (started, mut listed) = (Instant::now(), 0usize);
         loop {
             let r = self
                 .peer(ep)?
@@ -304,6 +305,7 @@ impl Daemon {
                 cursor = Some((r.store_id, r.last_change));
             }
             whole &= r.whole;
+            listed += r.copies.len();
             let before = stored;
             for c in &r.copies {
                 if c.record.len() > self.inner.limits.max_object_bytes {
@@ -358,6 +360,12 @@ impl Daemon {
                             },
                         );
                 }
+                tracing::debug!(
+                    "node {node}'s subscription copies: {listed} listed, {stored} taken, in {} \
+                     ms ({})",
+                    started.elapsed().as_millis(),
+                    if from.is_some() { "its changes" } else { "all" }
+                );
                 return Ok(Some((stored, whole)));
             }
         }
