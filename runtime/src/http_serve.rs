@@ -51,6 +51,11 @@ pub async fn read_body(body: Incoming, max: usize) -> Result<Bytes, Answer> {
     }
 }
 
+/// A connection's bytes, plain or over TLS.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
 /// Serves `handler` on `listener` until the task is dropped; only TLS with `tls` (the
 /// handshake within the header deadline).
 pub async fn serve<H, F>(
@@ -95,28 +100,22 @@ pub async fn serve<H, F>(
                         .body(Full::new(Bytes::from(body)))
                 }
             });
-            let http = hyper::server::conn::http1::Builder::new()
+            let io: Box<dyn Io> = match tls {
+                None => Box::new(stream),
+                Some(tls) => {
+                    match tokio::time::timeout(limits.header_timeout, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => Box::new(stream),
+                        _ => return, // no handshake in time, or a failed one
+                    }
+                }
+            };
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
-                .clone();
+                .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
             // a connection lives at most as long as a few requests may take: a client that
             // keeps one open and idle gives its permit back then
-            let life = limits.request_timeout * 4;
-            match tls {
-                None => {
-                    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                    let _ = tokio::time::timeout(life, conn).await;
-                }
-                Some(tls) => {
-                    let Ok(Ok(stream)) =
-                        tokio::time::timeout(limits.header_timeout, tls.accept(stream)).await
-                    else {
-                        return; // no handshake in time, or a failed one
-                    };
-                    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                    let _ = tokio::time::timeout(life, conn).await;
-                }
-            }
+            let _ = tokio::time::timeout(limits.request_timeout * 4, conn).await;
         });
     }
 }

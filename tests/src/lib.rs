@@ -232,6 +232,32 @@ pub fn start_up(dir: &Path, extra: &[&str]) -> Proc {
     Proc::start(&dissem_bin(), &args)
 }
 
+/// [`start_up`] with the tokens of `auth_file` and the S3 event endpoint on `s3`, over TLS
+/// with `tls` (a certificate and its key, PEM files).
+pub fn start_up_with_s3(
+    dir: &Path,
+    auth_file: &Path,
+    s3: std::net::SocketAddr,
+    tls: Option<(&Path, &Path)>,
+) -> Proc {
+    let mut args = vec![
+        "--auth-file".to_string(),
+        auth_file.display().to_string(),
+        "--s3-events-listen".into(),
+        s3.to_string(),
+    ];
+    if let Some((cert, key)) = tls {
+        args.extend([
+            "--s3-events-tls-cert".to_string(),
+            cert.display().to_string(),
+            "--s3-events-tls-key".into(),
+            key.display().to_string(),
+        ]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    start_up(dir, &args)
+}
+
 /// `dissem up` of this build of a cluster named `name` listening on `listen`, with its data
 /// in `dir/name`, the GPU off, and `extra` flags.
 pub fn cluster_up(dir: &Path, name: &str, listen: &str, extra: &[String]) -> Proc {

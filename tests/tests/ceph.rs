@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use proto::v1;
 use tests::ceph::{ACCESS_KEY, Ceph, SECRET_KEY, have_ceph};
-use tests::{channel, free_port, run_to_end, runtime, start_up, temp_dir, token_create};
+use tests::{channel, free_port, run_to_end, runtime, start_up_with_s3, temp_dir, token_create};
 
 /// A delivery's metadata as text (numbers as the server wrote them).
 fn attributes(d: &v1::Delivery) -> BTreeMap<String, String> {
@@ -56,19 +56,7 @@ fn objects_written_to_ceph_reach_a_subscriber_once_with_their_attributes() {
     let ingest = token_create(&file, "ceph", "acme", "ingest");
     let reader = token_create(&file, "app", "acme", "subscribe");
     let s3 = free_port();
-    let up = start_up(
-        &dir,
-        &[
-            "--auth-file",
-            &file.display().to_string(),
-            "--s3-events-listen",
-            &s3.to_string(),
-            "--s3-events-tls-cert",
-            &cert.display().to_string(),
-            "--s3-events-tls-key",
-            &key.display().to_string(),
-        ],
-    );
+    let up = start_up_with_s3(&dir, &file, s3, Some((&cert, &key)));
     let url = up.url();
     let rt = runtime();
     let (tx, mut down) = rt.block_on(async {

@@ -163,15 +163,7 @@ fn with_an_auth_file_the_endpoint_wants_an_ingest_token() {
     let ingest = token_create(&file, "minio", "acme", "ingest");
     let reader = token_create(&file, "reader", "acme", "read");
     let s3 = free_port();
-    let mut up = start_up(
-        &dir,
-        &[
-            "--auth-file",
-            &file.display().to_string(),
-            "--s3-events-listen",
-            &s3.to_string(),
-        ],
-    );
+    let mut up = tests::start_up_with_s3(&dir, &file, s3, None);
     runtime().block_on(async {
         let _ = up.url();
         let body = minio_put("a.jpg", "kr/seoul", "1");
@@ -231,19 +223,7 @@ fn the_endpoint_serves_tls_with_a_certificate() {
     let file = dir.join("auth.toml");
     let ingest = token_create(&file, "ceph", "acme", "ingest");
     let s3 = free_port();
-    let mut up = start_up(
-        &dir,
-        &[
-            "--auth-file",
-            &file.display().to_string(),
-            "--s3-events-listen",
-            &s3.to_string(),
-            "--s3-events-tls-cert",
-            &cert.display().to_string(),
-            "--s3-events-tls-key",
-            &key.display().to_string(),
-        ],
-    );
+    let mut up = tests::start_up_with_s3(&dir, &file, s3, Some((&cert, &key)));
     runtime().block_on(async {
         let _ = up.url();
         let body = minio_put("t.jpg", "kr/busan", "7");
