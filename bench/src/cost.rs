@@ -247,7 +247,7 @@ async fn put_all(
 }
 
 /// Waits until `want` distinct pairs were shown (or none came for 10 s); the time of the last.
-async fn wait_shown(seen: &Shared, want: usize) -> (usize, Instant) {
+pub(crate) async fn wait_shown(seen: &Shared, want: usize) -> (usize, Instant) {
     let mut last = (usize::MAX, Instant::now());
     loop {
         let got = lock(seen).pairs.len();
@@ -263,14 +263,15 @@ async fn wait_shown(seen: &Shared, want: usize) -> (usize, Instant) {
     }
 }
 
-/// Registers `subs` subscriptions of `kind` (subscription `j`: `cost = j / fanout`),
-/// returning their ids in order.
+/// Registers `subs` subscriptions of `kind` (subscription `j` has the filter of group
+/// `j / fanout`), returning their ids in order.
 async fn subscribe(
     url: &str,
     kind: Kind,
     endpoint: &str,
     subs: usize,
     fanout: usize,
+    filter: impl Fn(usize) -> String,
 ) -> anyhow::Result<Vec<u64>> {
     let (target, qos, push_batch) = match kind {
         Kind::GrpcBatch => (
@@ -296,10 +297,7 @@ async fn subscribe(
     };
     let all = (0..subs)
         .map(|j| v1::Subscription {
-            filter: Some(v1::subscription::Filter::Text(format!(
-                "cost = {}",
-                j / fanout
-            ))),
+            filter: Some(v1::subscription::Filter::Text(filter(j / fanout))),
             target: Some(v1::Target {
                 kind: Some(target.clone()),
             }),
@@ -314,6 +312,60 @@ async fn subscribe(
         .context("creating a subscription")
 }
 
+/// An embedded cluster of one kind's benchmark, with its subscriber and subscriptions.
+pub(crate) struct KindNode {
+    pub(crate) node: Proc,
+    pub(crate) url: String,
+    /// What the subscriber was shown.
+    pub(crate) seen: Shared,
+    /// The subscriptions' ids, in order.
+    pub(crate) ids: Vec<u64>,
+}
+
+impl KindNode {
+    /// Starts `dissem up` in `dir/<kind>`, the kind's subscriber, and `subs` subscriptions
+    /// of `kind` (subscription `j` has the filter of group `j / fanout`), and waits until
+    /// the node loaded them.
+    pub(crate) async fn start(
+        bin: &std::path::Path,
+        kind: Kind,
+        dir: &std::path::Path,
+        subs: usize,
+        fanout: usize,
+        filter: impl Fn(usize) -> String,
+    ) -> anyhow::Result<KindNode> {
+        let node = Proc::start(
+            bin,
+            &[
+                "up".into(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--allow-private-targets".into(),
+                "--data".into(),
+                dir.join(kind.name()).display().to_string(),
+            ],
+        );
+        let url = node.url();
+        let seen: Shared = Shared::default();
+        let endpoint = match kind {
+            Kind::GrpcBatch => demo::grpc_endpoint(seen.clone(), false).await?,
+            Kind::Webhook | Kind::WebhookBatch => demo::webhook_endpoint(seen.clone()).await?,
+            Kind::Stream => {
+                demo::stream_endpoint(&url, "bench", seen.clone()).await?;
+                "bench".to_string()
+            }
+        };
+        let ids = subscribe(&url, kind, &endpoint, subs, fanout, filter).await?;
+        demo::wait_image(&url, subs as u64).await?;
+        Ok(KindNode {
+            node,
+            url,
+            seen,
+            ids,
+        })
+    }
+}
+
 /// One kind on its own embedded cluster in `dir`.
 async fn run_kind(
     o: &CostOptions,
@@ -321,29 +373,15 @@ async fn run_kind(
     dir: &std::path::Path,
     progress: &Progress,
 ) -> anyhow::Result<KindRow> {
-    let node = Proc::start(
-        &o.bin,
-        &[
-            "up".into(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--allow-private-targets".into(),
-            "--data".into(),
-            dir.join(kind.name()).display().to_string(),
-        ],
-    );
-    let url = node.url();
-    let seen: Shared = Shared::default();
-    let endpoint = match kind {
-        Kind::GrpcBatch => demo::grpc_endpoint(seen.clone(), false).await?,
-        Kind::Webhook | Kind::WebhookBatch => demo::webhook_endpoint(seen.clone()).await?,
-        Kind::Stream => {
-            demo::stream_endpoint(&url, "cost", seen.clone()).await?;
-            "cost".to_string()
-        }
-    };
-    let ids = subscribe(&url, kind, &endpoint, o.subs, o.fanout).await?;
-    demo::wait_image(&url, o.subs as u64).await?;
+    let KindNode {
+        node,
+        url,
+        seen,
+        ids,
+    } = KindNode::start(&o.bin, kind, dir, o.subs, o.fanout, |g| {
+        format!("cost = {g}")
+    })
+    .await?;
     // warm-up: connections, the subscriptions' first lookups, the allocator
     let warm = (o.objects / 20).max(100);
     put_all(&url, 0..warm, o, &indicatif::ProgressBar::hidden()).await?;

@@ -24,6 +24,7 @@ pub mod failoverbench;
 pub mod fedbench;
 pub mod given;
 pub mod ingestbench;
+pub mod latency;
 pub mod matchbench;
 pub mod mem;
 pub mod procs;

@@ -1,4 +1,4 @@
-//! The benchmark commands (`bench match|ingest|cluster|e2e|subs-churn|cost|quorum|churn|failover|federation|chaos|resize`)
+//! The benchmark commands (`bench match|ingest|cluster|e2e|latency|subs-churn|cost|quorum|churn|failover|federation|chaos|resize`)
 //! and `demo`: flags in, a call into
 //! the `bench` crate, figures out.
 
@@ -10,10 +10,12 @@ use super::*;
 
 mod ads;
 mod e2e;
+mod latency;
 mod resize;
 mod subschurn;
 use ads::AdsArgs;
 pub(super) use e2e::{E2eArgs, bench_e2e};
+pub(super) use latency::bench_latency;
 pub(super) use resize::bench_resize;
 pub(super) use subschurn::{SubsChurnArgs, bench_subs_churn};
 
@@ -31,6 +33,9 @@ pub(super) enum Bench {
     /// without creates, updates and deletes, how soon a change is matched, node CPU per
     /// change.
     SubsChurn(SubsChurnArgs),
+    /// Put -> delivered at a steady low rate (200 objects/s, fan-out 10, 1,000
+    /// subscriptions), per target kind: where nothing waits, every deadline shows.
+    Latency(latency::LatencyArgs),
     /// Node CPU per delivery (from /proc) and objects/s for gRPC batch, webhook and stream
     /// targets, each object matching one subscription.
     Cost(CostArgs),

@@ -28,8 +28,8 @@ mod thp;
 
 use benches::{
     Bench, bench_chaos, bench_churn, bench_cluster, bench_cost, bench_e2e, bench_failover,
-    bench_federation, bench_ingest, bench_match, bench_quorum, bench_resize, bench_subs_churn,
-    demo,
+    bench_federation, bench_ingest, bench_latency, bench_match, bench_quorum, bench_resize,
+    bench_subs_churn, demo,
 };
 use client::{LinkCmd, NodeArg, TokenCmd, client};
 use serve::{CoordinatorArgs, NodeArgs, UpArgs, WorkerFlags, coordinator_cmd, node_cmd, up};
@@ -373,6 +373,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Bench::Cost(a),
         } => bench_cost(a),
+        Command::Bench {
+            which: Bench::Latency(a),
+        } => bench_latency(a),
         Command::Bench {
             which: Bench::Ingest(a),
         } => bench_ingest(a),

@@ -3,7 +3,9 @@
 //! and an object-log read. Bounded by count and bytes; a deleted object leaves it with its
 //! record, so it never answers for an object sled no longer has.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use blocks::hash::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::objects::StoredObject;
@@ -18,7 +20,7 @@ const MAX_OBJECT_BYTES: usize = 256 << 10;
 
 #[derive(Default)]
 struct Inner {
-    by_seq: HashMap<u64, Arc<StoredObject>>,
+    by_seq: FastMap<u64, Arc<StoredObject>>,
     /// Sequence numbers, oldest first (some may have left `by_seq` already).
     order: VecDeque<u64>,
     bytes: usize,

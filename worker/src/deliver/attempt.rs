@@ -81,6 +81,17 @@ impl Deliverer {
                 _ => single.push(p),
             }
         }
+        // the usual call is one batch to one endpoint: made on this task, not a spawned one
+        if grpc.len() + hooks.len() + single.len() == 1 {
+            if let Some((url, ps)) = grpc.into_iter().next() {
+                self.grpc_batch(&url, ps).await;
+            } else if let Some((key, ps)) = hooks.into_iter().next() {
+                self.webhook_batch(&key, ps).await;
+            } else if let Some(p) = single.pop() {
+                self.push_one(p).await;
+            }
+            return;
+        }
         let mut set = tokio::task::JoinSet::new();
         for (url, ps) in grpc {
             let me = self.clone();
@@ -90,19 +101,22 @@ impl Deliverer {
             let me = self.clone();
             set.spawn(async move { me.webhook_batch(&key, ps).await });
         }
-        for mut p in single {
+        for p in single {
             let me = self.clone();
-            set.spawn(async move {
-                let d = std::mem::take(&mut p.delivery);
-                let push = me.push(&p.s, d, p.received, &p.object);
-                let r = match tokio::time::timeout(me.inner.cfg.attempt_timeout, push).await {
-                    Ok(r) => r,
-                    Err(_) => Err(me.no_answer()),
-                };
-                me.settle(p, r).await;
-            });
+            set.spawn(async move { me.push_one(p).await });
         }
         while set.join_next().await.is_some() {}
+    }
+
+    /// Pushes one delivery on its own (bounded by the attempt timeout) and settles it.
+    async fn push_one(&self, mut p: Prepared) {
+        let d = std::mem::take(&mut p.delivery);
+        let push = self.push(&p.s, d, p.received, &p.object);
+        let r = match tokio::time::timeout(self.inner.cfg.attempt_timeout, push).await {
+            Ok(r) => r,
+            Err(_) => Err(self.no_answer()),
+        };
+        self.settle(p, r).await;
     }
 
     /// Whether a delivery of `obj` to `s` may be pushed from memory, without a record: QoS 1,

@@ -51,7 +51,7 @@ impl CachedObject {
 /// Recently delivered objects, oldest evicted first.
 #[derive(Default)]
 pub(super) struct ObjectCache {
-    pub(super) map: HashMap<ObjectId, Arc<CachedObject>>,
+    pub(super) map: blocks::hash::FastMap<ObjectId, Arc<CachedObject>>,
     pub(super) order: std::collections::VecDeque<ObjectId>,
 }
 

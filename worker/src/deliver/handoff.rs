@@ -18,7 +18,7 @@ pub struct HandOff {
 impl Deliverer {
     /// Whether deliveries of `obj` are in memory (its hand-off is done or running).
     pub fn owes(&self, obj: ObjectId) -> bool {
-        lock(&self.inner.owed).contains_key(&obj)
+        self.inner.ledger.owes(obj)
     }
 
     /// Starts the deliveries of a fresh match of `obj` to `subs` that need no record: those
@@ -29,8 +29,10 @@ impl Deliverer {
     /// [`Deliverer::release`] once the records of the others are durable. `None` (nothing
     /// started) when pushes of `obj` are in memory already: a repeated hand-off.
     pub(super) fn hand_off(&self, obj: ObjectId, subs: Vec<u64>) -> Option<HandOff> {
-        let qos0_first =
-            self.inner.store.put_since_open(obj) && !lock(&self.inner.qos0_started).contains(&obj);
+        let qos0_first = self
+            .inner
+            .ledger
+            .qos0_first(obj, self.inner.store.put_since_open(obj));
         let mut memory = Vec::new();
         let mut to_record = Vec::new();
         let mut qos0 = false;
@@ -56,7 +58,7 @@ impl Deliverer {
         }
         if qos0 || (qos0_first && memory.iter().any(|(_, s)| s.is_none())) {
             // before any push starts: a repeated match from now on drops QoS 0
-            lock(&self.inner.qos0_started).insert(obj);
+            self.inner.ledger.qos0_start(obj);
         }
         if memory.is_empty() {
             return Some(HandOff {
@@ -67,14 +69,9 @@ impl Deliverer {
         // handed over (owed) before its pushes are queued: ordered deliveries of later
         // objects wait until they are
         self.transit(obj, 1);
-        {
-            let mut owed = lock(&self.inner.owed);
-            if owed.contains_key(&obj) {
-                drop(owed);
-                self.transit(obj, -1);
-                return None;
-            }
-            owed.insert(obj, (memory.len() + 1, false));
+        if !self.inner.ledger.take_shares(obj, memory.len() + 1) {
+            self.transit(obj, -1);
+            return None;
         }
         self.inner
             .counters
@@ -128,23 +125,7 @@ impl Deliverer {
     }
 
     pub(super) fn give_back(&self, obj: ObjectId, keep: bool) {
-        let retire = {
-            let mut owed = lock(&self.inner.owed);
-            match owed.get_mut(&obj) {
-                Some((n, k)) if *n > 1 => {
-                    *n -= 1;
-                    *k |= keep;
-                    false
-                }
-                Some((_, k)) => {
-                    let keep = *k || keep;
-                    owed.remove(&obj);
-                    !keep
-                }
-                None => false,
-            }
-        };
-        if retire {
+        if self.inner.ledger.give_back(obj, keep) == ledger::GiveBack::Retire {
             match self.inner.store.retire(obj) {
                 Ok(_) => self.retired(obj),
                 Err(e) => tracing::warn!("retiring object {}:{}: {e}", obj.node, obj.seq),
@@ -154,9 +135,9 @@ impl Deliverer {
 
     /// `obj` left the outbox: it is never matched again.
     pub(super) fn retired(&self, obj: ObjectId) {
-        lock(&self.inner.qos0_started).remove(&obj);
-        lock(&self.inner.reclaimed).remove(&obj);
-        self.maybe_finished(obj);
+        if self.inner.ledger.retired(obj) {
+            self.maybe_finished(obj);
+        }
     }
 
     /// Drops a QoS 0 match of a repeated match of `obj` (its delivery may have been pushed
@@ -305,7 +286,7 @@ impl Deliverer {
         &self,
         objects: std::collections::HashSet<ObjectId>,
     ) -> Result<usize, storage::StorageError> {
-        lock(&self.inner.reclaimed).extend(objects.iter().copied());
+        self.inner.ledger.reclaim(objects.iter().copied());
         let store = self.inner.store.clone();
         // a scan of every record: off the async threads
         tokio::task::spawn_blocking(move || store.remove_deliveries_of(&objects))
@@ -314,7 +295,7 @@ impl Deliverer {
     }
 
     fn is_reclaimed(&self, obj: ObjectId) -> bool {
-        lock(&self.inner.reclaimed).contains(&obj)
+        self.inner.ledger.is_reclaimed(obj)
     }
 
     /// For a pending record just written: when `obj` is a copy taken over (or taken back)

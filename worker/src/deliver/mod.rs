@@ -57,6 +57,7 @@ mod fresh;
 mod grpc_push;
 mod handoff;
 mod http_answer;
+mod ledger;
 mod ordered;
 mod queue;
 mod retry;
@@ -114,16 +115,9 @@ struct Inner {
     objects: Mutex<ObjectCache>,
     /// Which gRPC endpoints take `DeliverBatch`, by URL.
     batch_support: Mutex<HashMap<String, BatchSupport>>,
-    /// Per object: in-memory deliveries not settled yet (plus one while its hand-off runs),
-    /// and whether the object must stay in the outbox anyway (its hand-off failed). The
-    /// object leaves the outbox when the count reaches zero.
-    owed: Mutex<HashMap<ObjectId, (usize, bool)>>,
-    /// Objects whose QoS 0 deliveries were started from memory (no record), until they leave
-    /// the outbox: a repeated match of one drops its QoS 0 deliveries (at most once).
-    qos0_started: Mutex<std::collections::HashSet<ObjectId>>,
-    /// This node's objects taken back from a lost adopter ([`Deliverer::reclaim`]): their
-    /// subscribers' "received" marks count, as for an adopted copy.
-    reclaimed: Mutex<std::collections::HashSet<ObjectId>>,
+    /// What delivery knows of each object it holds: shares out, QoS 0 started, taken back,
+    /// open records, spill deadlines, fresh deliveries in transit ([`ledger`]).
+    ledger: ledger::Ledger,
     /// QoS 2 deliveries with an attempt under way: one at a time each (`attempt.rs`).
     attempting: Mutex<std::collections::HashSet<(u64, ObjectId)>>,
     queues: Mutex<HashMap<String, EndpointQueue>>,
@@ -147,8 +141,6 @@ struct Inner {
     figures: Figures,
     /// Where spans of traced objects go (`--otlp-endpoint`).
     tracer: std::sync::OnceLock<crate::trace::Tracer>,
-    /// Per object: the subscriptions whose delivery records are open ([`settled`]).
-    open: Mutex<HashMap<ObjectId, std::collections::HashSet<u64>>>,
     /// Until the start's resume of durable records: the pairs whose records this process
     /// is writing (fresh matches), which the resume leaves to their writer (`fresh`).
     before_resume: Mutex<Option<std::collections::HashSet<(u64, ObjectId)>>>,
@@ -160,17 +152,12 @@ struct Inner {
     standby: Mutex<Option<Arc<dyn StandbyGate>>>,
     /// Where dead-lettering deliveries are handed over (spillover links).
     spill: Mutex<Option<Arc<dyn Spill>>>,
-    /// Objects peers spilled over to this node: when their deliveries are given up.
-    deadlines: Mutex<HashMap<ObjectId, u64>>,
     /// Subscription ids by (tenant, name), as last looked up.
     named: Mutex<HashMap<(String, String), NamedIds>>,
     /// Ordered subscriptions' deliveries, per subscription ([`ordered`]).
     ordered: Mutex<HashMap<u64, ordered::Sequencer>>,
     /// The periodic look at waiting ordered deliveries runs.
     ordered_ticking: std::sync::atomic::AtomicBool,
-    /// Fresh deliveries on their way to a queue (their subscription being looked up), per
-    /// object: ordered deliveries of later objects wait for them.
-    transit: Mutex<std::collections::BTreeMap<ObjectId, usize>>,
     /// The node is stopping: no call starts any more ([`stop`]).
     stopping: std::sync::atomic::AtomicBool,
     /// Set once stream sessions are to end ([`stop`]).
@@ -234,9 +221,7 @@ impl Deliverer {
         let http = || crate::push_http::webhook_client(allow, tls.clone());
         let deadlines = store
             .spill_deadlines()
-            .map_err(runtime::error::ServiceError::from)?
-            .into_iter()
-            .collect();
+            .map_err(runtime::error::ServiceError::from)?;
         Ok(Deliverer {
             inner: Arc::new(Inner {
                 clock: Clock::new(),
@@ -246,9 +231,7 @@ impl Deliverer {
                 cache: Mutex::new(HashMap::new()),
                 objects: Mutex::default(),
                 batch_support: Mutex::new(HashMap::new()),
-                owed: Mutex::new(HashMap::new()),
-                qos0_started: Mutex::default(),
-                reclaimed: Mutex::default(),
+                ledger: ledger::Ledger::with_deadlines(deadlines),
                 attempting: Mutex::default(),
                 queues: Mutex::new(HashMap::new()),
                 streams: Mutex::new(HashMap::new()),
@@ -263,17 +246,14 @@ impl Deliverer {
                 per_sub: Mutex::new(HashMap::new()),
                 figures: Figures::default(),
                 tracer: std::sync::OnceLock::new(),
-                open: Mutex::new(HashMap::new()),
                 before_resume: Mutex::new(Some(Default::default())),
                 finished: std::sync::OnceLock::new(),
                 phases: Mutex::new(None),
                 standby: Mutex::new(None),
                 spill: Mutex::new(None),
-                deadlines: Mutex::new(deadlines),
                 named: Mutex::default(),
                 ordered: Mutex::default(),
                 ordered_ticking: std::sync::atomic::AtomicBool::new(false),
-                transit: Mutex::default(),
                 stopping: std::sync::atomic::AtomicBool::new(false),
                 closing: tokio::sync::watch::channel(false).0,
                 stopped: tokio::sync::OnceCell::new(),

@@ -48,10 +48,7 @@ impl Deliverer {
     /// (`u64::MAX`: none): ordered deliveries of this node's objects go only below it.
     fn matched_frontier(&self) -> u64 {
         let me = self.inner.store.node();
-        let transit = lock(&self.inner.transit)
-            .keys()
-            .find(|o| o.node == me)
-            .map_or(u64::MAX, |o| o.seq);
+        let transit = self.inner.ledger.first_in_transit(me).unwrap_or(u64::MAX);
         let head = self.inner.store.outbox_head(FRONTIER_SCAN);
         let outbox = match head.iter().find(|seq| {
             !self.owes(ObjectId {
@@ -69,21 +66,7 @@ impl Deliverer {
 
     /// A fresh delivery of `obj` starts (`1`) or ends (`-1`) its way to a queue.
     pub(super) fn transit(&self, obj: ObjectId, step: i8) {
-        let emptied = {
-            let mut t = lock(&self.inner.transit);
-            let n = t.entry(obj).or_insert(0);
-            if step > 0 {
-                *n += 1;
-                false
-            } else {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    t.remove(&obj);
-                }
-                true
-            }
-        };
-        if emptied {
+        if self.inner.ledger.transit(obj, step > 0) {
             self.resequence();
         }
     }

@@ -89,37 +89,19 @@ impl Deliverer {
 
     /// A delivery record of (sub, obj) is open (pending or QoS 2 "received").
     pub(super) fn opened(&self, sub: u64, obj: ObjectId) {
-        lock(&self.inner.open).entry(obj).or_default().insert(sub);
+        self.inner.ledger.opened(sub, obj);
     }
 
     /// The record of (sub, obj) is final (acknowledged or dead-lettered).
     pub(super) fn closed(&self, sub: u64, obj: ObjectId) {
-        let emptied = {
-            let mut open = lock(&self.inner.open);
-            match open.get_mut(&obj) {
-                Some(subs) => {
-                    subs.remove(&sub);
-                    if subs.is_empty() {
-                        open.remove(&obj);
-                        true
-                    } else {
-                        false
-                    }
-                }
-                None => false,
-            }
-        };
-        if emptied {
+        if self.inner.ledger.closed(sub, obj) {
             self.maybe_finished(obj);
         }
     }
 
     /// Reports `obj` finished when it is: out of the outbox, no push in memory, no open record.
     pub(super) fn maybe_finished(&self, obj: ObjectId) {
-        if self.inner.store.in_outbox(obj)
-            || self.owes(obj)
-            || lock(&self.inner.open).contains_key(&obj)
-        {
+        if self.inner.store.in_outbox(obj) || !self.inner.ledger.settled(obj) {
             return;
         }
         if let Some(q) = self.inner.finished.get() {
@@ -129,16 +111,12 @@ impl Deliverer {
 
     /// Whether `obj` has open delivery records.
     pub fn is_open(&self, obj: ObjectId) -> bool {
-        lock(&self.inner.open).contains_key(&obj)
+        self.inner.ledger.is_open(obj)
     }
 
     /// Objects of `origin` with open delivery records (their dissemination is not finished
     /// though they left the outbox).
     pub fn open_objects(&self, origin: u32) -> HashSet<u64> {
-        lock(&self.inner.open)
-            .keys()
-            .filter(|id| id.node == origin)
-            .map(|id| id.seq)
-            .collect()
+        self.inner.ledger.open_objects(origin)
     }
 }

@@ -37,7 +37,7 @@ impl Deliverer {
 
     /// The deadline of deliveries of `obj` when peers spilled it over to this node.
     pub(super) fn spill_deadline(&self, obj: ObjectId) -> Option<u64> {
-        lock(&self.inner.deadlines).get(&obj).copied()
+        self.inner.ledger.deadline(obj)
     }
 
     /// `reason`, saying where the dead-lettering delivery of `obj` to `sub` was spilled over
@@ -82,11 +82,7 @@ impl Deliverer {
         subs: &[u64],
         deadline_unix_ms: u64,
     ) -> Result<(), storage::StorageError> {
-        {
-            let mut d = lock(&self.inner.deadlines);
-            let e = d.entry(obj).or_insert(deadline_unix_ms);
-            *e = (*e).max(deadline_unix_ms);
-        }
+        self.inner.ledger.spilled_in(obj, deadline_unix_ms);
         let pairs: Vec<(u64, ObjectId)> = subs.iter().map(|s| (*s, obj)).collect();
         let added = self
             .inner
@@ -125,7 +121,7 @@ impl Deliverer {
         loop {
             tick.tick().await;
             let cutoff = self.now_ms().saturating_sub(REMEMBER_MS);
-            lock(&self.inner.deadlines).retain(|_, d| *d >= cutoff);
+            self.inner.ledger.forget_deadlines_before(cutoff);
             if let Err(e) = self.inner.store.spill_forget_before(cutoff) {
                 tracing::warn!("forgetting spilled deliveries: {e}");
             }
