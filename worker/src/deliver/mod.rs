@@ -28,6 +28,8 @@
 //! link-local addresses are refused unless `allow_private_targets` is set.
 
 use std::collections::{BinaryHeap, HashMap};
+
+use blocks::hash::FastMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -111,7 +113,9 @@ struct Inner {
     cfg: DeliveryConfig,
     store: Store,
     subs: Arc<dyn SubscriptionSource>,
-    cache: Mutex<HashMap<u64, CachedSub>>,
+    /// Subscriptions by id (ids are the registry's, never a caller's choice: the fast
+    /// hasher is safe here, as for the per-subscription counters and the objects).
+    cache: Mutex<FastMap<u64, CachedSub>>,
     objects: Mutex<ObjectCache>,
     /// Which gRPC endpoints take `DeliverBatch`, by URL.
     batch_support: Mutex<HashMap<String, BatchSupport>>,
@@ -136,7 +140,7 @@ struct Inner {
     seq: AtomicU64,
     counters: DeliveryCounters,
     /// Per subscription: acked, failed attempts, dead letters.
-    per_sub: Mutex<HashMap<u64, [u64; 3]>>,
+    per_sub: Mutex<FastMap<u64, [u64; 3]>>,
     /// Histograms and per-tenant counters for `/metrics`.
     figures: Figures,
     /// Where spans of traced objects go (`--otlp-endpoint`).
@@ -228,7 +232,7 @@ impl Deliverer {
                 cfg,
                 store,
                 subs,
-                cache: Mutex::new(HashMap::new()),
+                cache: Mutex::new(FastMap::default()),
                 objects: Mutex::default(),
                 batch_support: Mutex::new(HashMap::new()),
                 ledger: ledger::Ledger::with_deadlines(deadlines),
@@ -243,7 +247,7 @@ impl Deliverer {
                 lanes,
                 seq: AtomicU64::new(0),
                 counters: DeliveryCounters::default(),
-                per_sub: Mutex::new(HashMap::new()),
+                per_sub: Mutex::new(FastMap::default()),
                 figures: Figures::default(),
                 tracer: std::sync::OnceLock::new(),
                 before_resume: Mutex::new(Some(Default::default())),
