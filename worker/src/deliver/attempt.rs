@@ -48,6 +48,7 @@ impl Deliverer {
     pub(super) async fn attempt(&self, jobs: Vec<Job>) {
         let mut grpc: HashMap<String, Vec<Prepared>> = HashMap::new();
         let mut hooks: HashMap<HookKey, Vec<Prepared>> = HashMap::new();
+        let mut streams: HashMap<String, Vec<Prepared>> = HashMap::new();
         let mut single = Vec::new();
         // the subscriptions and objects of the call, each cache locked once
         let (subs, objects): (Vec<_>, Vec<_>) = {
@@ -78,15 +79,21 @@ impl Deliverer {
                 {
                     hooks.entry(HookKey::of(url, &p.s)).or_default().push(p);
                 }
+                Some(v1::target::Kind::Stream(name)) => {
+                    let key = stream_key(&p.s.tenant, name);
+                    streams.entry(key).or_default().push(p);
+                }
                 _ => single.push(p),
             }
         }
         // the usual call is one batch to one endpoint: made on this task, not a spawned one
-        if grpc.len() + hooks.len() + single.len() == 1 {
+        if grpc.len() + hooks.len() + streams.len() + single.len() == 1 {
             if let Some((url, ps)) = grpc.into_iter().next() {
                 self.grpc_batch(&url, ps).await;
             } else if let Some((key, ps)) = hooks.into_iter().next() {
                 self.webhook_batch(&key, ps).await;
+            } else if let Some((key, ps)) = streams.into_iter().next() {
+                self.stream_batch(&key, ps).await;
             } else if let Some(p) = single.pop() {
                 self.push_one(p).await;
             }
@@ -100,6 +107,10 @@ impl Deliverer {
         for (key, ps) in hooks {
             let me = self.clone();
             set.spawn(async move { me.webhook_batch(&key, ps).await });
+        }
+        for (key, ps) in streams {
+            let me = self.clone();
+            set.spawn(async move { me.stream_batch(&key, ps).await });
         }
         for p in single {
             let me = self.clone();

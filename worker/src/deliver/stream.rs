@@ -51,6 +51,61 @@ impl Deliverer {
     }
 }
 
+impl Deliverer {
+    /// Pushes a batch of deliveries to stream `key` on one of its sessions, all sent before
+    /// any ack is awaited, and settles each as its ack comes (or the attempt timeout
+    /// passes): one task for the whole batch, where a call per delivery took a task each.
+    pub(super) async fn stream_batch(&self, key: &str, ps: Vec<Prepared>) {
+        let session = {
+            let streams = lock(&self.inner.streams);
+            streams.get(key).filter(|v| !v.is_empty()).map(|sessions| {
+                let i = (self.inner.seq.load(Ordering::Relaxed) as usize) % sessions.len();
+                (sessions[i].tx.clone(), sessions[i].acks.clone())
+            })
+        };
+        let Some((tx, acks)) = session else {
+            for p in ps {
+                self.settle(p, Ok(Outcome::Detached(key.to_string()))).await;
+            }
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.attempt_timeout;
+        let mut waiting = Vec::with_capacity(ps.len());
+        {
+            let mut a = lock(&acks);
+            for p in &ps {
+                let (ack_tx, ack_rx) = oneshot::channel();
+                a.insert(p.delivery.delivery_id.clone(), ack_tx);
+                waiting.push(ack_rx);
+            }
+        }
+        let mut sent = Vec::with_capacity(ps.len());
+        for (mut p, ack) in ps.into_iter().zip(waiting) {
+            let d = std::mem::take(&mut p.delivery);
+            p.delivery.delivery_id.clone_from(&d.delivery_id);
+            let ok = tokio::time::timeout_at(deadline, tx.send(Ok(d)))
+                .await
+                .is_ok_and(|r| r.is_ok());
+            sent.push((p, ok.then_some(ack)));
+        }
+        for (p, ack) in sent {
+            let r = match ack {
+                None => Err("closed".to_string()),
+                Some(ack) => match tokio::time::timeout_at(deadline, ack).await {
+                    Ok(Ok(())) => Ok(Outcome::Done),
+                    Ok(Err(_)) => Err("closed before the ack".to_string()),
+                    Err(_) => Err(self.no_answer()),
+                },
+            };
+            if r.is_err() {
+                lock(&acks).remove(&p.delivery.delivery_id);
+            }
+            let r = r.map_err(|e| format!("stream {key:?}: {e}"));
+            self.settle(p, r).await;
+        }
+    }
+}
+
 /// A session's sender and its acks waiting.
 type SessionEnds = (
     mpsc::Sender<Result<v1::Delivery, Status>>,
