@@ -26,6 +26,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use blocks::hash::{FastMap, FastSet};
 use storage::ObjectId;
@@ -75,8 +76,11 @@ impl Entry {
         (self.deadline != 0).then_some(self.deadline)
     }
 
-    fn later_deadline(&mut self, d: u64) {
+    /// Sets the deadline to `d` if later; `true` when the entry had none before.
+    fn later_deadline(&mut self, d: u64) -> bool {
+        let first = self.deadline == 0 && d != 0;
         self.deadline = self.deadline.max(d);
+        first
     }
 }
 
@@ -118,6 +122,9 @@ pub(super) enum GiveBack {
 #[derive(Debug, Default)]
 pub(super) struct Ledger {
     book: Mutex<Book>,
+    /// How many entries have a spill deadline: every attempt asks for its object's, and
+    /// almost none has one (the answer then needs no look at the book).
+    deadlines: AtomicUsize,
 }
 
 impl Ledger {
@@ -127,7 +134,9 @@ impl Ledger {
         {
             let mut b = lock(&l.book);
             for (obj, d) in deadlines {
-                b.with(obj, |e| e.later_deadline(d));
+                if b.with(obj, |e| e.later_deadline(d)) {
+                    l.deadlines.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         l
@@ -265,23 +274,32 @@ impl Ledger {
 
     /// Peers spilled `obj` over with this deadline (the latest one given counts).
     pub(super) fn spilled_in(&self, obj: ObjectId, deadline_unix_ms: u64) {
-        lock(&self.book).with(obj, |e| e.later_deadline(deadline_unix_ms));
+        let mut b = lock(&self.book);
+        if b.with(obj, |e| e.later_deadline(deadline_unix_ms)) {
+            self.deadlines.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The deadline of `obj`'s deliveries when it was spilled in.
     pub(super) fn deadline(&self, obj: ObjectId) -> Option<u64> {
+        if self.deadlines.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         lock(&self.book).get(obj).and_then(Entry::deadline)
     }
 
     /// Forgets spill deadlines before `cutoff`.
     pub(super) fn forget_deadlines_before(&self, cutoff: u64) {
         let mut b = lock(&self.book);
+        let mut forgotten = 0;
         b.objects.retain(|_, e| {
             if e.deadline().is_some_and(|d| d < cutoff) {
                 e.deadline = 0;
+                forgotten += 1;
             }
             !e.is_empty()
         });
+        self.deadlines.fetch_sub(forgotten, Ordering::Relaxed);
     }
 
     /// A fresh delivery of `obj` starts (`true`) or ends its way to a queue. The answer:
@@ -440,8 +458,10 @@ mod tests {
         l.forget_deadlines_before(250);
         assert_eq!(l.deadline(o(9)), None);
         assert_eq!(l.deadline(o(10)), Some(300));
+        assert_eq!(l.deadlines.load(Ordering::Relaxed), 1);
         l.forget_deadlines_before(1_000);
         assert_eq!(l.deadline(o(10)), None);
+        assert_eq!(l.deadlines.load(Ordering::Relaxed), 0);
         assert!(
             l.is_open(o(10)),
             "forgetting a deadline keeps the rest of the entry"

@@ -7,6 +7,8 @@ use super::*;
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Job {
     pub(super) priority: u8,
+    /// Its number in arrival order (the counter also spreads a stream's batches over its
+    /// sessions).
     pub(super) seq: u64,
     pub(super) sub: u64,
     pub(super) obj: ObjectId,
@@ -19,22 +21,63 @@ pub(super) struct Job {
     pub(super) in_memory: bool,
 }
 
-impl Ord for Job {
-    fn cmp(&self, o: &Job) -> std::cmp::Ordering {
-        // highest priority first, then first come first served
-        self.priority.cmp(&o.priority).then(o.seq.cmp(&self.seq))
+/// The jobs waiting for one endpoint, highest priority first and first come first served
+/// within a priority: a queue per priority. (A binary heap of a large backlog cost a cache
+/// miss per level on every pop: 5% of the node's CPU at fan-out 10.)
+#[derive(Debug, Default)]
+pub(super) struct Jobs {
+    by_priority: std::collections::BTreeMap<std::cmp::Reverse<u8>, std::collections::VecDeque<Job>>,
+    len: usize,
+}
+
+impl Jobs {
+    pub(super) fn push(&mut self, job: Job) {
+        self.len += 1;
+        self.by_priority
+            .entry(std::cmp::Reverse(job.priority))
+            .or_default()
+            .push_back(job);
+    }
+
+    /// The job that goes next.
+    pub(super) fn peek(&self) -> Option<&Job> {
+        self.by_priority.values().next().and_then(|q| q.front())
+    }
+
+    pub(super) fn pop(&mut self) -> Option<Job> {
+        let mut first = self.by_priority.first_entry()?;
+        let job = first.get_mut().pop_front();
+        if first.get().is_empty() {
+            first.remove();
+        }
+        self.len -= usize::from(job.is_some());
+        job
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Job> {
+        self.by_priority.values().flatten()
     }
 }
 
-impl PartialOrd for Job {
-    fn partial_cmp(&self, o: &Job) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
+impl Extend<Job> for Jobs {
+    fn extend<I: IntoIterator<Item = Job>>(&mut self, jobs: I) {
+        for j in jobs {
+            self.push(j);
+        }
     }
 }
 
 #[derive(Debug, Default)]
 pub(super) struct EndpointQueue {
-    pub(super) heap: BinaryHeap<Job>,
+    pub(super) heap: Jobs,
     /// Calls out, bulk and urgent (each bounded by `in_flight_per_endpoint`).
     pub(super) in_flight: [usize; 2],
 }
@@ -268,5 +311,42 @@ pub(super) fn endpoint_key(s: &v1::Subscription) -> String {
         Some(v1::target::Kind::Webhook(u)) => format!("webhook {u}"),
         Some(v1::target::Kind::Stream(n)) => format!("stream {n}"),
         None => "none".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(priority: u8, seq: u64) -> Job {
+        Job {
+            priority,
+            seq,
+            sub: seq,
+            obj: ObjectId { node: 1, seq },
+            fresh: true,
+            in_memory: true,
+        }
+    }
+
+    #[test]
+    fn jobs_go_highest_priority_first_and_in_arrival_order_within_one() {
+        let mut q = Jobs::default();
+        assert!(q.peek().is_none() && q.pop().is_none() && q.is_empty());
+        for (p, s) in [(0, 1), (7, 2), (3, 3), (7, 4), (0, 5), (3, 6)] {
+            q.push(job(p, s));
+        }
+        assert_eq!(q.len(), 6);
+        assert_eq!(q.iter().count(), 6);
+        assert_eq!(q.peek().map(|j| j.seq), Some(2));
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop()).map(|j| j.seq).collect();
+        assert_eq!(order, [2, 4, 3, 6, 1, 5]);
+        assert!(q.is_empty() && q.len() == 0);
+        // a job of a higher priority arriving later goes first
+        q.extend([job(1, 7), job(1, 8)]);
+        assert_eq!(q.pop().map(|j| j.seq), Some(7));
+        q.push(job(5, 9));
+        assert_eq!(q.pop().map(|j| j.seq), Some(9));
+        assert_eq!(q.pop().map(|j| j.seq), Some(8));
     }
 }
