@@ -341,7 +341,8 @@ mod tests {
         assert_eq!(q.peek().map(|j| j.seq), Some(2));
         let order: Vec<u64> = std::iter::from_fn(|| q.pop()).map(|j| j.seq).collect();
         assert_eq!(order, [2, 4, 3, 6, 1, 5]);
-        assert!(q.is_empty() && q.len() == 0);
+        assert!(q.is_empty());
+        assert_eq!(q.len(), 0);
         // a job of a higher priority arriving later goes first
         q.extend([job(1, 7), job(1, 8)]);
         assert_eq!(q.pop().map(|j| j.seq), Some(7));
