@@ -263,3 +263,138 @@ impl Deliverer {
 
 /// The deliveries of one stream session.
 pub type SessionStream = runtime::link::DeliveryStream;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every subscription is a QoS 1 subscription of stream "s".
+    struct StreamS;
+
+    #[tonic::async_trait]
+    impl SubscriptionSource for StreamS {
+        async fn subscription(&self, id: u64) -> Result<Option<v1::Subscription>, Status> {
+            Ok(Some(v1::Subscription {
+                id,
+                target: Some(v1::Target {
+                    kind: Some(v1::target::Kind::Stream("s".into())),
+                }),
+                qos: v1::Qos::AtLeastOnce as i32,
+                ..v1::Subscription::default()
+            }))
+        }
+    }
+
+    /// A batch goes out on the session before any ack is awaited; an ack that never comes
+    /// fails that delivery alone at the attempt timeout (its record written then, as a fresh
+    /// QoS 1 delivery's is at its first failure), the retry delivers it again, and the
+    /// others settle with no record.
+    #[tokio::test]
+    async fn a_stream_batch_settles_each_delivery_by_its_own_ack() {
+        let dir = std::env::temp_dir().join(format!(
+            "dissem-stream-batch-{}-{}",
+            std::process::id(),
+            runtime::random_u64()
+        ));
+        let store = storage::Store::open(&dir, 1).expect("store");
+        let cfg = DeliveryConfig {
+            attempt_timeout: Duration::from_secs(2),
+            ..DeliveryConfig::default()
+        };
+        let d = Deliverer::new(cfg, store.clone(), Arc::new(StreamS), Lanes::new(false))
+            .expect("deliverer");
+        let objs: Vec<ObjectId> = store
+            .put_batch(
+                (0..3)
+                    .map(|i| storage::NewObject {
+                        data: vec![i],
+                        external_id: String::new(),
+                        metadata: Vec::new(),
+                        priority: 0,
+                        message_id: String::new(),
+                    })
+                    .collect(),
+            )
+            .await
+            .expect("put")
+            .into_iter()
+            .map(|o| o.expect("stored").id)
+            .collect();
+        let (tx, mut rx) = mpsc::channel(16);
+        let acks: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>> = Arc::default();
+        lock(&d.inner.streams).insert(
+            "s".into(),
+            vec![Session {
+                id: 1,
+                tx,
+                acks: acks.clone(),
+                relay: false,
+            }],
+        );
+        // the subscriber: acks everything but the first attempt of the second object
+        let silent = delivery_id(7, objs[1]);
+        let shown = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = {
+            let shown = shown.clone();
+            tokio::spawn(async move {
+                while let Some(Ok(got)) = rx.recv().await {
+                    lock(&shown).push((got.delivery_id.clone(), got.attempt));
+                    if got.delivery_id == silent && got.attempt == 1 {
+                        continue;
+                    }
+                    if let Some(t) = lock(&acks).remove(&got.delivery_id) {
+                        let _ = t.send(());
+                    }
+                }
+            })
+        };
+        tokio::time::pause();
+        let jobs = objs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| Job {
+                priority: 0,
+                seq: i as u64,
+                sub: 7,
+                obj: *o,
+                fresh: true,
+                in_memory: true,
+            })
+            .collect();
+        d.attempt(jobs).await;
+        {
+            let shown = lock(&shown);
+            let first: Vec<_> = shown.iter().take(3).map(|(id, _)| id.clone()).collect();
+            let want: Vec<_> = objs.iter().map(|o| delivery_id(7, *o)).collect();
+            assert_eq!(first, want, "the whole batch went out in order");
+        }
+        assert_eq!(d.counters().acked.load(Ordering::Relaxed), 2);
+        assert_eq!(d.counters().failures.load(Ordering::Relaxed), 1);
+        assert_eq!(store.delivery(7, objs[0]).expect("read"), None, "no record");
+        assert!(
+            matches!(
+                store.delivery(7, objs[1]).expect("read"),
+                Some(DeliveryState::Pending { attempts: 1, .. })
+            ),
+            "the failed one has its record"
+        );
+        // the retry (on paused time: at once) delivers it again, and it is acknowledged
+        for _ in 0..10_000 {
+            if d.counters().acked.load(Ordering::Relaxed) == 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(d.counters().acked.load(Ordering::Relaxed), 3);
+        assert!(lock(&shown).contains(&(delivery_id(7, objs[1]), 2)));
+        assert!(matches!(
+            store.delivery(7, objs[1]).expect("read"),
+            Some(DeliveryState::Acked { .. })
+        ));
+        assert!(!d.is_open(objs[1]), "its record is closed");
+        subscriber.abort();
+        drop(d);
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
