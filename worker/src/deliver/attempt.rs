@@ -7,7 +7,7 @@ use super::*;
 /// state before the attempt.
 pub(super) struct Prepared {
     pub(super) job: Job,
-    pub(super) s: Arc<v1::Subscription>,
+    pub(super) s: Arc<Sub>,
     pub(super) delivery: v1::Delivery,
     pub(super) attempts: u32,
     pub(super) received: bool,
@@ -132,8 +132,8 @@ impl Deliverer {
 
     /// Whether a delivery of `obj` to `s` may be pushed from memory, without a record: QoS 1,
     /// and QoS 0 of an object put since the node started (a repeated match drops it).
-    pub(super) fn pushed_from_memory(&self, s: &v1::Subscription, obj: ObjectId) -> bool {
-        match runtime::validate::qos(s) {
+    pub(super) fn pushed_from_memory(&self, s: &Sub, obj: ObjectId) -> bool {
+        match s.qos {
             v1::Qos::AtLeastOnce => true,
             v1::Qos::AtMostOnce => self.inner.store.put_since_open(obj),
             _ => false,
@@ -154,7 +154,7 @@ impl Deliverer {
     pub(super) async fn prepare(
         &self,
         job: Job,
-        known: Option<Arc<v1::Subscription>>,
+        known: Option<Arc<Sub>>,
         cached: Option<Arc<CachedObject>>,
     ) -> Option<Prepared> {
         let (sub, obj) = (job.sub, job.obj);
@@ -221,7 +221,7 @@ impl Deliverer {
                 return None;
             }
         };
-        let exactly_once = runtime::validate::qos(&s) == v1::Qos::ExactlyOnce;
+        let exactly_once = s.exactly_once();
         match self.hold(obj, exactly_once) {
             Hold::Go if exactly_once && !received => self.standby_knows(obj).await,
             Hold::Go => {}
@@ -393,7 +393,7 @@ impl Deliverer {
     pub(super) async fn failed(&self, p: Prepared, reason: String, retry_after: Option<Duration>) {
         let (sub, obj) = (p.job.sub, p.job.obj);
         let reason = match retry_after {
-            Some(_) if runtime::validate::qos(&p.s) == v1::Qos::AtMostOnce => {
+            Some(_) if p.s.qos == v1::Qos::AtMostOnce => {
                 format!("QoS 0 (at most once): the only attempt failed: {reason}")
             }
             Some(after) => {
@@ -410,7 +410,7 @@ impl Deliverer {
 
     pub(super) async fn push(
         &self,
-        s: &v1::Subscription,
+        s: &Sub,
         d: v1::Delivery,
         received: bool,
         object: &CachedObject,
@@ -420,7 +420,7 @@ impl Deliverer {
             .as_ref()
             .and_then(|t| t.kind.as_ref())
             .ok_or("the subscription has no target")?;
-        let exactly_once = runtime::validate::qos(s) == v1::Qos::ExactlyOnce;
+        let exactly_once = s.exactly_once();
         match target {
             v1::target::Kind::Grpc(url) => {
                 check_literal(url, self.inner.cfg.allow_private_targets)?;

@@ -27,7 +27,7 @@ impl Deliverer {
             .next_back()
             .unwrap_or_default()
             .to_string();
-        if runtime::validate::qos(&p.s) == v1::Qos::AtMostOnce {
+        if p.s.qos == v1::Qos::AtMostOnce {
             // at most once: its one attempt found nobody (as a NATS core subject would)
             let reason = format!("no subscriber has stream {name:?} open");
             return self.failed(p, reason, Some(Duration::ZERO)).await;

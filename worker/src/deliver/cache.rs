@@ -90,11 +90,11 @@ impl SubscriptionSource for ToCoordinator {
     }
 }
 
-pub(super) type CachedSub = (Instant, Option<Arc<v1::Subscription>>);
+pub(super) type CachedSub = (Instant, Option<Arc<Sub>>);
 
 impl Deliverer {
     /// A subscription looked up less than `SUB_CACHE` ago (`Some(None)`: it was not found).
-    pub(super) fn cached_subscription(&self, id: u64) -> Option<Option<Arc<v1::Subscription>>> {
+    pub(super) fn cached_subscription(&self, id: u64) -> Option<Option<Arc<Sub>>> {
         live(lock(&self.inner.cache).get(&id))
     }
 
@@ -103,14 +103,16 @@ impl Deliverer {
         Ok(self.subscription(id).await?.map(|s| s.tenant.clone()))
     }
 
-    pub(super) async fn subscription(
-        &self,
-        id: u64,
-    ) -> Result<Option<Arc<v1::Subscription>>, Status> {
+    pub(super) async fn subscription(&self, id: u64) -> Result<Option<Arc<Sub>>, Status> {
         if let Some(s) = self.cached_subscription(id) {
             return Ok(s);
         }
-        let s = self.inner.subs.subscription(id).await?.map(Arc::new);
+        let s = self
+            .inner
+            .subs
+            .subscription(id)
+            .await?
+            .map(|s| Arc::new(Sub::new(s)));
         lock(&self.inner.cache).insert(id, (Instant::now(), s.clone()));
         Ok(s)
     }
@@ -148,7 +150,7 @@ impl Deliverer {
 }
 
 /// A subscription cache entry younger than `SUB_CACHE` (`Some(None)`: it was not found).
-pub(super) fn live(entry: Option<&CachedSub>) -> Option<Option<Arc<v1::Subscription>>> {
+pub(super) fn live(entry: Option<&CachedSub>) -> Option<Option<Arc<Sub>>> {
     entry
         .filter(|(at, _)| at.elapsed() < SUB_CACHE)
         .map(|(_, s)| s.clone())

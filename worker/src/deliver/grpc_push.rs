@@ -36,11 +36,11 @@ pub(super) enum BatchSupport {
 
 impl Deliverer {
     /// Whether deliveries to `s` go in `DeliverBatch` calls (gRPC, QoS 0/1, batching on).
-    pub(super) fn batched_grpc(&self, s: &v1::Subscription) -> bool {
+    pub(super) fn batched_grpc(&self, s: &Sub) -> bool {
         matches!(
             s.target.as_ref().and_then(|t| t.kind.as_ref()),
             Some(v1::target::Kind::Grpc(_))
-        ) && runtime::validate::qos(s) != v1::Qos::ExactlyOnce
+        ) && !s.exactly_once()
             && self.inner.cfg.push_batch > 1
     }
 

@@ -41,7 +41,7 @@ impl Deliverer {
             for sub in subs {
                 match cache.get(&sub) {
                     _ if !self.inner.cfg.enabled => to_record.push(sub),
-                    Some((_, Some(s))) => match runtime::validate::qos(s) {
+                    Some((_, Some(s))) => match s.qos {
                         v1::Qos::AtLeastOnce => memory.push((sub, Some(s.clone()))),
                         v1::Qos::AtMostOnce if qos0_first => {
                             qos0 = true;
@@ -87,7 +87,7 @@ impl Deliverer {
                     let me = self.clone();
                     tokio::spawn(async move {
                         match me.subscription(sub).await {
-                            Ok(Some(s)) => match runtime::validate::qos(&s) {
+                            Ok(Some(s)) => match s.qos {
                                 v1::Qos::AtLeastOnce => me.queue(obj, vec![(s, sub)], true, true),
                                 v1::Qos::AtMostOnce if qos0_first => {
                                     me.queue(obj, vec![(s, sub)], true, true)

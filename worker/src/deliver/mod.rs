@@ -68,6 +68,7 @@ mod spans;
 mod spill;
 mod stop;
 mod stream;
+mod sub;
 mod webhook;
 
 pub use cache::SubscriptionSource;
@@ -90,6 +91,7 @@ use figures::{Figures, PushOutcome};
 use grpc_push::{BatchSupport, MAX_BATCH_BYTES, runs_by_size};
 use queue::{EndpointQueue, Job};
 use stream::Session;
+use sub::Sub;
 use webhook::HookKey;
 
 /// Subscription ids of one (tenant, name), and when they were looked up.
@@ -124,7 +126,7 @@ struct Inner {
     ledger: ledger::Ledger,
     /// QoS 2 deliveries with an attempt under way: one at a time each (`attempt.rs`).
     attempting: Mutex<std::collections::HashSet<(u64, ObjectId)>>,
-    queues: Mutex<HashMap<String, EndpointQueue>>,
+    queues: Mutex<HashMap<Arc<str>, EndpointQueue>>,
     streams: Mutex<HashMap<String, Vec<Session>>>,
     /// Stream deliveries waiting for a subscriber to attach (durable streams).
     backlog: Mutex<backlog::Backlog>,

@@ -27,12 +27,12 @@ pub(super) struct Sequencer {
     /// A call is out.
     busy: bool,
     /// The subscription as last queued with.
-    sub: Option<Arc<v1::Subscription>>,
+    sub: Option<Arc<Sub>>,
 }
 
 impl Deliverer {
     /// Queues `job` of the ordered subscription `sub` and pushes what may go.
-    pub(super) fn queue_ordered(&self, s: &Arc<v1::Subscription>, job: Job) {
+    pub(super) fn queue_ordered(&self, s: &Arc<Sub>, job: Job) {
         let sub = job.sub;
         {
             let mut all = lock(&self.inner.ordered);

@@ -168,7 +168,7 @@ impl Deliverer {
     pub(super) fn queue(
         &self,
         obj: ObjectId,
-        subs: Vec<(Arc<v1::Subscription>, u64)>,
+        subs: Vec<(Arc<Sub>, u64)>,
         fresh: bool,
         in_memory: bool,
     ) {
@@ -181,7 +181,7 @@ impl Deliverer {
             .flatten()
             .map_or(0, |o| o.stored.priority);
         // an object's deliveries go to few endpoints
-        let mut by_key: Vec<(String, Vec<Job>)> = Vec::new();
+        let mut by_key: Vec<(Arc<str>, Vec<Job>)> = Vec::new();
         for (s, sub) in subs {
             let job = Job {
                 priority: obj_priority
@@ -196,7 +196,7 @@ impl Deliverer {
                 self.queue_ordered(&s, job);
                 continue;
             }
-            let key = endpoint_key(&s);
+            let key = s.endpoint.clone();
             match by_key.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, jobs)) => jobs.push(job),
                 None => by_key.push((key, vec![job])),
@@ -262,7 +262,7 @@ impl Deliverer {
     /// were out), so batches form only under load and always from the front of the queue.
     /// A call carries urgent deliveries only or bulk ones only, and runs on its lane; each
     /// lane has its own in-flight bound, so urgent pushes never wait for a bulk call.
-    pub(super) fn pump(&self, key: &str) {
+    pub(super) fn pump(&self, key: &Arc<str>) {
         if self.stopping() {
             return; // the jobs stay queued: their records or the outbox keep them
         }
@@ -287,7 +287,7 @@ impl Deliverer {
             }
             q.in_flight[lane] += 1;
             let me = self.clone();
-            let key = key.to_string();
+            let key = key.clone();
             lanes.spawn(priority, async move {
                 me.attempt(jobs).await;
                 {
@@ -302,15 +302,6 @@ impl Deliverer {
                 me.pump(&key);
             });
         }
-    }
-}
-
-pub(super) fn endpoint_key(s: &v1::Subscription) -> String {
-    match s.target.as_ref().and_then(|t| t.kind.as_ref()) {
-        Some(v1::target::Kind::Grpc(u)) => format!("grpc {u}"),
-        Some(v1::target::Kind::Webhook(u)) => format!("webhook {u}"),
-        Some(v1::target::Kind::Stream(n)) => format!("stream {n}"),
-        None => "none".into(),
     }
 }
 

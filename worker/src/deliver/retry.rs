@@ -105,11 +105,11 @@ impl Deliverer {
             Some(s) => s,
             None => self.subscription(sub).await.ok().flatten(),
         };
-        let reason = self.spill_over(sub, s.as_deref(), obj, reason);
+        let reason = self.spill_over(sub, s.as_deref().map(|s| &**s), obj, reason);
         tracing::info!("dead letter {}: {reason}", delivery_id(sub, obj));
         self.inner
             .figures
-            .pushed(s.as_deref(), PushOutcome::DeadLetter, None);
+            .pushed(s.as_deref().map(|s| &**s), PushOutcome::DeadLetter, None);
         self.inner
             .counters
             .dead_lettered
