@@ -70,8 +70,9 @@ pub struct Config {
     /// A batch closes this long after its first object at the latest.
     pub batch_deadline_ms: u64,
     /// A batch also closes at once when a worker holding its block is idle, no task of that
-    /// block waits or runs and its last batch closed at least a deadline ago (no batching
-    /// wait while the cluster is idle; at most one task per block and deadline otherwise).
+    /// block waits or runs and its last batch held one object or closed at least a deadline
+    /// ago (no batching wait while the cluster is idle or objects come one at a time; at
+    /// most one task per block and deadline under a stream that gathers).
     pub eager_close: bool,
     /// A task is overdue after this multiple of its kind's mean completion time...
     pub timeout_multiple: f64,

@@ -326,9 +326,10 @@ impl Coordinator {
 
     /// Whether an open batch of `block` closes now rather than on size or deadline: a worker
     /// holding the block is idle, no task of the block waits or runs, and the block's last
-    /// batch closed at least a deadline ago. So an object that finds the cluster idle waits
-    /// for no batch, while under a steady stream a block still starts at most one task per
-    /// deadline (messages per object stay as low as with deadlines alone). A worker of an
+    /// batch held one object or closed at least a deadline ago. So an object that finds the
+    /// cluster idle waits for no batch, while under a stream that gathers a block still
+    /// starts at most one task per deadline (messages per object stay as low as with
+    /// deadlines alone). A worker of an
     /// urgent reserve counts only for a batch that holds a priority-7 object (`urgent`).
     fn eager(&self, block: &Block, urgent: bool) -> bool {
         self.cfg.eager_close
@@ -359,15 +360,26 @@ impl Coordinator {
     fn close_test_batch(&mut self, attr: &str) {
         if let Some(b) = self.test_batches.remove(attr) {
             let block = Block::Test(attr.to_string());
-            self.closed_at.insert(block.clone(), self.now);
+            self.closed(&block, b.objects.len());
             self.enqueue(block, b, self.cfg.test_batch);
         }
     }
 
     fn close_match_batch(&mut self) {
         let b = std::mem::take(&mut self.match_batch);
-        self.closed_at.insert(Block::Match, self.now);
+        self.closed(&Block::Match, b.objects.len());
         self.enqueue(Block::Match, b, self.cfg.match_batch);
+    }
+
+    /// A batch of `block` with `objects` closed now. Only a batch that gathered more than one
+    /// object holds the next eager close back for a deadline: objects that come one at a
+    /// time are no stream to gather, and each goes at once.
+    fn closed(&mut self, block: &Block, objects: usize) {
+        if objects > 1 {
+            self.closed_at.insert(block.clone(), self.now);
+        } else {
+            self.closed_at.remove(block);
+        }
     }
 
     /// Queues a closed batch. When nothing waits and a worker is idle it goes whole (it

@@ -551,12 +551,13 @@ fn eager_close_starts_at_once_on_an_idle_cluster_and_gathers_while_a_task_runs()
     // a second idle worker of a block with a running task does not make it eager
     join(&mut c, 6, 3, t("temp"));
     assert!(assigns(&arrive(&mut c, 7, 103, 0, &["temp"])).is_empty());
+    assert!(assigns(&arrive(&mut c, 8, 106, 0, &["temp"])).is_empty());
     // ...and the deadline still closes it
     let a = c.step(12, Event::Tick);
-    assert_eq!(assigns(&a), vec![(3, t("temp"), vec![103], None)]);
+    assert_eq!(assigns(&a), vec![(3, t("temp"), vec![103, 106], None)]);
     let t3 = task_of(&a);
-    // all idle again, but the block's last batch closed under a deadline ago: the next
-    // object gathers (at most one task per deadline under a steady stream)
+    // all idle again, but the block's last batch gathered two objects under a deadline
+    // ago: the next object gathers (at most one task per deadline under a stream)
     done(&mut c, 13, 1, t1, t("temp"));
     done(&mut c, 13, 3, t3, t("temp"));
     assert!(assigns(&arrive(&mut c, 14, 104, 0, &["temp"])).is_empty());
@@ -568,8 +569,17 @@ fn eager_close_starts_at_once_on_an_idle_cluster_and_gathers_while_a_task_runs()
     done(&mut c, 20, *w, *t4, t("temp"));
     // after a quiet spell an object starts at once again
     let a = arrive(&mut c, 40, 105, 0, &["temp"]);
+    let started = tasks_on(&a, &t("temp"));
+    assert_eq!(
+        started.iter().map(|x| x.2.clone()).collect::<Vec<_>>(),
+        vec![vec![105]]
+    );
+    // objects that come one at a time each go at once, however close together: a batch of
+    // one holds nothing back
+    done(&mut c, 41, started[0].0, started[0].1, t("temp"));
+    let a = arrive(&mut c, 42, 107, 0, &["temp"]);
     let started: Vec<_> = tasks_on(&a, &t("temp")).into_iter().map(|x| x.2).collect();
-    assert_eq!(started, vec![vec![105]]);
+    assert_eq!(started, vec![vec![107]]);
 }
 
 fn heirs(m: &proto::v1::Membership) -> std::collections::BTreeMap<u32, u32> {

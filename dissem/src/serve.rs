@@ -380,8 +380,8 @@ pub(super) struct CoordinatorArgs {
     #[arg(long, default_value_t = coordinator::Config::default().batch_deadline_ms)]
     pub(super) batch_deadline_ms: u64,
     /// Close batches only on size or deadline. By default a batch also starts at once when a
-    /// worker holding its block is idle, none of its tasks runs and its last batch closed at
-    /// least a deadline ago (no batching wait at low load).
+    /// worker holding its block is idle, none of its tasks runs and its last batch held one
+    /// object or closed at least a deadline ago (no batching wait at low load).
     #[arg(long)]
     pub(super) always_batch: bool,
     /// A worker whose lease (renewed by its node's heartbeats) is older is not given tasks.

@@ -40,8 +40,9 @@ pub struct DaemonConfig {
     pub resend_after: Duration,
     /// Cached test results are dropped after this long.
     pub result_ttl: Duration,
-    /// Objects per `Arrived` message at most, and the least time between two messages: an
-    /// object that arrives after a quiet spell is sent at once, while under a steady stream
+    /// Objects per `Arrived` message at most, and the least time between two messages that
+    /// carry more than one object: an object that arrives after a quiet spell, or while
+    /// objects come one at a time, is sent at once, while under a stream that gathers more
     /// the objects of one gap go together (few messages per object).
     pub forward_batch: usize,
     pub forward_gap: Duration,

@@ -1,6 +1,8 @@
 //! The link to the coordinator for objects: each stored object is queued and the forwarder
-//! sends what gathered in one `Cluster.Arrived` (at once after a quiet spell; under a steady
-//! stream at most one message per 2 ms). What waits goes highest priority first: under a
+//! sends what gathered in one `Cluster.Arrived`: at once while objects come one at a time
+//! (the last message carried one), and under a stream that gathers more at most one message
+//! per 2 ms. Batching is for when work waits, never a reason for a lone object to wait.
+//! What waits goes highest priority first: under a
 //! backlog a priority-7 object rides the next message, not the one after every object that
 //! arrived before it.
 
@@ -60,6 +62,7 @@ impl Daemon {
 
     pub(super) async fn forwarder(self, mut rx: mpsc::Receiver<v1::ArrivedObject>) {
         let cfg = &self.inner.cfg;
+        // when the last message went, if it carried more than one object
         let mut last: Option<tokio::time::Instant> = None;
         let mut waiting = Waiting::default();
         let mut open = true;
@@ -95,8 +98,9 @@ impl Daemon {
                     _ => break,
                 }
             }
-            last = Some(tokio::time::Instant::now());
-            self.send_arrived(waiting.take(cfg.forward_batch)).await;
+            let batch = waiting.take(cfg.forward_batch);
+            last = (batch.len() > 1).then(tokio::time::Instant::now);
+            self.send_arrived(batch).await;
         }
     }
 
