@@ -208,30 +208,66 @@ fn a_delivery_repeated_after_a_crash_says_it_is_redelivered() {
 }
 
 /// `dissem sub` (not durable) as a child process: its stderr, once it has exited.
-fn run_sub(url: &str) -> std::process::Child {
-    std::process::Command::new(dissem_bin())
+/// A running `dissem sub` and what it wrote to stderr so far (read as it comes).
+struct Sub {
+    child: std::process::Child,
+    err: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+fn run_sub(url: &str) -> Sub {
+    let mut child = std::process::Command::new(dissem_bin())
         .args(["sub", "--node-url", url, "-f", "n >= 0"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("dissem sub")
+        .expect("dissem sub");
+    let err = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = child.stderr.take().map(|mut e| {
+        let err = err.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = std::io::Read::read(&mut e, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut s = err.lock().unwrap_or_else(|p| p.into_inner());
+                s.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    });
+    Sub { child, err, reader }
 }
 
-/// Waits (up to `limit`) for `child` to exit: its status and stderr.
-async fn ended(
-    mut child: std::process::Child,
-    limit: Duration,
-) -> (std::process::ExitStatus, String) {
+impl Sub {
+    fn stderr(&self) -> String {
+        self.err.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits until the command says it is attached with its subscription created: a node
+    /// killed before that (the subscription listed, its create not yet answered) leaves the
+    /// command nothing to name.
+    async fn attached(&self) {
+        wait_for("dissem sub to attach", Duration::from_secs(20), || {
+            let s = self.stderr();
+            async move { s.contains("attached: subscription").then_some(()) }
+        })
+        .await;
+    }
+}
+
+/// Waits (up to `limit`) for `sub` to exit: its status and stderr.
+async fn ended(mut sub: Sub, limit: Duration) -> (std::process::ExitStatus, String) {
     let status = wait_for("dissem sub to exit", limit, || {
-        let s = child.try_wait().ok().flatten();
+        let s = sub.child.try_wait().ok().flatten();
         async move { s }
     })
     .await;
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    // all it wrote: the reader ends at the pipe's end, which came with the exit
+    if let Some(r) = sub.reader.take() {
+        let _ = r.join();
     }
-    (status, err)
+    (status, sub.stderr())
 }
 
 /// The subscriptions of the node at `url`.
@@ -257,6 +293,7 @@ fn dissem_sub_says_whether_it_deleted_its_subscription() {
     // the command says so (exit status 1, the id, how to delete it)
     let sub = run_sub(&url);
     rt.block_on(async {
+        sub.attached().await;
         wait_for("the subscription", Duration::from_secs(20), || async {
             (subscriptions(&url).await.len() == 1).then_some(())
         })
@@ -277,6 +314,7 @@ fn dissem_sub_says_whether_it_deleted_its_subscription() {
     // a node that is back within the delete's retries: the delete is made, and said
     let sub = run_sub(&url);
     rt.block_on(async {
+        sub.attached().await;
         wait_for(
             "the second subscription",
             Duration::from_secs(20),

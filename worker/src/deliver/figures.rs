@@ -161,7 +161,7 @@ impl runtime::metrics::Families for Deliverer {
         let mut waiting: std::collections::BTreeMap<u64, u64> =
             top.iter().map(|s| (*s, 0)).collect();
         for q in lock(&self.inner.queues).values() {
-            for job in q.heap.iter() {
+            for job in q.jobs.iter() {
                 if let Some(n) = waiting.get_mut(&job.sub) {
                     *n += 1;
                 }

@@ -28,12 +28,11 @@
 //! link-local addresses are refused unless `allow_private_targets` is set.
 
 use std::collections::{BinaryHeap, HashMap};
-
-use blocks::hash::FastMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use blocks::hash::FastMap;
 use http_body_util::Full;
 use hyper::body::Bytes;
 use proto::v1;

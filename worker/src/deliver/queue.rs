@@ -77,7 +77,7 @@ impl Extend<Job> for Jobs {
 
 #[derive(Debug, Default)]
 pub(super) struct EndpointQueue {
-    pub(super) heap: Jobs,
+    pub(super) jobs: Jobs,
     /// Calls out, bulk and urgent (each bounded by `in_flight_per_endpoint`).
     pub(super) in_flight: [usize; 2],
 }
@@ -207,7 +207,7 @@ impl Deliverer {
             for (key, jobs) in &mut by_key {
                 qs.entry(key.clone())
                     .or_default()
-                    .heap
+                    .jobs
                     .extend(jobs.drain(..));
             }
         }
@@ -270,18 +270,18 @@ impl Deliverer {
         let lanes = &self.inner.lanes;
         let mut qs = lock(&self.inner.queues);
         let Some(q) = qs.get_mut(key) else { return };
-        while let Some(top) = q.heap.peek() {
+        while let Some(top) = q.jobs.peek() {
             let priority = top.priority;
             let lane = usize::from(lanes.urgent(priority));
             if q.in_flight[lane] >= self.inner.cfg.in_flight_per_endpoint {
                 break; // what follows is of this lane or below
             }
-            let mut jobs = Vec::with_capacity(q.heap.len().min(batch));
+            let mut jobs = Vec::with_capacity(q.jobs.len().min(batch));
             while jobs.len() < batch
-                && q.heap
+                && q.jobs
                     .peek()
                     .is_some_and(|j| lanes.urgent(j.priority) == (lane == 1))
-                && let Some(job) = q.heap.pop()
+                && let Some(job) = q.jobs.pop()
             {
                 jobs.push(job);
             }
@@ -294,7 +294,7 @@ impl Deliverer {
                     let mut qs = lock(&me.inner.queues);
                     if let Some(q) = qs.get_mut(&key) {
                         q.in_flight[lane] -= 1;
-                        if q.in_flight == [0, 0] && q.heap.is_empty() {
+                        if q.in_flight == [0, 0] && q.jobs.is_empty() {
                             qs.remove(&key);
                         }
                     }
