@@ -99,6 +99,21 @@ pub async fn run(
         None => fresh_stream(),
     };
     let mut session = c.attach(&stream).await.map_err(cli_error)?;
+    // a create the node may have made without answering (it went away in between) leaves a
+    // subscription nobody named: said, with how to find it
+    let unanswered_create = |e: ServiceError| match e {
+        // a lost connection: unreachable, or gRPC's "transport error" (Unknown)
+        ServiceError::Unavailable(_)
+        | ServiceError::Peer {
+            code: tonic::Code::Unknown,
+            ..
+        } => ServiceError::Unavailable(format!(
+            "creating the subscription: {e}; the node may have made it before it went away: \
+             `dissem subscriptions` lists it on stream {stream:?}, `dissem unsubscribe ID` \
+             deletes it"
+        )),
+        e => e,
+    };
     let id = match durable_subscription(&c, &stream, opts).await? {
         Some(id) => id,
         None => {
@@ -113,7 +128,8 @@ pub async fn run(
                     ..v1::Subscription::default()
                 },
             )
-            .await?
+            .await
+            .map_err(unanswered_create)?
             .id
         }
     };
