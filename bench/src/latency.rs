@@ -3,10 +3,11 @@
 //! subscriber acking each `Deliver`/`DeliverBatch`, a webhook answering each POST) it starts
 //! its own embedded cluster (`dissem up`), registers subscriptions that each object matches
 //! `fanout` times (`site = "sX" && kind = "kY"`: two tests and a match per object), and
-//! puts objects of five attributes and 100 bytes, one unary `Put` each, at `rate`
-//! objects/s, as the NATS side by side does (`../shared/anchors/nats`): the
-//! latency from each put's request to each of its deliveries, and of the put alone. The
-//! issue's figure is 200 objects/s, fan-out 10, 1,000 subscriptions.
+//! puts objects of five attributes and 100 bytes at `rate` objects/s, evenly spaced, over
+//! `writers` `PutStream`s (or a unary `Put` each), as the NATS side by side does
+//! (`../shared/anchors/nats`): the latency from each put's request to each of its
+//! deliveries, and of the put alone. The figure is 200 objects/s, fan-out 10,
+//! 1,000 subscriptions.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

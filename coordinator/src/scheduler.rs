@@ -329,8 +329,8 @@ impl Coordinator {
     /// batch held one object or closed at least a deadline ago. So an object that finds the
     /// cluster idle waits for no batch, while under a stream that gathers a block still
     /// starts at most one task per deadline (messages per object stay as low as with
-    /// deadlines alone). A worker of an
-    /// urgent reserve counts only for a batch that holds a priority-7 object (`urgent`).
+    /// deadlines alone). A worker of an urgent reserve counts only for a batch that holds a
+    /// priority-7 object (`urgent`).
     fn eager(&self, block: &Block, urgent: bool) -> bool {
         self.cfg.eager_close
             && self

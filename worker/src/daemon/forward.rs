@@ -2,9 +2,8 @@
 //! sends what gathered in one `Cluster.Arrived`: at once while objects come one at a time
 //! (the last message carried one), and under a stream that gathers more at most one message
 //! per 2 ms. Batching is for when work waits, never a reason for a lone object to wait.
-//! What waits goes highest priority first: under a
-//! backlog a priority-7 object rides the next message, not the one after every object that
-//! arrived before it.
+//! What waits goes highest priority first: under a backlog a priority-7 object rides the
+//! next message, not the one after every object that arrived before it.
 
 use std::collections::VecDeque;
 
