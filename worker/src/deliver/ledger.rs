@@ -68,10 +68,6 @@ impl Entry {
         self.open.as_ref().is_some_and(|s| !s.is_empty())
     }
 
-    fn has_open(&self, sub: u64) -> bool {
-        self.open.as_ref().is_some_and(|s| s.contains(&sub))
-    }
-
     fn deadline(&self) -> Option<u64> {
         (self.deadline != 0).then_some(self.deadline)
     }
@@ -100,6 +96,18 @@ impl Book {
             self.objects.remove(&obj);
         }
         r
+    }
+
+    /// Applies `f` to the entry of `obj` if it has one (`None` if not), dropping it when it
+    /// empties: for the changes that only undo (a share back, a record closed, a
+    /// retirement), which must not make an entry to drop it again on every delivery.
+    fn update<T>(&mut self, obj: ObjectId, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        let e = self.objects.get_mut(&obj)?;
+        let r = f(e);
+        if e.is_empty() {
+            self.objects.remove(&obj);
+        }
+        Some(r)
     }
 
     fn get(&self, obj: ObjectId) -> Option<&Entry> {
@@ -150,9 +158,6 @@ impl Ledger {
     /// A hand-off of `obj` takes `shares` shares: `false` (none taken) when shares are out
     /// already, a repeated hand-off.
     pub(super) fn take_shares(&self, obj: ObjectId, shares: usize) -> bool {
-        if shares == 0 {
-            return true;
-        }
         // one share per subscription matched: far below u32::MAX
         let shares = u32::try_from(shares).unwrap_or(u32::MAX);
         lock(&self.book).with(obj, |e| {
@@ -167,7 +172,7 @@ impl Ledger {
 
     /// Gives one share of `obj` back; `failed`: the object must stay in the outbox.
     pub(super) fn give_back(&self, obj: ObjectId, failed: bool) -> GiveBack {
-        lock(&self.book).with(obj, |e| match e.shares {
+        let back = lock(&self.book).update(obj, |e| match e.shares {
             0 => GiveBack::Out,
             1 => {
                 let keep = e.keep || failed;
@@ -184,7 +189,8 @@ impl Ledger {
                 e.keep |= failed;
                 GiveBack::Out
             }
-        })
+        });
+        back.unwrap_or(GiveBack::Out)
     }
 
     /// Whether a match of `obj` may push QoS 0 from memory: the object was put since the
@@ -203,11 +209,12 @@ impl Ledger {
     /// taking back matter any more. The answer: whether it is finished now (no share out,
     /// no record open).
     pub(super) fn retired(&self, obj: ObjectId) -> bool {
-        lock(&self.book).with(obj, |e| {
+        let finished = lock(&self.book).update(obj, |e| {
             e.qos0_started = false;
             e.reclaimed = false;
             e.shares == 0 && !e.is_open()
-        })
+        });
+        finished.unwrap_or(true)
     }
 
     /// These objects were taken back from a lost adopter.
@@ -233,20 +240,20 @@ impl Ledger {
     /// The record of (sub, obj) is final: `true` when it was the object's last open one and
     /// no share is out (the object is finished once it left the outbox too).
     pub(super) fn closed(&self, sub: u64, obj: ObjectId) -> bool {
-        let mut b = lock(&self.book);
         // most records closed were never open (a push from memory, acknowledged)
-        if !b.get(obj).is_some_and(|e| e.has_open(sub)) {
-            return false;
-        }
-        b.with(obj, |e| {
-            if let Some(open) = &mut e.open {
-                open.remove(&sub);
-                if open.is_empty() {
-                    e.open = None;
-                }
+        let last = lock(&self.book).update(obj, |e| {
+            let Some(open) = &mut e.open else {
+                return false;
+            };
+            if !open.remove(&sub) {
+                return false;
+            }
+            if open.is_empty() {
+                e.open = None;
             }
             e.open.is_none() && e.shares == 0
-        })
+        });
+        last.unwrap_or(false)
     }
 
     /// Whether nothing of `obj` is out: no share, no open record. With the object out of

@@ -33,37 +33,33 @@ pub fn stream_key(tenant: &str, name: &str) -> String {
 }
 
 impl Deliverer {
+    /// One of the open sessions of stream `key` (spread by the arrival counter); `None`
+    /// when nobody has it open.
+    fn stream_session(&self, key: &str) -> Option<SessionEnds> {
+        let streams = lock(&self.inner.streams);
+        let sessions = streams.get(key).filter(|v| !v.is_empty())?;
+        let i = (self.inner.seq.load(Ordering::Relaxed) as usize) % sessions.len();
+        Some((sessions[i].tx.clone(), sessions[i].acks.clone()))
+    }
+
     /// Pushes `d` to one of the stream's sessions and waits for its ack; `Detached` when
     /// nobody has the stream open (the delivery waits for a subscriber, see `backlog`).
+    /// A call's stream deliveries go in [`Deliverer::stream_batch`]; this is one alone.
     pub(super) async fn to_stream(&self, name: &str, d: v1::Delivery) -> Result<Outcome, String> {
-        let session = {
-            let streams = lock(&self.inner.streams);
-            let Some(sessions) = streams.get(name).filter(|v| !v.is_empty()) else {
-                return Ok(Outcome::Detached(name.to_string()));
-            };
-            let i = (self.inner.seq.load(Ordering::Relaxed) as usize) % sessions.len();
-            (sessions[i].tx.clone(), sessions[i].acks.clone())
+        let Some(session) = self.stream_session(name) else {
+            return Ok(Outcome::Detached(name.to_string()));
         };
         send_awaiting_ack(session, d)
             .await
             .map_err(|e| format!("stream {name:?}: {e}"))?;
         Ok(Outcome::Done)
     }
-}
 
-impl Deliverer {
     /// Pushes a batch of deliveries to stream `key` on one of its sessions, all sent before
     /// any ack is awaited, and settles each as its ack comes (or the attempt timeout
     /// passes): one task for the whole batch, where a call per delivery took a task each.
     pub(super) async fn stream_batch(&self, key: &str, ps: Vec<Prepared>) {
-        let session = {
-            let streams = lock(&self.inner.streams);
-            streams.get(key).filter(|v| !v.is_empty()).map(|sessions| {
-                let i = (self.inner.seq.load(Ordering::Relaxed) as usize) % sessions.len();
-                (sessions[i].tx.clone(), sessions[i].acks.clone())
-            })
-        };
-        let Some((tx, acks)) = session else {
+        let Some((tx, acks)) = self.stream_session(key) else {
             for p in ps {
                 self.settle(p, Ok(Outcome::Detached(key.to_string()))).await;
             }
